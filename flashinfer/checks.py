@@ -1,0 +1,61 @@
+"""Host-side argument checks shared by the public APIs.
+
+Each raises ``TypeError`` or ``ValueError`` naming the argument, before any launch.
+Callers check rank, shape, dtype and strides before the device, so that every
+mistake gets its own message and is testable with CPU tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import torch
+
+
+def check_tensor(name: str, value: Any) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def check_ndim(name: str, tensor: torch.Tensor, ndim: int, layout: str) -> None:
+    if tensor.dim() != ndim:
+        raise ValueError(
+            f"{name} must be {ndim}-D {layout}, got {tensor.dim()}-D with shape {tuple(tensor.shape)}"
+        )
+
+
+def check_dtype(name: str, tensor: torch.Tensor, allowed: Iterable[torch.dtype]) -> None:
+    allowed = tuple(allowed)
+    if tensor.dtype not in allowed:
+        names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
+        raise TypeError(f"{name} has dtype {tensor.dtype}; supported: {names}")
+
+
+def check_same_dtype(name: str, tensor: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if tensor.dtype != ref.dtype:
+        raise TypeError(f"{name} has dtype {tensor.dtype}, but {ref_name} has {ref.dtype}")
+
+
+def check_last_dim_contiguous(name: str, tensor: torch.Tensor) -> None:
+    if tensor.dim() > 0 and tensor.shape[-1] > 1 and tensor.stride(-1) != 1:
+        raise ValueError(
+            f"{name} must be contiguous in its last dim (stride {tensor.stride(-1)}); "
+            "call .contiguous() first"
+        )
+
+
+def check_cuda(name: str, tensor: torch.Tensor, like: torch.Tensor | None = None) -> None:
+    if tensor.device.type != "cuda":
+        raise ValueError(f"{name} must be a CUDA tensor, got device {tensor.device}")
+    if like is not None and tensor.device != like.device:
+        raise ValueError(f"{name} is on {tensor.device}, the input is on {like.device}")
+
+
+def check_eps(eps: Any) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise TypeError(f"eps must be a float, got {type(eps).__name__}")
+    if not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    return float(eps)

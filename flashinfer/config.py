@@ -1,0 +1,143 @@
+"""Every environment variable flashinfer reads, typed, in one place.
+
+Values are read from ``os.environ`` on each access (a dict lookup), so tests and
+long-running programs can change them between calls. Parsing errors raise
+``ValueError`` naming the variable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f"expected one of {sorted(_TRUE | _FALSE)}")
+
+
+def _parse_positive_int(raw: str) -> int:
+    value = int(raw.strip())
+    if value < 1:
+        raise ValueError("expected a positive integer")
+    return value
+
+
+def _parse_flags(raw: str) -> tuple[str, ...]:
+    return tuple(shlex.split(raw))
+
+
+def _parse_optional_str(raw: str) -> str | None:
+    return raw.strip() or None
+
+
+def _parse_log_level(raw: str) -> int:
+    name = raw.strip().upper()
+    level = logging.getLevelName(name)
+    if isinstance(level, int):
+        return level
+    if name.isdigit():
+        return int(name)
+    raise ValueError("expected DEBUG, INFO, WARNING, ERROR or CRITICAL")
+
+
+@dataclass(frozen=True)
+class EnvVar(Generic[T]):
+    """A typed environment variable; a descriptor on :class:`Config`."""
+
+    name: str
+    default: T
+    parse: Callable[[str], T]
+    doc: str
+
+    def raw(self) -> str | None:
+        return os.environ.get(self.name)
+
+    def read(self) -> T:
+        raw = os.environ.get(self.name)
+        if raw is None:
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as err:
+            raise ValueError(f"invalid value {raw!r} for {self.name}: {err}") from None
+
+    def __get__(self, obj: object, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return self.read()
+
+
+class Config:
+    """Typed view of the ``FLASHINFER_*`` environment (see docs/jit.md)."""
+
+    workspace_base = EnvVar(
+        "FLASHINFER_WORKSPACE_BASE",
+        Path.home() / ".cache" / "flashinfer",
+        lambda raw: Path(raw).expanduser(),
+        "root of the JIT workspace (generated sources, cached modules, locks)",
+    )
+    cuda_arch_list = EnvVar(
+        "FLASHINFER_CUDA_ARCH_LIST",
+        None,
+        _parse_optional_str,
+        'target archs, e.g. "8.0 9.0a 10.0a"; default: the visible GPUs',
+    )
+    jit_verbose = EnvVar(
+        "FLASHINFER_JIT_VERBOSE", False, _parse_bool, "show ninja/compiler commands and output"
+    )
+    jit_debug = EnvVar(
+        "FLASHINFER_JIT_DEBUG", False, _parse_bool, "device debug build: -g -G -O0"
+    )
+    jit_lineinfo = EnvVar("FLASHINFER_JIT_LINEINFO", False, _parse_bool, "nvcc -lineinfo")
+    nvcc = EnvVar("FLASHINFER_NVCC", "nvcc", str, "the CUDA compiler")
+    cxx = EnvVar("CXX", "c++", str, "the host C++ compiler")
+    search_path = EnvVar("PATH", "", str, "where compilers are looked up")
+    cuda_home = EnvVar(
+        "CUDA_HOME", None, _parse_optional_str, "CUDA toolkit root; default: found from nvcc"
+    )
+    nvcc_launcher = EnvVar(
+        "FLASHINFER_NVCC_LAUNCHER", (), _parse_flags, "prefix for nvcc commands (ccache, sccache)"
+    )
+    cxx_launcher = EnvVar(
+        "FLASHINFER_CXX_LAUNCHER", (), _parse_flags, "prefix for host compiler commands"
+    )
+    extra_cflags = EnvVar(
+        "FLASHINFER_EXTRA_CFLAGS", (), _parse_flags, "extra host compiler flags"
+    )
+    extra_cudaflags = EnvVar(
+        "FLASHINFER_EXTRA_CUDAFLAGS", (), _parse_flags, "extra nvcc flags"
+    )
+    extra_ldflags = EnvVar("FLASHINFER_EXTRA_LDFLAGS", (), _parse_flags, "extra linker flags")
+    nvcc_threads = EnvVar(
+        "FLASHINFER_NVCC_THREADS", 1, _parse_positive_int, "nvcc --threads"
+    )
+    max_jobs = EnvVar(
+        "MAX_JOBS", None, _parse_positive_int, "ninja -j; default from cores and memory"
+    )
+    disable_jit = EnvVar(
+        "FLASHINFER_DISABLE_JIT", False, _parse_bool, "never compile; a missing module is an error"
+    )
+    logging_level = EnvVar(
+        "FLASHINFER_LOGGING_LEVEL", logging.INFO, _parse_log_level, "level of the flashinfer loggers"
+    )
+
+    @classmethod
+    def variables(cls) -> list[EnvVar[Any]]:
+        return [v for v in vars(cls).values() if isinstance(v, EnvVar)]
+
+
+config = Config()

@@ -1,0 +1,95 @@
+"""Target CUDA architectures: parsed from FLASHINFER_CUDA_ARCH_LIST or read off the GPUs."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from ..config import config
+
+_ARCH_RE = re.compile(r"^(?:sm_)?(\d+)\.(\d)([af]?)$")
+
+
+class NoTargetArchError(RuntimeError):
+    """No arch to compile for: no visible GPU and no FLASHINFER_CUDA_ARCH_LIST."""
+
+
+@dataclass(frozen=True, order=True)
+class CudaArch:
+    major: int
+    minor: int
+    suffix: str = ""  # "a" (arch-specific) or "f" (family), as nvcc spells them
+
+    @classmethod
+    def parse(cls, text: str) -> CudaArch:
+        match = _ARCH_RE.match(text.strip())
+        if not match:
+            raise ValueError(
+                f"invalid CUDA arch {text!r} in FLASHINFER_CUDA_ARCH_LIST; "
+                'expected entries like "8.0", "9.0a" or "10.0a"'
+            )
+        return cls(int(match[1]), int(match[2]), match[3])
+
+    @property
+    def sm(self) -> str:
+        return f"{self.major}{self.minor}{self.suffix}"
+
+    @property
+    def gencode(self) -> str:
+        return f"-gencode=arch=compute_{self.sm},code=sm_{self.sm}"
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}{self.suffix}"
+
+
+def parse_arch_list(text: str) -> tuple[CudaArch, ...]:
+    tokens = [t for t in re.split(r"[\s,;]+", text) if t]
+    if not tokens:
+        raise ValueError("FLASHINFER_CUDA_ARCH_LIST is set but names no arch")
+    return tuple(sorted(set(CudaArch.parse(t) for t in tokens)))
+
+
+def _visible_gpu_archs() -> tuple[CudaArch, ...]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return ()
+    archs = set()
+    for index in range(torch.cuda.device_count()):
+        major, minor = torch.cuda.get_device_capability(index)
+        # Hopper and Blackwell kernels use arch-specific instructions (wgmma, tcgen05).
+        suffix = "a" if major in (9, 10, 12) else ""
+        archs.add(CudaArch(major, minor, suffix))
+    return tuple(sorted(archs))
+
+
+def target_archs() -> tuple[CudaArch, ...]:
+    """The archs to compile for, from FLASHINFER_CUDA_ARCH_LIST, else the visible GPUs."""
+    text = config.cuda_arch_list
+    if text is not None:
+        return parse_arch_list(text)
+    archs = _visible_gpu_archs()
+    if not archs:
+        raise NoTargetArchError(
+            "no CUDA arch to compile for: no GPU is visible and FLASHINFER_CUDA_ARCH_LIST "
+            'is not set (set it, e.g. FLASHINFER_CUDA_ARCH_LIST="9.0a")'
+        )
+    return archs
+
+
+def filter_archs(
+    archs: Iterable[CudaArch], supported_majors: Iterable[int] | None, name: str
+) -> tuple[CudaArch, ...]:
+    """Keep the archs whose major a module supports; none left is an error."""
+    archs = tuple(archs)
+    if supported_majors is None:
+        return archs
+    majors = set(supported_majors)
+    kept = tuple(a for a in archs if a.major in majors)
+    if not kept:
+        raise NoTargetArchError(
+            f"module {name} supports SM majors {sorted(majors)}, but the target archs are "
+            f"{[str(a) for a in archs]} (FLASHINFER_CUDA_ARCH_LIST or the visible GPUs)"
+        )
+    return kept

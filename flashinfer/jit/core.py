@@ -1,0 +1,342 @@
+"""JitSpec: a module's identity, its build in a hashed cache dir, and its loading.
+
+Flow of ``build_and_load()``:
+
+1. plan: target archs, toolchain, full flags, identity hash -> build dir (no writes)
+2. warm path: the manifest matches the files on disk -> load the .so (no subprocess, no lock)
+3. otherwise, under the module's file lock: re-check, write build.ninja, run ninja,
+   record the manifest, load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..config import config
+from ..version import __version__
+from . import env
+from .arch import CudaArch, filter_archs, target_archs
+from .fileutil import sha256_file, write_if_different
+from .lock import module_lock
+from .manifest import Manifest, FileRecord, read_ninja_deps
+from .ninja import NinjaBuild
+from .toolchain import Toolchain, current_toolchain, default_max_jobs, find_ninja
+
+logger = logging.getLogger("flashinfer.jit")
+
+_PROGRESS_INTERVAL_S = 5.0
+_ERROR_LINES = 60
+
+
+class JitCompileError(RuntimeError):
+    """A module failed to build; the message carries the compiler output and build dir."""
+
+
+class JitDisabledError(RuntimeError):
+    """A module is needed but not built, and FLASHINFER_DISABLE_JIT forbids compiling."""
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """Everything derived from a spec and the environment before anything is written."""
+
+    archs: tuple[CudaArch, ...]
+    toolchain: Toolchain
+    ninja: NinjaBuild
+    identity: dict[str, Any]
+    digest: str
+    build_dir: Path
+
+    @property
+    def library_path(self) -> Path:
+        return self.build_dir / self.ninja.output
+
+
+@dataclass
+class JitSpec:
+    """A JIT module: its name (URI), sources and flags.
+
+    ``generated_sources`` are the files rendered for this specialization (their
+    content is part of the identity hash); ``sources`` are the TUs to compile.
+    """
+
+    name: str
+    sources: list[Path]
+    extra_cflags: list[str] = field(default_factory=list)
+    extra_cuda_cflags: list[str] = field(default_factory=list)
+    extra_ldflags: list[str] = field(default_factory=list)
+    extra_include_paths: list[Path] = field(default_factory=list)
+    supported_major_versions: list[int] | None = None
+    generated_sources: list[Path] = field(default_factory=list)
+
+    # -- planning ---------------------------------------------------------------
+
+    def plan(self) -> BuildPlan:
+        archs = filter_archs(target_archs(), self.supported_major_versions, self.name)
+        tc = current_toolchain()
+        includes = [
+            env.FLASHINFER_INCLUDE_DIR,
+            env.FLASHINFER_CSRC_DIR,
+            env.generated_dir(self.name),
+            *map(Path, self.extra_include_paths),
+        ]
+        include_flags = [f"-I{p}" for p in includes]
+        if config.jit_debug:
+            cuda_opt, host_opt = ["-g", "-G", "-O0"], ["-g", "-O0"]
+        else:
+            cuda_opt, host_opt = ["-O3", "-DNDEBUG"], ["-O2", "-DNDEBUG"]
+        cuda_cflags = [
+            "-std=c++17",
+            "--expt-relaxed-constexpr",
+            "-Xcompiler=-fPIC",
+            *cuda_opt,
+            *(["-lineinfo"] if config.jit_lineinfo else []),
+            f"--threads={config.nvcc_threads}",
+            *(a.gencode for a in archs),
+            *include_flags,
+            *self.extra_cuda_cflags,
+            *config.extra_cudaflags,
+        ]
+        cflags = [
+            "-std=c++17",
+            "-fPIC",
+            *host_opt,
+            *include_flags,
+            *(f"-isystem{p}" for p in (*tc.tvm_ffi_include_dirs, tc.cuda_include_dir)),
+            *self.extra_cflags,
+            *config.extra_cflags,
+        ]
+        ldflags = [
+            "-shared",
+            f"-L{tc.cuda_lib_dir}",
+            "-lcudart",
+            f"-Wl,-rpath,{tc.cuda_lib_dir}",
+            f"-L{tc.tvm_ffi_lib_dir}",
+            "-ltvm_ffi",
+            f"-Wl,-rpath,{tc.tvm_ffi_lib_dir}",
+            *self.extra_ldflags,
+            *config.extra_ldflags,
+        ]
+        sources = tuple(Path(s) for s in self.sources)
+        identity = {
+            "name": self.name,
+            "sources": [str(s) for s in sources],
+            "generated": {str(p): sha256_file(Path(p)) for p in self.generated_sources},
+            "cuda_cflags": cuda_cflags,
+            "cflags": cflags,
+            "ldflags": ldflags,
+            "archs": [str(a) for a in archs],
+            "nvcc": tc.nvcc_version(),
+            "cxx": tc.cxx_version(),
+            "flashinfer": __version__,
+            "tvm_ffi": tc.tvm_ffi_version,
+        }
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+        ninja = NinjaBuild(
+            sources=sources,
+            output=f"{self.name}.so",
+            # Launchers (ccache) do not change the output, so they stay out of the hash.
+            nvcc=(*config.nvcc_launcher, str(tc.nvcc)),
+            cxx=(*config.cxx_launcher, str(tc.cxx)),
+            cuda_cflags=tuple(cuda_cflags),
+            cflags=tuple(cflags),
+            ldflags=tuple(ldflags),
+        )
+        build_dir = env.cached_ops_dir() / self.name / digest
+        return BuildPlan(archs, tc, ninja, identity, digest, build_dir)
+
+    @property
+    def build_dir(self) -> Path:
+        return self.plan().build_dir
+
+    @property
+    def library_path(self) -> Path:
+        return self.plan().library_path
+
+    @property
+    def is_compiled(self) -> bool:
+        """A built library and its manifest exist (it may still be stale)."""
+        plan = self.plan()
+        return plan.library_path.is_file() and Manifest.load(plan.build_dir) is not None
+
+    @property
+    def is_stale(self) -> bool:
+        """Loading now would compile: not built, or an input's content changed."""
+        return self._stale_reason(self.plan()) is not None
+
+    # -- building ---------------------------------------------------------------
+
+    def write_ninja(self, plan: BuildPlan | None = None) -> Path:
+        plan = plan or self.plan()
+        plan.build_dir.mkdir(parents=True, exist_ok=True)
+        path = plan.build_dir / "build.ninja"
+        write_if_different(path, plan.ninja.render())
+        return path
+
+    def build(self) -> Path:
+        """Bring the library up to date (compiling only what is stale); return its path."""
+        plan = self.plan()
+        if config.disable_jit:
+            raise JitDisabledError(
+                f"module {self.name} is not built for this configuration ({plan.build_dir}) "
+                "and FLASHINFER_DISABLE_JIT=1 forbids compiling it"
+            )
+        with module_lock(self.name):
+            manifest = Manifest.load(plan.build_dir)
+            reason = self._stale_reason(plan, manifest)
+            if reason is None:
+                return plan.library_path
+            if manifest is not None:
+                changed, _ = manifest.changed_inputs()
+                # Force the dependents of changed files to rebuild even if the new
+                # files carry older mtimes than the objects (a reinstall does that).
+                for obj in manifest.objects_depending_on(changed):
+                    (plan.build_dir / obj).unlink(missing_ok=True)
+            self._compile(plan, reason)
+        return plan.library_path
+
+    def _stale_reason(self, plan: BuildPlan, manifest: Manifest | None = None) -> str | None:
+        manifest = manifest or Manifest.load(plan.build_dir)
+        if manifest is None or not plan.library_path.is_file():
+            return "first build"
+        changed, restat = manifest.changed_inputs()
+        if changed:
+            shown = ", ".join(_display_path(p) for p in changed[:3])
+            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+            return f"{shown}{more} changed"
+        if restat:
+            try:  # remember the new stats so the next process skips the re-hash
+                manifest.save(plan.build_dir)
+            except OSError:
+                pass
+        return None
+
+    def _compile(self, plan: BuildPlan, reason: str) -> None:
+        self.write_ninja(plan)
+        archs = " ".join(f"sm_{a.sm}" for a in plan.archs)
+        logger.info("compiling %s for %s (%s)", self.name, archs, reason)
+        start = time.monotonic()
+        _run_ninja(plan, self.name)
+        deps = read_ninja_deps(find_ninja(), plan.build_dir)
+        objects = {obj: deps.get(obj, []) for obj in plan.ninja.objects()}
+        inputs = {str(s) for s in plan.ninja.sources}
+        inputs.update(str(p) for p in self.generated_sources)
+        for obj_deps in objects.values():
+            inputs.update(obj_deps)
+        Manifest(
+            identity=plan.identity,
+            library=plan.ninja.output,
+            inputs={p: FileRecord.of(Path(p)) for p in sorted(inputs)},
+            objects=objects,
+        ).save(plan.build_dir)
+        logger.info("compiled %s in %.1f s", self.name, time.monotonic() - start)
+
+    # -- loading ----------------------------------------------------------------
+
+    def load(self):  # noqa: ANN201 - returns tvm_ffi.Module
+        """Load the built library (no freshness check; see build_and_load)."""
+        import tvm_ffi
+
+        path = self.plan().library_path
+        if not path.is_file():
+            raise FileNotFoundError(f"module {self.name} is not built: {path} does not exist")
+        return tvm_ffi.load_module(str(path))
+
+    def build_and_load(self):  # noqa: ANN201 - returns tvm_ffi.Module
+        """Load the module, compiling first if it is missing or stale."""
+        import tvm_ffi
+
+        plan = self.plan()
+        reason = self._stale_reason(plan)
+        if reason is not None:
+            if config.disable_jit and plan.library_path.is_file():
+                logger.warning("loading %s although %s (FLASHINFER_DISABLE_JIT=1)", self.name, reason)
+            else:
+                self.build()
+        else:
+            logger.debug("loading cached %s from %s", self.name, plan.build_dir)
+        return tvm_ffi.load_module(str(plan.library_path))
+
+
+def gen_jit_spec(
+    name: str,
+    sources: Sequence[str | Path],
+    *,
+    extra_cflags: Sequence[str] = (),
+    extra_cuda_cflags: Sequence[str] = (),
+    extra_ldflags: Sequence[str] = (),
+    extra_include_paths: Sequence[str | Path] = (),
+    supported_major_versions: Sequence[int] | None = None,
+    generated_sources: Sequence[str | Path] = (),
+) -> JitSpec:
+    """Build a :class:`JitSpec`; relative source paths are taken from csrc/."""
+    resolved = [Path(s) if Path(s).is_absolute() else env.FLASHINFER_CSRC_DIR / s for s in sources]
+    for src in resolved:
+        if not src.is_file():
+            raise FileNotFoundError(f"source {src} of module {name} does not exist")
+    return JitSpec(
+        name=name,
+        sources=resolved,
+        extra_cflags=list(extra_cflags),
+        extra_cuda_cflags=list(extra_cuda_cflags),
+        extra_ldflags=list(extra_ldflags),
+        extra_include_paths=[Path(p) for p in extra_include_paths],
+        supported_major_versions=(
+            list(supported_major_versions) if supported_major_versions is not None else None
+        ),
+        generated_sources=[Path(p) for p in generated_sources],
+    )
+
+
+def _display_path(path: str) -> str:
+    root = env.FLASHINFER_INCLUDE_DIR.parent
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return path
+
+
+def _run_ninja(plan: BuildPlan, name: str) -> None:
+    """Run ninja in the build dir; log progress; raise JitCompileError on failure."""
+    cmd = [str(find_ninja()), "-C", str(plan.build_dir), f"-j{default_max_jobs()}"]
+    verbose = config.jit_verbose
+    if verbose:
+        cmd.append("-v")
+    log_path = plan.build_dir / "build.log"
+    child_env = dict(os.environ, NINJA_STATUS="[%f/%t] ")
+    start = last_report = time.monotonic()
+    output: list[str] = []
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            output.append(line)
+            if verbose:
+                sys.stderr.write(line)
+            now = time.monotonic()
+            if line.startswith("[") and now - last_report >= _PROGRESS_INTERVAL_S:
+                done = line[1 : line.index("]")] if "]" in line else "?"
+                logger.info("compiling %s: %s steps, %.0f s", name, done, now - start)
+                last_report = now
+        code = proc.wait()
+    if code != 0:
+        errors = [ln for ln in output if not ln.startswith("[") and "ninja: build stopped" not in ln]
+        first = next((ln.strip() for ln in errors if "error" in ln.lower()), None)
+        body = "".join(errors[-_ERROR_LINES:]).rstrip()
+        headline = first or f"ninja exited with code {code}"
+        raise JitCompileError(
+            f"{headline}\nbuilding module {name} failed (build dir {plan.build_dir}):\n"
+            f"{body}\nfull log: {log_path}"
+        )

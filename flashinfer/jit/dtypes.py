@@ -1,0 +1,34 @@
+"""The element types kernels are specialized for, and their names in each world."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DTypeInfo:
+    short: str  # used in module URIs: norm_dtype_bf16
+    name: str  # torch's name: bfloat16
+    cuda_type: str  # the C++ type in kernel TUs
+    dlpack_code: int  # kDLFloat = 2, kDLBfloat = 4
+    bits: int
+
+
+_TABLE = (
+    DTypeInfo("f16", "float16", "__half", 2, 16),
+    DTypeInfo("bf16", "bfloat16", "__nv_bfloat16", 4, 16),
+    DTypeInfo("f32", "float32", "float", 2, 32),
+)
+_BY_NAME = {key: info for info in _TABLE for key in (info.short, info.name)}
+_BY_NAME.update(half=_BY_NAME["float16"], float=_BY_NAME["float32"])
+
+
+def dtype_info(dtype: Any) -> DTypeInfo:
+    """Accepts a torch.dtype or a name ("bfloat16", "bf16", "torch.bfloat16")."""
+    key = str(dtype).removeprefix("torch.")
+    try:
+        return _BY_NAME[key]
+    except KeyError:
+        supported = ", ".join(info.name for info in _TABLE)
+        raise TypeError(f"unsupported dtype {dtype!r}; supported: {supported}") from None

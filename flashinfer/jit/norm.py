@@ -1,0 +1,34 @@
+"""JIT spec of the norm module: one module per dtype."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .core import JitSpec, gen_jit_spec
+from .dtypes import dtype_info
+from .render import render_template
+
+
+def norm_uri(dtype: Any) -> str:
+    return f"norm_dtype_{dtype_info(dtype).short}"
+
+
+def gen_norm_module(dtype: Any) -> JitSpec:
+    """Render the norm config for ``dtype`` and return the module's spec."""
+    info = dtype_info(dtype)
+    uri = norm_uri(info.name)
+    config = render_template(
+        "norm_config.jinja",
+        uri,
+        "norm_config.h",
+        uri=uri,
+        dtype_name=info.name,
+        cuda_type=info.cuda_type,
+        dlpack_code=info.dlpack_code,
+        bits=info.bits,
+    )
+    return gen_jit_spec(
+        uri,
+        ["norm_kernel.cu", "norm.cc"],
+        generated_sources=[config],
+    )

@@ -1,0 +1,164 @@
+"""The compilers and libraries a build uses, and their identities for the cache key.
+
+Probing a compiler's version spawns a process (~10-50 ms), so results are kept in
+``<workspace>/toolchain.json`` keyed by the binary's resolved path, size and mtime:
+a process that loads cached modules never runs a compiler.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import config
+from . import env
+from .fileutil import atomic_write_text
+
+
+class ToolchainError(RuntimeError):
+    """A compiler or tool the JIT needs is missing or broken."""
+
+
+def _which(program: str, variable: str) -> Path:
+    found = shutil.which(program)
+    if found is None:
+        raise ToolchainError(f"{program!r} not found on PATH (set {variable} to choose another)")
+    return Path(found)
+
+
+@functools.cache
+def _probe_cache_path() -> Path:
+    return env.workspace_dir() / "toolchain.json"
+
+
+def _probe_version(binary: Path) -> str:
+    """First line(s) of ``<binary> --version``, cached on disk by path, size and mtime."""
+    real = binary.resolve()
+    st = real.stat()
+    return _probe_version_cached(real, st.st_size, st.st_mtime_ns, binary)
+
+
+@functools.cache
+def _probe_version_cached(real: Path, size: int, mtime_ns: int, binary: Path) -> str:
+    key = f"{real}|{size}|{mtime_ns}"
+    cache_file = _probe_cache_path()
+    try:
+        cache = json.loads(cache_file.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key in cache:
+        return cache[key]
+    try:
+        proc = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=True
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        raise ToolchainError(f"cannot run {binary} --version: {err}") from err
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    version = " | ".join(lines[-2:]) if "nvcc" in real.name else lines[0]
+    cache[key] = version
+    try:
+        atomic_write_text(cache_file, json.dumps(cache, indent=1, sort_keys=True))
+    except OSError:
+        pass  # a read-only workspace only costs a probe per process
+    return version
+
+
+def _cuda_home(nvcc: Path) -> Path:
+    if config.cuda_home:
+        return Path(config.cuda_home)
+    # nvcc may be a wrapper script (as /usr/local/bin/nvcc is here): check for headers.
+    for candidate in (nvcc.resolve().parent.parent, Path("/usr/local/cuda")):
+        if (candidate / "include" / "cuda_runtime_api.h").is_file():
+            return candidate
+    raise ToolchainError(
+        f"cannot find the CUDA toolkit for {nvcc} (no include/cuda_runtime_api.h); set CUDA_HOME"
+    )
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    nvcc: Path
+    cxx: Path
+    cuda_home: Path
+    tvm_ffi_include_dirs: tuple[Path, ...]
+    tvm_ffi_lib_dir: Path
+    tvm_ffi_version: str
+
+    @property
+    def cuda_include_dir(self) -> Path:
+        return self.cuda_home / "include"
+
+    @property
+    def cuda_lib_dir(self) -> Path:
+        for name in ("lib64", "lib", "targets/x86_64-linux/lib"):
+            if (self.cuda_home / name / "libcudart.so").exists():
+                return self.cuda_home / name
+        return self.cuda_home / "lib64"
+
+    def nvcc_version(self) -> str:
+        return _probe_version(self.nvcc)
+
+    def cxx_version(self) -> str:
+        return _probe_version(self.cxx)
+
+
+def find_ninja() -> Path:
+    """The ninja binary: the PyPI package's, else PATH's. Needed only to build."""
+    try:
+        import ninja
+
+        candidate = Path(ninja.BIN_DIR) / "ninja"
+        if candidate.is_file():
+            return candidate
+    except (ImportError, AttributeError):
+        pass
+    return _which("ninja", "PATH")
+
+
+@functools.cache
+def _resolve(nvcc_name: str, cxx_name: str, cuda_home: str | None, search_path: str) -> Toolchain:
+    del cuda_home, search_path  # cache key only: they change what the lookups find
+    import tvm_ffi
+    from tvm_ffi import libinfo
+
+    nvcc = _which(nvcc_name, "FLASHINFER_NVCC")
+    include_dirs = tuple(
+        dict.fromkeys(
+            Path(p) for p in (libinfo.find_include_path(), libinfo.find_dlpack_include_path())
+        )
+    )
+    return Toolchain(
+        nvcc=nvcc,
+        cxx=_which(cxx_name, "CXX"),
+        cuda_home=_cuda_home(nvcc),
+        tvm_ffi_include_dirs=include_dirs,
+        tvm_ffi_lib_dir=Path(libinfo.find_libtvm_ffi()).parent,
+        tvm_ffi_version=tvm_ffi.__version__,
+    )
+
+
+def current_toolchain() -> Toolchain:
+    """The tools the current environment selects (resolved once per distinct setting)."""
+    return _resolve(config.nvcc, config.cxx, config.cuda_home, config.search_path)
+
+
+def default_max_jobs() -> int:
+    """ninja -j: MAX_JOBS, else one job per core, capped by available memory at
+    ~2 GiB per job (what one nvcc of a template-heavy kernel TU can take)."""
+    if config.max_jobs is not None:
+        return config.max_jobs
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    try:
+        with open("/proc/meminfo") as fh:
+            info = dict(line.split(":", 1) for line in fh)
+        available_gib = int(info["MemAvailable"].split()[0]) / (1024 * 1024)
+        by_memory = max(1, int(available_gib // 2))
+    except (OSError, KeyError, ValueError):
+        by_memory = cores or 1
+    return max(1, min(cores or 1, by_memory))

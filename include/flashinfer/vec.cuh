@@ -1,0 +1,56 @@
+// Element conversions and aligned vector types shared by the kernels.
+// Framework-agnostic: raw pointers only, no torch, no tvm-ffi.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace flashinfer {
+
+// N elements moved as one aligned load/store (16 bytes when N * sizeof(T) == 16).
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T data[N];
+};
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Sum of `value` over the block; every thread gets the result.
+// blockDim.x must be a multiple of 32 and at most 1024. Call once per kernel.
+__device__ __forceinline__ float block_reduce_sum(float value) {
+  __shared__ float warp_sums[32];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  }
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  if (lane == 0) warp_sums[warp] = value;
+  __syncthreads();
+  const int num_warps = blockDim.x >> 5;
+  value = lane < num_warps ? warp_sums[lane] : 0.f;
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  }
+  return value;
+}
+
+}  // namespace flashinfer
