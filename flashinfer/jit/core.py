@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -34,6 +35,8 @@ from .toolchain import Toolchain, current_toolchain, default_max_jobs, find_ninj
 logger = logging.getLogger("flashinfer.jit")
 
 _PROGRESS_INTERVAL_S = 5.0
+# gcc: "file:12:3: error: ..."; nvcc (EDG front end): "file(12): error: ..."
+_DIAGNOSTIC_RE = re.compile(r"^\S.*?(?::\d+(?::\d+)?|\(\d+\)):\s*(?:fatal\s+)?error\b")
 _ERROR_LINES = 60
 
 
@@ -332,8 +335,8 @@ def _run_ninja(plan: BuildPlan, name: str) -> None:
                 last_report = now
         code = proc.wait()
     if code != 0:
-        errors = [ln for ln in output if not ln.startswith("[") and "ninja: build stopped" not in ln]
-        first = next((ln.strip() for ln in errors if "error" in ln.lower()), None)
+        errors = [ln for ln in output if not ln.startswith(("[", "ninja: "))]
+        first = next((ln.strip() for ln in errors if _DIAGNOSTIC_RE.match(ln)), None)
         body = "".join(errors[-_ERROR_LINES:]).rstrip()
         headline = first or f"ninja exited with code {code}"
         raise JitCompileError(

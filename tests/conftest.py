@@ -1,0 +1,79 @@
+"""Shared fixtures. Every test session gets its own JIT workspace (unless
+FLASHINFER_WORKSPACE_BASE is set), so each module compiles once per run and runs
+never see each other's builds."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+
+if not os.environ.get("FLASHINFER_WORKSPACE_BASE"):
+    os.environ["FLASHINFER_WORKSPACE_BASE"] = tempfile.mkdtemp(prefix="flashinfer-test-ws-")
+if not os.environ.get("FLASHINFER_CUDA_ARCH_LIST") and not HAS_GPU:
+    os.environ["FLASHINFER_CUDA_ARCH_LIST"] = "9.0a"
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+class LogRecorder(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def messages(self, level: int = logging.INFO) -> list[str]:
+        return [r.getMessage() for r in self.records if r.levelno >= level]
+
+    def compiles(self) -> list[str]:
+        return [m for m in self.messages() if m.startswith("compiling ")]
+
+
+@pytest.fixture
+def jit_log():
+    """Records what the flashinfer.jit logger says during the test."""
+    recorder = LogRecorder()
+    logger = logging.getLogger("flashinfer.jit")
+    logger.addHandler(recorder)
+    try:
+        yield recorder
+    finally:
+        logger.removeHandler(recorder)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh, empty JIT workspace for this test only."""
+    base = tmp_path / "workspace"
+    monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(base))
+    return base
+
+
+def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float = 300,
+               check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with the current environment (plus ``env``)."""
+    full_env = dict(os.environ, PYTHONWARNINGS="ignore", **(env or {}))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
