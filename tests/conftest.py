@@ -69,11 +69,11 @@ def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def run_python(code: str, *, env: dict[str, str] | None = None, timeout: float = 300,
-               check: bool = True) -> subprocess.CompletedProcess[str]:
+               check: bool = True, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter with the current environment (plus ``env``)."""
     full_env = dict(os.environ, PYTHONWARNINGS="ignore", **(env or {}))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=full_env, timeout=timeout)
+                          env=full_env, timeout=timeout, cwd=cwd)
     if check and proc.returncode != 0:
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc
