@@ -139,3 +139,23 @@ def test_rmsnorm_cpu_weight_with_cuda_input_is_rejected() -> None:
     x = torch.randn(4, 8, dtype=torch.float16, device="cuda")
     with pytest.raises(ValueError, match="weight must be a CUDA tensor"):
         flashinfer.rmsnorm(x, torch.randn(8, dtype=torch.float16))
+
+
+@pytest.mark.gpu
+def test_rmsnorm_launches_on_the_current_stream_under_graph_capture() -> None:
+    """A launch on any stream but the capturing one breaks the capture, so a graph that
+    captures and replays correctly proves the kernel used torch's current stream."""
+    x = torch.randn(32, 1024, dtype=torch.float16, device="cuda")
+    w = torch.randn(1024, dtype=torch.float16, device="cuda")
+    out = torch.empty_like(x)
+    flashinfer.rmsnorm(x, w, out=out)  # compile and load outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flashinfer.rmsnorm(x, w, out=out)
+    x.copy_(torch.randn_like(x))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.double(), rmsnorm_reference(x, w, 1e-6),
+                               **TOLERANCE[torch.float16])
