@@ -29,6 +29,7 @@ from pathlib import Path
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch  # noqa: E402
+from report import write_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCH = "9.0a"
@@ -211,25 +212,23 @@ def main() -> int:
 
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
                 if ln.startswith("model name")), platform.processor())
-    lines = [
-        "# JIT benchmark (CPU)",
-        "",
-        f"- date: {datetime.date.today().isoformat()}",
-        f"- machine: {cpu}, {os.cpu_count()} cores, no GPU; target arch {ARCH}",
-        f"- nvcc: {tc.nvcc_version()}; host compiler: {tc.cxx_version()}",
-        f"- tvm-ffi {tc.tvm_ffi_version}, torch {torch.__version__}, Python {platform.python_version()}",
-        f"- medians: {args.cold_repeats} cold builds, {args.repeats} fresh processes per warm figure",
-        "- command: `python benchmarks/bench_jit.py`",
-        "",
-        "| what | time | ratio / note |",
-        "| --- | ---: | --- |",
-        *(f"| {a} | {b} | {c} |" for a, b, c in rows),
-        "",
-    ]
-    text = "\n".join(lines)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
-    print(text)
+    write_report(
+        args.output,
+        "JIT benchmark (CPU)",
+        [
+            f"date: {datetime.date.today().isoformat()}",
+            f"machine: {cpu}, {os.cpu_count()} cores, no GPU; target arch {ARCH}",
+            f"nvcc: {tc.nvcc_version()}; host compiler: {tc.cxx_version()}",
+            f"tvm-ffi {tc.tvm_ffi_version}, torch {torch.__version__}, "
+            f"Python {platform.python_version()}",
+            f"medians: {args.cold_repeats} cold builds, {args.repeats} fresh processes per "
+            "warm figure",
+            "command: `python benchmarks/bench_jit.py`",
+        ],
+        ["what", "time", "ratio / note"],
+        "lrl",
+        rows,
+    )
     return 0
 
 

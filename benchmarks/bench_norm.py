@@ -17,6 +17,7 @@ from pathlib import Path
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch  # noqa: E402
+from report import write_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = [(1, 4096), (128, 4096), (2048, 4096), (8192, 4096), (4096, 8192), (8192, 4097)]
@@ -75,25 +76,22 @@ def main() -> int:
             rows.append((str(dtype).removeprefix("torch."), tokens, hidden, ours * 1e3, gbs,
                          gbs / copy_gbs, theirs / ours))
 
-    lines = [
-        "# RMSNorm benchmark (GPU)",
-        "",
-        f"- date: {datetime.date.today().isoformat()}",
-        f"- device: {torch.cuda.get_device_name()}; torch {torch.__version__}",
-        f"- measured device copy bandwidth: {copy_gbs:.0f} GB/s (read + write)",
-        "- times: median of 100 CUDA-event-timed calls, L2 flushed before each",
-        "- command: `python benchmarks/bench_norm.py`",
-        "",
-        "| dtype | tokens | hidden | flashinfer us | GB/s | of copy BW | speedup vs torch rms_norm |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-        *(f"| {d} | {t} | {h} | {us:.1f} | {g:.0f} | {f:.0%} | x{s:.2f} |"
-          for d, t, h, us, g, f, s in rows),
-        "",
-    ]
-    text = "\n".join(lines)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
-    print(text)
+    write_report(
+        args.output,
+        "RMSNorm benchmark (GPU)",
+        [
+            f"date: {datetime.date.today().isoformat()}",
+            f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}",
+            f"measured device copy bandwidth: {copy_gbs:.0f} GB/s (read + write)",
+            "times: median of 100 CUDA-event-timed calls, L2 flushed before each",
+            "command: `python benchmarks/bench_norm.py`",
+        ],
+        ["dtype", "tokens", "hidden", "flashinfer us", "GB/s", "of copy BW",
+         "speedup vs torch rms_norm"],
+        "lrrrrrr",
+        [(d, str(t), str(h), f"{us:.1f}", f"{g:.0f}", f"{f:.0%}", f"x{s:.2f}")
+         for d, t, h, us, g, f, s in rows],
+    )
     return 0
 
 
