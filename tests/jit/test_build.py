@@ -15,7 +15,7 @@ from flashinfer.jit import JitCompileError, JitDisabledError, gen_jit_spec, rend
 from flashinfer.jit import env as jit_env
 from flashinfer.jit.manifest import Manifest
 from flashinfer.jit.norm import gen_norm_module
-from tests.conftest import run_python
+from tests.conftest import REPO_ROOT, run_python
 from tests.jit.tiny_module import load_fresh, tiny_spec, write_tiny_sources
 
 
@@ -286,3 +286,20 @@ def test_render_writes_only_when_different(workspace: Path, tmp_path: Path) -> N
 def test_missing_source_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nope.cu of module m"):
         gen_jit_spec("m", [tmp_path / "nope.cu"])
+
+
+def test_compile_messages_go_to_stderr_at_info_and_obey_the_level(tmp_path: Path) -> None:
+    src = write_tiny_sources(tmp_path / "src")
+    code = f"""
+import sys
+sys.path.insert(0, {str(REPO_ROOT)!r})
+from pathlib import Path
+from tests.jit.tiny_module import tiny_spec
+print(tiny_spec(Path({str(src)!r})).build_and_load().a_value())
+"""
+    loud = run_python(code, env={"FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws1")})
+    assert "[flashinfer] compiling tiny_test_module for sm_90a (first build)" in loud.stderr
+    assert "[flashinfer] compiled tiny_test_module in" in loud.stderr
+    quiet = run_python(code, env={"FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws2"),
+                                  "FLASHINFER_LOGGING_LEVEL": "WARNING"})
+    assert quiet.stdout.strip() == "1" and "compil" not in quiet.stderr
