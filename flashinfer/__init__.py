@@ -9,6 +9,7 @@ from .version import __version__
 
 _setup_logging()
 
+from .api_logging import flashinfer_api  # noqa: E402
 from .norm import get_norm_module, rmsnorm  # noqa: E402
 
-__all__ = ["__version__", "get_norm_module", "rmsnorm"]
+__all__ = ["__version__", "flashinfer_api", "get_norm_module", "rmsnorm"]

@@ -44,6 +44,30 @@ def _parse_optional_str(raw: str) -> str | None:
     return raw.strip() or None
 
 
+API_LOG_LEVELS = (0, 1, 3, 5, 10)
+
+
+def _parse_api_log_level(raw: str) -> int:
+    try:
+        level = int(raw.strip() or "0")
+    except ValueError:
+        level = -1
+    if level not in API_LOG_LEVELS:
+        raise ValueError(f"expected one of {', '.join(map(str, API_LOG_LEVELS))}")
+    return level
+
+
+def _parse_non_negative_float(raw: str) -> float:
+    value = float(raw)
+    if not value >= 0:
+        raise ValueError("expected a number >= 0")
+    return value
+
+
+def _parse_name_patterns(raw: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+
 def _parse_log_level(raw: str) -> int:
     name = raw.strip().upper()
     level = logging.getLevelName(name)
@@ -133,6 +157,35 @@ class Config:
     )
     logging_level = EnvVar(
         "FLASHINFER_LOGGING_LEVEL", logging.INFO, _parse_log_level, "level of the flashinfer loggers"
+    )
+
+    api_log_level = EnvVar(
+        "FLASHINFER_LOGLEVEL",
+        0,
+        _parse_api_log_level,
+        "API logging: 0 off, 1 names, 3 arguments, 5 statistics, 10 dumps (read at import)",
+    )
+    api_log_dest = EnvVar(
+        "FLASHINFER_LOGDEST", "stdout", str, "stdout, stderr or a file path (%i -> pid)"
+    )
+    dump_dir = EnvVar(
+        "FLASHINFER_DUMP_DIR", Path("flashinfer_dumps"), Path, "level-10 dump directory"
+    )
+    dump_include = EnvVar(
+        "FLASHINFER_DUMP_INCLUDE", (), _parse_name_patterns, "dump only these APIs (wildcards)"
+    )
+    dump_exclude = EnvVar(
+        "FLASHINFER_DUMP_EXCLUDE", (), _parse_name_patterns, "never dump these APIs (wildcards)"
+    )
+    dump_max_count = EnvVar(
+        "FLASHINFER_DUMP_MAX_COUNT", 1000, _parse_positive_int, "stop dumping after N calls"
+    )
+    dump_max_size_gb = EnvVar(
+        "FLASHINFER_DUMP_MAX_SIZE_GB", 20.0, _parse_non_negative_float,
+        "stop dumping past this many GB",
+    )
+    dump_safetensors = EnvVar(
+        "FLASHINFER_DUMP_SAFETENSORS", False, _parse_bool, "dump .safetensors instead of .pt"
     )
 
     @classmethod

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from . import checks
+from .api_logging import flashinfer_api
 from .jit.norm import gen_norm_module
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -19,6 +20,7 @@ def get_norm_module(dtype: Any):  # noqa: ANN201 - a tvm_ffi.Module
     return gen_norm_module(dtype).build_and_load()
 
 
+@flashinfer_api
 def rmsnorm(
     input: torch.Tensor,
     weight: torch.Tensor,

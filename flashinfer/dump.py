@@ -1,0 +1,303 @@
+"""Level-10 API logging: each call's tensors on disk, inputs before the call runs.
+
+One directory per call, ``<dump dir>/<call index>_<pid>_<api name>/``, holding
+
+- ``call.json``: the function's module and qualified name (so replay can import it),
+  the call index, pid, every argument (tensor metadata, the value when it is plain data,
+  the class and member of an enum), the status (``inputs_saved``, then ``completed`` or ``raised``);
+- ``inputs.pt`` / ``inputs.safetensors``: the tensor arguments, copied before the call;
+- ``outputs.pt`` / ``outputs.safetensors``: returned tensors (``return``, ``return.0``...)
+  and inputs the call changed in place (``mutated.<name>``).
+
+Dumping never breaks the call: past FLASHINFER_DUMP_MAX_COUNT or _MAX_SIZE_GB, or on
+any error, dumps stop (or skip) with a single warning.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import fnmatch
+import inspect
+import json
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from . import safetensors_io
+from .config import config
+
+logger = logging.getLogger("flashinfer.dump")
+
+MANIFEST = "call.json"
+FORMAT = 1
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, _PLAIN):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_is_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    return False
+
+
+def _tensor_meta(t: torch.Tensor) -> dict[str, Any]:
+    return {
+        "shape": list(t.shape),
+        "dtype": str(t.dtype).removeprefix("torch."),
+        "device": str(t.device),
+        "stride": list(t.stride()),
+    }
+
+
+def _snapshot(t: torch.Tensor) -> torch.Tensor:
+    # clone: a CPU tensor's .cpu() is itself, and the call may change it in place
+    return t.detach().to("cpu", copy=True)
+
+
+@dataclass
+class CallDump:
+    directory: Path
+    manifest: dict[str, Any]
+    inputs: dict[str, torch.Tensor]  # key -> CPU copy taken before the call
+    sources: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> live tensor
+
+
+class Dumper:
+    """Writes per-call dumps under ``directory`` within the count and size caps."""
+
+    def __init__(
+        self,
+        directory: Path,
+        include: tuple[str, ...] = (),
+        exclude: tuple[str, ...] = (),
+        max_count: int = 1000,
+        max_bytes: float = 20e9,
+        safetensors: bool = False,
+    ) -> None:
+        self.directory = Path(directory)
+        self.include = include
+        self.exclude = exclude
+        self.max_count = max_count
+        self.max_bytes = max_bytes
+        self.safetensors = safetensors
+        self.count = 0
+        self.bytes = 0
+        self.stopped: str | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_config(cls) -> Dumper:
+        return cls(
+            config.dump_dir,
+            config.dump_include,
+            config.dump_exclude,
+            config.dump_max_count,
+            config.dump_max_size_gb * 1e9,
+            config.dump_safetensors,
+        )
+
+    @property
+    def suffix(self) -> str:
+        return ".safetensors" if self.safetensors else ".pt"
+
+    def wants(self, func: Callable[..., Any]) -> bool:
+        names = (func.__qualname__, func.__name__)
+        if self.include and not any(
+            fnmatch.fnmatchcase(n, p) for n in names for p in self.include
+        ):
+            return False
+        return not any(fnmatch.fnmatchcase(n, p) for n in names for p in self.exclude)
+
+    def _stop(self, reason: str) -> None:
+        if self.stopped is None:
+            self.stopped = reason
+            logger.warning("flashinfer dumps stopped: %s", reason)
+
+    def _save(self, tensors: dict[str, torch.Tensor], path: Path) -> int:
+        if self.safetensors:
+            return safetensors_io.save_file(tensors, path)
+        torch.save(tensors, path)
+        return path.stat().st_size
+
+    def dump_inputs(
+        self, func: Callable[..., Any], arguments: list[tuple[str, str, Any]]
+    ) -> CallDump | None:
+        """Save the call's tensors and manifest before it runs. ``arguments`` holds
+        (name, parameter kind, value) triples. Returns None when this call is not dumped."""
+        if self.stopped or not self.wants(func):
+            return None
+        try:
+            with self._lock:
+                if self.count >= self.max_count:
+                    self._stop(f"FLASHINFER_DUMP_MAX_COUNT={self.max_count} calls dumped")
+                    return None
+                inputs: dict[str, torch.Tensor] = {}
+                sources: dict[str, torch.Tensor] = {}
+                args_meta = []
+                for name, kind, value in arguments:
+                    entry: dict[str, Any] = {"name": name, "param_kind": kind}
+                    if isinstance(value, torch.Tensor):
+                        entry.update(kind="tensor", key=name, **_tensor_meta(value))
+                        inputs[name], sources[name] = _snapshot(value), value
+                    elif isinstance(value, (list, tuple)) and value and all(
+                        isinstance(v, torch.Tensor) for v in value
+                    ):
+                        keys = [f"{name}.{i}" for i in range(len(value))]
+                        entry.update(kind="tensor_list", keys=keys,
+                                     sequence=type(value).__name__)
+                        for key, tensor in zip(keys, value):
+                            inputs[key], sources[key] = _snapshot(tensor), tensor
+                    elif _is_plain(value):
+                        entry.update(kind="value", value=value)
+                    elif isinstance(value, enum.Enum):
+                        cls = type(value)
+                        entry.update(kind="enum", enum_module=cls.__module__,
+                                     enum_qualname=cls.__qualname__, member=value.name)
+                    else:
+                        entry.update(kind="unsupported", repr=repr(value)[:200])
+                    args_meta.append(entry)
+                size = sum(t.numel() * t.element_size() for t in inputs.values())
+                if self.bytes + size > self.max_bytes:
+                    self._stop(
+                        f"FLASHINFER_DUMP_MAX_SIZE_GB={self.max_bytes / 1e9:g} would be exceeded"
+                    )
+                    return None
+                index = self.count
+                self.count += 1
+                safe = re.sub(r"[^A-Za-z0-9_.-]", "_", func.__qualname__)
+                directory = self.directory / f"{index:06d}_{os.getpid()}_{safe}"
+                directory.mkdir(parents=True, exist_ok=False)
+                manifest = {
+                    "format": FORMAT,
+                    "function": {"module": func.__module__, "qualname": func.__qualname__},
+                    "call_index": index,
+                    "pid": os.getpid(),
+                    "timestamp": datetime.datetime.now().isoformat(timespec="milliseconds"),
+                    "tensor_format": self.suffix.lstrip("."),
+                    "args": args_meta,
+                    "status": "inputs_saved",
+                }
+                self.bytes += self._save(inputs, directory / f"inputs{self.suffix}")
+                _write_manifest(directory, manifest)
+                return CallDump(directory, manifest, inputs, sources)
+        except Exception as err:  # never break the user's call
+            logger.warning("flashinfer dump of %s failed: %s", func.__qualname__, err)
+            return None
+
+    def dump_outputs(self, call: CallDump, result: Any) -> None:
+        try:
+            outputs: dict[str, torch.Tensor] = {}
+            if isinstance(result, torch.Tensor):
+                outputs["return"] = _snapshot(result)
+            elif isinstance(result, (list, tuple)):
+                for i, item in enumerate(result):
+                    if isinstance(item, torch.Tensor):
+                        outputs[f"return.{i}"] = _snapshot(item)
+            for key, live in call.sources.items():
+                after = _snapshot(live)
+                if not tensors_equal(after, call.inputs[key]):
+                    outputs[f"mutated.{key}"] = after
+            with self._lock:
+                self.bytes += self._save(outputs, call.directory / f"outputs{self.suffix}")
+            call.manifest["outputs"] = {k: _tensor_meta(v) for k, v in outputs.items()}
+            call.manifest["returned"] = _describe_return(result)
+            call.manifest["status"] = "completed"
+            _write_manifest(call.directory, call.manifest)
+        except Exception as err:
+            logger.warning("flashinfer dump of outputs to %s failed: %s", call.directory, err)
+
+    def dump_exception(self, call: CallDump, exc: BaseException) -> None:
+        try:
+            call.manifest["status"] = "raised"
+            call.manifest["exception"] = f"{type(exc).__name__}: {exc}"[:2000]
+            _write_manifest(call.directory, call.manifest)
+        except Exception as err:
+            logger.warning("flashinfer dump of an exception to %s failed: %s", call.directory, err)
+
+
+def _describe_return(result: Any) -> str:
+    if result is None:
+        return "none"
+    if isinstance(result, torch.Tensor):
+        return "tensor"
+    if isinstance(result, (list, tuple)):
+        return "sequence"
+    return "other"
+
+
+def tensors_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and values, NaN equal to NaN."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if torch.equal(a, b):
+        return True
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return False
+
+
+def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
+    tmp = directory / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, default=str))
+    os.replace(tmp, directory / MANIFEST)
+
+
+class ArgumentBinder:
+    """Names a call's arguments: (name, parameter kind, value) triples, defaults applied.
+
+    Built once per decorated function. Plain signatures take a fast path (a few us
+    less than ``inspect.Signature.bind`` per call); ``*args``/``**kwargs`` and calls
+    that would not bind go through ``inspect``; without a signature, positional
+    arguments are named ``arg<i>``.
+    """
+
+    _SIMPLE = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+               inspect.Parameter.KEYWORD_ONLY)
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        try:
+            self.signature: inspect.Signature | None = inspect.signature(func)
+        except (TypeError, ValueError):
+            self.signature = None
+        params = list(self.signature.parameters.values()) if self.signature else []
+        self._params = [(p.name, p.kind.name, p.default, p.kind) for p in params]
+        self._names = {p.name for p in params}
+        self._positional = sum(p.kind != inspect.Parameter.KEYWORD_ONLY for p in params)
+        self._simple = self.signature is not None and all(p.kind in self._SIMPLE for p in params)
+
+    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, str, Any]]:
+        if self._simple and len(args) <= self._positional and self._names.issuperset(kwargs):
+            out = []
+            for index, (name, kind_name, default, kind) in enumerate(self._params):
+                if index < len(args) and kind != inspect.Parameter.KEYWORD_ONLY:
+                    value = args[index]
+                elif name in kwargs:
+                    value = kwargs[name]
+                elif default is not inspect.Parameter.empty:
+                    value = default
+                else:
+                    break  # a missing argument: let inspect (or the call) say so
+                out.append((name, kind_name, value))
+            else:
+                return out
+        if self.signature is not None:
+            try:
+                bound = self.signature.bind(*args, **kwargs)
+                bound.apply_defaults()
+                params = self.signature.parameters
+                return [(n, params[n].kind.name, v) for n, v in bound.arguments.items()]
+            except TypeError:
+                pass
+        out = [(f"arg{i}", "POSITIONAL_ONLY", v) for i, v in enumerate(args)]
+        out += [(k, "KEYWORD_ONLY", v) for k, v in kwargs.items()]
+        return out
