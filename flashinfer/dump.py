@@ -10,7 +10,8 @@ One directory per call, ``<dump dir>/<call index>_<pid>_<api name>/``, holding
   and inputs the call changed in place (``mutated.<name>``).
 
 Dumping never breaks the call: past FLASHINFER_DUMP_MAX_COUNT or _MAX_SIZE_GB, or on
-any error, dumps stop (or skip) with a single warning.
+any error, dumps stop (or skip) with a single warning. Calls made during CUDA graph
+capture are not dumped (copying to the host would invalidate the capture).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 
 from . import safetensors_io
 from .config import config
+from .tensor_format import graph_capture_in_progress
 
 logger = logging.getLogger("flashinfer.dump")
 
@@ -93,6 +95,7 @@ class Dumper:
         self.count = 0
         self.bytes = 0
         self.stopped: str | None = None
+        self._capture_warned = False
         self._lock = threading.Lock()
 
     @classmethod
@@ -135,6 +138,11 @@ class Dumper:
         """Save the call's tensors and manifest before it runs. ``arguments`` holds
         (name, parameter kind, value) triples. Returns None when this call is not dumped."""
         if self.stopped or not self.wants(func):
+            return None
+        if graph_capture_in_progress():  # a device-to-host copy would break the capture
+            if not self._capture_warned:
+                self._capture_warned = True
+                logger.warning("flashinfer dumps skip calls made during CUDA graph capture")
             return None
         try:
             with self._lock:

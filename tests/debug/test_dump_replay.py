@@ -220,3 +220,20 @@ flashinfer.flashinfer_api(sample_api.add_and_sub)(torch.randn(3), torch.randn(3)
                       f"{str(root)!r}]\nrunpy.run_module('flashinfer', run_name='__main__')",
                       cwd=REPO_ROOT)
     assert "PASS" in proc.stdout and "1 pass, 0 fail" in proc.stdout
+
+
+def test_calls_during_graph_capture_are_not_dumped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dump_log
+) -> None:
+    from flashinfer import dump
+
+    logger, root = _dumping(tmp_path)
+    func = logger.decorate(sample_api.scale_)
+    monkeypatch.setattr(dump, "graph_capture_in_progress", lambda: True)
+    func(torch.ones(2), 2.0)
+    func(torch.ones(2), 2.0)
+    assert _calls(root) == []
+    assert sum("graph capture" in m for m in dump_log.messages(logging.WARNING)) == 1
+    monkeypatch.setattr(dump, "graph_capture_in_progress", lambda: False)
+    func(torch.ones(2), 2.0)
+    assert len(_calls(root)) == 1
