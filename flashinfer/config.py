@@ -57,6 +57,20 @@ def _parse_api_log_level(raw: str) -> int:
     return level
 
 
+DEBUG_PRINTER_LEVELS = {0: "off", 1: "save", 2: "print", 3: "kernel names only"}
+
+
+def _parse_debug_printer_level(raw: str) -> int:
+    try:
+        level = int(raw.strip() or "0")
+    except ValueError:
+        level = -1
+    if level not in DEBUG_PRINTER_LEVELS:
+        valid = ", ".join(f"{k} ({v})" for k, v in DEBUG_PRINTER_LEVELS.items())
+        raise ValueError(f"expected one of {valid}")
+    return level
+
+
 def _parse_non_negative_float(raw: str) -> float:
     value = float(raw)
     if not value >= 0:
@@ -186,6 +200,28 @@ class Config:
     )
     dump_safetensors = EnvVar(
         "FLASHINFER_DUMP_SAFETENSORS", False, _parse_bool, "dump .safetensors instead of .pt"
+    )
+
+    debug_printer = EnvVar(
+        "FLASHINFER_DEBUG_PRINTER",
+        0,
+        _parse_debug_printer_level,
+        "kernel-launch printer: 0 off, 1 save, 2 print, 3 kernel names (read at module load)",
+    )
+    debug_printer_kernels = EnvVar(
+        "FLASHINFER_DEBUG_PRINTER_KERNELS",
+        (),
+        _parse_name_patterns,
+        "only these kernels: <module>.<function> or <function>, case-insensitive",
+    )
+    debug_printer_dir = EnvVar(
+        "FLASHINFER_DEBUG_PRINTER_DIR", Path("flashinfer_debug"), Path, "where level 1 saves"
+    )
+    jit_device_print = EnvVar(
+        "FLASHINFER_JIT_DEVICE_PRINT",
+        False,
+        _parse_bool,
+        "compile the device printf helpers of flashinfer/debug.cuh in (separate build dir)",
     )
 
     @classmethod

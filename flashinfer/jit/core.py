@@ -70,6 +70,7 @@ class JitSpec:
 
     ``generated_sources`` are the files rendered for this specialization (their
     content is part of the identity hash); ``sources`` are the TUs to compile.
+    Loading returns the tvm-ffi module, instrumented when FLASHINFER_DEBUG_PRINTER is set.
     """
 
     name: str
@@ -80,6 +81,8 @@ class JitSpec:
     extra_include_paths: list[Path] = field(default_factory=list)
     supported_major_versions: list[int] | None = None
     generated_sources: list[Path] = field(default_factory=list)
+    # Parameter names of exported functions, for the kernel-launch debug printer.
+    function_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     # -- planning ---------------------------------------------------------------
 
@@ -103,6 +106,7 @@ class JitSpec:
             "-Xcompiler=-fPIC",
             *cuda_opt,
             *(["-lineinfo"] if config.jit_lineinfo else []),
+            *(["-DFLASHINFER_DEVICE_PRINT=1"] if config.jit_device_print else []),
             f"--threads={config.nvcc_threads}",
             *(a.gencode for a in archs),
             *include_flags,
@@ -247,17 +251,13 @@ class JitSpec:
 
     def load(self):  # noqa: ANN201 - returns tvm_ffi.Module
         """Load the built library (no freshness check; see build_and_load)."""
-        import tvm_ffi
-
         path = self.plan().library_path
         if not path.is_file():
             raise FileNotFoundError(f"module {self.name} is not built: {path} does not exist")
-        return tvm_ffi.load_module(str(path))
+        return self._load(path)
 
     def build_and_load(self):  # noqa: ANN201 - returns tvm_ffi.Module
         """Load the module, compiling first if it is missing or stale."""
-        import tvm_ffi
-
         plan = self.plan()
         reason = self._stale_reason(plan)
         if reason is not None:
@@ -267,7 +267,15 @@ class JitSpec:
                 self.build()
         else:
             logger.debug("loading cached %s from %s", self.name, plan.build_dir)
-        return tvm_ffi.load_module(str(plan.library_path))
+        return self._load(plan.library_path)
+
+    def _load(self, path: Path):  # noqa: ANN202
+        import tvm_ffi
+
+        from ..debug_printer import LaunchPrinter
+
+        module = tvm_ffi.load_module(str(path))
+        return LaunchPrinter.from_config().instrument(module, self.name, self.function_args)
 
 
 def gen_jit_spec(
@@ -280,6 +288,7 @@ def gen_jit_spec(
     extra_include_paths: Sequence[str | Path] = (),
     supported_major_versions: Sequence[int] | None = None,
     generated_sources: Sequence[str | Path] = (),
+    function_args: dict[str, Sequence[str]] | None = None,
 ) -> JitSpec:
     """Build a :class:`JitSpec`; relative source paths are taken from csrc/."""
     resolved = [Path(s) if Path(s).is_absolute() else env.FLASHINFER_CSRC_DIR / s for s in sources]
@@ -297,6 +306,7 @@ def gen_jit_spec(
             list(supported_major_versions) if supported_major_versions is not None else None
         ),
         generated_sources=[Path(p) for p in generated_sources],
+        function_args={k: tuple(v) for k, v in (function_args or {}).items()},
     )
 
 

@@ -31,4 +31,5 @@ def gen_norm_module(dtype: Any) -> JitSpec:
         uri,
         ["norm_kernel.cu", "norm.cc"],
         generated_sources=[config],
+        function_args={"rmsnorm": ("out", "input", "weight", "eps"), "dtype": ()},
     )

@@ -1,0 +1,167 @@
+"""Kernel-launch debug printer: instruments every call into a JIT module's functions.
+
+FLASHINFER_DEBUG_PRINTER is read when a module is loaded:
+
+- 0: off; the loader returns the module itself (no wrapper, no overhead)
+- 1 (save): every tensor argument saved before and after each launch to
+  ``FLASHINFER_DEBUG_PRINTER_DIR/<before_launch|after_launch>_<kernel>_<arg>_<device>.pt``
+- 2 (print): every argument printed before and after each launch (tensor statistics,
+  and the values of tensors with at most 64 elements)
+- 3 (kernel names only): ``[ before_launch: <kernel> ]``, the launch, a device
+  synchronize, ``[ after_launch: <kernel> ]``; after an illegal memory access the last
+  ``before_launch`` without its ``after_launch`` names the faulty kernel, and the CUDA
+  error surfaces at that kernel, not a later one.
+
+A kernel is ``<module name>.<function>``; FLASHINFER_DEBUG_PRINTER_KERNELS (comma list,
+case-insensitive, full or bare names) selects which are instrumented. Output follows
+FLASHINFER_LOGDEST. During CUDA graph capture nothing synchronizes or copies: a note says so.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from .config import config
+from .logdest import Destination
+from .tensor_format import format_value, graph_capture_in_progress, tensor_stats
+
+MAX_VALUES = 64
+_CAPTURE_NOTE = "CUDA graph capture in progress: no synchronize, statistics or saves"
+
+
+def synchronize(args: Sequence[Any]) -> None:
+    """Wait for the devices of the CUDA tensors among ``args`` (raises their errors)."""
+    devices = {a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"}
+    for device in devices:
+        torch.cuda.synchronize(device)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def _describe_tensor_line(t: torch.Tensor, capture: bool) -> list[str]:
+    parts = [f"numel={t.numel()}", f"shape={tuple(t.shape)}",
+             f"dtype={str(t.dtype).removeprefix('torch.')}", f"device={t.device}"]
+    if capture:
+        return [", ".join(parts)]
+    stats = tensor_stats(t, with_std=True)
+    order = ("mean", "min", "max", "std", "nan_count", "inf_count", "true_count", "false_count")
+    parts += [f"{k}={stats[k]:.6g}" if isinstance(stats[k], float) else f"{k}={stats[k]}"
+              for k in order if k in stats]
+    lines = [", ".join(parts)]
+    if 0 < t.numel() <= MAX_VALUES:
+        lines.append(f"    values: {t.detach().cpu().tolist()}")
+    return lines
+
+
+class LaunchPrinter:
+    """Instruments module functions for one level, kernel filter, destination and dir."""
+
+    def __init__(self, level: int, kernels: Sequence[str] = (), dest: Destination | None = None,
+                 directory: Path = Path("flashinfer_debug")) -> None:
+        self.level = level
+        self.kernels = {k.lower() for k in kernels}
+        self.dest = dest or Destination("stdout")
+        self.directory = Path(directory)
+
+    @classmethod
+    def from_config(cls) -> LaunchPrinter:
+        return cls(config.debug_printer, config.debug_printer_kernels,
+                   Destination(config.api_log_dest), config.debug_printer_dir)
+
+    def selects(self, kernel: str) -> bool:
+        if not self.kernels:
+            return True
+        return kernel.lower() in self.kernels or kernel.rsplit(".", 1)[-1].lower() in self.kernels
+
+    def instrument(self, module: Any, module_name: str,
+                   arg_names: Mapping[str, Sequence[str]] | None = None) -> Any:
+        if self.level == 0:
+            return module
+        return InstrumentedModule(module, module_name, self, dict(arg_names or {}))
+
+    def wrap(self, kernel: str, func: Callable[..., Any], names: Sequence[str]
+             ) -> Callable[..., Any]:
+        if self.level == 0 or not self.selects(kernel):
+            return func
+
+        def arg_name(index: int) -> str:
+            return names[index] if index < len(names) else f"arg{index}"
+
+        if self.level == 3:
+            def launch(*args: Any) -> Any:
+                self.dest.write(f"[ before_launch: {kernel} ]")
+                result = func(*args)
+                if graph_capture_in_progress():
+                    self.dest.write(f"[ after_launch: {kernel} ] ({_CAPTURE_NOTE})")
+                else:
+                    synchronize(args)
+                    self.dest.write(f"[ after_launch: {kernel} ]")
+                return result
+        else:
+            report = self._save if self.level == 1 else self._print
+
+            def launch(*args: Any) -> Any:
+                report("before_launch", kernel, args, arg_name)
+                result = func(*args)
+                report("after_launch", kernel, args, arg_name)
+                return result
+
+        launch.__name__ = kernel.rsplit(".", 1)[-1]
+        launch.__qualname__ = kernel
+        launch.__wrapped__ = func  # type: ignore[attr-defined]
+        return launch
+
+    def _print(self, phase: str, kernel: str, args: Sequence[Any],
+               arg_name: Callable[[int], str]) -> None:
+        capture = graph_capture_in_progress()
+        lines = [f"[ {phase}: {kernel} ] ({_CAPTURE_NOTE})"] if capture else []
+        for index, value in enumerate(args):
+            prefix = f"[ {phase}: {kernel} ] {arg_name(index)}: "
+            if isinstance(value, torch.Tensor):
+                described = _describe_tensor_line(value, capture)
+                lines.append(prefix + described[0])
+                lines += described[1:]
+            else:
+                lines.append(prefix + format_value(value))
+        self.dest.write("\n".join(lines))
+
+    def _save(self, phase: str, kernel: str, args: Sequence[Any],
+              arg_name: Callable[[int], str]) -> None:
+        if graph_capture_in_progress():
+            self.dest.write(f"[ {phase}: {kernel} ] not saved ({_CAPTURE_NOTE})")
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for index, value in enumerate(args):
+            if isinstance(value, torch.Tensor):
+                device = str(value.device).replace(":", "")
+                name = f"{phase}_{_safe(kernel)}_{_safe(arg_name(index))}_{device}.pt"
+                torch.save(value.detach().cpu().clone(), self.directory / name)
+
+
+class InstrumentedModule:
+    """A loaded module whose exported functions go through a LaunchPrinter."""
+
+    def __init__(self, module: Any, name: str, printer: LaunchPrinter,
+                 arg_names: dict[str, Sequence[str]]) -> None:
+        self._module = module
+        self._name = name
+        self._printer = printer
+        self._arg_names = arg_names
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(self._module, attr)
+        if attr.startswith("_") or not callable(value):
+            return value
+        wrapped = self._printer.wrap(f"{self._name}.{attr}", value,
+                                     self._arg_names.get(attr, ()))
+        setattr(self, attr, wrapped)  # wrap each function once
+        return wrapped
+
+    def __repr__(self) -> str:
+        return f"<instrumented {self._module!r} (debug printer level {self._printer.level})>"

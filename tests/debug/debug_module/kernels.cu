@@ -1,0 +1,27 @@
+// Test-only kernels: one that uses the device printf helpers, one that writes out of bounds.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flashinfer/debug.cuh"
+
+__global__ void FillKernel(float* data, int64_t n, float value) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  FLASHINFER_PRINTF_ONCE("fill: n=%lld value=%f\n", static_cast<long long>(n), value);
+  FLASHINFER_PRINTF_WARP("fill: warp starting at %lld\n", static_cast<long long>(i));
+  if (i < n) data[i] = value;
+}
+
+// Writes 2^40 bytes past the buffer: an illegal address on any GPU.
+__global__ void OutOfBoundsKernel(float* data) { data[int64_t{1} << 38] = 1.f; }
+
+cudaError_t LaunchFill(float* data, int64_t n, float value, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  FillKernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(data, n, value);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchOutOfBounds(float* data, cudaStream_t stream) {
+  OutOfBoundsKernel<<<1, 1, 0, stream>>>(data);
+  return cudaGetLastError();
+}
