@@ -27,7 +27,7 @@ import torch
 
 from .config import config
 from .logdest import Destination
-from .tensor_format import format_value, graph_capture_in_progress, tensor_stats
+from .tensor_format import dtype_name, format_value, graph_capture_in_progress, tensor_stats
 
 MAX_VALUES = 64
 _CAPTURE_NOTE = "CUDA graph capture in progress: no synchronize, statistics or saves"
@@ -46,7 +46,7 @@ def _safe(name: str) -> str:
 
 def _describe_tensor_line(t: torch.Tensor, capture: bool) -> list[str]:
     parts = [f"numel={t.numel()}", f"shape={tuple(t.shape)}",
-             f"dtype={str(t.dtype).removeprefix('torch.')}", f"device={t.device}"]
+             f"dtype={dtype_name(t.dtype)}", f"device={t.device}"]
     if capture:
         return [", ".join(parts)]
     stats = tensor_stats(t, with_std=True)
