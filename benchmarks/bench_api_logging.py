@@ -20,7 +20,7 @@ from pathlib import Path
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch  # noqa: E402
-from report import write_report  # noqa: E402
+from report import cpu_description, write_report  # noqa: E402
 
 from flashinfer.api_logging import ApiLogger  # noqa: E402
 from flashinfer.logdest import Destination  # noqa: E402
@@ -55,14 +55,12 @@ def main() -> int:
             verdict = ("identity" if decorated is trivial else
                        f"<= {target:g} us: {'met' if overhead_us <= target else 'MISSED'}")
             rows.append((f"level {level}", f"{cost * 1e9:.0f}", f"{overhead_us:.2f}", verdict))
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                if ln.startswith("model name")), platform.processor())
     write_report(
         args.output,
         "API logging overhead (CPU)",
         [
             f"date: {datetime.date.today().isoformat()}",
-            f"machine: {cpu}, {os.cpu_count()} cores; torch {torch.__version__}, "
+            f"machine: {cpu_description()}; torch {torch.__version__}, "
             f"Python {platform.python_version()}",
             "function: two 3x4 float32 CPU tensors in, one out; log to a file, flushed per call",
             "figures: best of 7 repeats of many calls",

@@ -29,7 +29,7 @@ from pathlib import Path
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch  # noqa: E402
-from report import write_report  # noqa: E402
+from report import cpu_description, write_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCH = "9.0a"
@@ -210,14 +210,12 @@ def main() -> int:
                                 number=n, repeat=5)) / n
         rows.append(("in-memory hit, get_norm_module(torch.bfloat16)", f"{hit * 1e9:.0f} ns", ""))
 
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                if ln.startswith("model name")), platform.processor())
     write_report(
         args.output,
         "JIT benchmark (CPU)",
         [
             f"date: {datetime.date.today().isoformat()}",
-            f"machine: {cpu}, {os.cpu_count()} cores, no GPU; target arch {ARCH}",
+            f"machine: {cpu_description()}, no GPU; target arch {ARCH}",
             f"nvcc: {tc.nvcc_version()}; host compiler: {tc.cxx_version()}",
             f"tvm-ffi {tc.tvm_ffi_version}, torch {torch.__version__}, "
             f"Python {platform.python_version()}",

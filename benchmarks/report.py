@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import platform
 from pathlib import Path
 from typing import Sequence
+
+
+def cpu_description() -> str:
+    """``<CPU model>, <N> cores`` of this machine."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next(ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        model = platform.processor() or "unknown CPU"
+    return f"{model}, {os.cpu_count()} cores"
 
 
 def write_report(

@@ -44,31 +44,22 @@ def _parse_optional_str(raw: str) -> str | None:
     return raw.strip() or None
 
 
-API_LOG_LEVELS = (0, 1, 3, 5, 10)
-
-
-def _parse_api_log_level(raw: str) -> int:
-    try:
-        level = int(raw.strip() or "0")
-    except ValueError:
-        level = -1
-    if level not in API_LOG_LEVELS:
-        raise ValueError(f"expected one of {', '.join(map(str, API_LOG_LEVELS))}")
-    return level
-
-
+API_LOG_LEVELS = {0: "", 1: "", 3: "", 5: "", 10: ""}
 DEBUG_PRINTER_LEVELS = {0: "off", 1: "save", 2: "print", 3: "kernel names only"}
 
 
-def _parse_debug_printer_level(raw: str) -> int:
-    try:
-        level = int(raw.strip() or "0")
-    except ValueError:
-        level = -1
-    if level not in DEBUG_PRINTER_LEVELS:
-        valid = ", ".join(f"{k} ({v})" for k, v in DEBUG_PRINTER_LEVELS.items())
-        raise ValueError(f"expected one of {valid}")
-    return level
+def _level_parser(levels: dict[int, str]) -> Callable[[str], int]:
+    """Parses an integer level that must be one of ``levels`` (level: description)."""
+    valid = ", ".join(f"{k} ({v})" if v else str(k) for k, v in levels.items())
+
+    def parse(raw: str) -> int:
+        text = raw.strip() or "0"
+        level = int(text) if text.isdigit() else None
+        if level not in levels:
+            raise ValueError(f"expected one of {valid}")
+        return level
+
+    return parse
 
 
 def _parse_non_negative_float(raw: str) -> float:
@@ -176,7 +167,7 @@ class Config:
     api_log_level = EnvVar(
         "FLASHINFER_LOGLEVEL",
         0,
-        _parse_api_log_level,
+        _level_parser(API_LOG_LEVELS),
         "API logging: 0 off, 1 names, 3 arguments, 5 statistics, 10 dumps (read at import)",
     )
     api_log_dest = EnvVar(
@@ -205,7 +196,7 @@ class Config:
     debug_printer = EnvVar(
         "FLASHINFER_DEBUG_PRINTER",
         0,
-        _parse_debug_printer_level,
+        _level_parser(DEBUG_PRINTER_LEVELS),
         "kernel-launch printer: 0 off, 1 save, 2 print, 3 kernel names (read at module load)",
     )
     debug_printer_kernels = EnvVar(
