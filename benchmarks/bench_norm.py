@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import statistics
 import sys
 import warnings
 from pathlib import Path
@@ -24,31 +23,6 @@ SHAPES = [(1, 4096), (128, 4096), (2048, 4096), (8192, 4096), (4096, 8192), (819
 DTYPES = [torch.bfloat16, torch.float16]
 
 
-def time_ms(fn, iters: int = 100, warmup: int = 10) -> float:  # noqa: ANN001
-    """Median of per-call CUDA-event times; the L2 is flushed before each call."""
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device="cuda")
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def copy_bandwidth_gbs() -> float:
-    """Device-to-device copy of 1 GiB: bytes read + written per second."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src), iters=20, warmup=3)
-    return 2 * src.numel() / (ms * 1e-3) / 1e9
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=ROOT / "benchmarks/results/norm.md")
@@ -58,8 +32,9 @@ def main() -> int:
         return 0
 
     import flashinfer
+    from flashinfer.testing import bench_gpu_time, measure_copy_bandwidth, reference
 
-    copy_gbs = copy_bandwidth_gbs()
+    copy_gbs = measure_copy_bandwidth()
     rows = []
     for dtype in DTYPES:
         for tokens, hidden in SHAPES:
@@ -67,10 +42,10 @@ def main() -> int:
             w = torch.randn(hidden, dtype=dtype, device="cuda")
             out = torch.empty_like(x)
             flashinfer.rmsnorm(x, w, 1e-6, out=out)
-            ref = torch.nn.functional.rms_norm(x.float(), (hidden,), w.float(), 1e-6)
-            torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
-            ours = time_ms(lambda: flashinfer.rmsnorm(x, w, 1e-6, out=out))
-            theirs = time_ms(lambda: torch.nn.functional.rms_norm(x, (hidden,), w, 1e-6))
+            torch.testing.assert_close(out.double(), reference.rmsnorm(x, w, 1e-6),
+                                       atol=2e-2, rtol=2e-2)
+            ours, _ = bench_gpu_time(flashinfer.rmsnorm, (x, w, 1e-6), {"out": out})
+            theirs, _ = bench_gpu_time(torch.nn.functional.rms_norm, (x, (hidden,), w, 1e-6))
             nbytes = (2 * x.numel() + w.numel()) * x.element_size()
             gbs = nbytes / (ours * 1e-3) / 1e9
             rows.append((str(dtype).removeprefix("torch."), tokens, hidden, ours * 1e3, gbs,
@@ -83,7 +58,8 @@ def main() -> int:
             f"date: {datetime.date.today().isoformat()}",
             f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}",
             f"measured device copy bandwidth: {copy_gbs:.0f} GB/s (read + write)",
-            "times: median of 100 CUDA-event-timed calls, L2 flushed before each",
+            "times: flashinfer.testing.bench_gpu_time (median of 100 CUDA-event-timed calls, "
+            "L2 flushed before each)",
             "command: `python benchmarks/bench_norm.py`",
         ],
         ["dtype", "tokens", "hidden", "flashinfer us", "GB/s", "of copy BW",

@@ -7,6 +7,7 @@ import torch
 
 import flashinfer
 from flashinfer import norm as norm_api
+from flashinfer.testing import reference
 
 # -- argument checks: run on the CPU, raise before any module is built or launched ---------
 
@@ -83,11 +84,6 @@ TOLERANCE = {
 }
 
 
-def rmsnorm_reference(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    xd = x.double()
-    return xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * w.double()
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("hidden", [1, 7, 64, 128, 1000, 4096, 4097, 5120, 8192, 16384])
@@ -100,7 +96,7 @@ def test_rmsnorm_matches_reference(dtype: torch.dtype, hidden: int, batch: int) 
     result = flashinfer.rmsnorm(x, w, eps=1e-6, out=out)
     torch.cuda.synchronize()
     assert result is out
-    torch.testing.assert_close(out.double(), rmsnorm_reference(x, w, 1e-6), **TOLERANCE[dtype])
+    torch.testing.assert_close(out.double(), reference.rmsnorm(x, w, 1e-6), **TOLERANCE[dtype])
 
 
 @pytest.mark.gpu
@@ -111,11 +107,11 @@ def test_rmsnorm_strided_and_misaligned_rows(dtype: torch.dtype) -> None:
     for x in (wide[:, :4096], wide[:, 1:4097], wide[:, 3:4099]):  # vectorized, then scalar
         out = torch.full((33, 4096), float("nan"), dtype=dtype, device="cuda")
         flashinfer.rmsnorm(x, w, out=out)
-        torch.testing.assert_close(out.double(), rmsnorm_reference(x, w, 1e-6),
+        torch.testing.assert_close(out.double(), reference.rmsnorm(x, w, 1e-6),
                                    **TOLERANCE[dtype])
     strided_out = torch.full_like(wide, float("nan"))[:, 8:4104]
     flashinfer.rmsnorm(wide[:, :4096], w, out=strided_out)
-    torch.testing.assert_close(strided_out.double(), rmsnorm_reference(wide[:, :4096], w, 1e-6),
+    torch.testing.assert_close(strided_out.double(), reference.rmsnorm(wide[:, :4096], w, 1e-6),
                                **TOLERANCE[dtype])
 
 
@@ -123,7 +119,7 @@ def test_rmsnorm_strided_and_misaligned_rows(dtype: torch.dtype) -> None:
 def test_rmsnorm_in_place_on_a_side_stream_and_empty_input() -> None:
     x = torch.randn(64, 2048, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(2048, dtype=torch.bfloat16, device="cuda")
-    expected = rmsnorm_reference(x, w, 1e-5)
+    expected = reference.rmsnorm(x, w, 1e-5)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -157,5 +153,5 @@ def test_rmsnorm_launches_on_the_current_stream_under_graph_capture() -> None:
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(out.double(), rmsnorm_reference(x, w, 1e-6),
+    torch.testing.assert_close(out.double(), reference.rmsnorm(x, w, 1e-6),
                                **TOLERANCE[torch.float16])

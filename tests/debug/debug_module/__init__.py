@@ -1,4 +1,4 @@
-"""A test-only JIT module for the debug printer (sources beside this file)."""
+"""A test-only JIT module for the debug printer and the timing tools (sources beside this file)."""
 
 from __future__ import annotations
 
@@ -14,5 +14,5 @@ def debug_spec() -> JitSpec:
         "debug_test",
         [HERE / "kernels.cu", HERE / "binding.cc"],
         function_args={"scale": ("out", "x", "factor"), "poison": ("out",),
-                       "fill": ("x", "value")},
+                       "fill": ("x", "value"), "spin": ("x", "ns")},
     )

@@ -10,6 +10,7 @@ using namespace flashinfer_binding;
 
 cudaError_t LaunchFill(float* data, int64_t n, float value, cudaStream_t stream);
 cudaError_t LaunchOutOfBounds(float* data, cudaStream_t stream);
+cudaError_t LaunchSpin(int64_t ns, cudaStream_t stream);
 
 namespace {
 
@@ -52,9 +53,18 @@ void WriteOutOfBounds(TensorView x) {
                  "out-of-bounds launch");
 }
 
+// Spins for `ns` nanoseconds on the device and stream of `x`.
+void Spin(TensorView x, int64_t ns) {
+  CheckCuda(x, "x");
+  FLASHINFER_CHECK(ns >= 0, ValueError) << "ns must be >= 0";
+  CudaDeviceGuard guard(x.device().device_id);
+  CheckCudaError(LaunchSpin(ns, CurrentStream(x.device())), "spin launch");
+}
+
 }  // namespace
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(scale, Scale);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(poison, Poison);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(fill, Fill);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(write_out_of_bounds, WriteOutOfBounds);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(spin, Spin);

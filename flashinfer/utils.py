@@ -1,0 +1,153 @@
+"""Arch helpers (what this device and this nvcc can run) and ``@backend_requirement``."""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Callable, Iterable, Mapping, TypeVar
+
+import torch
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Arch-specific targets, the compute capability they run on, and the first nvcc release
+# that can compile for them.
+_ARCH_SPECIFIC = {
+    "sm90a": ((9, 0), (12, 0)),
+    "sm100a": ((10, 0), (12, 8)),
+    "sm103a": ((10, 3), (12, 9)),
+    "sm110a": ((11, 0), (13, 0)),
+    "sm120a": ((12, 0), (12, 8)),
+    "sm121a": ((12, 1), (12, 9)),
+}
+
+
+class BackendNotSupportedError(RuntimeError):
+    """An API was called with a backend or on a device it does not support."""
+
+
+def _device_index(device: torch.device | str | int | None) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"{device} is not a CUDA device")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def get_compute_capability(device: torch.device | str | int | None = None) -> tuple[int, int]:
+    """(major, minor) of a CUDA device (default: the current one)."""
+    return _capability(_device_index(device))
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(index))  # type: ignore[return-value]
+
+
+def get_nvcc_version() -> tuple[int, int] | None:
+    """(major, minor) of the nvcc the JIT uses, or None when there is none."""
+    try:
+        from .jit.toolchain import current_toolchain
+
+        text = current_toolchain().nvcc_version()
+    except Exception:
+        return None
+    match = re.search(r"release (\d+)\.(\d+)", text)
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def is_arch_supported(arch: str, device: torch.device | str | int | None = None) -> bool:
+    """True when the device is that arch and nvcc can compile for it (e.g. "sm90a")."""
+    capability, min_nvcc = _ARCH_SPECIFIC[arch]
+    if not torch.cuda.is_available():
+        return False
+    nvcc = get_nvcc_version()
+    return get_compute_capability(device) == capability and nvcc is not None and nvcc >= min_nvcc
+
+
+def is_sm90a_supported(device: torch.device | str | int | None = None) -> bool:
+    return is_arch_supported("sm90a", device)
+
+
+def is_sm100a_supported(device: torch.device | str | int | None = None) -> bool:
+    return is_arch_supported("sm100a", device)
+
+
+def is_sm103a_supported(device: torch.device | str | int | None = None) -> bool:
+    return is_arch_supported("sm103a", device)
+
+
+def is_sm110a_supported(device: torch.device | str | int | None = None) -> bool:
+    return is_arch_supported("sm110a", device)
+
+
+def is_sm120a_supported(device: torch.device | str | int | None = None) -> bool:
+    return is_arch_supported("sm120a", device)
+
+
+def is_sm121a_supported(device: torch.device | str | int | None = None) -> bool:
+    return is_arch_supported("sm121a", device)
+
+
+def _as_cc(cc: int | tuple[int, int]) -> int:
+    """75, (7, 5) -> 75."""
+    return cc[0] * 10 + cc[1] if isinstance(cc, tuple) else int(cc)
+
+
+def _cuda_device_of(args: Iterable[Any], kwargs: Mapping[str, Any]) -> torch.device | None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+            return value.device
+    return None
+
+
+def backend_requirement(
+    backends: Mapping[str, Iterable[int | tuple[int, int]]], default_backend: str | None = None
+) -> Callable[[F], F]:
+    """Declare which compute capabilities each backend of an API supports.
+
+    ``backends`` maps a backend name to capabilities as ``90`` or ``(9, 0)``. The API gains
+    ``is_compute_capability_supported(cc)`` and ``is_backend_supported(name, cc=None)``,
+    and a call on a CUDA tensor whose device (or chosen ``backend=`` keyword) is not
+    supported raises :class:`BackendNotSupportedError` before anything is compiled.
+    """
+    table = {name: {_as_cc(cc) for cc in ccs} for name, ccs in backends.items()}
+    if not table:
+        raise ValueError("backend_requirement needs at least one backend")
+    default = default_backend or next(iter(table))
+    if default not in table:
+        raise ValueError(f"default backend {default!r} is not among {sorted(table)}")
+
+    def decorator(func: F) -> F:
+        name = func.__qualname__
+
+        def is_compute_capability_supported(cc: int | tuple[int, int]) -> bool:
+            return any(_as_cc(cc) in ccs for ccs in table.values())
+
+        def is_backend_supported(backend: str, cc: int | tuple[int, int] | None = None) -> bool:
+            return backend in table and (cc is None or _as_cc(cc) in table[backend])
+
+        @functools.wraps(func)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            backend = kwargs.get("backend", default)
+            if backend not in table:
+                raise BackendNotSupportedError(
+                    f"{name}: unknown backend {backend!r}; available: {', '.join(table)}")
+            device = _cuda_device_of(args, kwargs)
+            if device is not None:
+                major, minor = get_compute_capability(device)
+                if major * 10 + minor not in table[backend]:
+                    supported = ", ".join(f"{c // 10}.{c % 10}" for c in sorted(table[backend]))
+                    raise BackendNotSupportedError(
+                        f"{name}: backend {backend!r} does not support compute capability "
+                        f"{major}.{minor} ({device}); it supports {supported}")
+            return func(*args, **kwargs)
+
+        checked.is_compute_capability_supported = is_compute_capability_supported  # type: ignore[attr-defined]
+        checked.is_backend_supported = is_backend_supported  # type: ignore[attr-defined]
+        return checked  # type: ignore[return-value]
+
+    return decorator

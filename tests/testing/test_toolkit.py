@@ -1,0 +1,233 @@
+"""flashinfer.testing, flashinfer.utils and the benchmark CLI."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashinfer import testing, utils
+from flashinfer.testing import timing
+from flashinfer.utils import BackendNotSupportedError, backend_requirement
+from tests.conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
+import flashinfer_benchmark  # noqa: E402
+import routines  # noqa: E402
+
+
+class FakeTimer:
+    """Returns preset per-iteration times and records what bench_gpu_time asked for."""
+
+    def __init__(self, times: list[float]) -> None:
+        self.times = times
+        self.calls: list[str] = []
+
+    def measure(self, run, prepare, iterations):  # noqa: ANN001, ANN201
+        self.calls.append(f"measure {iterations}")
+        for _ in range(iterations):
+            prepare()
+            run()
+        return self.times[:iterations]
+
+
+# -- bench_gpu_time ------------------------------------------------------------------------
+
+def test_summarize_is_median_and_population_std() -> None:
+    assert testing.summarize([3.0, 1.0, 2.0, 10.0]) == (2.5, statistics.pstdev([1, 2, 3, 10]))
+    with pytest.raises(ValueError):
+        testing.summarize([])
+
+
+def test_bench_gpu_time_warms_up_then_times_with_the_timer() -> None:
+    calls = []
+    timer = FakeTimer([1.0, 2.0, 4.0, 3.0, 100.0])
+
+    def fn(a, b, *, c):  # noqa: ANN001, ANN202
+        calls.append((a, b, c))
+
+    median, std = testing.bench_gpu_time(fn, (1, 2), {"c": 3}, num_warmup=3, num_iters=5,
+                                         l2_flush=False, timer=timer)
+    assert (median, std) == (3.0, pytest.approx(statistics.pstdev([1, 2, 4, 3, 100])))
+    assert calls == [(1, 2, 3)] * 8  # 3 warm-up calls, then 5 timed
+    assert timer.calls == ["measure 5"]
+    with pytest.raises(ValueError, match="num_iters"):
+        testing.bench_gpu_time(fn, num_iters=0, timer=timer)
+
+
+def test_cupti_is_used_when_importable_and_falls_back_with_a_message(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(timing, "_cupti_available", lambda: True)
+    assert isinstance(timing.choose_timer(True), timing.CuptiTimer)
+    assert isinstance(timing.choose_timer(False), timing.CudaEventTimer)
+    monkeypatch.setattr(timing, "_cupti_available", lambda: False)
+    logger = logging.getLogger("flashinfer")
+    monkeypatch.setattr(logger, "propagate", True)
+    with caplog.at_level(logging.INFO, logger="flashinfer.testing"):
+        assert isinstance(timing.choose_timer(True), timing.CudaEventTimer)
+    assert "cupti package is not importable" in caplog.text
+
+
+# -- arch helpers and backend_requirement ----------------------------------------------------
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch):
+    def set_gpu(capability: tuple[int, int], nvcc: tuple[int, int] | None) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(utils, "_device_index", lambda device: 0)
+        monkeypatch.setattr(utils, "_capability", lambda index: capability)
+        monkeypatch.setattr(utils, "get_nvcc_version", lambda: nvcc)
+
+    return set_gpu
+
+
+def test_nvcc_version_is_read_from_the_toolchain() -> None:
+    version = utils.get_nvcc_version()
+    assert version is not None and version >= (12, 0)
+
+
+@pytest.mark.parametrize(
+    "capability,nvcc,expected",
+    [
+        ((9, 0), (13, 0), {"sm90a"}),
+        ((9, 0), (11, 8), set()),  # the device is there, the compiler is too old
+        ((10, 0), (12, 8), {"sm100a"}),
+        ((10, 0), (12, 6), set()),
+        ((10, 3), (12, 9), {"sm103a"}),
+        ((12, 0), (13, 0), {"sm120a"}),
+        ((8, 0), (13, 0), set()),
+        ((9, 0), None, set()),  # no nvcc at all
+    ],
+)
+def test_arch_helpers(fake_gpu, capability, nvcc, expected) -> None:
+    fake_gpu(capability, nvcc)
+    helpers = {"sm90a": utils.is_sm90a_supported, "sm100a": utils.is_sm100a_supported,
+               "sm103a": utils.is_sm103a_supported, "sm110a": utils.is_sm110a_supported,
+               "sm120a": utils.is_sm120a_supported, "sm121a": utils.is_sm121a_supported}
+    assert {name for name, helper in helpers.items() if helper("cuda:0")} == expected
+    assert utils.get_compute_capability(0) == capability
+
+
+def test_arch_helpers_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not utils.is_sm90a_supported() and not utils.is_sm100a_supported()
+
+
+def _api():  # noqa: ANN202
+    @backend_requirement({"cuda": [80, (9, 0), 100], "cutlass": [(9, 0)]})
+    def api(x: torch.Tensor, backend: str = "cuda") -> str:
+        return f"ran with {backend}"
+
+    return api
+
+
+def test_backend_requirement_answers_support_questions() -> None:
+    api = _api()
+    assert api.is_compute_capability_supported(90) and api.is_compute_capability_supported((8, 0))
+    assert not api.is_compute_capability_supported((7, 5))
+    assert api.is_backend_supported("cutlass") and api.is_backend_supported("cutlass", (9, 0))
+    assert not api.is_backend_supported("cutlass", 100)
+    assert not api.is_backend_supported("triton")
+    assert api.__name__ == "api"
+
+
+def test_backend_requirement_refuses_before_running(
+    fake_gpu, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_gpu((7, 5), (13, 0))
+    monkeypatch.setattr(utils, "_cuda_device_of", lambda args, kwargs: torch.device("cuda", 0))
+    api = _api()
+    with pytest.raises(BackendNotSupportedError,
+                       match=r"backend 'cuda' does not support compute capability 7\.5 "
+                             r"\(cuda:0\); it supports 8\.0, 9\.0, 10\.0"):
+        api(torch.ones(1))
+    with pytest.raises(BackendNotSupportedError, match="unknown backend 'triton'"):
+        api(torch.ones(1), backend="triton")
+    fake_gpu((9, 0), (13, 0))
+    assert api(torch.ones(1), backend="cutlass") == "ran with cutlass"
+    fake_gpu((10, 0), (13, 0))
+    with pytest.raises(BackendNotSupportedError, match="backend 'cutlass'"):
+        api(torch.ones(1), backend="cutlass")
+
+
+def test_backend_requirement_ignores_cpu_tensors() -> None:
+    assert _api()(torch.ones(1)) == "ran with cuda"
+
+
+# -- benchmark CLI ---------------------------------------------------------------------------
+
+def test_routines_are_registered() -> None:
+    assert "rmsnorm" in routines.ROUTINES
+    with pytest.raises(ValueError, match="registered twice"):
+        routines.register(routines.ROUTINES["rmsnorm"])
+
+
+def test_benchmark_arguments() -> None:
+    args = flashinfer_benchmark.parse_args(
+        ["--routine", "rmsnorm", "--batch-size", "3", "--dtype", "fp16", "--refcheck",
+         "--output-csv", "out.csv", "-v", "--use-cuda-graph"])
+    assert (args.routine, args.batch_size, args.hidden_size) == ("rmsnorm", 3, 4096)
+    assert args.dtype == torch.float16 and args.refcheck and args.verbose
+    assert args.output_csv == Path("out.csv") and args.use_cuda_graph and not args.no_l2_flush
+    defaults = flashinfer_benchmark.parse_args(["--routine", "rmsnorm"])
+    assert defaults.dtype == torch.bfloat16 and not defaults.refcheck
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--routine", "nope"], "invalid choice"),
+    (["--routine", "rmsnorm", "--dtype", "int3"], "unknown dtype 'int3'"),
+    ([], "--routine"),
+])
+def test_benchmark_argument_errors(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit):
+        flashinfer_benchmark.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_benchmark_without_a_gpu_says_so(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert flashinfer_benchmark.main(["--routine", "rmsnorm", "--refcheck"]) == 0
+    assert "no CUDA GPU visible" in capsys.readouterr().out
+
+
+def test_benchmark_row_format() -> None:
+    row = {"routine": "rmsnorm", "case": "8x4096 bfloat16", "median_ms": 0.01234,
+           "std_ms": 0.0004, "gb_per_s": 2890.4, "tflop_per_s": None,
+           "copy_bw_fraction": 0.912, "speedup_vs_torch": 1.53}
+    line = flashinfer_benchmark.format_row(row)
+    assert line.split() == ["rmsnorm", "8x4096", "bfloat16", "0.0123", "0.0004", "2890", "-",
+                            "91.2%", "1.53"]
+
+
+# -- GPU ---------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_cuda_graph", [False, True])
+@pytest.mark.parametrize("enable_cupti", [False, True])
+def test_bench_gpu_time_measures_a_known_kernel(use_cuda_graph: bool, enable_cupti: bool) -> None:
+    from tests.debug.debug_module import debug_spec
+
+    module = debug_spec().build_and_load()
+    x = torch.zeros(1, device="cuda")
+    for spin_us in (50, 400):
+        median, std = testing.bench_gpu_time(module.spin, (x, spin_us * 1000), num_warmup=3,
+                                             num_iters=30, use_cuda_graph=use_cuda_graph,
+                                             enable_cupti=enable_cupti)
+        assert spin_us / 1000 * 0.98 <= median <= spin_us / 1000 * 1.10 + 0.01
+        assert std < 0.1 * median + 0.005
+
+
+@pytest.mark.gpu
+def test_copy_bandwidth_is_positive_and_below_the_nominal_peak() -> None:
+    name = torch.cuda.get_device_name()
+    # Nominal HBM bandwidth, most specific names first; unknown devices get a loose bound.
+    peaks_gbs = [("H100 NVL", 3900.0), ("H100 PCIe", 2000.0), ("H100", 3350.0),
+                 ("H200", 4800.0), ("B200", 8000.0), ("A100", 2039.0)]
+    peak = next((gbs for key, gbs in peaks_gbs if key in name), 10_000.0)
+    measured = testing.measure_copy_bandwidth()
+    assert 0.2 * peak < measured < peak * 1.02, (name, measured)
