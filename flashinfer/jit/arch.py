@@ -9,6 +9,7 @@ from typing import Iterable
 from ..config import config
 
 _ARCH_RE = re.compile(r"^(?:sm_)?(\d+)\.(\d)([af]?)$")
+_SEPARATORS_RE = re.compile(r"[\s,;]+")
 
 
 class NoTargetArchError(RuntimeError):
@@ -44,7 +45,7 @@ class CudaArch:
 
 
 def parse_arch_list(text: str) -> tuple[CudaArch, ...]:
-    tokens = [t for t in re.split(r"[\s,;]+", text) if t]
+    tokens = [t for t in _SEPARATORS_RE.split(text) if t]
     if not tokens:
         raise ValueError("FLASHINFER_CUDA_ARCH_LIST is set but names no arch")
     return tuple(sorted(set(CudaArch.parse(t) for t in tokens)))

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..config import config
+from ..debug_printer import LaunchPrinter
 from ..version import __version__
 from . import env
 from .arch import CudaArch, filter_archs, target_archs
@@ -234,7 +235,17 @@ class JitSpec:
         start = time.monotonic()
         _run_ninja(plan, self.name)
         deps = read_ninja_deps(find_ninja(), plan.build_dir)
-        objects = {obj: deps.get(obj, []) for obj in plan.ninja.objects()}
+        # Toolkit and tvm-ffi headers are covered by their versions in the identity;
+        # leaving them out keeps the warm path to a few stats.
+        versioned = tuple(
+            str(root) + os.sep
+            for d in (plan.toolchain.cuda_home, *plan.toolchain.tvm_ffi_include_dirs)
+            for root in {d, d.resolve()}
+        )
+        objects = {
+            obj: [d for d in deps.get(obj, []) if not d.startswith(versioned)]
+            for obj in plan.ninja.objects()
+        }
         inputs = {str(s) for s in plan.ninja.sources}
         inputs.update(str(p) for p in self.generated_sources)
         for obj_deps in objects.values():
@@ -271,8 +282,6 @@ class JitSpec:
 
     def _load(self, path: Path):  # noqa: ANN202
         import tvm_ffi
-
-        from ..debug_printer import LaunchPrinter
 
         module = tvm_ffi.load_module(str(path))
         return LaunchPrinter.from_config().instrument(module, self.name, self.function_args)
