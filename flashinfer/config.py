@@ -157,6 +157,12 @@ class Config:
     max_jobs = EnvVar(
         "MAX_JOBS", None, _parse_positive_int, "ninja -j; default from cores and memory"
     )
+    jit_lock_timeout = EnvVar(
+        "FLASHINFER_JIT_LOCK_TIMEOUT",
+        900.0,
+        _parse_non_negative_float,
+        "seconds to wait for another process's build before building privately",
+    )
     disable_jit = EnvVar(
         "FLASHINFER_DISABLE_JIT", False, _parse_bool, "never compile; a missing module is an error"
     )

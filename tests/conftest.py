@@ -45,7 +45,7 @@ class LogRecorder(logging.Handler):
         return [r.getMessage() for r in self.records if r.levelno >= level]
 
     def compiles(self) -> list[str]:
-        return [m for m in self.messages() if m.startswith("compiling ")]
+        return [m for m in self.messages() if m.startswith(("compiling ", "rebuilding "))]
 
 
 @pytest.fixture

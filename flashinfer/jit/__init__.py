@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from .arch import CudaArch, NoTargetArchError, target_archs
-from .core import BuildPlan, JitCompileError, JitDisabledError, JitSpec, gen_jit_spec
+from .builder import JitCompileError
+from .core import BuildPlan, JitDisabledError, JitSpec, gen_jit_spec
 from .render import render_template
 from .toolchain import ToolchainError
 

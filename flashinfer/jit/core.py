@@ -13,10 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import re
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,22 +23,17 @@ from ..debug_printer import LaunchPrinter
 from ..version import __version__
 from . import env
 from .arch import CudaArch, filter_archs, target_archs
+from .builder import JitCompileError, build_in_place, build_in_staging
+from .explain import stale_reason
 from .fileutil import sha256_file, write_if_different
 from .lock import module_lock
-from .manifest import Manifest, FileRecord, read_ninja_deps
+from .manifest import Manifest
 from .ninja import NinjaBuild
-from .toolchain import Toolchain, current_toolchain, default_max_jobs, find_ninja
+from .toolchain import Toolchain, current_toolchain
 
 logger = logging.getLogger("flashinfer.jit")
 
-_PROGRESS_INTERVAL_S = 5.0
-# gcc: "file:12:3: error: ..."; nvcc (EDG front end): "file(12): error: ..."
-_DIAGNOSTIC_RE = re.compile(r"^\S.*?(?::\d+(?::\d+)?|\(\d+\)):\s*(?:fatal\s+)?error\b")
-_ERROR_LINES = 60
-
-
-class JitCompileError(RuntimeError):
-    """A module failed to build; the message carries the compiler output and build dir."""
+__all__ = ["BuildPlan", "JitCompileError", "JitDisabledError", "JitSpec", "gen_jit_spec"]
 
 
 class JitDisabledError(RuntimeError):
@@ -198,65 +189,28 @@ class JitSpec:
                 f"module {self.name} is not built for this configuration ({plan.build_dir}) "
                 "and FLASHINFER_DISABLE_JIT=1 forbids compiling it"
             )
-        with module_lock(self.name):
+        with module_lock(self.name) as locked:
             manifest = Manifest.load(plan.build_dir)
             reason = self._stale_reason(plan, manifest)
             if reason is None:
                 return plan.library_path
-            if manifest is not None:
-                changed, _ = manifest.changed_inputs()
-                # Force the dependents of changed files to rebuild even if the new
-                # files carry older mtimes than the objects (a reinstall does that).
-                for obj in manifest.objects_depending_on(changed):
-                    (plan.build_dir / obj).unlink(missing_ok=True)
-            self._compile(plan, reason)
+            archs = " ".join(f"sm_{a.sm}" for a in plan.archs)
+            if manifest is None:
+                logger.info("compiling %s for %s (%s)", self.name, archs, reason)
+            else:
+                logger.info("rebuilding %s for %s: %s", self.name, archs, reason)
+            start = time.monotonic()
+            if locked:
+                build_in_place(plan, self.name, self.generated_sources, manifest)
+            else:
+                build_in_staging(plan, self.name, self.generated_sources)
+            logger.info("compiled %s in %.1f s", self.name, time.monotonic() - start)
         return plan.library_path
 
     def _stale_reason(self, plan: BuildPlan, manifest: Manifest | None = None) -> str | None:
         manifest = manifest or Manifest.load(plan.build_dir)
-        if manifest is None or not plan.library_path.is_file():
-            return "first build"
-        changed, restat = manifest.changed_inputs()
-        if changed:
-            shown = ", ".join(_display_path(p) for p in changed[:3])
-            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
-            return f"{shown}{more} changed"
-        if restat:
-            try:  # remember the new stats so the next process skips the re-hash
-                manifest.save(plan.build_dir)
-            except OSError:
-                pass
-        return None
-
-    def _compile(self, plan: BuildPlan, reason: str) -> None:
-        self.write_ninja(plan)
-        archs = " ".join(f"sm_{a.sm}" for a in plan.archs)
-        logger.info("compiling %s for %s (%s)", self.name, archs, reason)
-        start = time.monotonic()
-        _run_ninja(plan, self.name)
-        deps = read_ninja_deps(find_ninja(), plan.build_dir)
-        # Toolkit and tvm-ffi headers are covered by their versions in the identity;
-        # leaving them out keeps the warm path to a few stats.
-        versioned = tuple(
-            str(root) + os.sep
-            for d in (plan.toolchain.cuda_home, *plan.toolchain.tvm_ffi_include_dirs)
-            for root in {d, d.resolve()}
-        )
-        objects = {
-            obj: [d for d in deps.get(obj, []) if not d.startswith(versioned)]
-            for obj in plan.ninja.objects()
-        }
-        inputs = {str(s) for s in plan.ninja.sources}
-        inputs.update(str(p) for p in self.generated_sources)
-        for obj_deps in objects.values():
-            inputs.update(obj_deps)
-        Manifest(
-            identity=plan.identity,
-            library=plan.ninja.output,
-            inputs={p: FileRecord.of(Path(p)) for p in sorted(inputs)},
-            objects=objects,
-        ).save(plan.build_dir)
-        logger.info("compiled %s in %.1f s", self.name, time.monotonic() - start)
+        return stale_reason(self.name, plan.identity, plan.build_dir, plan.library_path,
+                            manifest)
 
     # -- loading ----------------------------------------------------------------
 
@@ -317,48 +271,3 @@ def gen_jit_spec(
         generated_sources=[Path(p) for p in generated_sources],
         function_args={k: tuple(v) for k, v in (function_args or {}).items()},
     )
-
-
-def _display_path(path: str) -> str:
-    root = env.FLASHINFER_INCLUDE_DIR.parent
-    try:
-        return str(Path(path).relative_to(root))
-    except ValueError:
-        return path
-
-
-def _run_ninja(plan: BuildPlan, name: str) -> None:
-    """Run ninja in the build dir; log progress; raise JitCompileError on failure."""
-    cmd = [str(find_ninja()), "-C", str(plan.build_dir), f"-j{default_max_jobs()}"]
-    verbose = config.jit_verbose
-    if verbose:
-        cmd.append("-v")
-    log_path = plan.build_dir / "build.log"
-    child_env = dict(os.environ, NINJA_STATUS="[%f/%t] ")
-    start = last_report = time.monotonic()
-    output: list[str] = []
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env
-        )
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            output.append(line)
-            if verbose:
-                sys.stderr.write(line)
-            now = time.monotonic()
-            if line.startswith("[") and now - last_report >= _PROGRESS_INTERVAL_S:
-                done = line[1 : line.index("]")] if "]" in line else "?"
-                logger.info("compiling %s: %s steps, %.0f s", name, done, now - start)
-                last_report = now
-        code = proc.wait()
-    if code != 0:
-        errors = [ln for ln in output if not ln.startswith(("[", "ninja: "))]
-        first = next((ln.strip() for ln in errors if _DIAGNOSTIC_RE.match(ln)), None)
-        body = "".join(errors[-_ERROR_LINES:]).rstrip()
-        headline = first or f"ninja exited with code {code}"
-        raise JitCompileError(
-            f"{headline}\nbuilding module {name} failed (build dir {plan.build_dir}):\n"
-            f"{body}\nfull log: {log_path}"
-        )

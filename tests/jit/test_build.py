@@ -303,3 +303,15 @@ print(tiny_spec(Path({str(src)!r})).build_and_load().a_value())
     quiet = run_python(code, env={"FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws2"),
                                   "FLASHINFER_LOGGING_LEVEL": "WARNING"})
     assert quiet.stdout.strip() == "1" and "compil" not in quiet.stderr
+
+
+def test_a_new_variant_explains_what_changed(
+    built_tiny, jit_log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, spec = built_tiny
+    monkeypatch.setenv("FLASHINFER_EXTRA_CUDAFLAGS", "-DFOO=1")
+    assert spec.build_and_load().a_value() == 1
+    (message,) = jit_log.compiles()
+    assert message == "compiling tiny_test_module for sm_90a (nvcc flags changed (+-DFOO=1))"
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a 10.0a")
+    assert "target archs changed (9.0a -> 9.0a 10.0a)" in spec._stale_reason(spec.plan())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -84,16 +85,21 @@ with module_lock("tiny_test_module"):
         except Exception as err:  # surfaced by the assertion below
             result["error"] = err
 
-    builder = threading.Thread(target=build)
+    builder = threading.Thread(target=build, daemon=True)
     builder.start()
-    deadline = time.monotonic() + 30
-    while not any("waiting for another process" in m for m in jit_log.messages()):
-        assert time.monotonic() < deadline, "the waiting builder never said so"
-        time.sleep(0.05)
-    os.killpg(holder.pid, signal.SIGKILL)
-    holder.wait()
+    try:
+        deadline = time.monotonic() + 30
+        while not any(m.startswith("waiting for tiny_test_module: being built by pid "
+                                   f"{holder.pid} on ") for m in jit_log.messages()):
+            assert time.monotonic() < deadline, "the waiting builder never said who holds the lock"
+            time.sleep(0.05)
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
     builder.join(timeout=300)
     assert result.get("value") == 1, result
+    assert any("taking over the lock" in m and f"left by pid {holder.pid}" in m
+               for m in jit_log.messages(logging.WARNING))
 
 
 def test_lock_is_reentrant_across_sequential_uses(workspace: Path) -> None:
@@ -111,14 +117,17 @@ def test_build_killed_mid_step_recovers(
     wrote its temp file but before the rename; the next call must rebuild and load."""
     src = write_tiny_sources(tmp_path / "src")
     marker = tmp_path / "reached"
+    pids = tmp_path / "pids"
     launcher = tmp_path / "launcher.sh"
+    # ninja runs each command in its own process group, so killing the building process
+    # group leaves them running; the launcher records them for the cleanup below.
     if phase == "nvcc":
-        body = f'touch {marker}\nexec "$@"\n'
+        body = f'echo $$ >> {pids}\ntouch {marker}\nexec "$@"\n'
         env = {"FLASHINFER_NVCC_LAUNCHER": str(launcher)}
     else:
         body = (
             'case " $* " in *" -shared "*) "$@" || exit 1; '
-            f'touch {marker}; sleep 600;; *) exec "$@";; esac\n'
+            f'echo $$ >> {pids}; touch {marker}; exec sleep 600;; *) exec "$@";; esac\n'
         )
         env = {"FLASHINFER_CXX_LAUNCHER": str(launcher)}
     launcher.write_text("#!/bin/sh\n" + body)
@@ -133,6 +142,11 @@ def test_build_killed_mid_step_recovers(
     finally:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
+        for pid in pids.read_text().split() if pids.exists() else []:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     spec = tiny_spec(src)
     assert not spec.library_path.exists(), "a killed build left a loadable library"
@@ -141,3 +155,115 @@ def test_build_killed_mid_step_recovers(
     assert spec.is_stale
     assert spec.build_and_load().a_value() == 1
     assert len(jit_log.compiles()) == 1
+
+
+def _elf_complete(path: Path) -> bool:
+    """The section header table (at the end of a linked ELF) lies within the file."""
+    data = path.read_bytes()
+    if data[:4] != b"\x7fELF" or len(data) < 64:
+        return False
+    shoff = int.from_bytes(data[0x28:0x30], "little")
+    shentsize = int.from_bytes(data[0x3A:0x3C], "little")
+    shnum = int.from_bytes(data[0x3C:0x3E], "little")
+    return shoff + shentsize * shnum <= len(data)
+
+
+def test_eight_racing_processes_build_once_and_nothing_partial_is_visible(
+    workspace: Path, tmp_path: Path
+) -> None:
+    import json
+
+    src = write_tiny_sources(tmp_path / "src")
+    spec = tiny_spec(src)
+    library, manifest = spec.library_path, spec.build_dir / "manifest.json"
+    go = tmp_path / "go"
+    code = f"""
+go = Path({str(go)!r})
+while not go.exists():
+    time.sleep(0.005)
+print(tiny_spec(Path({str(src)!r})).build_and_load().a_value())
+"""
+    procs = [_spawn(code) for _ in range(8)]
+    time.sleep(2.0)
+    go.touch()
+    seen = {"library": 0, "manifest": 0}
+    while any(p.poll() is None for p in procs):
+        if library.exists():
+            assert _elf_complete(library), "a partial library was visible"
+            seen["library"] += 1
+        if manifest.exists():
+            json.loads(manifest.read_text())  # never a truncated manifest
+            assert library.exists(), "a manifest without its library"
+            seen["manifest"] += 1
+        time.sleep(0.002)
+    results = [p.communicate(timeout=60) for p in procs]
+    assert all(p.returncode == 0 for p in procs), results
+    assert [out.strip() for out, _ in results] == ["1"] * 8
+    assert sum(err.count("compiling tiny_test_module") for _, err in results) == 1
+    assert seen["library"] > 0
+
+
+def test_a_filesystem_that_refuses_locks_builds_in_staging(
+    workspace: Path, tmp_path: Path, jit_log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from filelock import FileLock
+
+    def refuse(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(FileLock, "acquire", refuse)
+    spec = tiny_spec(write_tiny_sources(tmp_path / "src"))
+    assert spec.build_and_load().a_value() == 1
+    assert any("refused a lock" in m for m in jit_log.messages(logging.WARNING))
+    assert spec.library_path.is_file() and not spec.is_stale
+    assert not list(spec.build_dir.parent.glob(".staging-*"))  # cleaned up
+
+
+def test_a_lock_held_past_the_timeout_is_taken_over(
+    workspace: Path, tmp_path: Path, jit_log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FLASHINFER_JIT_LOCK_TIMEOUT", "2")
+    spec = tiny_spec(write_tiny_sources(tmp_path / "src"))
+    holder = _spawn(
+        """
+from flashinfer.jit.lock import module_lock
+with module_lock("tiny_test_module"):
+    print("locked", flush=True)
+    time.sleep(600)
+""",
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        start = time.monotonic()
+        assert spec.build_and_load().a_value() == 1
+        assert time.monotonic() - start >= 2
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+    warnings = jit_log.messages(logging.WARNING)
+    assert any(f"held by pid {holder.pid}" in m and "FLASHINFER_JIT_LOCK_TIMEOUT=2" in m
+               for m in warnings), warnings
+
+
+def test_a_failed_staging_build_points_at_a_log_that_exists(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from filelock import FileLock
+
+    from flashinfer.jit import JitCompileError
+
+    def refuse(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(FileLock, "acquire", refuse)
+    src = write_tiny_sources(tmp_path / "src")
+    (src / "include" / "tiny" / "a.cuh").write_text("#pragma once\nnot C++\n")
+    with pytest.raises(JitCompileError) as info:
+        tiny_spec(src).build_and_load()
+    log = Path(str(info.value).rstrip().rsplit("full log: ", 1)[1])
+    assert log.is_file() and "a.cuh" in log.read_text()
