@@ -37,6 +37,40 @@ def _show_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cache(args: argparse.Namespace) -> int:
+    import datetime
+
+    from .jit import cache
+
+    if args.cache_command == "list":
+        found = cache.entries()
+        if not found:
+            print(f"no cached modules under {cache.env.cached_ops_dir()}")
+            return 0
+        print(f"{'module':32} {'variant':16} {'size MB':>8}  {'last used':19}  archs")
+        for entry in found:
+            when = datetime.datetime.fromtimestamp(entry.last_used).strftime("%Y-%m-%d %H:%M:%S")
+            print(f"{entry.uri:32} {entry.digest:16} {entry.size_bytes / 1e6:8.2f}  {when}  "
+                  f"{' '.join(entry.archs)}")
+        total = sum(e.size_bytes for e in found)
+        print(f"{len(found)} variant(s), {total / 1e6:.1f} MB in {cache.env.cached_ops_dir()}")
+    elif args.cache_command == "clear":
+        removed = cache.clear(args.module)
+        print(f"removed {len(removed)} variant(s), "
+              f"{sum(e.size_bytes for e in removed) / 1e6:.1f} MB")
+    else:
+        evicted = cache.evict(args.max_gb * 1e9)
+        print(f"evicted {len(evicted)} variant(s), "
+              f"{sum(e.size_bytes for e in evicted) / 1e6:.1f} MB")
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from .doctor import run_checks
+
+    return run_checks()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="flashinfer", description="flashinfer tools")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -50,6 +84,18 @@ def main(argv: list[str] | None = None) -> int:
 
     show = commands.add_parser("show-config", help="every FLASHINFER_* setting and its source")
     show.set_defaults(run=_show_config)
+
+    cache_parser = commands.add_parser("cache", help="inspect and trim the JIT module cache")
+    cache_commands = cache_parser.add_subparsers(dest="cache_command", required=True)
+    cache_commands.add_parser("list", help="cached modules: size, last use, archs")
+    clear = cache_commands.add_parser("clear", help="remove cached modules")
+    clear.add_argument("--module", help="only modules whose name matches (wildcards)")
+    gc = cache_commands.add_parser("gc", help="evict least recently used modules")
+    gc.add_argument("--max-gb", type=float, required=True, help="size to trim the cache to")
+    cache_parser.set_defaults(run=_cache)
+
+    doctor = commands.add_parser("doctor", help="check the toolchain, GPU and workspace")
+    doctor.set_defaults(run=_doctor)
 
     args = parser.parse_args(argv)
     return args.run(args)

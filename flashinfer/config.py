@@ -163,6 +163,12 @@ class Config:
         _parse_non_negative_float,
         "seconds to wait for another process's build before building privately",
     )
+    cache_max_gb = EnvVar(
+        "FLASHINFER_CACHE_MAX_GB",
+        None,
+        lambda raw: _parse_non_negative_float(raw) if raw.strip() else None,
+        "evict least recently used modules past this size after a build (default: no limit)",
+    )
     disable_jit = EnvVar(
         "FLASHINFER_DISABLE_JIT", False, _parse_bool, "never compile; a missing module is an error"
     )

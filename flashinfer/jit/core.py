@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from ..config import config
 from ..debug_printer import LaunchPrinter
 from ..version import __version__
-from . import env
+from . import cache, env
 from .arch import CudaArch, filter_archs, target_archs
 from .builder import JitCompileError, build_in_place, build_in_staging
 from .explain import stale_reason
@@ -205,6 +205,9 @@ class JitSpec:
             else:
                 build_in_staging(plan, self.name, self.generated_sources)
             logger.info("compiled %s in %.1f s", self.name, time.monotonic() - start)
+        cache.touch(plan.build_dir)
+        if config.cache_max_gb is not None:
+            cache.evict(config.cache_max_gb * 1e9, keep={plan.build_dir})
         return plan.library_path
 
     def _stale_reason(self, plan: BuildPlan, manifest: Manifest | None = None) -> str | None:
@@ -232,6 +235,7 @@ class JitSpec:
                 self.build()
         else:
             logger.debug("loading cached %s from %s", self.name, plan.build_dir)
+            cache.touch(plan.build_dir)
         return self._load(plan.library_path)
 
     def _load(self, path: Path):  # noqa: ANN202

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
+import tempfile
 from pathlib import Path
 
 from ..config import config
 from ..version import __version__
+
+logger = logging.getLogger("flashinfer.jit")
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 _REPO_ROOT = _PACKAGE_DIR.parent
@@ -24,9 +30,26 @@ FLASHINFER_CSRC_DIR = _data_dir("csrc")
 FLASHINFER_INCLUDE_DIR = _data_dir("include")
 
 
+@functools.cache
+def _writable_base(base: Path) -> Path:
+    """``base`` when it can be created and written, else a per-user temp dir (one warning
+    per process). ``os.access`` also reports read-only filesystems, for root too."""
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        if os.access(base, os.W_OK | os.X_OK):
+            return base
+        problem = "not writable"
+    except OSError as err:
+        problem = err.strerror or str(err)
+    fallback = Path(tempfile.gettempdir()) / f"flashinfer-{os.getuid()}"
+    logger.warning("JIT workspace %s is unusable (%s); using %s instead "
+                   "(set FLASHINFER_WORKSPACE_BASE to choose)", base, problem, fallback)
+    return fallback
+
+
 def workspace_dir() -> Path:
     """Versioned workspace root: ``$FLASHINFER_WORKSPACE_BASE/<version>``."""
-    return config.workspace_base / __version__
+    return _writable_base(config.workspace_base) / __version__
 
 
 def generated_dir(uri: str) -> Path:
