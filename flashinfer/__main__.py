@@ -65,6 +65,22 @@ def _cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _precompile(args: argparse.Namespace) -> int:
+    from .jit.aot import precompile
+    from .jit.builder import JitCompileError
+
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
+    try:
+        published = precompile(Path(args.out), args.arch, ops)
+    except (ValueError, JitCompileError) as err:
+        print(f"precompile: {err}", file=sys.stderr)
+        return 1
+    for library in published:
+        print(library)
+    print(f"{len(published)} module(s) in {args.out}; use it with FLASHINFER_AOT_DIR={args.out}")
+    return 0
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from .doctor import run_checks
 
@@ -93,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     gc = cache_commands.add_parser("gc", help="evict least recently used modules")
     gc.add_argument("--max-gb", type=float, required=True, help="size to trim the cache to")
     cache_parser.set_defaults(run=_cache)
+
+    pre = commands.add_parser("precompile", help="build every module into a read-only AOT layer")
+    pre.add_argument("--arch", required=True, help='target archs, e.g. "9.0a 10.0a"')
+    pre.add_argument("--ops", help="comma list of ops (default: all registered)")
+    pre.add_argument("--out", required=True, help="the AOT layer dir to write")
+    pre.set_defaults(run=_precompile)
 
     doctor = commands.add_parser("doctor", help="check the toolchain, GPU and workspace")
     doctor.set_defaults(run=_doctor)

@@ -163,6 +163,12 @@ class Config:
         _parse_non_negative_float,
         "seconds to wait for another process's build before building privately",
     )
+    aot_dir = EnvVar(
+        "FLASHINFER_AOT_DIR",
+        (),
+        lambda raw: tuple(Path(p).expanduser() for p in raw.split(os.pathsep) if p.strip()),
+        "read-only precompiled module dirs searched before the JIT cache (os.pathsep list)",
+    )
     cache_max_gb = EnvVar(
         "FLASHINFER_CACHE_MAX_GB",
         None,

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from ..config import config
 from ..debug_printer import LaunchPrinter
 from ..version import __version__
-from . import cache, env
+from . import aot, cache, env
 from .arch import CudaArch, filter_archs, target_archs
 from .builder import JitCompileError, build_in_place, build_in_staging
 from .explain import stale_reason
@@ -29,7 +29,7 @@ from .fileutil import sha256_file, write_if_different
 from .lock import module_lock
 from .manifest import Manifest
 from .ninja import NinjaBuild
-from .toolchain import Toolchain, current_toolchain
+from .toolchain import Toolchain, ToolchainError, current_toolchain
 
 logger = logging.getLogger("flashinfer.jit")
 
@@ -78,8 +78,9 @@ class JitSpec:
 
     # -- planning ---------------------------------------------------------------
 
-    def plan(self) -> BuildPlan:
-        archs = filter_archs(target_archs(), self.supported_major_versions, self.name)
+    def plan(self, archs: Sequence[CudaArch] | None = None) -> BuildPlan:
+        """Flags, identity and build dir for ``archs`` (default: the target archs)."""
+        archs = filter_archs(archs or target_archs(), self.supported_major_versions, self.name)
         tc = current_toolchain()
         includes = [
             env.FLASHINFER_INCLUDE_DIR,
@@ -225,8 +226,20 @@ class JitSpec:
         return self._load(path)
 
     def build_and_load(self):  # noqa: ANN201 - returns tvm_ffi.Module
-        """Load the module, compiling first if it is missing or stale."""
-        plan = self.plan()
+        """Load the module: from an AOT layer when one has it, else from the JIT cache,
+        compiling first if it is missing or stale."""
+        precompiled = aot.find(self.name)
+        if precompiled is not None:
+            return self._load(precompiled)
+        try:
+            plan = self.plan()
+        except ToolchainError as err:
+            if config.disable_jit:
+                raise JitDisabledError(
+                    f"module {self.name} is in no AOT layer (FLASHINFER_AOT_DIR) and "
+                    f"FLASHINFER_DISABLE_JIT=1 forbids compiling it ({err})"
+                ) from None
+            raise
         reason = self._stale_reason(plan)
         if reason is not None:
             if config.disable_jit and plan.library_path.is_file():

@@ -37,9 +37,16 @@ class NinjaBuild:
     cuda_cflags: tuple[str, ...]
     cflags: tuple[str, ...]
     ldflags: tuple[str, ...]
+    # Relative to the dir ninja runs in: "" for a module's own dir, "<uri>/" when the
+    # file is a subninja of a precompile run that builds many modules at once.
+    prefix: str = ""
 
     def objects(self) -> list[str]:
-        return [object_name(src, i) for i, src in enumerate(self.sources)]
+        return [self.prefix + object_name(src, i) for i, src in enumerate(self.sources)]
+
+    @property
+    def target(self) -> str:
+        return self.prefix + self.output
 
     def render(self) -> str:
         lines = [
@@ -74,10 +81,8 @@ class NinjaBuild:
             rule = "compile_cuda" if source.suffix in CUDA_SUFFIXES else "compile_cxx"
             lines.append(f"build {_escape_path(obj)}: {rule} {_escape_path(str(source))}")
         objs = " ".join(_escape_path(o) for o in self.objects())
-        lines += [
-            "",
-            f"build {_escape_path(self.output)}: link {objs}",
-            f"default {_escape_path(self.output)}",
-            "",
-        ]
+        lines += ["", f"build {_escape_path(self.target)}: link {objs}"]
+        if not self.prefix:
+            lines.append(f"default {_escape_path(self.target)}")
+        lines.append("")
         return "\n".join(lines)

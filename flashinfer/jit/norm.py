@@ -6,6 +6,7 @@ from typing import Any
 
 from .core import JitSpec, gen_jit_spec
 from .dtypes import dtype_info
+from .registry import register_op
 from .render import render_template
 
 
@@ -33,3 +34,6 @@ def gen_norm_module(dtype: Any) -> JitSpec:
         generated_sources=[config],
         function_args={"rmsnorm": ("out", "input", "weight", "eps"), "dtype": ()},
     )
+
+
+register_op("norm", lambda: [gen_norm_module(d) for d in ("float16", "bfloat16", "float32")])

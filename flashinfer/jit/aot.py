@@ -1,0 +1,185 @@
+"""Ahead-of-time layers: read-only dirs of precompiled modules, searched before the JIT.
+
+A layer holds ``<uri>/<uri>.so`` and ``<uri>/aot.json`` per module. Layers come from
+FLASHINFER_AOT_DIR (an os.pathsep list) and from an installed ``flashinfer_aot``
+package's ``modules/`` dir. A module is taken from a layer without a compiler, without
+nvcc on PATH, when its record matches this process: flashinfer and tvm-ffi versions,
+the build-affecting settings (debug, lineinfo, device print, extra flags), archs that
+cover the visible GPUs (or FLASHINFER_CUDA_ARCH_LIST), and the content of any recorded
+source that exists here (an edited kernel falls through to the JIT).
+
+``precompile`` builds every registered specialization for the given archs through one
+ninja invocation (one subninja per module) and publishes each module into the layer.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..config import config
+from ..version import __version__
+from .arch import CudaArch, parse_arch_list
+from .builder import record_manifest, run_ninja
+from .manifest import FileRecord, Manifest
+
+logger = logging.getLogger("flashinfer.jit")
+
+AOT_RECORD = "aot.json"
+_FORMAT = 1
+
+
+@functools.cache
+def _package_layer() -> Path | None:
+    spec = importlib.util.find_spec("flashinfer_aot")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    layer = Path(next(iter(spec.submodule_search_locations))) / "modules"
+    return layer if layer.is_dir() else None
+
+
+def aot_dirs() -> list[Path]:
+    layers = list(config.aot_dir)
+    package = _package_layer()
+    if package is not None:
+        layers.append(package)
+    return layers
+
+
+def build_settings() -> dict[str, Any]:
+    """The settings that change a binary and are known without a compiler."""
+    return {
+        "debug": config.jit_debug,
+        "lineinfo": config.jit_lineinfo,
+        "device_print": config.jit_device_print,
+        "extra_cflags": list(config.extra_cflags),
+        "extra_cudaflags": list(config.extra_cudaflags),
+        "extra_ldflags": list(config.extra_ldflags),
+    }
+
+
+def _wanted_archs() -> list[str] | None:
+    """Archs the layer must cover: the arch list, else the visible GPUs, else no constraint."""
+    if config.cuda_arch_list:
+        return [str(a) for a in parse_arch_list(config.cuda_arch_list)]
+    import torch
+
+    if torch.cuda.is_available():
+        return [f"{major}.{minor}" for major, minor in
+                (torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count()))]
+    return None
+
+
+def _covers(built: list[str], wanted: list[str]) -> bool:
+    # A GPU of capability 9.0 runs sm_90 and sm_90a code; an explicit "9.0a" needs "9.0a".
+    return all(w in built or (w[-1].isdigit() and f"{w}a" in built) for w in wanted)
+
+
+def find(uri: str) -> Path | None:
+    """The library of ``uri`` from the first AOT layer whose record matches, else None."""
+    layers = aot_dirs()
+    if not layers:
+        return None
+    import tvm_ffi
+
+    for layer in layers:
+        record_path = layer / uri / AOT_RECORD
+        try:
+            record = json.loads(record_path.read_text())
+        except (OSError, ValueError):
+            continue
+        wanted = _wanted_archs()
+        problem = (
+            "flashinfer version" if record.get("flashinfer") != __version__ else
+            "tvm-ffi version" if record.get("tvm_ffi") != tvm_ffi.__version__ else
+            "build settings" if record.get("settings") != build_settings() else
+            "archs" if wanted is not None and not _covers(record.get("archs", []), wanted) else
+            _changed_source(record.get("inputs", {}))
+        )
+        if problem:
+            logger.debug("AOT layer %s: %s differs (%s); not used", layer, uri, problem)
+            continue
+        library = layer / uri / f"{uri}.so"
+        if library.is_file():
+            return library
+    return None
+
+
+def _changed_source(inputs: dict[str, list[Any]]) -> str | None:
+    present = {p: FileRecord(*r) for p, r in inputs.items() if os.path.exists(p)}
+    changed, _ = Manifest({}, "", present).changed_inputs()
+    return f"{changed[0]} changed" if changed else None
+
+
+def precompile(out_dir: Path, archs: str | Iterable[CudaArch], ops: Iterable[str] | None = None
+               ) -> list[Path]:
+    """Build every specialization of ``ops`` for ``archs`` into the layer ``out_dir``."""
+    from .registry import specs_for
+
+    arch_list = parse_arch_list(archs) if isinstance(archs, str) else tuple(archs)
+    specs = specs_for(ops)
+    out_dir = Path(out_dir)
+    staging = out_dir / f".precompile-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        plans = []
+        top = ["ninja_required_version = 1.10"]
+        for spec in specs:
+            plan = spec.plan(arch_list)
+            plan = type(plan)(plan.archs, plan.toolchain,
+                              _prefixed(plan.ninja, f"{spec.name}/"), plan.identity,
+                              plan.digest, plan.build_dir)
+            (staging / spec.name).mkdir()
+            (staging / spec.name / "build.ninja").write_text(plan.ninja.render())
+            top.append(f"subninja {spec.name}/build.ninja")
+            plans.append((spec, plan))
+        top.append("build all: phony " + " ".join(p.ninja.target for _, p in plans))
+        (staging / "build.ninja").write_text("\n".join(top) + "\n")
+        logger.info("precompiling %d module(s) for %s into %s", len(plans),
+                    " ".join(f"sm_{a.sm}" for a in arch_list), out_dir)
+        run_ninja(staging, f"{len(plans)} modules", targets=["all"],
+                  log_path=out_dir / "precompile.log")
+        published = [_publish(out_dir, staging, spec, plan) for spec, plan in plans]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return published
+
+
+def _prefixed(ninja: Any, prefix: str) -> Any:
+    from dataclasses import replace
+
+    return replace(ninja, prefix=prefix)
+
+
+def _publish(out_dir: Path, staging: Path, spec: Any, plan: Any) -> Path:
+    manifest = record_manifest(plan, spec.generated_sources, staging)
+    fresh = out_dir / f".{spec.name}.new"
+    shutil.rmtree(fresh, ignore_errors=True)
+    fresh.mkdir()
+    os.replace(staging / plan.ninja.target, fresh / f"{spec.name}.so")
+    record = {
+        "format": _FORMAT,
+        "uri": spec.name,
+        "flashinfer": __version__,
+        "tvm_ffi": plan.identity["tvm_ffi"],
+        "archs": [str(a) for a in plan.archs],
+        "settings": build_settings(),
+        "identity": plan.identity,
+        "inputs": {p: [r.size, r.mtime_ns, r.sha256] for p, r in manifest.inputs.items()},
+    }
+    (fresh / AOT_RECORD).write_text(json.dumps(record, indent=1))
+    target = out_dir / spec.name
+    old = out_dir / f".{spec.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        os.replace(target, old)
+    os.replace(fresh, target)
+    shutil.rmtree(old, ignore_errors=True)
+    return target / f"{spec.name}.so"

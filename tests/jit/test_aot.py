@@ -1,0 +1,120 @@
+"""Precompiled (AOT) layers: one ninja run for every registered module, loading without nvcc."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from flashinfer.__main__ import main as cli
+from flashinfer.jit import aot, registry
+from tests.conftest import REPO_ROOT, run_python
+
+NORM_URIS = ["norm_dtype_bf16", "norm_dtype_f16", "norm_dtype_f32"]
+
+
+@pytest.fixture(scope="module")
+def layer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("aot") / "layer"
+    assert cli(["precompile", "--arch", "9.0a", "--ops", "norm", "--out", str(out)]) == 0
+    return out
+
+
+def _no_nvcc_env(layer: Path, tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "FLASHINFER_DISABLE_JIT": "1",
+            "FLASHINFER_AOT_DIR": str(layer), "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws"),
+            "FLASHINFER_CUDA_ARCH_LIST": "9.0a", **extra}
+
+
+def test_precompile_publishes_every_specialization(layer: Path) -> None:
+    assert sorted(p.name for p in layer.iterdir() if p.is_dir()) == NORM_URIS
+    assert not list(layer.glob(".*"))  # no staging left behind
+    record = json.loads((layer / "norm_dtype_f16" / "aot.json").read_text())
+    assert record["archs"] == ["9.0a"] and record["uri"] == "norm_dtype_f16"
+    assert any(p.endswith("include/flashinfer/norm.cuh") for p in record["inputs"])
+    assert (layer / "norm_dtype_f16" / "norm_dtype_f16.so").is_file()
+
+
+def test_a_fresh_process_loads_from_the_layer_without_nvcc(layer: Path, tmp_path: Path) -> None:
+    code = """
+import shutil, torch, flashinfer
+assert shutil.which("nvcc") is None
+print(flashinfer.get_norm_module(torch.bfloat16).dtype())
+"""
+    proc = run_python(code, env=_no_nvcc_env(layer, tmp_path), cwd=tmp_path)
+    assert proc.stdout.strip() == "bfloat16" and "compil" not in proc.stderr
+
+
+def test_a_module_missing_from_the_layer_is_a_clear_error(layer: Path, tmp_path: Path) -> None:
+    code = f"""
+import sys
+sys.path.insert(0, {str(REPO_ROOT)!r})
+from pathlib import Path
+from flashinfer.jit import JitDisabledError
+from tests.jit.tiny_module import tiny_spec, write_tiny_sources
+try:
+    tiny_spec(write_tiny_sources(Path({str(tmp_path / "src")!r}))).build_and_load()
+except JitDisabledError as err:
+    print(err)
+"""
+    proc = run_python(code, env=_no_nvcc_env(layer, tmp_path), cwd=tmp_path)
+    assert "tiny_test_module is in no AOT layer" in proc.stdout
+    assert "'nvcc' not found on PATH" in proc.stdout
+
+
+def test_the_layer_is_skipped_when_it_does_not_match(
+    layer: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("FLASHINFER_AOT_DIR", str(layer))
+    monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
+    assert aot.find("norm_dtype_f16") == layer / "norm_dtype_f16" / "norm_dtype_f16.so"
+    assert aot.find("no_such_module") is None
+    for var, value in [("FLASHINFER_JIT_DEBUG", "1"), ("FLASHINFER_EXTRA_CUDAFLAGS", "-DX"),
+                       ("FLASHINFER_CUDA_ARCH_LIST", "10.0a")]:
+        with monkeypatch.context() as m:
+            m.setenv(var, value)
+            assert aot.find("norm_dtype_f16") is None, var
+
+    # A recorded source whose content differs here (an edited kernel) falls through too.
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    for item in layer.iterdir():
+        if item.is_dir():
+            os.symlink(item, edited / item.name)
+    record_path = layer / "norm_dtype_f32" / "aot.json"
+    record = json.loads(record_path.read_text())
+    header = next(p for p in record["inputs"] if p.endswith("norm.cuh"))
+    record["inputs"][header] = [1, 1, "0" * 64]
+    (edited / "norm_dtype_f32").unlink()
+    (edited / "norm_dtype_f32").mkdir()
+    (edited / "norm_dtype_f32" / "aot.json").write_text(json.dumps(record))
+    os.symlink(layer / "norm_dtype_f32" / "norm_dtype_f32.so",
+               edited / "norm_dtype_f32" / "norm_dtype_f32.so")
+    monkeypatch.setenv("FLASHINFER_AOT_DIR", str(edited))
+    assert aot.find("norm_dtype_f32") is None
+    assert aot.find("norm_dtype_f16") is not None
+
+
+def test_an_installed_flashinfer_aot_package_is_a_layer(layer: Path, tmp_path: Path) -> None:
+    package = tmp_path / "site" / "flashinfer_aot"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    os.symlink(layer, package / "modules")
+    env = _no_nvcc_env(layer, tmp_path, PYTHONPATH=str(tmp_path / "site"))
+    env["FLASHINFER_AOT_DIR"] = ""
+    proc = run_python("import torch, flashinfer\n"
+                      "print(flashinfer.get_norm_module(torch.float32).dtype())",
+                      env=env, cwd=tmp_path)
+    assert proc.stdout.strip() == "float32"
+
+
+def test_registry_and_precompile_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    names = [spec.name for spec in registry.specs_for(["norm"])]
+    assert sorted(names) == NORM_URIS
+    assert "norm" in registry.registered_ops()
+    with pytest.raises(ValueError, match="unknown op.*nope.*registered: norm"):
+        registry.specs_for(["nope"])
+    assert cli(["precompile", "--arch", "9.0a", "--ops", "nope", "--out", "/tmp/x"]) == 1
+    assert "unknown op(s) nope" in capsys.readouterr().err
