@@ -34,6 +34,34 @@ def _spawn(code: str, **kwargs) -> subprocess.Popen[str]:
     )
 
 
+def _hold_lock(uri: str) -> subprocess.Popen[str]:
+    """A process in its own session holding ``uri``'s lock (returns once it does)."""
+    holder = _spawn(
+        f"""
+from flashinfer.jit.lock import module_lock
+with module_lock({uri!r}):
+    print("locked", flush=True)
+    time.sleep(600)
+""",
+        start_new_session=True,
+    )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+    return holder
+
+
+@pytest.fixture
+def locks_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A filesystem that refuses locks, as some NFS setups do."""
+    import errno
+
+    from filelock import FileLock
+
+    def refuse(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(FileLock, "acquire", refuse)
+
+
 def _wait_for(path: Path, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -42,18 +70,22 @@ def _wait_for(path: Path, timeout: float = 120) -> None:
         time.sleep(0.02)
 
 
-def test_racing_processes_compile_once_and_all_load(workspace: Path, tmp_path: Path) -> None:
-    src = write_tiny_sources(tmp_path / "src")
-    go = tmp_path / "go"
+def _racers(count: int, src: Path, go: Path) -> list[subprocess.Popen[str]]:
+    """``count`` processes that load the tiny module at once, started together."""
     code = f"""
 go = Path({str(go)!r})
 while not go.exists():
     time.sleep(0.005)
 print(tiny_spec(Path({str(src)!r})).build_and_load().a_value())
 """
-    procs = [_spawn(code) for _ in range(4)]
-    time.sleep(1.5)  # let every child finish importing, then start them together
+    procs = [_spawn(code) for _ in range(count)]
+    time.sleep(0.5 + 0.2 * count)  # let every child finish importing, then start them together
     go.touch()
+    return procs
+
+
+def test_racing_processes_compile_once_and_all_load(workspace: Path, tmp_path: Path) -> None:
+    procs = _racers(4, write_tiny_sources(tmp_path / "src"), tmp_path / "go")
     results = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), results
     assert [out.strip() for out, _ in results] == ["1"] * 4
@@ -65,18 +97,7 @@ def test_lock_of_a_killed_holder_does_not_block(
     workspace: Path, tmp_path: Path, jit_log
 ) -> None:
     spec = tiny_spec(write_tiny_sources(tmp_path / "src"))
-    holder = _spawn(
-        """
-from flashinfer.jit.lock import module_lock
-with module_lock("tiny_test_module"):
-    print("locked", flush=True)
-    time.sleep(600)
-""",
-        start_new_session=True,
-    )
-    assert holder.stdout is not None
-    assert holder.stdout.readline().strip() == "locked"
-
+    holder = _hold_lock("tiny_test_module")
     result: dict[str, object] = {}
 
     def build() -> None:
@@ -176,16 +197,7 @@ def test_eight_racing_processes_build_once_and_nothing_partial_is_visible(
     src = write_tiny_sources(tmp_path / "src")
     spec = tiny_spec(src)
     library, manifest = spec.library_path, spec.build_dir / "manifest.json"
-    go = tmp_path / "go"
-    code = f"""
-go = Path({str(go)!r})
-while not go.exists():
-    time.sleep(0.005)
-print(tiny_spec(Path({str(src)!r})).build_and_load().a_value())
-"""
-    procs = [_spawn(code) for _ in range(8)]
-    time.sleep(2.0)
-    go.touch()
+    procs = _racers(8, src, tmp_path / "go")
     seen = {"library": 0, "manifest": 0}
     while any(p.poll() is None for p in procs):
         if library.exists():
@@ -204,16 +216,8 @@ print(tiny_spec(Path({str(src)!r})).build_and_load().a_value())
 
 
 def test_a_filesystem_that_refuses_locks_builds_in_staging(
-    workspace: Path, tmp_path: Path, jit_log, monkeypatch: pytest.MonkeyPatch
+    workspace: Path, tmp_path: Path, jit_log, locks_refused
 ) -> None:
-    import errno
-
-    from filelock import FileLock
-
-    def refuse(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        raise OSError(errno.ENOLCK, "No locks available")
-
-    monkeypatch.setattr(FileLock, "acquire", refuse)
     spec = tiny_spec(write_tiny_sources(tmp_path / "src"))
     assert spec.build_and_load().a_value() == 1
     assert any("refused a lock" in m for m in jit_log.messages(logging.WARNING))
@@ -226,17 +230,8 @@ def test_a_lock_held_past_the_timeout_is_taken_over(
 ) -> None:
     monkeypatch.setenv("FLASHINFER_JIT_LOCK_TIMEOUT", "2")
     spec = tiny_spec(write_tiny_sources(tmp_path / "src"))
-    holder = _spawn(
-        """
-from flashinfer.jit.lock import module_lock
-with module_lock("tiny_test_module"):
-    print("locked", flush=True)
-    time.sleep(600)
-""",
-        start_new_session=True,
-    )
+    holder = _hold_lock("tiny_test_module")
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         start = time.monotonic()
         assert spec.build_and_load().a_value() == 1
         assert time.monotonic() - start >= 2
@@ -249,18 +244,10 @@ with module_lock("tiny_test_module"):
 
 
 def test_a_failed_staging_build_points_at_a_log_that_exists(
-    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    workspace: Path, tmp_path: Path, locks_refused
 ) -> None:
-    import errno
-
-    from filelock import FileLock
-
     from flashinfer.jit import JitCompileError
 
-    def refuse(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        raise OSError(errno.ENOLCK, "No locks available")
-
-    monkeypatch.setattr(FileLock, "acquire", refuse)
     src = write_tiny_sources(tmp_path / "src")
     (src / "include" / "tiny" / "a.cuh").write_text("#pragma once\nnot C++\n")
     with pytest.raises(JitCompileError) as info:
