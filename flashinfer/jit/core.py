@@ -2,10 +2,11 @@
 
 Flow of ``build_and_load()``:
 
-1. plan: target archs, toolchain, full flags, identity hash -> build dir (no writes)
-2. warm path: the manifest matches the files on disk -> load the .so (no subprocess, no lock)
-3. otherwise, under the module's file lock: re-check, write build.ninja, run ninja,
-   record the manifest, load.
+1. an AOT layer with a matching record -> load its .so (no compiler needed)
+2. plan: target archs, toolchain, full flags, identity hash -> build dir (no writes)
+3. warm path: the manifest matches the files on disk -> load the .so (no subprocess, no lock)
+4. otherwise, under the module's lock (or lock-free in a private staging dir): re-check,
+   build, record the manifest, evict if the cache is over its size, load.
 """
 
 from __future__ import annotations
