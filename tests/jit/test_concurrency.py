@@ -130,12 +130,13 @@ def test_lock_is_reentrant_across_sequential_uses(workspace: Path) -> None:
         pass
 
 
-@pytest.mark.parametrize("phase", ["nvcc", "link"])
+@pytest.mark.parametrize("phase", ["nvcc", "c++", "link"])
 def test_build_killed_mid_step_recovers(
     workspace: Path, tmp_path: Path, jit_log, phase: str
 ) -> None:
-    """SIGKILL the whole building process group while nvcc runs, or after the linker
-    wrote its temp file but before the rename; the next call must rebuild and load."""
+    """SIGKILL the whole building process group while nvcc runs, while the host compiler
+    runs, or after the linker wrote its temp file but before the rename; the next call
+    must rebuild and load."""
     src = write_tiny_sources(tmp_path / "src")
     marker = tmp_path / "reached"
     pids = tmp_path / "pids"
@@ -145,6 +146,10 @@ def test_build_killed_mid_step_recovers(
     if phase == "nvcc":
         body = f'echo $$ >> {pids}\ntouch {marker}\nexec "$@"\n'
         env = {"FLASHINFER_NVCC_LAUNCHER": str(launcher)}
+    elif phase == "c++":
+        body = (f'case " $* " in *" -shared "*) exec "$@";; *) echo $$ >> {pids}; '
+                f'touch {marker}; exec "$@";; esac\n')
+        env = {"FLASHINFER_CXX_LAUNCHER": str(launcher)}
     else:
         body = (
             'case " $* " in *" -shared "*) "$@" || exit 1; '
@@ -159,7 +164,7 @@ def test_build_killed_mid_step_recovers(
     )
     try:
         _wait_for(marker)
-        time.sleep(0.3 if phase == "nvcc" else 0)
+        time.sleep(0 if phase == "link" else 0.3)
     finally:
         os.killpg(child.pid, signal.SIGKILL)
         child.wait()
