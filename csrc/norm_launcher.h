@@ -5,7 +5,24 @@
 
 #include <cstdint>
 
-// Pointers are to the module's DType; strides are in elements; the last dim is contiguous.
+// Rows of a [tokens, heads, dim] tensor (2-D data: heads = 1), strides in elements:
+// row r = token * heads + head starts at token * token_stride + head * head_stride.
+struct NormLayout {
+  int64_t heads;
+  int64_t token_stride;
+  int64_t head_stride;
+};
+
+// Pointers are to the module's DType (gamma and beta: float32); the last dim is contiguous.
 cudaError_t rmsnorm_launch(void* out, const void* input, const void* weight, int64_t rows,
-                           int64_t hidden, int64_t input_stride, int64_t out_stride, float eps,
-                           cudaStream_t stream);
+                           int64_t hidden, NormLayout input_layout, NormLayout out_layout,
+                           float eps, float weight_offset, cudaStream_t stream);
+
+cudaError_t fused_add_rmsnorm_launch(void* input, void* residual, const void* weight,
+                                     int64_t rows, int64_t hidden, NormLayout input_layout,
+                                     NormLayout residual_layout, float eps, float weight_offset,
+                                     cudaStream_t stream);
+
+cudaError_t layernorm_launch(void* out, const void* input, const float* gamma, const float* beta,
+                             int64_t rows, int64_t hidden, NormLayout input_layout,
+                             NormLayout out_layout, float eps, cudaStream_t stream);

@@ -41,7 +41,7 @@ inline void* DataPtr(const TensorView& t) {
 inline void CheckDType(const TensorView& t, const char* name, uint8_t code, uint8_t bits) {
   const DLDataType dt = t.dtype();
   FLASHINFER_CHECK(dt.code == code && dt.bits == bits && dt.lanes == 1, TypeError)
-      << name << " has dtype " << DTypeName(dt) << ", this module was built for "
+      << name << " has dtype " << DTypeName(dt) << ", expected "
       << DTypeName(DLDataType{code, bits, 1});
 }
 

@@ -10,6 +10,22 @@ from .version import __version__
 _setup_logging()
 
 from .api_logging import flashinfer_api  # noqa: E402
-from .norm import get_norm_module, rmsnorm  # noqa: E402
+from .norm import (  # noqa: E402
+    fused_add_rmsnorm,
+    gemma_fused_add_rmsnorm,
+    gemma_rmsnorm,
+    get_norm_module,
+    layernorm,
+    rmsnorm,
+)
 
-__all__ = ["__version__", "flashinfer_api", "get_norm_module", "rmsnorm"]
+__all__ = [
+    "__version__",
+    "flashinfer_api",
+    "fused_add_rmsnorm",
+    "gemma_fused_add_rmsnorm",
+    "gemma_rmsnorm",
+    "get_norm_module",
+    "layernorm",
+    "rmsnorm",
+]

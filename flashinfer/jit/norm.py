@@ -32,7 +32,14 @@ def gen_norm_module(dtype: Any) -> JitSpec:
         uri,
         ["norm_kernel.cu", "norm.cc"],
         generated_sources=[config],
-        function_args={"rmsnorm": ("out", "input", "weight", "eps"), "dtype": ()},
+        function_args={
+            "rmsnorm": ("out", "input", "weight", "eps"),
+            "gemma_rmsnorm": ("out", "input", "weight", "eps"),
+            "fused_add_rmsnorm": ("input", "residual", "weight", "eps"),
+            "gemma_fused_add_rmsnorm": ("input", "residual", "weight", "eps"),
+            "layernorm": ("out", "input", "gamma", "beta", "eps"),
+            "dtype": (),
+        },
     )
 
 

@@ -33,9 +33,11 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
 }
 
 // Sum of `value` over the block; every thread gets the result.
-// blockDim.x must be a multiple of 32 and at most 1024. Call once per kernel.
+// blockDim.x must be a multiple of 32 and at most 1024. May be called repeatedly: the
+// leading barrier keeps a call's writes from racing the previous call's reads.
 __device__ __forceinline__ float block_reduce_sum(float value) {
   __shared__ float warp_sums[32];
+  __syncthreads();
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
     value += __shfl_xor_sync(0xffffffffu, value, offset);
