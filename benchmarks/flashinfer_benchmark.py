@@ -92,6 +92,58 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def sweep(routines: list[str], dtypes: list[str], shapes: list[tuple[int, int]]
+          ) -> list[tuple[str, ...]]:
+    """Each routine x dtype x (batch, hidden) shape, refchecked then timed: table rows for
+    the per-family bench scripts."""
+    rows = []
+    for routine in routines:
+        for dtype in dtypes:
+            for batch, hidden in shapes:
+                row = run(parse_args(["--routine", routine, "--dtype", dtype, "--batch-size",
+                                      str(batch), "--hidden-size", str(hidden), "--refcheck"]))
+                rows.append((routine, str(row["case"]), f"{row['median_ms'] * 1e3:.1f}",
+                             f"{row['gb_per_s']:.0f}", f"{row['copy_bw_fraction']:.0%}",
+                             f"x{row['speedup_vs_torch']:.2f}"))
+    return rows
+
+
+SWEEP_HEADER = ["op", "case", "flashinfer us", "GB/s", "of copy BW", "speedup vs torch eager"]
+
+
+def family_main(title: str, routines: list[str], dtypes: list[str],
+                shapes: list[tuple[int, int]], output: Path, torch_note: str,
+                command: str) -> int:
+    """A per-family bench script: sweep, then write the results table to ``output``."""
+    import datetime
+
+    from report import write_report
+
+    parser = argparse.ArgumentParser(description=title)
+    parser.add_argument("--output", type=Path, default=output)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print(f"{command}: no CUDA GPU visible; nothing to measure")
+        return 0
+    write_report(
+        args.output,
+        title,
+        [
+            f"date: {datetime.date.today().isoformat()}",
+            f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}",
+            "each row: refcheck against float64 torch, then flashinfer.testing.bench_gpu_time "
+            "(median of 100 CUDA-event-timed calls, L2 flushed before each); bandwidth as a "
+            "fraction of measure_copy_bandwidth() in the same run",
+            f"torch equivalents: {torch_note}",
+            f"command: `python benchmarks/{command}`",
+        ],
+        SWEEP_HEADER,
+        "llrrrr",
+        sweep(routines, dtypes, shapes),
+    )
+    return 0
+
+
 def format_row(row: dict[str, object]) -> str:
     def cell(key: str, fmt: str) -> str:
         value = row[key]

@@ -9,6 +9,7 @@ from .version import __version__
 
 _setup_logging()
 
+from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul  # noqa: E402
 from .api_logging import flashinfer_api  # noqa: E402
 from .norm import (  # noqa: E402
     fused_add_rmsnorm,
@@ -23,9 +24,12 @@ __all__ = [
     "__version__",
     "flashinfer_api",
     "fused_add_rmsnorm",
+    "gelu_and_mul",
+    "gelu_tanh_and_mul",
     "gemma_fused_add_rmsnorm",
     "gemma_rmsnorm",
     "get_norm_module",
     "layernorm",
     "rmsnorm",
+    "silu_and_mul",
 ]

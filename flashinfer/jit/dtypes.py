@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from .render import render_template
 
 
 @dataclass(frozen=True)
@@ -32,3 +35,11 @@ def dtype_info(dtype: Any) -> DTypeInfo:
     except KeyError:
         supported = ", ".join(info.name for info in _TABLE)
         raise TypeError(f"unsupported dtype {dtype!r}; supported: {supported}") from None
+
+
+def render_dtype_config(uri: str, output_name: str, dtype: Any) -> Path:
+    """Render csrc/dtype_config.jinja (DType for the kernel TU, DLPack code and width for
+    the binding) into the module's generated dir."""
+    info = dtype_info(dtype)
+    return render_template("dtype_config.jinja", uri, output_name, uri=uri, dtype_name=info.name,
+                           cuda_type=info.cuda_type, dlpack_code=info.dlpack_code, bits=info.bits)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from .core import JitSpec, gen_jit_spec
-from .dtypes import dtype_info
+from .dtypes import dtype_info, render_dtype_config
 from .registry import register_op
-from .render import render_template
 
 
 def norm_uri(dtype: Any) -> str:
@@ -16,18 +15,8 @@ def norm_uri(dtype: Any) -> str:
 
 def gen_norm_module(dtype: Any) -> JitSpec:
     """Render the norm config for ``dtype`` and return the module's spec."""
-    info = dtype_info(dtype)
-    uri = norm_uri(info.name)
-    config = render_template(
-        "norm_config.jinja",
-        uri,
-        "norm_config.h",
-        uri=uri,
-        dtype_name=info.name,
-        cuda_type=info.cuda_type,
-        dlpack_code=info.dlpack_code,
-        bits=info.bits,
-    )
+    uri = norm_uri(dtype)
+    config = render_dtype_config(uri, "norm_config.h", dtype)
     return gen_jit_spec(
         uri,
         ["norm_kernel.cu", "norm.cc"],

@@ -32,3 +32,14 @@ def layernorm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
     mean = xd.mean(-1, keepdim=True)
     var = (xd - mean).pow(2).mean(-1, keepdim=True)
     return (xd - mean) * torch.rsqrt(var + eps) * gamma.double() + beta.double()
+
+
+def act_and_mul(x: torch.Tensor, act: str) -> torch.Tensor:
+    """act(x[..., :d]) * x[..., d:] in float64; act is "silu", "gelu" or "gelu_tanh"."""
+    xd = x.double()
+    d = xd.shape[-1] // 2
+    gate, up = xd[..., :d], xd[..., d:]
+    if act == "silu":
+        return gate * torch.sigmoid(gate) * up
+    approximate = "tanh" if act == "gelu_tanh" else "none"
+    return torch.nn.functional.gelu(gate, approximate=approximate) * up

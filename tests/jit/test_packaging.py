@@ -28,7 +28,7 @@ def test_wheel_carries_sources_and_headers_as_package_data(tmp_path: Path) -> No
         metadata = wheel.read(f"flashinfer-{build_backend._version()}.dist-info/METADATA").decode()
     for expected in ("flashinfer/__init__.py", "flashinfer/jit/core.py",
                      "flashinfer/data/csrc/norm_kernel.cu", "flashinfer/data/csrc/norm.cc",
-                     "flashinfer/data/csrc/norm_config.jinja",
+                     "flashinfer/data/csrc/dtype_config.jinja",
                      "flashinfer/data/include/flashinfer/norm.cuh"):
         assert expected in names
     assert not any("__pycache__" in n for n in names)

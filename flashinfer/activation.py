@@ -1,0 +1,82 @@
+"""Gated activations: ``act(input[..., :d]) * input[..., d:]`` for input ``[..., 2 * d]``."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from . import checks
+from .api_logging import flashinfer_api
+from .jit.activation import gen_act_and_mul_module
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@functools.cache
+def get_act_and_mul_module(dtype: Any):  # noqa: ANN201 - a tvm_ffi.Module
+    """The gated-activation module for ``dtype``, compiled on first use."""
+    return gen_act_and_mul_module(dtype).build_and_load()
+
+
+def _rows(name: str, tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """``tensor`` as ``[rows, width]`` without a copy (leading dims merged)."""
+    try:
+        return tensor.view(-1, width)
+    except RuntimeError:
+        raise ValueError(f"{name}'s leading dims cannot be merged without a copy (strides "
+                         f"{tuple(tensor.stride())}); call .contiguous() first") from None
+
+
+def _act_and_mul(function: str, input: Any, out: Any) -> torch.Tensor:
+    checks.check_tensor("input", input)
+    if input.dim() < 1:
+        raise ValueError("input must have at least 1 dim [..., 2 * d]")
+    if input.shape[-1] % 2:
+        raise ValueError(f"input's last dim must be even (gate and up halves), got "
+                         f"{input.shape[-1]}")
+    d = input.shape[-1] // 2
+    checks.check_dtype("input", input, _DTYPES)
+    checks.check_last_dim_contiguous("input", input)
+    expected = (*input.shape[:-1], d)
+    if out is not None:
+        checks.check_tensor("out", out)
+        if tuple(out.shape) != expected:
+            raise ValueError(f"out has shape {tuple(out.shape)}, expected {expected}")
+        checks.check_same_dtype("out", out, "input", input)
+        checks.check_last_dim_contiguous("out", out)
+    rows_in = _rows("input", input, 2 * d) if d else input
+    rows_out = _rows("out", out, d) if out is not None and d else None
+    checks.check_cuda("input", input)
+    if out is None:
+        out = torch.empty(expected, dtype=input.dtype, device=input.device)
+        rows_out = out.view(-1, d) if d else None
+    else:
+        checks.check_cuda("out", out, like=input)
+    if input.numel():
+        getattr(get_act_and_mul_module(input.dtype), function)(rows_out, rows_in)
+    return out
+
+
+@flashinfer_api
+def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``silu(input[..., :d]) * input[..., d:]`` (SwiGLU), math in float32.
+
+    Args:
+        input: ``[..., 2 * d]``, float16, bfloat16 or float32, last dim contiguous.
+        out: optional ``[..., d]`` output of the same dtype.
+    """
+    return _act_and_mul("silu_and_mul", input, out)
+
+
+@flashinfer_api
+def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``gelu(input[..., :d]) * input[..., d:]`` with the exact (erf) GELU (GeGLU)."""
+    return _act_and_mul("gelu_and_mul", input, out)
+
+
+@flashinfer_api
+def gelu_tanh_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``gelu(input[..., :d], approximate="tanh") * input[..., d:]``."""
+    return _act_and_mul("gelu_tanh_and_mul", input, out)
