@@ -11,6 +11,18 @@ _setup_logging()
 
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul  # noqa: E402
 from .api_logging import flashinfer_api  # noqa: E402
+from .rope import (  # noqa: E402
+    apply_llama31_rope,
+    apply_llama31_rope_inplace,
+    apply_llama31_rope_pos_ids,
+    apply_llama31_rope_pos_ids_inplace,
+    apply_rope,
+    apply_rope_inplace,
+    apply_rope_pos_ids,
+    apply_rope_pos_ids_inplace,
+    apply_rope_with_cos_sin_cache,
+    apply_rope_with_cos_sin_cache_inplace,
+)
 from .norm import (  # noqa: E402
     fused_add_rmsnorm,
     gemma_fused_add_rmsnorm,
@@ -22,6 +34,16 @@ from .norm import (  # noqa: E402
 
 __all__ = [
     "__version__",
+    "apply_llama31_rope",
+    "apply_llama31_rope_inplace",
+    "apply_llama31_rope_pos_ids",
+    "apply_llama31_rope_pos_ids_inplace",
+    "apply_rope",
+    "apply_rope_inplace",
+    "apply_rope_pos_ids",
+    "apply_rope_pos_ids_inplace",
+    "apply_rope_with_cos_sin_cache",
+    "apply_rope_with_cos_sin_cache_inplace",
     "flashinfer_api",
     "fused_add_rmsnorm",
     "gelu_and_mul",

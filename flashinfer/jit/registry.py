@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 
 from .core import JitSpec
 
-_OP_MODULES = ("flashinfer.jit.norm", "flashinfer.jit.activation")
+_OP_MODULES = ("flashinfer.jit.norm", "flashinfer.jit.activation", "flashinfer.jit.rope")
 _OPS: dict[str, Callable[[], Iterable[JitSpec]]] = {}
 
 

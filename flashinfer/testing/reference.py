@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -43,3 +45,38 @@ def act_and_mul(x: torch.Tensor, act: str) -> torch.Tensor:
         return gate * torch.sigmoid(gate) * up
     approximate = "tanh" if act == "gelu_tanh" else "none"
     return torch.nn.functional.gelu(gate, approximate=approximate) * up
+
+
+def rope_frequencies(rotary_dim: int, rope_scale: float = 1.0, rope_theta: float = 1e4,
+                     llama31: tuple[float, float, float] | None = None) -> torch.Tensor:
+    """Per-pair frequencies in float32, as the kernel computes them (angles must agree to
+    float32 precision, or large positions would not compare). ``llama31`` is
+    (low_freq_factor, high_freq_factor, old_context_len); rope_scale is then its factor."""
+    i = torch.arange(rotary_dim // 2, dtype=torch.float32)
+    freq = torch.pow(torch.tensor(1.0 / rope_theta, dtype=torch.float32), 2 * i / rotary_dim)
+    if llama31 is None:
+        return freq * (1.0 / rope_scale)
+    low, high, old = llama31
+    wavelen = 2 * math.pi / freq
+    smooth = (old / wavelen - low) / (high - low)
+    mid = (1 - smooth) * freq / rope_scale + smooth * freq
+    return torch.where(wavelen < old / high, freq, torch.where(wavelen > old / low,
+                                                               freq / rope_scale, mid))
+
+
+def rope(x: torch.Tensor, angles: torch.Tensor, interleave: bool) -> torch.Tensor:
+    """Rotate each pair of x [nnz, heads, head_dim] by angles [nnz, rotary_dim/2] as a complex
+    multiplication, in float64; dims past the rotary ones are kept."""
+    xd = x.double()
+    rot = 2 * angles.shape[1]
+    if interleave:
+        pairs = torch.complex(xd[..., 0:rot:2], xd[..., 1:rot:2])
+    else:
+        pairs = torch.complex(xd[..., : rot // 2], xd[..., rot // 2 : rot])
+    rotated = pairs * torch.polar(torch.ones_like(angles.double()), angles.double())[:, None, :]
+    out = xd.clone()
+    if interleave:
+        out[..., 0:rot:2], out[..., 1:rot:2] = rotated.real, rotated.imag
+    else:
+        out[..., : rot // 2], out[..., rot // 2 : rot] = rotated.real, rotated.imag
+    return out

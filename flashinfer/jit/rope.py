@@ -1,0 +1,37 @@
+"""JIT spec of the RoPE module: one module per q/k dtype, every RoPE variant in it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .core import JitSpec, gen_jit_spec
+from .dtypes import dtype_info, render_dtype_config
+from .registry import register_op
+
+_OUTPUTS_INPUTS = ("q_out", "k_out", "q", "k", "pos_ids")
+
+
+def rope_uri(dtype: Any) -> str:
+    return f"rope_dtype_{dtype_info(dtype).short}"
+
+
+def gen_rope_module(dtype: Any) -> JitSpec:
+    """Render the rope config for ``dtype`` and return the module's spec."""
+    uri = rope_uri(dtype)
+    config = render_dtype_config(uri, "rope_config.h", dtype)
+    return gen_jit_spec(
+        uri,
+        ["rope_kernel.cu", "rope.cc"],
+        generated_sources=[config],
+        function_args={
+            "apply_rope_pos_ids": (*_OUTPUTS_INPUTS, "rotary_dim", "interleave", "rope_scale",
+                                   "rope_theta"),
+            "apply_llama31_rope_pos_ids": (*_OUTPUTS_INPUTS, "rotary_dim", "interleave",
+                                           "rope_scale", "rope_theta", "low_freq_factor",
+                                           "high_freq_factor", "old_context_len"),
+            "apply_rope_cos_sin_cache": (*_OUTPUTS_INPUTS, "cos_sin_cache", "interleave"),
+        },
+    )
+
+
+register_op("rope", lambda: [gen_rope_module(d) for d in ("float16", "bfloat16", "float32")])

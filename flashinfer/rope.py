@@ -1,0 +1,272 @@
+"""Rotary position embedding on q ``[nnz, q_heads, head_dim]`` and k ``[nnz, k_heads, head_dim]``.
+
+Positions come as per-token ``pos_ids``, or as ragged batches (``indptr``, ``offsets``:
+token ``indptr[b] + j`` of request ``b`` is at position ``offsets[b] + j``). ``interleave``
+selects GPT-J pairs ``(2i, 2i+1)``, else NeoX pairs ``(i, i + rotary_dim/2)``; dims from
+``rotary_dim`` on are left unchanged. Math in float32.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+
+from . import checks
+from .api_logging import flashinfer_api
+from .jit.rope import gen_rope_module
+from .tensor_format import graph_capture_in_progress
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_IDS = (torch.int32, torch.int64)
+
+
+@functools.cache
+def get_rope_module(dtype: Any):  # noqa: ANN201 - a tvm_ffi.Module
+    """The RoPE module for ``dtype``, compiled on first use."""
+    return gen_rope_module(dtype).build_and_load()
+
+
+def _check_qk(q: Any, k: Any) -> None:
+    for name, t in (("q", q), ("k", k)):
+        checks.check_tensor(name, t)
+        checks.check_ndim(name, t, 3, "[nnz, heads, head_dim]")
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"q has {q.shape[0]} tokens, k has {k.shape[0]}")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"q's head_dim is {q.shape[2]}, k's is {k.shape[2]}")
+    checks.check_dtype("q", q, _DTYPES)
+    checks.check_same_dtype("k", k, "q", q)
+    checks.check_last_dim_contiguous("q", q)
+    checks.check_last_dim_contiguous("k", k)
+
+
+def _rotary_dim(rotary_dim: Any, head_dim: int) -> int:
+    if rotary_dim is None:
+        rotary_dim = head_dim
+    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
+        raise TypeError(f"rotary_dim must be an int, got {type(rotary_dim).__name__}")
+    if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
+        raise ValueError(f"rotary_dim must be even and in (0, head_dim={head_dim}], "
+                         f"got {rotary_dim}")
+    return rotary_dim
+
+
+def _check_ids(name: str, ids: Any, length: int | None) -> None:
+    checks.check_tensor(name, ids)
+    checks.check_ndim(name, ids, 1, "int tensor")
+    if length is not None and ids.shape[0] != length:
+        raise ValueError(f"{name} has {ids.shape[0]} elements, expected {length}")
+    checks.check_dtype(name, ids, _IDS)
+    if not ids.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
+    return float(value)
+
+
+def _pos_ids_from_indptr(indptr: Any, offsets: Any, nnz: int) -> torch.Tensor:
+    _check_ids("indptr", indptr, None)
+    if indptr.shape[0] < 1:
+        raise ValueError("indptr must have batch_size + 1 elements")
+    _check_ids("offsets", offsets, indptr.shape[0] - 1)
+    if indptr.device != offsets.device:
+        raise ValueError(f"offsets is on {offsets.device}, indptr on {indptr.device}")
+    # One small copy to the host proves the ragged layout covers exactly the nnz tokens;
+    # it cannot happen during graph capture, where the caller vouches for indptr.
+    if not graph_capture_in_progress() and int(indptr[-1]) != nnz:
+        raise ValueError(f"indptr[-1] is {int(indptr[-1])}, but q and k have {nnz} tokens")
+    counts = (indptr[1:] - indptr[:-1]).long()
+    batch = torch.repeat_interleave(torch.arange(counts.shape[0], device=indptr.device), counts,
+                                    output_size=nnz)
+    token = torch.arange(nnz, device=indptr.device)
+    return (offsets.long()[batch] + token - indptr.long()[batch]).to(torch.int32)
+
+
+def _run(function: str, q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
+         inplace: bool, *params: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    checks.check_cuda("q", q)
+    checks.check_cuda("k", k, like=q)
+    checks.check_cuda("pos_ids", pos_ids, like=q)
+    if inplace:
+        q_out, k_out = q, k
+    else:
+        q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
+    if q.shape[0]:
+        getattr(get_rope_module(q.dtype), function)(q_out, k_out, q, k, pos_ids, *params)
+    return None if inplace else (q_out, k_out)
+
+
+def _rope(q: Any, k: Any, pos_ids: Any, rotary_dim: Any, interleave: bool, rope_scale: Any,
+          rope_theta: Any, inplace: bool, indptr: Any = None, offsets: Any = None):  # noqa: ANN202
+    _check_qk(q, k)
+    dim = _rotary_dim(rotary_dim, q.shape[2])
+    scale, theta = _positive("rope_scale", rope_scale), _positive("rope_theta", rope_theta)
+    if pos_ids is None:
+        checks.check_cuda("q", q)
+        pos_ids = _pos_ids_from_indptr(indptr, offsets, q.shape[0])
+    _check_ids("pos_ids", pos_ids, q.shape[0])
+    return _run("apply_rope_pos_ids", q, k, pos_ids, inplace, dim, bool(interleave), scale, theta)
+
+
+def _llama31(q: Any, k: Any, pos_ids: Any, rotary_dim: Any, interleave: bool, rope_scale: Any,
+             rope_theta: Any, low_freq_factor: Any, high_freq_factor: Any, old_context_len: Any,
+             inplace: bool, indptr: Any = None, offsets: Any = None):  # noqa: ANN202
+    _check_qk(q, k)
+    dim = _rotary_dim(rotary_dim, q.shape[2])
+    values = [_positive(n, v) for n, v in (
+        ("rope_scale", rope_scale), ("rope_theta", rope_theta),
+        ("low_freq_factor", low_freq_factor), ("high_freq_factor", high_freq_factor),
+        ("old_context_len", old_context_len))]
+    if values[3] <= values[2]:
+        raise ValueError(f"high_freq_factor ({values[3]}) must exceed low_freq_factor "
+                         f"({values[2]})")
+    if pos_ids is None:
+        checks.check_cuda("q", q)
+        pos_ids = _pos_ids_from_indptr(indptr, offsets, q.shape[0])
+    _check_ids("pos_ids", pos_ids, q.shape[0])
+    return _run("apply_llama31_rope_pos_ids", q, k, pos_ids, inplace, dim, bool(interleave),
+                *values)
+
+
+@flashinfer_api
+def apply_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
+                       rotary_dim: int | None = None, interleave: bool = False,
+                       rope_scale: float = 1.0, rope_theta: float = 1e4
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE at ``pos_ids`` (int32/int64 ``[nnz]``): frequency ``theta^(-2i/rotary_dim)``,
+    positions divided by ``rope_scale``. Returns new ``(q, k)``."""
+    return _rope(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, False)
+
+
+@flashinfer_api
+def apply_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
+                               rotary_dim: int | None = None, interleave: bool = False,
+                               rope_scale: float = 1.0, rope_theta: float = 1e4) -> None:
+    """:func:`apply_rope_pos_ids`, writing into ``q`` and ``k``."""
+    _rope(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, True)
+
+
+@flashinfer_api
+def apply_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: torch.Tensor,
+               rotary_dim: int | None = None, interleave: bool = False, rope_scale: float = 1.0,
+               rope_theta: float = 1e4) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE for ragged batches: request ``b`` owns tokens ``indptr[b]:indptr[b+1]``, the
+    first at position ``offsets[b]``. Returns new ``(q, k)``."""
+    return _rope(q, k, None, rotary_dim, interleave, rope_scale, rope_theta, False, indptr,
+                 offsets)
+
+
+@flashinfer_api
+def apply_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
+                       offsets: torch.Tensor, rotary_dim: int | None = None,
+                       interleave: bool = False, rope_scale: float = 1.0,
+                       rope_theta: float = 1e4) -> None:
+    """:func:`apply_rope`, writing into ``q`` and ``k``."""
+    _rope(q, k, None, rotary_dim, interleave, rope_scale, rope_theta, True, indptr, offsets)
+
+
+@flashinfer_api
+def apply_llama31_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
+                               rotary_dim: int | None = None, interleave: bool = False,
+                               rope_scale: float = 8.0, rope_theta: float = 5e5,
+                               low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                               old_context_len: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama 3.1 RoPE: frequencies with wavelength above ``old_context_len /
+    low_freq_factor`` are divided by ``rope_scale``, those below ``old_context_len /
+    high_freq_factor`` kept, and those between smoothly interpolated."""
+    return _llama31(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta,
+                    low_freq_factor, high_freq_factor, old_context_len, False)
+
+
+@flashinfer_api
+def apply_llama31_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
+                                       rotary_dim: int | None = None, interleave: bool = False,
+                                       rope_scale: float = 8.0, rope_theta: float = 5e5,
+                                       low_freq_factor: float = 1.0,
+                                       high_freq_factor: float = 4.0,
+                                       old_context_len: int = 8192) -> None:
+    """:func:`apply_llama31_rope_pos_ids`, writing into ``q`` and ``k``."""
+    _llama31(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor,
+             high_freq_factor, old_context_len, True)
+
+
+@flashinfer_api
+def apply_llama31_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
+                       offsets: torch.Tensor, rotary_dim: int | None = None,
+                       interleave: bool = False, rope_scale: float = 8.0,
+                       rope_theta: float = 5e5, low_freq_factor: float = 1.0,
+                       high_freq_factor: float = 4.0, old_context_len: int = 8192
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Llama 3.1 RoPE for ragged batches (see :func:`apply_rope`)."""
+    return _llama31(q, k, None, rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor,
+                    high_freq_factor, old_context_len, False, indptr, offsets)
+
+
+@flashinfer_api
+def apply_llama31_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
+                               offsets: torch.Tensor, rotary_dim: int | None = None,
+                               interleave: bool = False, rope_scale: float = 8.0,
+                               rope_theta: float = 5e5, low_freq_factor: float = 1.0,
+                               high_freq_factor: float = 4.0, old_context_len: int = 8192) -> None:
+    """:func:`apply_llama31_rope`, writing into ``q`` and ``k``."""
+    _llama31(q, k, None, rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor,
+             high_freq_factor, old_context_len, True, indptr, offsets)
+
+
+def _cos_sin_cache(positions: Any, query: Any, key: Any, head_size: Any, cos_sin_cache: Any,
+                   is_neox: bool, inplace: bool):  # noqa: ANN202
+    if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size <= 0:
+        raise ValueError(f"head_size must be a positive int, got {head_size!r}")
+    views = []
+    for name, t in (("query", query), ("key", key)):
+        checks.check_tensor(name, t)
+        checks.check_ndim(name, t, 2, "[nnz, heads * head_size]")
+        if t.shape[1] % head_size:
+            raise ValueError(f"{name}'s last dim {t.shape[1]} is not a multiple of "
+                             f"head_size={head_size}")
+        checks.check_last_dim_contiguous(name, t)
+        views.append(t.view(t.shape[0], t.shape[1] // head_size, head_size))
+    q, k = views
+    _check_qk(q, k)
+    checks.check_tensor("cos_sin_cache", cos_sin_cache)
+    checks.check_ndim("cos_sin_cache", cos_sin_cache, 2, "[max_position, rotary_dim]")
+    checks.check_dtype("cos_sin_cache", cos_sin_cache, (torch.float32,))
+    _rotary_dim(cos_sin_cache.shape[1], head_size)
+    checks.check_last_dim_contiguous("cos_sin_cache", cos_sin_cache)
+    _check_ids("positions", positions, q.shape[0])
+    checks.check_cuda("query", query)
+    checks.check_cuda("cos_sin_cache", cos_sin_cache, like=query)
+    result = _run("apply_rope_cos_sin_cache", q, k, positions, inplace, cos_sin_cache,
+                  not is_neox)
+    if result is None:
+        return None
+    return result[0].view(query.shape), result[1].view(key.shape)
+
+
+@flashinfer_api
+def apply_rope_with_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor,
+                                  key: torch.Tensor, head_size: int, cos_sin_cache: torch.Tensor,
+                                  is_neox: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE with precomputed ``cos_sin_cache`` (float32 ``[max_position, rotary_dim]``, cos in
+    the first half of each row, sin in the second), on ``query``/``key`` flattened to
+    ``[nnz, heads * head_size]``. A position outside the cache gives NaN, never a bad read.
+    ``is_neox=False`` selects GPT-J pairs."""
+    return _cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox, False)
+
+
+@flashinfer_api
+def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.Tensor,
+                                          key: torch.Tensor, head_size: int,
+                                          cos_sin_cache: torch.Tensor,
+                                          is_neox: bool = True) -> None:
+    """:func:`apply_rope_with_cos_sin_cache`, writing into ``query`` and ``key``."""
+    _cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox, True)
