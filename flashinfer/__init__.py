@@ -11,6 +11,7 @@ _setup_logging()
 
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul  # noqa: E402
 from .api_logging import flashinfer_api  # noqa: E402
+from .page import append_paged_kv_cache, get_batch_indices_positions  # noqa: E402
 from .rope import (  # noqa: E402
     apply_llama31_rope,
     apply_llama31_rope_inplace,
@@ -34,6 +35,8 @@ from .norm import (  # noqa: E402
 
 __all__ = [
     "__version__",
+    "append_paged_kv_cache",
+    "get_batch_indices_positions",
     "apply_llama31_rope",
     "apply_llama31_rope_inplace",
     "apply_llama31_rope_pos_ids",

@@ -11,7 +11,12 @@ from typing import Callable, Iterable
 
 from .core import JitSpec
 
-_OP_MODULES = ("flashinfer.jit.norm", "flashinfer.jit.activation", "flashinfer.jit.rope")
+_OP_MODULES = (
+    "flashinfer.jit.norm",
+    "flashinfer.jit.activation",
+    "flashinfer.jit.rope",
+    "flashinfer.jit.page",
+)
 _OPS: dict[str, Callable[[], Iterable[JitSpec]]] = {}
 
 
