@@ -4,24 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core import JitSpec, gen_jit_spec
-from .dtypes import dtype_info, render_dtype_config
+from .core import JitSpec
+from .dtypes import dtype_uri, gen_dtype_module
 from .registry import register_op
 
 
 def activation_uri(dtype: Any) -> str:
-    return f"activation_dtype_{dtype_info(dtype).short}"
+    return dtype_uri("activation", dtype)
 
 
 def gen_act_and_mul_module(dtype: Any) -> JitSpec:
     """Render the activation config for ``dtype`` and return the module's spec."""
-    uri = activation_uri(dtype)
-    config = render_dtype_config(uri, "activation_config.h", dtype)
-    return gen_jit_spec(
-        uri,
+    return gen_dtype_module(
+        "activation",
+        dtype,
         ["activation_kernel.cu", "activation.cc"],
-        generated_sources=[config],
-        function_args={
+        {
             name: ("out", "input")
             for name in ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
         },

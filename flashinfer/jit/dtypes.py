@@ -43,3 +43,19 @@ def render_dtype_config(uri: str, output_name: str, dtype: Any) -> Path:
     info = dtype_info(dtype)
     return render_template("dtype_config.jinja", uri, output_name, uri=uri, dtype_name=info.name,
                            cuda_type=info.cuda_type, dlpack_code=info.dlpack_code, bits=info.bits)
+
+
+def dtype_uri(op: str, dtype: Any) -> str:
+    """The URI of an op's module specialized by dtype alone: ``norm_dtype_bf16``."""
+    return f"{op}_dtype_{dtype_info(dtype).short}"
+
+
+def gen_dtype_module(op: str, dtype: Any, sources: list[str],
+                     function_args: dict[str, tuple[str, ...]]):  # noqa: ANN201 - JitSpec
+    """The spec of ``op``'s module for ``dtype``: renders ``<op>_config.h`` from
+    csrc/dtype_config.jinja and compiles ``sources`` (from csrc/) with it."""
+    from .core import gen_jit_spec
+
+    uri = dtype_uri(op, dtype)
+    config = render_dtype_config(uri, f"{op}_config.h", dtype)
+    return gen_jit_spec(uri, sources, generated_sources=[config], function_args=function_args)

@@ -4,24 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core import JitSpec, gen_jit_spec
-from .dtypes import dtype_info, render_dtype_config
+from .core import JitSpec
+from .dtypes import dtype_uri, gen_dtype_module
 from .registry import register_op
 
 
 def norm_uri(dtype: Any) -> str:
-    return f"norm_dtype_{dtype_info(dtype).short}"
+    return dtype_uri("norm", dtype)
 
 
 def gen_norm_module(dtype: Any) -> JitSpec:
     """Render the norm config for ``dtype`` and return the module's spec."""
-    uri = norm_uri(dtype)
-    config = render_dtype_config(uri, "norm_config.h", dtype)
-    return gen_jit_spec(
-        uri,
+    return gen_dtype_module(
+        "norm",
+        dtype,
         ["norm_kernel.cu", "norm.cc"],
-        generated_sources=[config],
-        function_args={
+        {
             "rmsnorm": ("out", "input", "weight", "eps"),
             "gemma_rmsnorm": ("out", "input", "weight", "eps"),
             "fused_add_rmsnorm": ("input", "residual", "weight", "eps"),

@@ -4,24 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core import JitSpec, gen_jit_spec
-from .dtypes import dtype_info, render_dtype_config
+from .core import JitSpec
+from .dtypes import dtype_uri, gen_dtype_module
 from .registry import register_op
 
 
 def page_uri(dtype: Any) -> str:
-    return f"page_dtype_{dtype_info(dtype).short}"
+    return dtype_uri("page", dtype)
 
 
 def gen_page_module(dtype: Any) -> JitSpec:
     """Render the page config for ``dtype`` and return the module's spec."""
-    uri = page_uri(dtype)
-    config = render_dtype_config(uri, "page_config.h", dtype)
-    return gen_jit_spec(
-        uri,
+    return gen_dtype_module(
+        "page",
+        dtype,
         ["page_kernel.cu", "page.cc"],
-        generated_sources=[config],
-        function_args={
+        {
             "append_paged_kv_cache": ("append_key", "append_value", "batch_indices", "positions",
                                       "paged_k_cache", "paged_v_cache", "kv_indices",
                                       "kv_indptr", "kv_last_page_len", "hnd"),

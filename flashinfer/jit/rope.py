@@ -4,26 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core import JitSpec, gen_jit_spec
-from .dtypes import dtype_info, render_dtype_config
+from .core import JitSpec
+from .dtypes import dtype_uri, gen_dtype_module
 from .registry import register_op
 
 _OUTPUTS_INPUTS = ("q_out", "k_out", "q", "k", "pos_ids")
 
 
 def rope_uri(dtype: Any) -> str:
-    return f"rope_dtype_{dtype_info(dtype).short}"
+    return dtype_uri("rope", dtype)
 
 
 def gen_rope_module(dtype: Any) -> JitSpec:
     """Render the rope config for ``dtype`` and return the module's spec."""
-    uri = rope_uri(dtype)
-    config = render_dtype_config(uri, "rope_config.h", dtype)
-    return gen_jit_spec(
-        uri,
+    return gen_dtype_module(
+        "rope",
+        dtype,
         ["rope_kernel.cu", "rope.cc"],
-        generated_sources=[config],
-        function_args={
+        {
             "apply_rope_pos_ids": (*_OUTPUTS_INPUTS, "rotary_dim", "interleave", "rope_scale",
                                    "rope_theta"),
             "apply_llama31_rope_pos_ids": (*_OUTPUTS_INPUTS, "rotary_dim", "interleave",
