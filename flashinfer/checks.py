@@ -59,3 +59,15 @@ def check_eps(eps: Any) -> float:
     if not math.isfinite(eps) or eps < 0:
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
     return float(eps)
+
+
+def check_index_tensor(name: str, tensor: Any, length: int | None,
+                       dtypes: Iterable[torch.dtype]) -> None:
+    """A contiguous 1-D index tensor of ``dtypes`` with ``length`` elements (any when None)."""
+    check_tensor(name, tensor)
+    check_ndim(name, tensor, 1, "index tensor")
+    if length is not None and tensor.shape[0] != length:
+        raise ValueError(f"{name} has {tensor.shape[0]} elements, expected {length}")
+    check_dtype(name, tensor, dtypes)
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")

@@ -16,9 +16,11 @@ import torch
 from . import checks
 from .api_logging import flashinfer_api
 from .jit.page import gen_page_module
+from .ragged import token_requests
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LAYOUTS = ("NHD", "HND")
+_INDEX = (torch.int32,)
 
 
 @functools.cache
@@ -27,38 +29,24 @@ def get_page_module(dtype: Any):  # noqa: ANN201 - a tvm_ffi.Module
     return gen_page_module(dtype).build_and_load()
 
 
-def _index(name: str, t: Any, length: int | None) -> None:
-    checks.check_tensor(name, t)
-    checks.check_ndim(name, t, 1, "int32 tensor")
-    if length is not None and t.shape[0] != length:
-        raise ValueError(f"{name} has {t.shape[0]} elements, expected {length}")
-    checks.check_dtype(name, t, (torch.int32,))
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-
-
 @flashinfer_api
 def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor,
                                 nnz: int) -> tuple[torch.Tensor, torch.Tensor]:
     """For ``nnz`` appended tokens, request ``b`` owning ``append_indptr[b]:append_indptr[b+1]``
     and ``seq_lens[b]`` its length after the append: each token's request and position.
     No device synchronization."""
-    _index("append_indptr", append_indptr, None)
+    checks.check_index_tensor("append_indptr", append_indptr, None, _INDEX)
     if append_indptr.shape[0] < 1:
         raise ValueError("append_indptr needs batch_size + 1 elements")
-    _index("seq_lens", seq_lens, append_indptr.shape[0] - 1)
+    checks.check_index_tensor("seq_lens", seq_lens, append_indptr.shape[0] - 1, _INDEX)
     if isinstance(nnz, bool) or not isinstance(nnz, int) or nnz < 0:
         raise ValueError(f"nnz must be an int >= 0, got {nnz!r}")
     if seq_lens.device != append_indptr.device:
         raise ValueError(f"seq_lens is on {seq_lens.device}, append_indptr on "
                          f"{append_indptr.device}")
-    device = append_indptr.device
-    counts = (append_indptr[1:] - append_indptr[:-1]).long()
-    batch = torch.repeat_interleave(torch.arange(counts.shape[0], device=device), counts,
-                                    output_size=nnz)
-    within = torch.arange(nnz, device=device) - append_indptr.long()[batch]
-    start = seq_lens.long()[batch] - counts[batch]
-    return batch.to(torch.int32), (start + within).to(torch.int32)
+    request, within, appended = token_requests(append_indptr, nnz)
+    start = seq_lens.long()[request] - appended
+    return request.to(torch.int32), (start + within).to(torch.int32)
 
 
 @flashinfer_api
@@ -95,13 +83,13 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
                              f"({kv_layout}), the appended keys have {heads} of dim {dim}")
     if paged_v_cache.shape != paged_k_cache.shape:
         raise ValueError("paged_k_cache and paged_v_cache differ in shape")
-    _index("batch_indices", batch_indices, nnz)
-    _index("positions", positions, nnz)
-    _index("kv_indptr", kv_indptr, None)
+    checks.check_index_tensor("batch_indices", batch_indices, nnz, _INDEX)
+    checks.check_index_tensor("positions", positions, nnz, _INDEX)
+    checks.check_index_tensor("kv_indptr", kv_indptr, None, _INDEX)
     if kv_indptr.shape[0] < 1:
         raise ValueError("kv_indptr needs batch_size + 1 elements")
-    _index("kv_last_page_len", kv_last_page_len, kv_indptr.shape[0] - 1)
-    _index("kv_indices", kv_indices, None)
+    checks.check_index_tensor("kv_last_page_len", kv_last_page_len, kv_indptr.shape[0] - 1, _INDEX)
+    checks.check_index_tensor("kv_indices", kv_indices, None, _INDEX)
     checks.check_cuda("append_key", append_key)
     for name, t in (("append_value", append_value), ("batch_indices", batch_indices),
                     ("positions", positions), ("paged_k_cache", paged_k_cache),

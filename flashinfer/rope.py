@@ -17,6 +17,7 @@ import torch
 from . import checks
 from .api_logging import flashinfer_api
 from .jit.rope import gen_rope_module
+from .ragged import token_requests
 from .tensor_format import graph_capture_in_progress
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -54,16 +55,6 @@ def _rotary_dim(rotary_dim: Any, head_dim: int) -> int:
     return rotary_dim
 
 
-def _check_ids(name: str, ids: Any, length: int | None) -> None:
-    checks.check_tensor(name, ids)
-    checks.check_ndim(name, ids, 1, "int tensor")
-    if length is not None and ids.shape[0] != length:
-        raise ValueError(f"{name} has {ids.shape[0]} elements, expected {length}")
-    checks.check_dtype(name, ids, _IDS)
-    if not ids.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-
-
 def _positive(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
@@ -73,21 +64,27 @@ def _positive(name: str, value: Any) -> float:
 
 
 def _pos_ids_from_indptr(indptr: Any, offsets: Any, nnz: int) -> torch.Tensor:
-    _check_ids("indptr", indptr, None)
+    checks.check_index_tensor("indptr", indptr, None, _IDS)
     if indptr.shape[0] < 1:
         raise ValueError("indptr must have batch_size + 1 elements")
-    _check_ids("offsets", offsets, indptr.shape[0] - 1)
+    checks.check_index_tensor("offsets", offsets, indptr.shape[0] - 1, _IDS)
     if indptr.device != offsets.device:
         raise ValueError(f"offsets is on {offsets.device}, indptr on {indptr.device}")
     # One small copy to the host proves the ragged layout covers exactly the nnz tokens;
     # it cannot happen during graph capture, where the caller vouches for indptr.
     if not graph_capture_in_progress() and int(indptr[-1]) != nnz:
         raise ValueError(f"indptr[-1] is {int(indptr[-1])}, but q and k have {nnz} tokens")
-    counts = (indptr[1:] - indptr[:-1]).long()
-    batch = torch.repeat_interleave(torch.arange(counts.shape[0], device=indptr.device), counts,
-                                    output_size=nnz)
-    token = torch.arange(nnz, device=indptr.device)
-    return (offsets.long()[batch] + token - indptr.long()[batch]).to(torch.int32)
+    request, within, _ = token_requests(indptr, nnz)
+    return (offsets.long()[request] + within).to(torch.int32)
+
+
+def _resolve_pos_ids(q: torch.Tensor, pos_ids: Any, indptr: Any, offsets: Any) -> torch.Tensor:
+    """``pos_ids`` as given, or derived from a ragged ``indptr``/``offsets``; checked."""
+    if pos_ids is None:
+        checks.check_cuda("q", q)
+        pos_ids = _pos_ids_from_indptr(indptr, offsets, q.shape[0])
+    checks.check_index_tensor("pos_ids", pos_ids, q.shape[0], _IDS)
+    return pos_ids
 
 
 def _run(function: str, q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
@@ -110,10 +107,7 @@ def _rope(q: Any, k: Any, pos_ids: Any, rotary_dim: Any, interleave: bool, rope_
     _check_qk(q, k)
     dim = _rotary_dim(rotary_dim, q.shape[2])
     scale, theta = _positive("rope_scale", rope_scale), _positive("rope_theta", rope_theta)
-    if pos_ids is None:
-        checks.check_cuda("q", q)
-        pos_ids = _pos_ids_from_indptr(indptr, offsets, q.shape[0])
-    _check_ids("pos_ids", pos_ids, q.shape[0])
+    pos_ids = _resolve_pos_ids(q, pos_ids, indptr, offsets)
     return _run("apply_rope_pos_ids", q, k, pos_ids, inplace, dim, bool(interleave), scale, theta)
 
 
@@ -129,10 +123,7 @@ def _llama31(q: Any, k: Any, pos_ids: Any, rotary_dim: Any, interleave: bool, ro
     if values[3] <= values[2]:
         raise ValueError(f"high_freq_factor ({values[3]}) must exceed low_freq_factor "
                          f"({values[2]})")
-    if pos_ids is None:
-        checks.check_cuda("q", q)
-        pos_ids = _pos_ids_from_indptr(indptr, offsets, q.shape[0])
-    _check_ids("pos_ids", pos_ids, q.shape[0])
+    pos_ids = _resolve_pos_ids(q, pos_ids, indptr, offsets)
     return _run("apply_llama31_rope_pos_ids", q, k, pos_ids, inplace, dim, bool(interleave),
                 *values)
 
@@ -242,7 +233,7 @@ def _cos_sin_cache(positions: Any, query: Any, key: Any, head_size: Any, cos_sin
     checks.check_dtype("cos_sin_cache", cos_sin_cache, (torch.float32,))
     _rotary_dim(cos_sin_cache.shape[1], head_size)
     checks.check_last_dim_contiguous("cos_sin_cache", cos_sin_cache)
-    _check_ids("positions", positions, q.shape[0])
+    checks.check_index_tensor("positions", positions, q.shape[0], _IDS)
     checks.check_cuda("query", query)
     checks.check_cuda("cos_sin_cache", cos_sin_cache, like=query)
     result = _run("apply_rope_cos_sin_cache", q, k, positions, inplace, cos_sin_cache,

@@ -112,17 +112,24 @@ def record_manifest(plan: BuildPlan, generated: Sequence[Path], work_dir: Path) 
     )
 
 
+def write_build_file(plan: BuildPlan) -> Path:
+    """The module's build.ninja in its cache dir, rewritten only when it changes."""
+    plan.build_dir.mkdir(parents=True, exist_ok=True)
+    path = plan.build_dir / "build.ninja"
+    write_if_different(path, plan.ninja.render())
+    return path
+
+
 def build_in_place(plan: BuildPlan, name: str, generated: Sequence[Path],
                    manifest: Manifest | None) -> None:
     """Incremental build in the cache dir; the caller holds the module's lock."""
-    plan.build_dir.mkdir(parents=True, exist_ok=True)
     if manifest is not None:
         changed, _ = manifest.changed_inputs()
         # Dependents of changed files rebuild even if the new files carry older mtimes
         # than the objects (a reinstall does that); ninja alone would miss them.
         for obj in manifest.objects_depending_on(changed):
             (plan.build_dir / obj).unlink(missing_ok=True)
-    write_if_different(plan.build_dir / "build.ninja", plan.ninja.render())
+    write_build_file(plan)
     run_ninja(plan.build_dir, name)
     record_manifest(plan, generated, plan.build_dir).save(plan.build_dir)
 

@@ -24,9 +24,9 @@ from ..debug_printer import LaunchPrinter
 from ..version import __version__
 from . import aot, cache, env
 from .arch import CudaArch, filter_archs, target_archs
-from .builder import JitCompileError, build_in_place, build_in_staging
+from .builder import JitCompileError, build_in_place, build_in_staging, write_build_file
 from .explain import stale_reason
-from .fileutil import sha256_file, write_if_different
+from .fileutil import sha256_file
 from .lock import module_lock
 from .manifest import Manifest
 from .ninja import NinjaBuild
@@ -177,11 +177,8 @@ class JitSpec:
     # -- building ---------------------------------------------------------------
 
     def write_ninja(self, plan: BuildPlan | None = None) -> Path:
-        plan = plan or self.plan()
-        plan.build_dir.mkdir(parents=True, exist_ok=True)
-        path = plan.build_dir / "build.ninja"
-        write_if_different(path, plan.ninja.render())
-        return path
+        """Write the module's build.ninja into its cache dir (without building)."""
+        return write_build_file(plan or self.plan())
 
     def build(self) -> Path:
         """Bring the library up to date (compiling only what is stale); return its path."""
