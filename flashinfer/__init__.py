@@ -24,6 +24,19 @@ from .rope import (  # noqa: E402
     apply_rope_with_cos_sin_cache,
     apply_rope_with_cos_sin_cache_inplace,
 )
+from .sampling import (  # noqa: E402
+    min_p_sampling_from_probs,
+    sampling_from_logits,
+    sampling_from_probs,
+    softmax,
+    top_k_mask_logits,
+    top_k_renorm_probs,
+    top_k_sampling_from_probs,
+    top_k_top_p_sampling_from_logits,
+    top_k_top_p_sampling_from_probs,
+    top_p_renorm_probs,
+    top_p_sampling_from_probs,
+)
 from .norm import (  # noqa: E402
     fused_add_rmsnorm,
     gemma_fused_add_rmsnorm,
@@ -57,4 +70,15 @@ __all__ = [
     "layernorm",
     "rmsnorm",
     "silu_and_mul",
+    "min_p_sampling_from_probs",
+    "sampling_from_logits",
+    "sampling_from_probs",
+    "softmax",
+    "top_k_mask_logits",
+    "top_k_renorm_probs",
+    "top_k_sampling_from_probs",
+    "top_k_top_p_sampling_from_logits",
+    "top_k_top_p_sampling_from_probs",
+    "top_p_renorm_probs",
+    "top_p_sampling_from_probs",
 ]

@@ -16,6 +16,7 @@ _OP_MODULES = (
     "flashinfer.jit.activation",
     "flashinfer.jit.rope",
     "flashinfer.jit.page",
+    "flashinfer.jit.sampling",
 )
 _OPS: dict[str, Callable[[], Iterable[JitSpec]]] = {}
 

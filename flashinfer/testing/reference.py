@@ -80,3 +80,44 @@ def rope(x: torch.Tensor, angles: torch.Tensor, interleave: bool) -> torch.Tenso
     else:
         out[..., : rot // 2], out[..., rot // 2 : rot] = rotated.real, rotated.imag
     return out
+
+
+def mass_above(probs: torch.Tensor) -> torch.Tensor:
+    """Per element, in float64: the total probability of the row's strictly larger elements."""
+    p = probs.double()
+    ranked, order = p.sort(dim=-1, descending=True)
+    exclusive = ranked.cumsum(-1) - ranked
+    # ties share the mass above the first of them
+    first_of_tie = torch.cat([torch.ones_like(ranked[:, :1], dtype=torch.bool),
+                              ranked[:, 1:] != ranked[:, :-1]], dim=-1)
+    group = first_of_tie.long().cumsum(-1) - 1
+    starts = torch.where(first_of_tie, exclusive, torch.zeros_like(exclusive))
+    group_start = torch.zeros_like(exclusive).scatter_add_(-1, group, starts)
+    return torch.empty_like(p).scatter_(-1, order, group_start.gather(-1, group))
+
+
+def top_k_set(values: torch.Tensor, top_k: torch.Tensor | int) -> torch.Tensor:
+    """Elements >= the row's k-th largest (ties kept)."""
+    v = values.double()
+    k = torch.as_tensor(top_k, device=v.device).long().reshape(-1, 1).expand(v.shape[0], 1)
+    kth = v.sort(dim=-1, descending=True).values.gather(-1, k.clamp(1, v.shape[1]) - 1)
+    return v >= kth
+
+
+def top_p_set(probs: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tensor:
+    """Elements whose strictly-larger elements hold less than top_p of the row's mass."""
+    p = probs.double()
+    top = torch.as_tensor(top_p, device=p.device, dtype=torch.float64).reshape(-1, 1)
+    return mass_above(p) < top * p.sum(-1, keepdim=True)
+
+
+def min_p_set(probs: torch.Tensor, min_p: torch.Tensor | float) -> torch.Tensor:
+    p = probs.double()
+    m = torch.as_tensor(min_p, device=p.device, dtype=torch.float64).reshape(-1, 1)
+    return p >= m * p.amax(-1, keepdim=True)
+
+
+def renormalize(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """probs restricted to ``keep``, each row divided by its kept mass (float64)."""
+    kept = torch.where(keep, probs.double(), 0.0)
+    return kept / kept.sum(-1, keepdim=True)

@@ -13,7 +13,7 @@ import torch
 from flashinfer import testing, utils
 from flashinfer.testing import timing
 from flashinfer.utils import BackendNotSupportedError, backend_requirement
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, run_python
 
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
 import flashinfer_benchmark  # noqa: E402
@@ -231,3 +231,30 @@ def test_copy_bandwidth_is_positive_and_below_the_nominal_peak() -> None:
     peak = next((gbs for key, gbs in peaks_gbs if key in name), 10_000.0)
     measured = testing.measure_copy_bandwidth()
     assert 0.2 * peak < measured < peak * 1.02, (name, measured)
+
+
+GPU_BENCH_SCRIPTS = ["bench_norm.py", "bench_activation.py", "bench_rope.py", "bench_page.py",
+                     "bench_sampling.py"]
+
+
+@pytest.mark.parametrize("script", GPU_BENCH_SCRIPTS)
+def test_gpu_bench_scripts_without_a_gpu_say_so(script: str, tmp_path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    output = tmp_path / "results.md"
+    proc = run_python(f"import runpy, sys; sys.argv = [{script!r}, '--output', {str(output)!r}]; "
+                      f"runpy.run_path({str(REPO_ROOT / 'benchmarks' / script)!r}, "
+                      "run_name='__main__')", cwd=REPO_ROOT / "benchmarks", check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "no CUDA GPU visible" in proc.stdout and not output.exists()
+
+
+@pytest.mark.gpu
+def test_bench_sampling_quick_run_writes_its_table(tmp_path) -> None:
+    output = tmp_path / "sampling.md"
+    proc = run_python(f"import runpy, sys; sys.argv = ['bench_sampling.py', '--quick', "
+                      f"'--output', {str(output)!r}]; runpy.run_path('bench_sampling.py', "
+                      "run_name='__main__')", cwd=REPO_ROOT / "benchmarks", check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = output.read_text()
+    assert "top_k_top_p_sampling_from_logits" in text and "128 x 128k" in text

@@ -1,0 +1,37 @@
+"""JIT spec of the sampling module: one module per logits dtype (probabilities are float32
+in every module)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .core import JitSpec
+from .dtypes import dtype_uri, gen_dtype_module
+from .registry import register_op
+
+
+def sampling_uri(dtype: Any) -> str:
+    return dtype_uri("sampling", dtype)
+
+
+def gen_sampling_module(dtype: Any) -> JitSpec:
+    """Render the sampling config for logits of ``dtype`` and return the module's spec."""
+    return gen_dtype_module(
+        "sampling",
+        dtype,
+        ["sampling_kernel.cu", "sampling.cc"],
+        {
+            "softmax": ("out", "logits", "temperatures", "temperature", "pdl"),
+            "sampling_from_probs": ("out", "probs", "indices", "top_k_values", "top_p_values",
+                                    "min_p_values", "top_k", "top_p", "min_p", "which",
+                                    "top_k_first", "seed", "offset"),
+            "sampling_from_logits": ("out", "logits", "indices", "seed", "offset"),
+            "renorm_probs": ("out", "probs", "top_k_values", "top_p_values", "top_k", "top_p",
+                             "which"),
+            "top_k_mask_logits": ("out", "logits", "top_k_values", "top_k"),
+        },
+    )
+
+
+register_op("sampling",
+            lambda: [gen_sampling_module(d) for d in ("float16", "bfloat16", "float32")])

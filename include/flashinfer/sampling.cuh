@@ -1,0 +1,493 @@
+// Sorting-free sampling over a vocabulary: softmax, filtered sampling, renormalization.
+// Framework-agnostic: raw pointers, sizes, strides and a cudaStream_t.
+//
+// One thread block owns one row (one request) and streams over its vocabulary in tiles of
+// kThreads * 4 elements; nothing is ever sorted. Two primitives do all the work:
+//
+// 1. Pivot search by radix select. Top-k, top-p and min-p all keep an *upper set* of the
+//    row: every element whose value is >= a pivot. Values map to 32-bit keys whose unsigned
+//    order is the float order (ordered_key). The pivot's key is found one byte at a time,
+//    most significant first: a pass builds a 256-bin histogram of the next byte over the
+//    elements that match the bytes fixed so far, and one warp scans the bins from the top
+//    until the cumulative weight reaches the target. Four passes give the exact pivot.
+//    Top-k weighs each element 1 (target k); top-p weighs it by its probability in 2^-40
+//    fixed point (target ceil(top_p * total)), so the histograms use integer atomics and
+//    the result does not depend on the order threads add in. Ties with the pivot are kept.
+//    Top-p keeps token j iff the mass of tokens strictly more likely than j is < top_p.
+//
+// 2. Exponential race. Drawing j with probability p_j / sum(p) over a kept set S equals
+//    taking argmax_{j in S} p_j / E_j with E_j ~ Exp(1) i.i.d. (for logits: argmax of
+//    logit_j + Gumbel_j, Gumbel = -log E). One pass, no prefix sums, no normalization.
+//    E_j comes from Philox4x32-10 keyed by the seed, with counter (j / 4, output row,
+//    offset): one Philox block per 4 elements, so a draw is a pure function of (seed,
+//    offset, row, inputs) whatever the launch shape. Ties go to the lowest index.
+//
+// Every reduction runs in a fixed order, so every kernel here is deterministic.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flashinfer/philox.h"
+#include "flashinfer/vec.cuh"
+
+namespace flashinfer {
+namespace sampling {
+
+constexpr int kThreads = 1024;
+constexpr int kVec = 4;  // elements per thread per tile; also uniforms per Philox block
+constexpr float kFixedPointScale = 1099511627776.0f;  // 2^40: probability -> integer mass
+
+// Unsigned order of the keys is the order of the floats (-0.0 sorts just below +0.0).
+__device__ __forceinline__ uint32_t ordered_key(float x) {
+  const uint32_t bits = __float_as_uint(x);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+__device__ __forceinline__ uint64_t fixed_point_mass(float p) {
+  return p > 0.f ? __float2ull_rz(p * kFixedPointScale) : 0ull;
+}
+
+// Loads the 4 elements of group g (elements 4g .. 4g+3) as floats; the count of those
+// inside the row is returned (the rest are left unset).
+template <bool kAligned, typename T>
+__device__ __forceinline__ int load_group(const T* row, int64_t n, int64_t g, float (&x)[kVec]) {
+  const int64_t first = g * kVec;
+  if (kAligned && first + kVec <= n) {
+    const Vec<T, kVec> v = reinterpret_cast<const Vec<T, kVec>*>(row)[g];
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) x[j] = to_float(v.data[j]);
+    return kVec;
+  }
+  const int valid = static_cast<int>(n - first < kVec ? n - first : kVec);
+  for (int j = 0; j < valid; ++j) x[j] = to_float(row[first + j]);
+  return valid;
+}
+
+// Calls f(g, x, valid) for every group of the row this thread owns.
+template <bool kAligned, typename T, typename F>
+__device__ __forceinline__ void for_each_group(const T* row, int64_t n, F&& f) {
+  for (int64_t g = threadIdx.x; g * kVec < n; g += blockDim.x) {
+    float x[kVec];
+    const int valid = load_group<kAligned>(row, n, g, x);
+    f(g, x, valid);
+  }
+}
+
+// Block-wide reduction with `op`; every thread gets the result. blockDim.x is kThreads.
+template <typename V, typename Op>
+__device__ __forceinline__ V block_reduce(V value, Op op) {
+  __shared__ V warp_values[kThreads / 32];
+  __syncthreads();  // a previous call may still be reading warp_values
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  }
+  if ((threadIdx.x & 31) == 0) warp_values[threadIdx.x >> 5] = value;
+  __syncthreads();
+  value = warp_values[threadIdx.x & 31];  // kThreads / 32 == 32: one value per lane
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  }
+  return value;
+}
+
+struct Sum {
+  template <typename V>
+  __device__ __forceinline__ V operator()(V a, V b) const { return a + b; }
+};
+struct Max {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// The best (score, index) of the block: higher score wins, then lower index. index -1
+// means no candidate.
+struct Best {
+  float score;
+  int64_t index;
+};
+
+__device__ __forceinline__ Best better(Best a, Best b) {
+  if (a.index < 0) return b;
+  if (b.index < 0) return a;
+  if (a.score != b.score) return a.score > b.score ? a : b;
+  return a.index < b.index ? a : b;
+}
+
+__device__ __forceinline__ Best block_best(Best value) {
+  __shared__ Best warp_values[kThreads / 32];
+  __syncthreads();
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    Best other{__shfl_xor_sync(0xffffffffu, value.score, offset),
+               __shfl_xor_sync(0xffffffffu, value.index, offset)};
+    value = better(value, other);
+  }
+  if ((threadIdx.x & 31) == 0) warp_values[threadIdx.x >> 5] = value;
+  __syncthreads();
+  value = warp_values[threadIdx.x & 31];
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    Best other{__shfl_xor_sync(0xffffffffu, value.score, offset),
+               __shfl_xor_sync(0xffffffffu, value.index, offset)};
+    value = better(value, other);
+  }
+  return value;
+}
+
+// Four Exp(1) variates for elements 4g .. 4g+3 of output row `row`.
+struct RandomStream {
+  uint64_t seed, offset;
+  int64_t row;
+
+  __device__ __forceinline__ void exponentials(int64_t g, float (&e)[kVec]) const {
+    const PhiloxBlock r = philox4x32_10(
+        {static_cast<uint32_t>(g), static_cast<uint32_t>(row), static_cast<uint32_t>(offset),
+         static_cast<uint32_t>(offset >> 32)},
+        static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    const uint32_t bits[kVec] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      // v in (0, 1]; 1 - v is uniform, so -log(1 - v) ~ Exp(1), accurate for small v.
+      const float v = (static_cast<float>(bits[j]) + 0.5f) * 2.3283064365386963e-10f;
+      e[j] = -log1pf(-v);
+    }
+  }
+};
+
+struct SelectShared {
+  unsigned long long hist[256];
+  unsigned long long above;
+  uint32_t bin;
+  bool found;
+};
+
+// Radix select (see the header comment). weigh(x, &key) returns element x's weight and sets
+// its key. Returns the key of the first element, in descending key order, at which the
+// cumulative weight reaches target (>= 1); 0 (keep everything) if the row's total weight is
+// below target.
+template <bool kAligned, typename T, typename Weigh>
+__device__ uint32_t radix_select(const T* row, int64_t n, unsigned long long target, Weigh weigh,
+                                 SelectShared& sh) {
+  uint32_t prefix = 0, mask = 0;
+  unsigned long long above = 0;  // weight of the elements above the current key range
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) sh.hist[b] = 0;
+    __syncthreads();
+    for_each_group<kAligned>(row, n, [&](int64_t, const float(&x)[kVec], int valid) {
+      for (int j = 0; j < valid; ++j) {
+        uint32_t key;
+        const unsigned long long w = weigh(x[j], &key);
+        if (w != 0 && (key & mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], w);
+      }
+    });
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      // lane l covers bins 255 - 8l down to 248 - 8l: lanes in order scan the bins from the top
+      const int lane = threadIdx.x;
+      unsigned long long sum = 0;
+      for (int b = 0; b < 8; ++b) sum += sh.hist[255 - 8 * lane - b];
+      unsigned long long inclusive = sum;
+#pragma unroll
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const unsigned long long up = __shfl_up_sync(0xffffffffu, inclusive, offset);
+        if (lane >= offset) inclusive += up;
+      }
+      const unsigned crossing = __ballot_sync(0xffffffffu, above + inclusive >= target);
+      if (lane == 0) sh.found = crossing != 0;
+      if (crossing != 0 && lane == __ffs(crossing) - 1) {
+        unsigned long long running = above + inclusive - sum;
+        for (int b = 0; b < 8; ++b) {
+          const int bin = 255 - 8 * lane - b;
+          if (running + sh.hist[bin] >= target) {
+            sh.bin = bin;
+            sh.above = running;
+            break;
+          }
+          running += sh.hist[bin];
+        }
+      }
+    }
+    __syncthreads();
+    if (!sh.found) return 0;
+    prefix |= sh.bin << shift;
+    mask |= 0xFFu << shift;
+    above = sh.above;
+    __syncthreads();  // everyone has read sh before the next level clears it
+  }
+  return prefix;
+}
+
+// A per-request parameter: the tensor's entry for the output row when given, else the scalar.
+template <typename V>
+struct Param {
+  const V* values;
+  V scalar;
+  __device__ __forceinline__ V at(int64_t row) const { return values ? values[row] : scalar; }
+};
+
+struct Filters {
+  Param<int32_t> top_k;  // k >= vocab (or the filter off) keeps everything; k < 1 acts as 1
+  Param<float> top_p;    // >= 1 keeps everything
+  Param<float> min_p;    // <= 0 keeps everything
+  bool use_top_k, use_top_p, use_min_p;
+  bool top_k_first;  // top-p over the renormalized top-k set, else over the whole row (joint)
+};
+
+struct RowSource {
+  const int32_t* indices;  // output row -> input row; null: the identity
+  int64_t row_stride;      // elements
+  int64_t rows;            // input rows: an index outside [0, rows) reads nothing
+  // The input row of output row `out_row`, or -1 when its index is out of range.
+  __device__ __forceinline__ int64_t row(int64_t out_row) const {
+    const int64_t r = indices ? static_cast<int64_t>(indices[out_row]) : out_row;
+    return r >= 0 && r < rows ? r : -1;
+  }
+};
+
+// Weights for radix_select: top-k counts elements, top-p adds up their probability.
+struct CountWeight {
+  __device__ __forceinline__ unsigned long long operator()(float x, uint32_t* key) const {
+    *key = ordered_key(x);
+    return 1;
+  }
+};
+struct MassWeight {
+  __device__ __forceinline__ unsigned long long operator()(float x, uint32_t* key) const {
+    *key = ordered_key(x);
+    return fixed_point_mass(x);
+  }
+};
+
+// The pivot key of one row of probabilities under `f`: elements with key >= pivot are kept.
+template <bool kAligned>
+__device__ uint32_t filter_pivot(const float* row, int64_t n, const Filters& f, int64_t out_row,
+                                 SelectShared& sh) {
+  uint32_t pivot = 0;
+  uint32_t top_k_pivot = 0;
+  if (f.use_top_k) {
+    const int64_t k = max(f.top_k.at(out_row), 1);
+    if (k < n) {
+      top_k_pivot = radix_select<kAligned>(row, n, k, CountWeight(), sh);
+      pivot = top_k_pivot;
+    }
+  }
+  if (f.use_top_p || f.use_min_p) {
+    unsigned long long mass = 0, top_k_mass = 0;
+    float largest = 0.f;
+    for_each_group<kAligned>(row, n, [&](int64_t, const float(&x)[kVec], int valid) {
+      for (int j = 0; j < valid; ++j) {
+        const unsigned long long q = fixed_point_mass(x[j]);
+        mass += q;
+        if (ordered_key(x[j]) >= top_k_pivot) top_k_mass += q;
+        largest = fmaxf(largest, x[j]);
+      }
+    });
+    mass = block_reduce(mass, Sum());
+    top_k_mass = block_reduce(top_k_mass, Sum());
+    largest = block_reduce(largest, Max());
+    const float top_p = f.use_top_p ? f.top_p.at(out_row) : 1.f;
+    const unsigned long long base = f.top_k_first ? top_k_mass : mass;
+    if (top_p < 1.f && base > 0) {
+      const double wanted = ceil(static_cast<double>(fmaxf(top_p, 0.f)) * static_cast<double>(base));
+      const unsigned long long target = wanted < 1.0 ? 1ull : static_cast<unsigned long long>(wanted);
+      pivot = max(pivot, radix_select<kAligned>(row, n, target, MassWeight(), sh));
+    }
+    const float min_p = f.use_min_p ? f.min_p.at(out_row) : 0.f;
+    if (min_p > 0.f) pivot = max(pivot, ordered_key(min_p * largest));
+  }
+  return pivot;
+}
+
+// ---------------------------------------------------------------------------------------
+// Kernels: one block of kThreads per output row.
+
+template <bool kAligned, typename T>
+__global__ void __launch_bounds__(kThreads)
+    SoftmaxKernel(float* __restrict__ out, const T* __restrict__ logits, int64_t n,
+                  int64_t in_stride, int64_t out_stride, Param<float> temperature, bool pdl) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (pdl) {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;");
+  }
+#endif
+  const T* row = logits + blockIdx.x * in_stride;
+  float* dst = out + blockIdx.x * out_stride;
+  const float inv_t = 1.f / temperature.at(blockIdx.x);
+  float largest = -INFINITY;
+  for_each_group<kAligned>(row, n, [&](int64_t, const float(&x)[kVec], int valid) {
+    for (int j = 0; j < valid; ++j) largest = fmaxf(largest, x[j] * inv_t);
+  });
+  largest = block_reduce(largest, Max());
+  float total = 0.f;
+  for_each_group<kAligned>(row, n, [&](int64_t, const float(&x)[kVec], int valid) {
+    for (int j = 0; j < valid; ++j) total += __expf(x[j] * inv_t - largest);
+  });
+  const float inv_total = 1.f / block_reduce(total, Sum());
+  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
+    for (int j = 0; j < valid; ++j) dst[g * kVec + j] = __expf(x[j] * inv_t - largest) * inv_total;
+  });
+}
+
+// Sampling from probabilities, optionally filtered: pivot search, then one race pass.
+template <bool kAligned>
+__global__ void __launch_bounds__(kThreads)
+    FilteredSamplingKernel(int32_t* __restrict__ out, const float* __restrict__ probs, int64_t n,
+                           RowSource source, Filters filters, uint64_t seed, uint64_t offset) {
+  __shared__ SelectShared sh;
+  const int64_t src = source.row(blockIdx.x);
+  if (src < 0) {  // documented: an out-of-range index yields token -1
+    if (threadIdx.x == 0) out[blockIdx.x] = -1;
+    return;
+  }
+  const float* row = probs + src * source.row_stride;
+  const uint32_t pivot = filter_pivot<kAligned>(row, n, filters, blockIdx.x, sh);
+  const RandomStream rng{seed, offset, blockIdx.x};
+  Best best{0.f, -1};
+  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
+    float e[kVec];
+    rng.exponentials(g, e);
+    for (int j = 0; j < valid; ++j) {
+      if (x[j] > 0.f && ordered_key(x[j]) >= pivot) best = better(best, {x[j] / e[j], g * kVec + j});
+    }
+  });
+  best = block_best(best);
+  if (threadIdx.x == 0) out[blockIdx.x] = best.index < 0 ? 0 : static_cast<int32_t>(best.index);
+}
+
+// Sampling from logits: argmax of logit + Gumbel noise (a row of -inf logits yields 0).
+template <bool kAligned, typename T>
+__global__ void __launch_bounds__(kThreads)
+    LogitsSamplingKernel(int32_t* __restrict__ out, const T* __restrict__ logits, int64_t n,
+                         RowSource source, uint64_t seed, uint64_t offset) {
+  const int64_t src = source.row(blockIdx.x);
+  if (src < 0) {  // documented: an out-of-range index yields token -1
+    if (threadIdx.x == 0) out[blockIdx.x] = -1;
+    return;
+  }
+  const T* row = logits + src * source.row_stride;
+  const RandomStream rng{seed, offset, blockIdx.x};
+  Best best{0.f, -1};
+  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
+    float e[kVec];
+    rng.exponentials(g, e);
+    for (int j = 0; j < valid; ++j) {
+      if (x[j] > -INFINITY) best = better(best, {x[j] - __logf(e[j]), g * kVec + j});
+    }
+  });
+  best = block_best(best);
+  if (threadIdx.x == 0) out[blockIdx.x] = best.index < 0 ? 0 : static_cast<int32_t>(best.index);
+}
+
+// top_k_renorm_probs / top_p_renorm_probs: kept probabilities over their sum, others 0.
+template <bool kAligned>
+__global__ void __launch_bounds__(kThreads)
+    RenormProbsKernel(float* __restrict__ out, const float* __restrict__ probs, int64_t n,
+                      int64_t in_stride, int64_t out_stride, Filters filters) {
+  __shared__ SelectShared sh;
+  const float* row = probs + blockIdx.x * in_stride;
+  float* dst = out + blockIdx.x * out_stride;
+  const uint32_t pivot = filter_pivot<kAligned>(row, n, filters, blockIdx.x, sh);
+  float kept = 0.f;
+  for_each_group<kAligned>(row, n, [&](int64_t, const float(&x)[kVec], int valid) {
+    for (int j = 0; j < valid; ++j) kept += ordered_key(x[j]) >= pivot ? x[j] : 0.f;
+  });
+  kept = block_reduce(kept, Sum());
+  const float scale = kept > 0.f ? 1.f / kept : 0.f;
+  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
+    for (int j = 0; j < valid; ++j) dst[g * kVec + j] = ordered_key(x[j]) >= pivot ? x[j] * scale : 0.f;
+  });
+}
+
+// top_k_mask_logits: logits outside the top k become -inf.
+template <bool kAligned, typename T>
+__global__ void __launch_bounds__(kThreads)
+    MaskLogitsKernel(T* __restrict__ out, const T* __restrict__ logits, int64_t n,
+                     int64_t in_stride, int64_t out_stride, Param<int32_t> top_k) {
+  __shared__ SelectShared sh;
+  const T* row = logits + blockIdx.x * in_stride;
+  T* dst = out + blockIdx.x * out_stride;
+  const int64_t k = max(top_k.at(blockIdx.x), 1);
+  const uint32_t pivot = k < n ? radix_select<kAligned>(row, n, k, CountWeight(), sh) : 0u;
+  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
+    for (int j = 0; j < valid; ++j) {
+      dst[g * kVec + j] = from_float<T>(ordered_key(x[j]) >= pivot ? x[j] : -INFINITY);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Launchers. `aligned`: every row starts on a 4-element boundary, so a group loads as one
+// vector; the scalar path gives the same results. `pdl` launches with programmatic
+// dependent launch (sm90+): the kernel may start while the previous one drains.
+
+template <typename... Params, typename... Args>
+inline cudaError_t launch_rows(void (*kernel)(Params...), int64_t rows, cudaStream_t stream,
+                               bool pdl, Args... args) {
+  if (rows == 0) return cudaSuccess;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(rows));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute attribute;
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  cudaError_t err = cudaLaunchKernelEx(&config, kernel, args...);
+  return err == cudaSuccess ? cudaGetLastError() : err;
+}
+
+template <typename T>
+cudaError_t Softmax(float* out, const T* logits, int64_t rows, int64_t n, int64_t in_stride,
+                    int64_t out_stride, Param<float> temperature, bool aligned, bool pdl,
+                    cudaStream_t stream) {
+  return aligned ? launch_rows(SoftmaxKernel<true, T>, rows, stream, pdl, out, logits, n,
+                               in_stride, out_stride, temperature, pdl)
+                 : launch_rows(SoftmaxKernel<false, T>, rows, stream, pdl, out, logits, n,
+                               in_stride, out_stride, temperature, pdl);
+}
+
+inline cudaError_t FilteredSampling(int32_t* out, const float* probs, int64_t rows, int64_t n,
+                                    RowSource source, Filters filters, uint64_t seed,
+                                    uint64_t offset, bool aligned, cudaStream_t stream) {
+  return aligned ? launch_rows(FilteredSamplingKernel<true>, rows, stream, false, out, probs, n,
+                               source, filters, seed, offset)
+                 : launch_rows(FilteredSamplingKernel<false>, rows, stream, false, out, probs, n,
+                               source, filters, seed, offset);
+}
+
+template <typename T>
+cudaError_t LogitsSampling(int32_t* out, const T* logits, int64_t rows, int64_t n,
+                           RowSource source, uint64_t seed, uint64_t offset, bool aligned,
+                           cudaStream_t stream) {
+  return aligned ? launch_rows(LogitsSamplingKernel<true, T>, rows, stream, false, out, logits,
+                               n, source, seed, offset)
+                 : launch_rows(LogitsSamplingKernel<false, T>, rows, stream, false, out, logits,
+                               n, source, seed, offset);
+}
+
+inline cudaError_t RenormProbs(float* out, const float* probs, int64_t rows, int64_t n,
+                               int64_t in_stride, int64_t out_stride, Filters filters,
+                               bool aligned, cudaStream_t stream) {
+  return aligned ? launch_rows(RenormProbsKernel<true>, rows, stream, false, out, probs, n,
+                               in_stride, out_stride, filters)
+                 : launch_rows(RenormProbsKernel<false>, rows, stream, false, out, probs, n,
+                               in_stride, out_stride, filters);
+}
+
+template <typename T>
+cudaError_t MaskLogits(T* out, const T* logits, int64_t rows, int64_t n, int64_t in_stride,
+                       int64_t out_stride, Param<int32_t> top_k, bool aligned,
+                       cudaStream_t stream) {
+  return aligned ? launch_rows(MaskLogitsKernel<true, T>, rows, stream, false, out, logits, n,
+                               in_stride, out_stride, top_k)
+                 : launch_rows(MaskLogitsKernel<false, T>, rows, stream, false, out, logits, n,
+                               in_stride, out_stride, top_k);
+}
+
+}  // namespace sampling
+}  // namespace flashinfer
