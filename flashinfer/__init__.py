@@ -11,6 +11,11 @@ _setup_logging()
 
 from .activation import gelu_and_mul, gelu_tanh_and_mul, silu_and_mul  # noqa: E402
 from .api_logging import flashinfer_api  # noqa: E402
+from .cascade import merge_state, merge_state_in_place, merge_states  # noqa: E402
+from .decode import (  # noqa: E402
+    BatchDecodeWithPagedKVCacheWrapper,
+    single_decode_with_kv_cache,
+)
 from .page import append_paged_kv_cache, get_batch_indices_positions  # noqa: E402
 from .rope import (  # noqa: E402
     apply_llama31_rope,
@@ -48,6 +53,11 @@ from .norm import (  # noqa: E402
 
 __all__ = [
     "__version__",
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "merge_state",
+    "merge_state_in_place",
+    "merge_states",
+    "single_decode_with_kv_cache",
     "append_paged_kv_cache",
     "get_batch_indices_positions",
     "apply_llama31_rope",

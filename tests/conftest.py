@@ -24,7 +24,17 @@ if not os.environ.get("FLASHINFER_CUDA_ARCH_LIST") and not HAS_GPU:
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--compile-matrix", action="store_true",
+                     help="also compile every module specialization (tests marked compile_matrix)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--compile-matrix"):
+        skip_matrix = pytest.mark.skip(reason="the full compile matrix runs with --compile-matrix")
+        for item in items:
+            if "compile_matrix" in item.keywords:
+                item.add_marker(skip_matrix)
     if HAS_GPU:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

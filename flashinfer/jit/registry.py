@@ -17,6 +17,7 @@ _OP_MODULES = (
     "flashinfer.jit.rope",
     "flashinfer.jit.page",
     "flashinfer.jit.sampling",
+    "flashinfer.jit.decode",
 )
 _OPS: dict[str, Callable[[], Iterable[JitSpec]]] = {}
 

@@ -1,0 +1,230 @@
+// Binding TU of the decode module (host compiler): checks, stream, launch, export.
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/optional.h>
+
+#include <cstdint>
+#include <limits>
+
+#include "decode_config.h"
+#include "decode_launcher.h"
+#include "tvm_ffi_utils.h"
+
+using namespace flashinfer_binding;
+using tvm::ffi::Optional;
+
+namespace {
+
+constexpr int64_t kVec = 8;  // 16-byte vectors of 16-bit elements
+
+bool Aligned(const TensorView& t) { return reinterpret_cast<uintptr_t>(DataPtr(t)) % 16 == 0; }
+
+// A q or out tensor: [rows, heads, head_dim] (rank 3) or [heads, head_dim] (rank 2).
+void CheckHeads(const TensorView& t, const char* name, int rank, int64_t rows, int64_t heads) {
+  FLASHINFER_CHECK(t.ndim() == rank, ValueError)
+      << name << " must be " << rank << "-D, got " << t.ndim() << "-D";
+  CheckDType(t, name, kDTypeCode, kDTypeBits);
+  FLASHINFER_CHECK(t.size(rank - 1) == kHeadDim, ValueError)
+      << name << " has head_dim " << t.size(rank - 1) << ", this module is for " << kHeadDim;
+  FLASHINFER_CHECK(heads < 0 || t.size(rank - 2) == heads, ValueError)
+      << name << " has " << t.size(rank - 2) << " heads, expected " << heads;
+  FLASHINFER_CHECK(rank == 2 || rows < 0 || t.size(0) == rows, ValueError)
+      << name << " has " << t.size(0) << " rows, expected " << rows;
+  FLASHINFER_CHECK(t.stride(rank - 1) == 1, ValueError) << name << "'s last dim must be contiguous";
+  for (int i = 0; i < rank - 1; ++i) {
+    FLASHINFER_CHECK(t.size(i) <= 1 || t.stride(i) % kVec == 0, ValueError)
+        << name << "'s strides must be multiples of 8 elements (16 bytes)";
+  }
+  FLASHINFER_CHECK(Aligned(t), ValueError) << name << " must be 16-byte aligned";
+}
+
+struct Strides {
+  int64_t page, slot, head;
+};
+
+// A cache tensor: paged [pages, page_size, Hk, D] / [pages, Hk, page_size, D] (rank 4) or
+// contiguous [len, Hk, D] / [Hk, len, D] (rank 3, one page).
+Strides CacheOf(const TensorView& t, const char* name, int rank, bool hnd, int64_t kv_heads,
+                int64_t* page_size) {
+  FLASHINFER_CHECK(t.ndim() == rank, ValueError)
+      << name << " must be " << rank << "-D, got " << t.ndim() << "-D";
+  CheckDType(t, name, kDTypeCode, kDTypeBits);
+  FLASHINFER_CHECK(t.size(rank - 1) == kHeadDim && t.stride(rank - 1) == 1, ValueError)
+      << name << " must end in a contiguous head_dim of " << kHeadDim;
+  const int base = rank - 3;  // 1 for paged caches
+  const int slot_dim = base + (hnd ? 1 : 0), head_dim_index = base + (hnd ? 0 : 1);
+  FLASHINFER_CHECK(t.size(head_dim_index) == kv_heads, ValueError)
+      << name << " has " << t.size(head_dim_index) << " kv heads, expected " << kv_heads;
+  for (int i = 0; i < rank - 1; ++i) {
+    FLASHINFER_CHECK(t.size(i) <= 1 || t.stride(i) % kVec == 0, ValueError)
+        << name << "'s strides must be multiples of 8 elements (16 bytes)";
+  }
+  FLASHINFER_CHECK(Aligned(t), ValueError) << name << " must be 16-byte aligned";
+  *page_size = t.size(slot_dim);
+  return {rank == 4 ? t.stride(0) : 0, t.stride(slot_dim), t.stride(head_dim_index)};
+}
+
+void CheckFloatBuffer(const TensorView& t, const char* name, int64_t elements) {
+  CheckDType(t, name, kDLFloat, 32);
+  FLASHINFER_CHECK(t.ndim() >= 1, ValueError) << name << " must not be a scalar";
+  int64_t numel = 1;
+  for (int i = 0; i < t.ndim(); ++i) numel *= t.size(i);
+  FLASHINFER_CHECK(numel >= elements, ValueError)
+      << name << " has " << numel << " elements, needs " << elements;
+  FLASHINFER_CHECK(t.ndim() == 1 ? t.stride(0) == 1 || numel <= 1 : true, ValueError)
+      << name << " must be contiguous";
+}
+
+float* LseOf(const Optional<TensorView>& lse, int64_t rows, int64_t heads, const TensorView& q) {
+  if (!lse.has_value()) return nullptr;
+  const TensorView& t = lse.value();
+  CheckDType(t, "lse", kDLFloat, 32);
+  const bool shape_ok = rows < 0 ? (t.ndim() == 1 && t.size(0) == heads)
+                                 : (t.ndim() == 2 && t.size(0) == rows && t.size(1) == heads);
+  FLASHINFER_CHECK(shape_ok, ValueError) << "lse has the wrong shape";
+  FLASHINFER_CHECK(t.stride(t.ndim() - 1) == 1 || heads <= 1, ValueError)
+      << "lse must be contiguous";
+  FLASHINFER_CHECK(t.ndim() == 1 || t.size(0) <= 1 || t.stride(0) == heads, ValueError)
+      << "lse must be contiguous";
+  CheckSameDevice(q, t, "q", "lse");
+  return static_cast<float*>(DataPtr(t));
+}
+
+int64_t GroupOf(int64_t qo_heads, int64_t kv_heads) {
+  FLASHINFER_CHECK(kv_heads >= 1 && qo_heads % kv_heads == 0, ValueError)
+      << "num_qo_heads (" << qo_heads << ") must be a multiple of num_kv_heads (" << kv_heads
+      << ")";
+  const int64_t group = qo_heads / kv_heads;
+  FLASHINFER_CHECK(group * (kHeadDim / kVec) <= 1024 && kv_heads <= 65535, ValueError)
+      << "group size " << group << " is too large for head_dim " << kHeadDim;
+  return group;
+}
+
+void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorView kv_indices,
+                 TensorView plan, TensorView tmp_v, TensorView tmp_lse, TensorView out,
+                 Optional<TensorView> lse, bool hnd, int64_t work_capacity,
+                 int64_t merge_capacity, int64_t tmp_capacity, int64_t grid_work,
+                 int64_t grid_merge,
+                 double score_scale, double score_cap) {
+  CheckHeads(q, "q", 3, -1, -1);
+  const int64_t batch = q.size(0), qo_heads = q.size(1);
+  CheckHeads(out, "out", 3, batch, qo_heads);
+  int64_t page_size = 0, v_page_size = 0;
+  const int64_t kv_heads = hnd ? k_cache.size(1) : k_cache.size(2);
+  GroupOf(qo_heads, kv_heads);
+  const Strides ks = CacheOf(k_cache, "k_cache", 4, hnd, kv_heads, &page_size);
+  const Strides vs = CacheOf(v_cache, "v_cache", 4, hnd, kv_heads, &v_page_size);
+  FLASHINFER_CHECK(page_size == v_page_size && k_cache.size(0) == v_cache.size(0), ValueError)
+      << "k_cache and v_cache differ in pages or page_size";
+  FLASHINFER_CHECK(page_size >= 1, ValueError) << "page_size must be >= 1";
+  CheckDType(kv_indices, "kv_indices", kDLInt, 32);
+  FLASHINFER_CHECK(kv_indices.ndim() == 1 && (kv_indices.size(0) <= 1 || kv_indices.stride(0) == 1),
+                   ValueError) << "kv_indices must be 1-D and contiguous";
+  CheckDType(plan, "plan", kDLInt, 32);
+  FLASHINFER_CHECK(work_capacity >= grid_work && merge_capacity >= grid_merge && grid_work >= 0 &&
+                       grid_merge >= 0 && plan.ndim() == 1 && plan.stride(0) == 1 &&
+                       plan.size(0) >= 3 + 4 * work_capacity + 2 * merge_capacity + batch + 1,
+                   ValueError) << "the plan buffer does not match the schedule";
+  // the plan's tmp rows are < tmp_capacity
+  CheckFloatBuffer(tmp_v, "tmp_v", tmp_capacity * qo_heads * kHeadDim);
+  CheckFloatBuffer(tmp_lse, "tmp_lse", tmp_capacity * qo_heads);
+  float* lse_ptr = LseOf(lse, batch, qo_heads, q);
+  CheckCuda(q, "q");
+  for (const auto& [t, name] : {std::pair{&k_cache, "k_cache"}, {&v_cache, "v_cache"},
+                                {&kv_indices, "kv_indices"}, {&plan, "plan"}, {&tmp_v, "tmp_v"},
+                                {&tmp_lse, "tmp_lse"}, {&out, "out"}}) {
+    CheckSameDevice(q, *t, "q", name);
+  }
+  const int32_t* plan_ptr = static_cast<const int32_t*>(DataPtr(plan));
+  const DecodeKV kv{DataPtr(k_cache), DataPtr(v_cache), ks.page, ks.slot, ks.head, vs.page,
+                    vs.slot, vs.head, static_cast<const int32_t*>(DataPtr(kv_indices)),
+                    plan_ptr + 3 + 4 * work_capacity + 2 * merge_capacity, page_size,
+                    k_cache.size(0)};
+  DecodeLaunch launch{};
+  launch.q = DataPtr(q);
+  launch.q_batch_stride = q.stride(0);
+  launch.q_head_stride = q.stride(1);
+  launch.out = DataPtr(out);
+  launch.out_batch_stride = out.stride(0);
+  launch.out_head_stride = out.stride(1);
+  launch.lse = lse_ptr;
+  launch.tmp_v = static_cast<float*>(DataPtr(tmp_v));
+  launch.tmp_lse = static_cast<float*>(DataPtr(tmp_lse));
+  launch.num_qo_heads = qo_heads;
+  launch.num_kv_heads = kv_heads;
+  launch.score_scale = static_cast<float>(score_scale);
+  launch.score_cap = static_cast<float>(score_cap);
+  launch.plan = plan_ptr;
+  launch.work_capacity = work_capacity;
+  launch.merge_capacity = merge_capacity;
+  launch.grid_work = grid_work;
+  launch.grid_merge = grid_merge;
+  CudaDeviceGuard guard(q.device().device_id);
+  CheckCudaError(decode_launch(kv, launch, CurrentStream(q.device())), "batch decode launch");
+}
+
+void SingleDecode(TensorView q, TensorView k, TensorView v, TensorView tmp_v, TensorView tmp_lse,
+                  TensorView out, Optional<TensorView> lse, bool hnd, int64_t begin, int64_t end,
+                  int64_t chunk, int64_t num_chunks, double score_scale, double score_cap) {
+  CheckHeads(q, "q", 2, -1, -1);
+  const int64_t qo_heads = q.size(0);
+  CheckHeads(out, "out", 2, -1, qo_heads);
+  const int64_t kv_heads = hnd ? k.size(0) : k.size(1);
+  GroupOf(qo_heads, kv_heads);
+  int64_t kv_len = 0, v_len = 0;
+  const Strides ks = CacheOf(k, "k", 3, hnd, kv_heads, &kv_len);
+  const Strides vs = CacheOf(v, "v", 3, hnd, kv_heads, &v_len);
+  FLASHINFER_CHECK(kv_len == v_len, ValueError) << "k has " << kv_len << " tokens, v " << v_len;
+  FLASHINFER_CHECK(0 <= begin && begin <= end && end == kv_len && chunk >= 1 && num_chunks >= 1 &&
+                       begin + (num_chunks - 1) * chunk < std::max<int64_t>(end, 1) &&
+                       begin + num_chunks * chunk >= end,
+                   ValueError) << "the chunks do not cover [begin, kv_len)";
+  CheckFloatBuffer(tmp_v, "tmp_v", num_chunks > 1 ? num_chunks * qo_heads * kHeadDim : 0);
+  CheckFloatBuffer(tmp_lse, "tmp_lse", num_chunks > 1 ? num_chunks * qo_heads : 0);
+  float* lse_ptr = LseOf(lse, -1, qo_heads, q);
+  CheckCuda(q, "q");
+  for (const auto& [t, name] : {std::pair{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"},
+                                {&tmp_lse, "tmp_lse"}, {&out, "out"}}) {
+    CheckSameDevice(q, *t, "q", name);
+  }
+  const DecodeKV kv{DataPtr(k), DataPtr(v), 0, ks.slot, ks.head, 0, vs.slot, vs.head,
+                    nullptr, nullptr, std::max<int64_t>(kv_len, 1), 1};
+  DecodeLaunch launch{};
+  launch.q = DataPtr(q);
+  launch.q_batch_stride = 0;
+  launch.q_head_stride = q.stride(0);
+  launch.out = DataPtr(out);
+  launch.out_batch_stride = 0;
+  launch.out_head_stride = out.stride(0);
+  launch.lse = lse_ptr;
+  launch.tmp_v = static_cast<float*>(DataPtr(tmp_v));
+  launch.tmp_lse = static_cast<float*>(DataPtr(tmp_lse));
+  launch.num_qo_heads = qo_heads;
+  launch.num_kv_heads = kv_heads;
+  launch.score_scale = static_cast<float>(score_scale);
+  launch.score_cap = static_cast<float>(score_cap);
+  launch.grid_work = num_chunks;
+  launch.begin = begin;
+  launch.end = end;
+  launch.chunk = chunk;
+  CudaDeviceGuard guard(q.device().device_id);
+  CheckCudaError(decode_launch(kv, launch, CurrentStream(q.device())), "single decode launch");
+}
+
+int64_t BlocksPerSM(int64_t group) {
+  FLASHINFER_CHECK(group >= 1 && group * (kHeadDim / kVec) <= 1024, ValueError)
+      << "group size " << group << " is out of range";
+  int blocks = 0;
+  CheckCudaError(decode_blocks_per_sm(static_cast<int>(group), &blocks), "occupancy query");
+  return blocks;
+}
+
+tvm::ffi::String DTypeOfModule() { return kDTypeName; }
+int64_t HeadDimOfModule() { return kHeadDim; }
+
+}  // namespace
+
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_decode, BatchDecode);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(single_decode, SingleDecode);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(blocks_per_sm, BlocksPerSM);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(head_dim, HeadDimOfModule);

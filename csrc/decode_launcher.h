@@ -1,0 +1,41 @@
+// Plain C++ launchers exported by decode_kernel.cu and called by the binding (decode.cc).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+// The KV cache: token t of request b lives in page indices[indptr[b] + t / page_size],
+// slot t % page_size; a contiguous cache has indices == nullptr and one page. Strides in
+// elements, all multiples of 8.
+struct DecodeKV {
+  const void* k;
+  const void* v;
+  int64_t k_page_stride, k_slot_stride, k_head_stride;
+  int64_t v_page_stride, v_slot_stride, v_head_stride;
+  const int32_t* indices;
+  const int32_t* indptr;
+  int64_t page_size, num_pages;
+};
+
+// Everything else one decode call needs. Batch mode: `plan` is the device schedule (see
+// flashinfer/decode_schedule.py for its layout) and grid_work its launch width. Uniform
+// mode (plan == nullptr): `chunks` chunks of `chunk` tokens over [begin, end).
+struct DecodeLaunch {
+  const void* q;
+  int64_t q_batch_stride, q_head_stride;
+  void* out;
+  int64_t out_batch_stride, out_head_stride;
+  float* lse;
+  float* tmp_v;
+  float* tmp_lse;
+  int64_t num_qo_heads, num_kv_heads;
+  float score_scale, score_cap;
+  const int32_t* plan;
+  int64_t work_capacity, merge_capacity, grid_work, grid_merge;
+  int64_t begin, end, chunk;
+};
+
+// q, caches and out are the module's DType; head_dim is the module's kHeadDim.
+cudaError_t decode_launch(const DecodeKV& kv, const DecodeLaunch& launch, cudaStream_t stream);
+cudaError_t decode_blocks_per_sm(int group, int* blocks);

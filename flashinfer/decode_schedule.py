@@ -1,0 +1,125 @@
+"""The split-KV scheduler of decode attention: a pure host function, and the int32 layout
+the decode kernel reads its schedule from.
+
+A CTA of the decode kernel handles one (work item, KV head); a work item is a request's
+KV range. Without splitting there are ``batch * num_kv_heads`` CTAs; when that is fewer
+than the GPU holds at once (``max_ctas``), long requests are cut into chunks of
+``chunk_size`` tokens, the smallest size (at least ``min_chunk``) that keeps the CTA count
+within ``max_ctas``, so one long request spreads over the whole GPU. Chunks write partial
+states to temporary rows that a merge kernel combines; a request with one chunk writes its
+output directly. The schedule is deterministic: the same lengths give the same schedule.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+DEFAULT_MIN_CHUNK = 256  # tokens: shorter chunks cost more in merging than they gain
+
+
+@dataclass(frozen=True)
+class DecodeSchedule:
+    chunk_size: int | None  # None: no request is split
+    work_request: tuple[int, ...]
+    work_start: tuple[int, ...]
+    work_end: tuple[int, ...]
+    work_tmp_row: tuple[int, ...]  # -1: the item writes the request's output directly
+    merge_request: tuple[int, ...]  # split requests, in order
+    merge_indptr: tuple[int, ...]  # their tmp rows: merge_indptr[i] .. merge_indptr[i + 1]
+
+    @property
+    def num_work(self) -> int:
+        return len(self.work_request)
+
+    @property
+    def num_merge(self) -> int:
+        return len(self.merge_request)
+
+    @property
+    def num_tmp_rows(self) -> int:
+        return self.merge_indptr[-1]
+
+
+def kv_lengths(indptr: Sequence[int], last_page_len: Sequence[int], page_size: int) -> list[int]:
+    """Each request's KV length: full pages plus the filled part of its last page."""
+    lengths = []
+    for b in range(len(indptr) - 1):
+        pages = indptr[b + 1] - indptr[b]
+        lengths.append((pages - 1) * page_size + last_page_len[b] if pages > 0 else 0)
+    return lengths
+
+
+def plan_decode_schedule(kv_lens: Sequence[int], num_kv_heads: int, max_ctas: int,
+                         window_left: int = -1,
+                         min_chunk: int = DEFAULT_MIN_CHUNK) -> DecodeSchedule:
+    """Work items over each request's attended range: the last ``window_left + 1`` tokens
+    with a sliding window (``window_left >= 0``), else all of them."""
+    if num_kv_heads < 1 or max_ctas < 1 or min_chunk < 1:
+        raise ValueError("num_kv_heads, max_ctas and min_chunk must be >= 1")
+    ends = list(kv_lens)
+    if any(length < 0 for length in ends):
+        raise ValueError("kv lengths must be >= 0")
+    begins = [max(0, end - (window_left + 1)) if window_left >= 0 else 0 for end in ends]
+    spans = [end - begin for begin, end in zip(begins, ends)]
+    longest = max(spans, default=0)
+
+    def chunks_of(span: int, chunk: int) -> int:
+        return max(1, math.ceil(span / chunk))
+
+    chunk: int | None = None
+    if len(spans) * num_kv_heads < max_ctas and longest > min_chunk:
+        lo, hi = min_chunk, longest  # hi always fits: one chunk per request
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if sum(chunks_of(s, mid) for s in spans) * num_kv_heads <= max_ctas:
+                hi = mid
+            else:
+                lo = mid + 1
+        chunk = lo if lo < longest else None
+
+    work: list[tuple[int, int, int, int]] = []
+    merge_request: list[int] = []
+    merge_indptr = [0]
+    for request, (begin, end, span) in enumerate(zip(begins, ends, spans)):
+        count = chunks_of(span, chunk) if chunk else 1
+        if count == 1:
+            work.append((request, begin, end, -1))
+            continue
+        for c in range(count):
+            start = begin + c * chunk
+            work.append((request, start, min(start + chunk, end), merge_indptr[-1] + c))
+        merge_request.append(request)
+        merge_indptr.append(merge_indptr[-1] + count)
+    columns = tuple(zip(*work)) if work else ((), (), (), ())
+    return DecodeSchedule(chunk, *columns, tuple(merge_request), tuple(merge_indptr))
+
+
+# -- the device layout -------------------------------------------------------------------------
+# int32: [num_work, request[W], start[W], end[W], tmp_row[W], num_merge, merge_request[M],
+#         merge_indptr[M + 1], kv_indptr[batch + 1]]   (W, M: the capacities)
+
+
+def plan_length(work_capacity: int, merge_capacity: int, batch: int) -> int:
+    return 3 + 4 * work_capacity + 2 * merge_capacity + batch + 1
+
+
+def pack_schedule(schedule: DecodeSchedule, work_capacity: int, merge_capacity: int,
+                  kv_indptr: Sequence[int]) -> list[int]:
+    """The int32 words the kernel reads (unused capacity is zero)."""
+    if schedule.num_work > work_capacity or schedule.num_merge > merge_capacity:
+        raise ValueError(f"the schedule ({schedule.num_work} work items, {schedule.num_merge} "
+                         f"merges) exceeds the capacity ({work_capacity}, {merge_capacity})")
+    pad_w = [0] * (work_capacity - schedule.num_work)
+    pad_m = [0] * (merge_capacity - schedule.num_merge)
+    words = [schedule.num_work]
+    for column in (schedule.work_request, schedule.work_start, schedule.work_end,
+                   schedule.work_tmp_row):
+        words += list(column) + pad_w
+    words += [schedule.num_merge, *schedule.merge_request, *pad_m]
+    words += [*schedule.merge_indptr, *pad_m]
+    words += list(kv_indptr)
+    if any(not -(1 << 31) <= w < 1 << 31 for w in words):
+        raise ValueError("the schedule does not fit in int32 (KV lengths >= 2^31?)")
+    return words

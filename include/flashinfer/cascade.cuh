@@ -1,0 +1,173 @@
+// Merging attention states. An attention state over a set of keys is (v, s): v the
+// softmax-weighted sum of the values, s = log(sum(exp(score))) the log-sum-exp of the
+// scores, in the *natural* log. Two states over disjoint key sets merge exactly:
+//   s = log(exp(s_a) + exp(s_b)),  v = (exp(s_a - s) * v_a + exp(s_b - s) * v_b)
+// Split-KV decode computes one state per KV chunk and merges them with MergeStatesKernel,
+// the kernel behind flashinfer.merge_states. Framework-agnostic: raw pointers.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flashinfer/vec.cuh"
+
+namespace flashinfer {
+namespace cascade {
+
+// Running merge of states, in a numerically safe form: every weight is exp(s_i - max_s).
+// A state with s = -inf (over no keys) contributes nothing; merging nothing gives v = 0,
+// s = -inf.
+struct StateAccumulator {
+  float max_s = -INFINITY;
+  float weight = 0.f;  // sum of exp(s_i - max_s)
+
+  // Rescales `acc` (the running weighted sum of v) and returns the new state's weight.
+  __device__ __forceinline__ float add(float s, float* acc, int n) {
+    if (s == -INFINITY) return 0.f;
+    if (s > max_s) {
+      const float rescale = __expf(max_s - s);  // 0 when max_s was -inf
+      for (int i = 0; i < n; ++i) acc[i] *= rescale;
+      weight *= rescale;
+      max_s = s;
+    }
+    const float w = __expf(s - max_s);
+    weight += w;
+    return w;
+  }
+  __device__ __forceinline__ float scale() const { return weight > 0.f ? 1.f / weight : 0.f; }
+  __device__ __forceinline__ float lse() const {
+    return weight > 0.f ? max_s + __logf(weight) : -INFINITY;
+  }
+};
+
+// Where states live. State i of a head: v at v + i * v_state_stride + head * v_head_stride
+// (head_dim contiguous elements), s at s + i * s_state_stride + head * s_head_stride.
+template <typename T>
+struct StateArray {
+  const T* v;
+  const float* s;
+  int64_t v_state_stride, v_head_stride, s_state_stride, s_head_stride;
+};
+
+template <typename T>
+struct OutputArray {
+  T* v;
+  float* s;  // may be null
+  int64_t v_row_stride, v_head_stride, s_row_stride, s_head_stride;
+};
+
+// Which states each output position merges: positions p < count (count read from the
+// device when count_on_device is set, for launches captured in CUDA graphs); position p
+// merges states indptr[p] .. indptr[p+1] (or p * per_position .. + per_position when indptr
+// is null) into output row out_rows[p] (or p).
+struct MergeSchedule {
+  const int32_t* count_on_device;
+  const int32_t* indptr;
+  const int32_t* out_rows;
+  int64_t per_position;
+};
+
+// grid (positions, heads), block kMergeThreads: each thread owns head_dim / kMergeThreads
+// (at most kMaxDimsPerThread) dims and walks the states in order (deterministic).
+constexpr int kMergeThreads = 64;
+constexpr int kMaxDimsPerThread = 8;  // head_dim <= 512
+
+template <typename TIn, typename TOut>
+__global__ void __launch_bounds__(kMergeThreads)
+    MergeStatesKernel(OutputArray<TOut> out, StateArray<TIn> in, MergeSchedule schedule,
+                      int64_t head_dim) {
+  const int64_t p = blockIdx.x, head = blockIdx.y;
+  if (schedule.count_on_device && p >= *schedule.count_on_device) return;
+  const int64_t first = schedule.indptr ? schedule.indptr[p] : p * schedule.per_position;
+  const int64_t last = schedule.indptr ? schedule.indptr[p + 1] : first + schedule.per_position;
+  const int64_t row = schedule.out_rows ? schedule.out_rows[p] : p;
+  float acc[kMaxDimsPerThread] = {};
+  StateAccumulator state;
+  for (int64_t i = first; i < last; ++i) {
+    const float s = in.s[i * in.s_state_stride + head * in.s_head_stride];
+    const TIn* v = in.v + i * in.v_state_stride + head * in.v_head_stride;
+    const float w = state.add(s, acc, kMaxDimsPerThread);
+    if (w == 0.f) continue;
+#pragma unroll
+    for (int j = 0; j < kMaxDimsPerThread; ++j) {
+      const int64_t d = threadIdx.x + j * kMergeThreads;
+      if (d < head_dim) acc[j] += w * to_float(v[d]);
+    }
+  }
+  const float scale = state.scale();
+  TOut* dst = out.v + row * out.v_row_stride + head * out.v_head_stride;
+#pragma unroll
+  for (int j = 0; j < kMaxDimsPerThread; ++j) {
+    const int64_t d = threadIdx.x + j * kMergeThreads;
+    if (d < head_dim) dst[d] = from_float<TOut>(acc[j] * scale);
+  }
+  if (out.s && threadIdx.x == 0) out.s[row * out.s_row_stride + head * out.s_head_stride] = state.lse();
+}
+
+// merge_state / merge_state_in_place: out = merge(a, b) where mask[p] (everywhere when
+// mask is null), else out = a. In place, `out` is `a` (in_place set: masked-off positions
+// are left alone). grid (positions, heads).
+template <typename T>
+__global__ void __launch_bounds__(kMergeThreads)
+    MergeTwoStatesKernel(OutputArray<T> out, StateArray<T> a, StateArray<T> b,
+                         const uint8_t* mask, bool in_place, int64_t head_dim) {
+  const int64_t p = blockIdx.x, head = blockIdx.y;
+  const bool merge = !mask || mask[p];
+  if (!merge && in_place) return;
+  const T* va = a.v + p * a.v_state_stride + head * a.v_head_stride;
+  const T* vb = b.v + p * b.v_state_stride + head * b.v_head_stride;
+  const float sa = a.s[p * a.s_state_stride + head * a.s_head_stride];
+  const float sb = merge ? b.s[p * b.s_state_stride + head * b.s_head_stride] : -INFINITY;
+  float acc[kMaxDimsPerThread] = {};
+  StateAccumulator state;
+  const float wa = state.add(sa, acc, kMaxDimsPerThread);
+#pragma unroll
+  for (int j = 0; j < kMaxDimsPerThread; ++j) {
+    const int64_t d = threadIdx.x + j * kMergeThreads;
+    if (d < head_dim && wa != 0.f) acc[j] += wa * to_float(va[d]);
+  }
+  const float wb = state.add(sb, acc, kMaxDimsPerThread);
+#pragma unroll
+  for (int j = 0; j < kMaxDimsPerThread; ++j) {
+    const int64_t d = threadIdx.x + j * kMergeThreads;
+    if (d < head_dim && wb != 0.f) acc[j] += wb * to_float(vb[d]);
+  }
+  const float scale = state.scale();
+  __syncthreads();  // in place: every thread has read s_a before thread 0 overwrites it
+  T* dst = out.v + p * out.v_row_stride + head * out.v_head_stride;
+#pragma unroll
+  for (int j = 0; j < kMaxDimsPerThread; ++j) {
+    const int64_t d = threadIdx.x + j * kMergeThreads;
+    if (d < head_dim) dst[d] = from_float<T>(acc[j] * scale);
+  }
+  if (threadIdx.x == 0) out.s[p * out.s_row_stride + head * out.s_head_stride] = state.lse();
+}
+
+inline cudaError_t launch_status(cudaError_t err) {
+  return err == cudaSuccess ? cudaGetLastError() : err;
+}
+
+template <typename TIn, typename TOut>
+cudaError_t MergeStates(OutputArray<TOut> out, StateArray<TIn> in, MergeSchedule schedule,
+                        int64_t positions, int64_t heads, int64_t head_dim, cudaStream_t stream) {
+  if (positions == 0 || heads == 0) return cudaSuccess;
+  MergeStatesKernel<TIn, TOut><<<dim3(static_cast<unsigned>(positions),
+                                      static_cast<unsigned>(heads)),
+                                 kMergeThreads, 0, stream>>>(out, in, schedule, head_dim);
+  return launch_status(cudaSuccess);
+}
+
+template <typename T>
+cudaError_t MergeTwoStates(OutputArray<T> out, StateArray<T> a, StateArray<T> b,
+                           const uint8_t* mask, bool in_place, int64_t positions, int64_t heads,
+                           int64_t head_dim, cudaStream_t stream) {
+  if (positions == 0 || heads == 0) return cudaSuccess;
+  MergeTwoStatesKernel<T><<<dim3(static_cast<unsigned>(positions),
+                                 static_cast<unsigned>(heads)),
+                            kMergeThreads, 0, stream>>>(out, a, b, mask, in_place, head_dim);
+  return launch_status(cudaSuccess);
+}
+
+}  // namespace cascade
+}  // namespace flashinfer

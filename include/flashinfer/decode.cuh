@@ -1,0 +1,323 @@
+// Decode attention: one query token per request against its KV cache (contiguous or
+// paged), with split-KV so that a few long requests still fill the GPU.
+// Framework-agnostic: raw pointers, strides and a cudaStream_t.
+//
+// Work decomposition. A work item is (request, KV range [start, end), destination); the
+// grid is (work items, kv heads). The host scheduler (flashinfer/decode_schedule.py) cuts
+// long requests into chunks; a chunk writes a partial state (float32 v, natural-log LSE)
+// to a temporary row, and cascade::MergeStatesKernel merges a request's chunks. A request
+// with one chunk writes its output directly.
+//
+// Tiling inside a CTA. Threads are (tx, ty, tz): tx owns 8 consecutive dims of head_dim
+// (one 16-byte vector; kBdx = head_dim / 8 lanes span a row), ty is the query head within
+// the GQA group (all of a KV head's query heads share each K/V load), tz splits the tile's
+// tokens. KV arrives in tiles of kTileTokens tokens (4096 / head_dim: 8 KiB of K and 8 KiB of
+// V per tile at 16 bits) through a two-stage cp.async pipeline in shared memory: while the
+// CTA computes on tile t, tile t+1 is in flight. Each 16-byte cp.async fetches one token's
+// 8-dim slice; the page table is consulted per token, so pages of any size and order work.
+// For each token a (ty, tz) group computes q.k by a shuffle reduction across its kBdx lanes
+// and folds the token into an online softmax (running max, sum and weighted V, in log2
+// units). At the end the tz groups' states merge through shared memory, in order.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flashinfer/cascade.cuh"
+#include "flashinfer/vec.cuh"
+
+namespace flashinfer {
+namespace decode {
+
+constexpr int kVec = 8;  // elements per 16-byte vector (16-bit types)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// K or V of a paged cache: token t of request b is slot t % page_size of page
+// indices[indptr[b] + t / page_size]. A contiguous cache is one page (indices null) of
+// page_size = kv_len. Strides in elements; every one a multiple of kVec (checked on the host).
+template <typename T>
+struct KVCache {
+  const T* data;
+  int64_t page_stride, slot_stride, head_stride;
+};
+
+struct PageTable {
+  const int32_t* indices;  // null: contiguous
+  const int32_t* indptr;
+  int64_t page_size;
+  int64_t num_pages;  // a page id outside [0, num_pages) reads as zeros, never out of bounds
+};
+
+// The schedule. Batch mode: plan points at [num_work, request[cap], start[cap], end[cap],
+// tmp_row[cap]] on the device (tmp_row -1: write the output directly). Uniform mode (plan
+// null, single decode): request 0, chunk c = [begin + c * chunk, min(.., end)).
+struct WorkList {
+  const int32_t* plan;
+  int64_t capacity;
+  int64_t begin, end, chunk;
+  bool split;  // uniform mode: chunks go to tmp rows
+};
+
+struct WorkItem {
+  int64_t request, start, end, tmp_row;
+};
+
+__device__ __forceinline__ bool work_item(const WorkList& w, int64_t i, WorkItem* item) {
+  if (w.plan) {
+    if (i >= w.plan[0]) return false;
+    const int32_t* a = w.plan + 1;
+    *item = {a[i], a[w.capacity + i], a[2 * w.capacity + i], a[3 * w.capacity + i]};
+    return true;
+  }
+  const int64_t start = w.begin + i * w.chunk;
+  *item = {0, start, min(start + w.chunk, w.end), w.split ? i : -1};
+  return true;
+}
+
+struct Scores {
+  float scale;    // applied to q.k: sm_scale * log2e, or sm_scale / cap with a soft cap
+  float cap;      // > 0: score = cap * log2e * tanh(scaled q.k), else 0
+};
+
+template <typename T>
+struct DecodeParams {
+  const T* q;
+  int64_t q_batch_stride, q_head_stride;
+  KVCache<T> k, v;
+  PageTable pages;
+  T* out;
+  int64_t out_batch_stride, out_head_stride;
+  float* lse;  // [batch, qo_heads] natural log, may be null
+  float* tmp_v;  // [tmp rows, qo_heads, head_dim]
+  float* tmp_lse;  // [tmp rows, qo_heads]
+  int64_t num_qo_heads;
+  Scores scores;
+};
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool fill) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int src_bytes = fill ? 16 : 0;  // 0: write zeros, read nothing
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+template <int kHeadDim>
+struct Tiling {
+  static constexpr int kBdx = kHeadDim / kVec;
+  static constexpr int kTileTokens = 4096 / kHeadDim;
+  // bytes of one stage of K plus V tiles, at 16-bit elements
+  static constexpr int kStageBytes = 2 * kTileTokens * kHeadDim * 2;
+};
+
+// Token `token` of the request's KV, 8-dim slice `part`, of the CTA's KV head; null when
+// the page id is out of range.
+template <typename T>
+__device__ __forceinline__ const T* kv_slice(const KVCache<T>& c, const PageTable& pt,
+                                             int64_t page_base, int64_t token, int64_t head,
+                                             int part) {
+  int64_t page = 0, slot = token;
+  if (pt.indices) {
+    page = pt.indices[page_base + token / pt.page_size];
+    slot = token % pt.page_size;
+    if (page < 0 || page >= pt.num_pages) return nullptr;
+  }
+  return c.data + page * c.page_stride + slot * c.slot_stride + head * c.head_stride +
+         part * kVec;
+}
+
+// blockDim = (kBdx, group, bdz); grid = (work items, kv heads). Dynamic shared memory:
+// max(2 stages, the final merge's bdz * group * (head_dim + 2) floats).
+template <typename T, int kHeadDim>
+__global__ void DecodeKernel(DecodeParams<T> p, WorkList work) {
+  using Tile = Tiling<kHeadDim>;
+  constexpr int kBdx = Tile::kBdx, kTile = Tile::kTileTokens;
+  extern __shared__ __align__(16) unsigned char smem[];
+  WorkItem item;
+  if (!work_item(work, blockIdx.x, &item)) return;
+  const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
+  const int group = blockDim.y, bdz = blockDim.z;
+  const int tid = tx + kBdx * (ty + group * tz);
+  const int threads = kBdx * group * bdz;
+  const int64_t kv_head = blockIdx.y;
+  const int64_t qo_head = kv_head * group + ty;
+  const int64_t page_base = p.pages.indices ? p.pages.indptr[item.request] : 0;
+
+  float q[kVec];
+  {
+    const Vec<T, kVec> qv = *reinterpret_cast<const Vec<T, kVec>*>(
+        p.q + item.request * p.q_batch_stride + qo_head * p.q_head_stride + tx * kVec);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) q[j] = to_float(qv.data[j]) * p.scores.scale;
+  }
+
+  // stage s: K tile at smem + s * kStageBytes, V tile right after it
+  auto k_tile = [&](int stage) { return reinterpret_cast<T*>(smem + stage * Tile::kStageBytes); };
+  auto v_tile = [&](int stage) { return k_tile(stage) + kTile * kHeadDim; };
+
+  auto load_tile = [&](int64_t tile_start, int stage) {
+    for (int c = tid; c < kTile * kBdx; c += threads) {
+      const int token = c / kBdx, part = c % kBdx;
+      const int64_t t = tile_start + token;
+      const bool in_range = t < item.end;
+      const T* ks = in_range ? kv_slice(p.k, p.pages, page_base, t, kv_head, part) : nullptr;
+      const T* vs = in_range ? kv_slice(p.v, p.pages, page_base, t, kv_head, part) : nullptr;
+      cp_async_16(k_tile(stage) + token * kHeadDim + part * kVec, ks ? ks : p.k.data, ks);
+      cp_async_16(v_tile(stage) + token * kHeadDim + part * kVec, vs ? vs : p.v.data, vs);
+    }
+    cp_async_commit();
+  };
+
+  float m = -INFINITY, d = 0.f, o[kVec] = {};
+  const int64_t tiles = (item.end - item.start + kTile - 1) / kTile;
+  const int per_lane = kTile / bdz;
+  if (tiles > 0) load_tile(item.start, 0);
+  for (int64_t i = 0; i < tiles; ++i) {
+    const int stage = static_cast<int>(i & 1);
+    if (i + 1 < tiles) {
+      load_tile(item.start + (i + 1) * kTile, stage ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int64_t tile_start = item.start + i * kTile;
+    for (int u = 0; u < per_lane; ++u) {
+      const int token = tz * per_lane + u;
+      const Vec<T, kVec> kv = *reinterpret_cast<const Vec<T, kVec>*>(
+          k_tile(stage) + token * kHeadDim + tx * kVec);
+      float s = 0.f;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) s += q[j] * to_float(kv.data[j]);
+#pragma unroll
+      for (int offset = kBdx / 2; offset > 0; offset >>= 1) {
+        s += __shfl_xor_sync(0xffffffffu, s, offset);
+      }
+      if (tile_start + token >= item.end) continue;
+      if (p.scores.cap > 0.f) s = p.scores.cap * tanhf(s);
+      const float m_new = fmaxf(m, s);
+      const float rescale = exp2f(m - m_new);
+      const float w = exp2f(s - m_new);
+      const Vec<T, kVec> vv = *reinterpret_cast<const Vec<T, kVec>*>(
+          v_tile(stage) + token * kHeadDim + tx * kVec);
+      d = d * rescale + w;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) o[j] = o[j] * rescale + w * to_float(vv.data[j]);
+      m = m_new;
+    }
+    __syncthreads();  // the stage is refilled by the next iteration's prefetch
+  }
+
+  // Merge the bdz partial states of each query head, in tz order.
+  float* merge_o = reinterpret_cast<float*>(smem);  // [bdz][group][head_dim]
+  float* merge_md = merge_o + bdz * group * kHeadDim;  // [bdz][group][2]
+  const int slot = tz * group + ty;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) merge_o[slot * kHeadDim + tx * kVec + j] = o[j];
+  if (tx == 0) {
+    merge_md[2 * slot] = m;
+    merge_md[2 * slot + 1] = d;
+  }
+  __syncthreads();
+  if (tz != 0) return;
+  float total_m = -INFINITY;
+  for (int z = 0; z < bdz; ++z) total_m = fmaxf(total_m, merge_md[2 * (z * group + ty)]);
+  float total_d = 0.f, acc[kVec] = {};
+  if (total_m != -INFINITY) {
+    for (int z = 0; z < bdz; ++z) {
+      const int zs = z * group + ty;
+      const float w = exp2f(merge_md[2 * zs] - total_m);
+      total_d += merge_md[2 * zs + 1] * w;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) acc[j] += merge_o[zs * kHeadDim + tx * kVec + j] * w;
+    }
+  }
+  const float inv = total_d > 0.f ? 1.f / total_d : 0.f;
+  const float lse = total_d > 0.f ? (total_m + log2f(total_d)) * kLn2 : -INFINITY;
+  if (item.tmp_row < 0) {
+    Vec<T, kVec> ov;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) ov.data[j] = from_float<T>(acc[j] * inv);
+    *reinterpret_cast<Vec<T, kVec>*>(p.out + item.request * p.out_batch_stride +
+                                     qo_head * p.out_head_stride + tx * kVec) = ov;
+    if (p.lse && tx == 0) p.lse[item.request * p.num_qo_heads + qo_head] = lse;
+  } else {
+    float* dst = p.tmp_v + (item.tmp_row * p.num_qo_heads + qo_head) * kHeadDim + tx * kVec;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) dst[j] = acc[j] * inv;
+    if (tx == 0) p.tmp_lse[item.tmp_row * p.num_qo_heads + qo_head] = lse;
+  }
+}
+
+// Threads along tokens: at least 128 threads per CTA, a whole number of warps, and a
+// divisor of the tile.
+template <int kHeadDim>
+inline int TokenLanes(int group) {
+  int bdz = 1;
+  const int row = Tiling<kHeadDim>::kBdx * group;
+  while ((row * bdz < 128 || (row * bdz) % 32 != 0) && bdz < Tiling<kHeadDim>::kTileTokens) {
+    bdz *= 2;
+  }
+  return bdz;
+}
+
+template <int kHeadDim>
+inline size_t SharedBytes(int group, int bdz) {
+  const size_t merge = static_cast<size_t>(bdz) * group * (kHeadDim + 2) * sizeof(float);
+  const size_t stages = 2 * static_cast<size_t>(Tiling<kHeadDim>::kStageBytes);
+  return merge > stages ? merge : stages;
+}
+
+template <typename T, int kHeadDim>
+cudaError_t PrepareDecodeKernel(int group, dim3* block, size_t* smem) {
+  const int bdz = TokenLanes<kHeadDim>(group);
+  *block = dim3(Tiling<kHeadDim>::kBdx, group, bdz);
+  *smem = SharedBytes<kHeadDim>(group, bdz);
+  return cudaFuncSetAttribute(DecodeKernel<T, kHeadDim>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(*smem));
+}
+
+// CTAs of DecodeKernel resident per SM for this group size (the scheduler's unit of fill).
+template <typename T, int kHeadDim>
+cudaError_t DecodeBlocksPerSM(int group, int* blocks) {
+  dim3 block;
+  size_t smem;
+  cudaError_t err = PrepareDecodeKernel<T, kHeadDim>(group, &block, &smem);
+  if (err != cudaSuccess) return err;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      blocks, DecodeKernel<T, kHeadDim>, static_cast<int>(block.x * block.y * block.z), smem);
+}
+
+// Launches the decode kernel over `grid_work` work items, then (when merge_positions > 0)
+// the merge of split requests' tmp rows into the output.
+template <typename T, int kHeadDim>
+cudaError_t Decode(const DecodeParams<T>& p, const WorkList& work, int64_t grid_work,
+                   int64_t num_kv_heads, const cascade::MergeSchedule& merge,
+                   int64_t merge_positions, cudaStream_t stream) {
+  if (grid_work == 0 || num_kv_heads == 0) return cudaSuccess;
+  const int group = static_cast<int>(p.num_qo_heads / num_kv_heads);
+  dim3 block;
+  size_t smem;
+  cudaError_t err = PrepareDecodeKernel<T, kHeadDim>(group, &block, &smem);
+  if (err != cudaSuccess) return err;
+  DecodeKernel<T, kHeadDim><<<dim3(static_cast<unsigned>(grid_work),
+                                   static_cast<unsigned>(num_kv_heads)),
+                              block, smem, stream>>>(p, work);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || merge_positions == 0) return err;
+  const int64_t h = p.num_qo_heads;
+  return cascade::MergeStates<float, T>(
+      {p.out, p.lse, p.out_batch_stride, p.out_head_stride, h, 1},
+      {p.tmp_v, p.tmp_lse, h * kHeadDim, kHeadDim, h, 1}, merge, merge_positions, h, kHeadDim,
+      stream);
+}
+
+}  // namespace decode
+}  // namespace flashinfer

@@ -1,0 +1,576 @@
+"""Decode attention and cascade merging: the split-KV scheduler, plan() and argument checks
+on the CPU (with the decode module compiled for 9.0a); numerics against a float32 torch
+reference, page-order independence and CUDA-graph replay on the GPU."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+import flashinfer
+from flashinfer import cascade as cascade_api
+from flashinfer import checks
+from flashinfer import decode as decode_api
+from flashinfer.decode_schedule import (
+    kv_lengths,
+    pack_schedule,
+    plan_decode_schedule,
+    plan_length,
+)
+from flashinfer.jit.decode import DTYPES, HEAD_DIMS, gen_decode_module
+
+# -- the scheduler (pure host code) --------------------------------------------------------------
+
+
+def model_chunk(lens: list[int], heads: int, max_ctas: int, min_chunk: int) -> int | None:
+    """The expected chunking, by brute force: no split when the batch alone fills the GPU
+    or nothing is longer than min_chunk; else the smallest chunk >= min_chunk whose CTA
+    count fits in max_ctas (None when that is one chunk per request)."""
+    longest = max(lens, default=0)
+    if len(lens) * heads >= max_ctas or longest <= min_chunk:
+        return None
+    for chunk in range(min_chunk, longest + 1):
+        if sum(max(1, math.ceil(n / chunk)) for n in lens) * heads <= max_ctas:
+            return chunk if chunk < longest else None
+    raise AssertionError("unreachable: chunk = longest always fits")
+
+
+def check_covers(schedule, lens: list[int], begins: list[int]) -> None:
+    """Each request's range is covered once, in order, by chunks of at most chunk_size."""
+    by_request: dict[int, list[tuple[int, int, int]]] = {}
+    for r, s, e, t in zip(schedule.work_request, schedule.work_start, schedule.work_end,
+                          schedule.work_tmp_row):
+        by_request.setdefault(r, []).append((s, e, t))
+    assert sorted(by_request) == list(range(len(lens)))
+    tmp_rows = []
+    for r, items in by_request.items():
+        assert items[0][0] == begins[r] and items[-1][1] == lens[r]
+        for (_, e0, _), (s1, _, _) in zip(items, items[1:]):
+            assert e0 == s1
+        if len(items) == 1:
+            assert items[0][2] == -1
+        else:
+            assert all(e - s <= schedule.chunk_size for s, e, _ in items)
+            tmp_rows += [t for _, _, t in items]
+            i = schedule.merge_request.index(r)
+            assert list(range(schedule.merge_indptr[i], schedule.merge_indptr[i + 1])) == [
+                t for _, _, t in items]
+    assert sorted(tmp_rows) == list(range(schedule.num_tmp_rows))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_scheduler_matches_the_model(seed: int) -> None:
+    rnd = random.Random(seed)
+    batch = rnd.choice([1, 1, 2, 3, 8, 16, 64, 300])
+    lens = [rnd.choice([0, 1, 7, 255, 256, 257, 4096, 32768, rnd.randint(1, 131072)])
+            for _ in range(batch)]
+    heads = rnd.choice([1, 2, 8, 32])
+    max_ctas = rnd.choice([132, 528, 924, 4224])
+    schedule = plan_decode_schedule(lens, heads, max_ctas)
+    assert schedule.chunk_size == model_chunk(lens, heads, max_ctas, 256)
+    check_covers(schedule, lens, [0] * batch)
+    if schedule.chunk_size is not None:
+        assert schedule.num_work * heads <= max_ctas
+    assert schedule == plan_decode_schedule(lens, heads, max_ctas)  # deterministic
+
+
+def test_one_long_request_fills_the_gpu() -> None:
+    schedule = plan_decode_schedule([32768], 8, 924)
+    assert schedule.num_work * 8 <= 924 and schedule.num_work * 8 > 924 // 2
+    assert schedule.merge_request == (0,) and schedule.num_tmp_rows == schedule.num_work
+    big_batch = plan_decode_schedule([4096] * 256, 8, 924)
+    assert big_batch.chunk_size is None and big_batch.num_work == 256
+    assert big_batch.work_tmp_row == (-1,) * 256 and big_batch.num_merge == 0
+
+
+def test_sliding_window_schedules_only_the_window() -> None:
+    schedule = plan_decode_schedule([10000, 50, 0], 4, 4, window_left=99)
+    assert schedule.chunk_size is None
+    assert list(zip(schedule.work_start, schedule.work_end)) == [(9900, 10000), (0, 50), (0, 0)]
+    split = plan_decode_schedule([100000], 1, 64, window_left=9999)
+    check_covers(split, [100000], [90000])
+
+
+def test_kv_lengths_and_packed_layout() -> None:
+    assert kv_lengths([0, 3, 3, 4], [5, 9, 1], 16) == [37, 0, 1]
+    schedule = plan_decode_schedule([1000, 10], 1, 8)  # 1000 splits into chunks of 256
+    assert schedule.chunk_size == 256 and schedule.num_work == 5
+    words = pack_schedule(schedule, 6, 2, [0, 63, 64])
+    assert len(words) == plan_length(6, 2, 2)
+    assert words[0] == 5
+    assert words[1:7] == [0, 0, 0, 0, 1, 0]  # request
+    assert words[7:13] == [0, 256, 512, 768, 0, 0]  # start
+    assert words[13:19] == [256, 512, 768, 1000, 10, 0]  # end
+    assert words[19:25] == [0, 1, 2, 3, -1, 0]  # tmp row
+    assert words[25:28] == [1, 0, 0]  # num_merge, merge_request
+    assert words[28:31] == [0, 4, 0]  # merge_indptr (padded)
+    assert words[31:] == [0, 63, 64]  # kv_indptr
+    with pytest.raises(ValueError, match="exceeds the capacity"):
+        pack_schedule(schedule, 4, 2, [0, 63, 64])
+
+
+# -- argument checks before any launch ---------------------------------------------------------
+
+
+@pytest.fixture
+def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args):  # noqa: ANN002, ANN202
+        raise AssertionError("a bad argument reached the module")
+
+    monkeypatch.setattr(decode_api, "get_decode_module", refuse)
+    monkeypatch.setattr(cascade_api, "get_cascade_module", refuse)
+
+
+def _bf16(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, dtype=torch.bfloat16)
+
+
+SINGLE_BAD = [
+    ("kv_layout must be 'NHD' or 'HND'", ValueError, dict(kv_layout="NDH")),
+    ("pos_encoding_mode 'ROPE_LLAMA' is not supported", ValueError,
+     dict(pos_encoding_mode="ROPE_LLAMA")),
+    ("q must be 2-D", ValueError, dict(q=_bf16(1, 8, 128))),
+    ("q has dtype torch.float32; supported: float16, bfloat16", TypeError,
+     dict(q=torch.randn(8, 128))),
+    ("k has dtype torch.float16, but q has torch.bfloat16", TypeError,
+     dict(k=torch.randn(10, 2, 128, dtype=torch.float16))),
+    ("v has shape \\(11, 2, 128\\), k has \\(10, 2, 128\\)", ValueError, dict(v=_bf16(11, 2, 128))),
+    ("head_dim must be one of 64, 128, 256, got 96", ValueError,
+     dict(q=_bf16(8, 96), k=_bf16(10, 2, 96), v=_bf16(10, 2, 96))),
+    ("num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3\\)", ValueError,
+     dict(k=_bf16(10, 3, 128), v=_bf16(10, 3, 128))),
+    ("k has head_dim 64, q has 128", ValueError, dict(k=_bf16(10, 2, 64), v=_bf16(10, 2, 64))),
+    ("sm_scale must be a finite float > 0", ValueError, dict(sm_scale=0.0)),
+    ("logits_soft_cap must be None or a finite float >= 0", ValueError,
+     dict(logits_soft_cap=-1.0)),
+    ("window_left must be >= -1", ValueError, dict(window_left=-2)),
+    ("k must be contiguous in its last dim", ValueError,
+     dict(k=_bf16(10, 128, 2).transpose(1, 2))),
+    ("q must be a CUDA tensor", ValueError, dict()),
+]
+
+
+@pytest.mark.parametrize("message,error,overrides", SINGLE_BAD, ids=[b[0][:40] for b in SINGLE_BAD])
+def test_single_decode_bad_arguments(no_launch, message, error, overrides) -> None:
+    args = dict(q=_bf16(8, 128), k=_bf16(10, 2, 128), v=_bf16(10, 2, 128))
+    args.update(overrides)
+    with pytest.raises(error, match=message):
+        flashinfer.single_decode_with_kv_cache(**args)
+
+
+@pytest.fixture
+def cpu_plan(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """plan() on the CPU: a fixed GPU size, uploads recorded instead of copied."""
+    uploads: list[list[int]] = []
+    monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: 64)
+    monkeypatch.setattr(decode_api, "_sm_count", lambda device: 2)
+    monkeypatch.setattr(decode_api.BatchDecodeWithPagedKVCacheWrapper, "_upload",
+                        lambda self, words: uploads.append(list(words)))
+    monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
+    return uploads
+
+
+def _i32(values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32)
+
+
+def _plan_args(**overrides):  # noqa: ANN202
+    args = dict(indptr=_i32([0, 2, 3]), indices=_i32([4, 1, 0]), last_page_len=_i32([5, 16]),
+                num_qo_heads=8, num_kv_heads=2, head_dim=128, page_size=16,
+                q_data_type=torch.bfloat16)
+    args.update(overrides)
+    return args
+
+
+PLAN_BAD = [
+    ("indptr must start at 0 and be non-decreasing", ValueError, dict(indptr=_i32([0, 3, 2]))),
+    ("indptr ends at 3 but indices has 2 elements", ValueError, dict(indices=_i32([0, 1]))),
+    ("last_page_len\\[0\\] is 17, must be in \\[1, page_size=16\\]", ValueError,
+     dict(last_page_len=_i32([17, 1]))),
+    ("last_page_len\\[1\\] is 0", ValueError, dict(last_page_len=_i32([1, 0]))),
+    ("last_page_len has 3 elements, expected 2", ValueError, dict(last_page_len=_i32([1, 1, 1]))),
+    ("indptr has dtype torch.float32", TypeError, dict(indptr=torch.zeros(3))),
+    ("head_dim must be one of 64, 128, 256, got 80", ValueError, dict(head_dim=80)),
+    ("must be a multiple of num_kv_heads", ValueError, dict(num_kv_heads=3)),
+    ("page_size must be >= 1", ValueError, dict(page_size=0)),
+    ("q_data_type is torch.float32; supported", TypeError, dict(q_data_type=torch.float32)),
+    ("kv_data_type torch.float16 differs from q_data_type", TypeError,
+     dict(kv_data_type="float16")),
+    ("window_left must be an int", TypeError, dict(window_left=1.5)),
+]
+
+
+@pytest.mark.parametrize("message,error,overrides", PLAN_BAD, ids=[b[0][:40] for b in PLAN_BAD])
+def test_plan_bad_arguments(cpu_plan, no_launch, message, error, overrides) -> None:
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    with pytest.raises(error, match=message):
+        wrapper.plan(**_plan_args(**overrides))
+    assert cpu_plan == []
+
+
+def test_plan_uploads_the_schedule_and_run_checks_against_it(cpu_plan, no_launch) -> None:
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="call plan\\(\\) before run\\(\\)"):
+        wrapper.run(_bf16(2, 8, 128), (_bf16(5, 16, 2, 128), _bf16(5, 16, 2, 128)))
+    wrapper.plan(**_plan_args())
+    assert len(cpu_plan) == 1
+    words = cpu_plan[0]
+    lens = kv_lengths([0, 2, 3], [5, 16], 16)
+    schedule = plan_decode_schedule(lens, 2, 64)
+    assert words == pack_schedule(schedule, schedule.num_work, schedule.num_merge, [0, 2, 3])
+    cache = (_bf16(5, 16, 2, 128), _bf16(5, 16, 2, 128))
+    bad_runs = [
+        ("q has shape \\(3, 8, 128\\); plan\\(\\) was for \\(2, 8, 128\\)", ValueError,
+         (_bf16(3, 8, 128), cache)),
+        ("q has dtype torch.float16; plan\\(\\) was for torch.bfloat16", TypeError,
+         (torch.randn(2, 8, 128, dtype=torch.float16), cache)),
+        ("k_cache has shape \\(5, 2, 16, 128\\); plan\\(\\) was for pages of \\(16, 2, 128\\)",
+         ValueError, (_bf16(2, 8, 128), (_bf16(5, 2, 16, 128), _bf16(5, 2, 16, 128)))),
+        ("v_cache has dtype torch.float16", TypeError,
+         (_bf16(2, 8, 128), (cache[0], torch.zeros(5, 16, 2, 128, dtype=torch.float16)))),
+        ("paged_kv_cache's dim 1 must be 2", ValueError, (_bf16(2, 8, 128), _bf16(5, 3, 16, 2, 128))),
+        ("paged_kv_cache must be a \\(k_cache, v_cache\\) pair", ValueError,
+         (_bf16(2, 8, 128), (cache[0],))),
+    ]
+    for message, error, args in bad_runs:
+        with pytest.raises(error, match=message):
+            wrapper.run(*args)
+    with pytest.raises(ValueError, match="out has shape"):
+        wrapper.run(_bf16(2, 8, 128), cache, out=_bf16(2, 8, 64))
+
+
+def test_cuda_graph_mode_needs_fixed_buffers_and_bounds_the_batch(cpu_plan, no_launch) -> None:
+    ws = torch.empty(64 << 20, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="use_cuda_graph=True needs paged_kv_indptr_buffer"):
+        flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, use_cuda_graph=True)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        ws, use_cuda_graph=True, paged_kv_indptr_buffer=torch.zeros(3, dtype=torch.int32),
+        paged_kv_indices_buffer=torch.zeros(8, dtype=torch.int32),
+        paged_kv_last_page_len_buffer=torch.zeros(2, dtype=torch.int32))
+    with pytest.raises(ValueError, match="batch of 3 exceeds the CUDA-graph buffers' 2"):
+        wrapper.plan(**_plan_args(indptr=_i32([0, 1, 2, 3]), last_page_len=_i32([1, 1, 1])))
+
+
+def test_workspace_too_small_is_reported(cpu_plan, no_launch) -> None:
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16384, dtype=torch.uint8))
+    long_request = _plan_args(indptr=_i32([0, 3]), last_page_len=_i32([16]), page_size=16,
+                              indices=_i32([0, 1, 2]))
+    wrapper.plan(**long_request)  # 48 tokens: no split, no tmp rows; fits
+    with pytest.raises(ValueError, match="float_workspace_buffer has 16384 bytes; this plan needs"):
+        wrapper.plan(**_plan_args(indptr=_i32([0, 300]), last_page_len=_i32([16]),
+                                  indices=torch.arange(300, dtype=torch.int32)))
+
+
+MERGE_BAD = [
+    ("s_a has shape \\(4, 3\\), expected \\(4, 2\\)", ValueError,
+     lambda: flashinfer.merge_state(_bf16(4, 2, 64), torch.zeros(4, 3), _bf16(4, 2, 64),
+                                    torch.zeros(4, 2))),
+    ("s_b has dtype torch.bfloat16; supported: float32", TypeError,
+     lambda: flashinfer.merge_state(_bf16(4, 2, 64), torch.zeros(4, 2), _bf16(4, 2, 64),
+                                    _bf16(4, 2))),
+    ("v_b has shape \\(4, 2, 32\\), v_a has \\(4, 2, 64\\)", ValueError,
+     lambda: flashinfer.merge_state(_bf16(4, 2, 64), torch.zeros(4, 2), _bf16(4, 2, 32),
+                                    torch.zeros(4, 2))),
+    ("v_a must be a CUDA tensor", ValueError,
+     lambda: flashinfer.merge_state(_bf16(4, 2, 64), torch.zeros(4, 2), _bf16(4, 2, 64),
+                                    torch.zeros(4, 2))),
+    ("mask has 3 elements, v has 4 positions", ValueError,
+     lambda: flashinfer.merge_state_in_place(_bf16(4, 2, 64), torch.zeros(4, 2), _bf16(4, 2, 64),
+                                             torch.zeros(4, 2), torch.ones(3, dtype=torch.bool))),
+    ("v must be 4-D", ValueError, lambda: flashinfer.merge_states(_bf16(4, 2, 64),
+                                                                  torch.zeros(4, 2))),
+    ("v has head_dim 1024 > 512", ValueError,
+     lambda: flashinfer.merge_states(_bf16(1, 2, 1, 1024), torch.zeros(1, 2, 1))),
+]
+
+
+@pytest.mark.parametrize("message,error,call", MERGE_BAD, ids=[b[0][:40] for b in MERGE_BAD])
+def test_merge_bad_arguments(no_launch, message, error, call) -> None:
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_decode_and_cascade_bindings_check_too() -> None:
+    """The representative specialization (bf16, head_dim 128) compiles for 9.0a; its
+    binding re-checks with Python exceptions."""
+    module = decode_api.get_decode_module(torch.bfloat16, 128)
+    assert (module.dtype(), module.head_dim()) == ("bfloat16", 128)
+    q, k, out = _bf16(8, 128), _bf16(10, 2, 128), _bf16(8, 128)
+    tmp = torch.empty(1)
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        module.single_decode(q, k, k, tmp, tmp, out, None, False, 0, 10, 10, 1, 1.0, 0.0)
+    with pytest.raises(ValueError, match="q has head_dim 64, this module is for 128"):
+        module.single_decode(_bf16(8, 64), k, k, tmp, tmp, out, None, False, 0, 10, 10, 1, 1.0, 0.0)
+    with pytest.raises(ValueError, match="k's strides must be multiples of 8"):
+        module.single_decode(q, _bf16(10, 2, 130)[..., :128], k, tmp, tmp, out, None, False, 0,
+                             10, 10, 1, 1.0, 0.0)
+    with pytest.raises(ValueError, match="the chunks do not cover"):
+        module.single_decode(q, k, k, tmp, tmp, out, None, False, 0, 10, 4, 2, 1.0, 0.0)
+    with pytest.raises(TypeError, match="q has dtype float16, expected bfloat16"):
+        module.single_decode(q.half(), k, k, tmp, tmp, out, None, False, 0, 10, 10, 1, 1.0, 0.0)
+    cascade = cascade_api.get_cascade_module(torch.bfloat16)
+    v, s = _bf16(4, 2, 64), torch.zeros(4, 2)
+    with pytest.raises(ValueError, match="v_a must be a CUDA tensor"):
+        cascade.merge_state(v, s, v, s, v, s, None, False)
+    with pytest.raises(ValueError, match="v_a and s_a must be contiguous"):
+        cascade.merge_state(_bf16(4, 64, 2).transpose(1, 2), s, v, s, v, s, None, False)
+
+
+@pytest.mark.compile_matrix
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_every_decode_specialization_compiles(dtype: str, head_dim: int) -> None:
+    module = gen_decode_module(dtype, head_dim).build_and_load()
+    assert module.head_dim() == head_dim and module.dtype() == dtype
+
+
+# -- GPU: numerics ------------------------------------------------------------------------------
+
+
+def reference_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float,
+                     soft_cap: float | None = None, window_left: int = -1
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 attention of q [H, D] over k, v [L, Hk, D]; returns (out [H, D], lse [H])."""
+    heads, kv_heads = q.shape[0], k.shape[1]
+    kf = k.float().repeat_interleave(heads // kv_heads, dim=1)  # qo head h uses kv head h // g
+    vf = v.float().repeat_interleave(heads // kv_heads, dim=1)
+    scores = torch.einsum("hd,lhd->hl", q.float(), kf) * sm_scale
+    if soft_cap:
+        scores = soft_cap * torch.tanh(scores / soft_cap)
+    length = k.shape[0]
+    if window_left >= 0:
+        scores[:, : max(0, length - 1 - window_left)] = float("-inf")
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1), vf)
+    return out, lse
+
+
+def _tolerance(dtype: torch.dtype) -> dict[str, float]:
+    return dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=5e-3, rtol=5e-3)
+
+
+SINGLE_CASES = [  # (kv_len, qo_heads, kv_heads, head_dim, layout, dtype)
+    (1, 8, 8, 128, "NHD", torch.float16),
+    (7, 32, 8, 128, "HND", torch.bfloat16),
+    (255, 32, 4, 64, "NHD", torch.bfloat16),
+    (1000, 8, 1, 256, "HND", torch.float16),
+    (4097, 32, 8, 128, "NHD", torch.float16),
+    (33001, 32, 8, 128, "NHD", torch.bfloat16),
+    (131072, 32, 8, 128, "HND", torch.bfloat16),
+    (2048, 16, 16, 256, "NHD", torch.bfloat16),
+    (3000, 64, 8, 64, "HND", torch.float16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_len,qo_heads,kv_heads,head_dim,layout,dtype", SINGLE_CASES)
+def test_single_decode_matches_the_reference(kv_len, qo_heads, kv_heads, head_dim, layout,
+                                             dtype) -> None:
+    torch.manual_seed(kv_len)
+    q = torch.randn(qo_heads, head_dim, dtype=dtype, device="cuda")
+    k = torch.randn(kv_len, kv_heads, head_dim, dtype=dtype, device="cuda")
+    v = torch.randn(kv_len, kv_heads, head_dim, dtype=dtype, device="cuda")
+    kk, vv = (k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()) if layout == "HND" \
+        else (k, v)
+    for sm_scale, cap, window in ((None, None, -1), (0.3, 30.0, -1), (None, None, 100)):
+        scale = sm_scale or 1 / math.sqrt(head_dim)
+        want, want_lse = reference_decode(q, k, v, scale, cap, window)
+        out, lse = flashinfer.single_decode_with_kv_cache(
+            q, kk, vv, kv_layout=layout, sm_scale=sm_scale, logits_soft_cap=cap,
+            window_left=window, return_lse=True)
+        assert out.dtype == dtype and out.shape == q.shape
+        torch.testing.assert_close(out.float(), want, **_tolerance(dtype))
+        torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3)
+
+
+def _paged_batch(lens: list[int], page_size: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, layout: str, seed: int):  # noqa: ANN202
+    """Caches filled with flashinfer.append_paged_kv_cache over shuffled pages; returns the
+    per-request K/V and the page table."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    pages_per = [max(1, math.ceil(n / page_size)) if n else 0 for n in lens]
+    num_pages = sum(pages_per) + 5
+    order = torch.randperm(num_pages, generator=gen, device="cuda")[: sum(pages_per)]
+    indices = order.to(torch.int32)
+    indptr = torch.tensor([0, *torch.tensor(pages_per).cumsum(0).tolist()], dtype=torch.int32,
+                          device="cuda")
+    last = torch.tensor([n - (p - 1) * page_size if p else 0 for n, p in zip(lens, pages_per)],
+                        dtype=torch.int32, device="cuda")
+    shape = ((num_pages, page_size, kv_heads, head_dim) if layout == "NHD"
+             else (num_pages, kv_heads, page_size, head_dim))
+    k_cache = torch.full(shape, float("nan"), dtype=dtype, device="cuda")  # poison unused slots
+    v_cache = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+    ks = [torch.randn(n, kv_heads, head_dim, dtype=dtype, device="cuda", generator=gen)
+          for n in lens]
+    vs = [torch.randn(n, kv_heads, head_dim, dtype=dtype, device="cuda", generator=gen)
+          for n in lens]
+    nnz = sum(lens)
+    if nnz:
+        append_indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()],
+                                     dtype=torch.int32, device="cuda")
+        seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        batch, positions = flashinfer.get_batch_indices_positions(append_indptr, seq_lens, nnz)
+        flashinfer.append_paged_kv_cache(torch.cat(ks), torch.cat(vs), batch, positions, k_cache,
+                                         v_cache, indices, indptr, last, kv_layout=layout)
+    last = torch.where(last == 0, torch.ones_like(last), last)  # empty requests: any valid value
+    return ks, vs, k_cache, v_cache, indptr, indices, last
+
+
+BATCH_CASES = [  # (lens, page_size, qo_heads, kv_heads, head_dim, layout, dtype)
+    ([1, 17, 300, 4096, 2], 16, 32, 8, 128, "NHD", torch.bfloat16),
+    ([5, 1, 64, 129], 1, 8, 8, 64, "HND", torch.float16),
+    ([30000], 64, 32, 8, 128, "NHD", torch.bfloat16),
+    ([1000] * 64, 16, 32, 4, 128, "HND", torch.bfloat16),
+    ([7, 100, 2000], 64, 16, 2, 256, "NHD", torch.float16),
+    ([1, 0, 33], 16, 8, 1, 128, "NHD", torch.float16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens,page_size,qo_heads,kv_heads,head_dim,layout,dtype", BATCH_CASES)
+def test_batch_decode_matches_the_reference(lens, page_size, qo_heads, kv_heads, head_dim, layout,
+                                            dtype) -> None:
+    ks, vs, k_cache, v_cache, indptr, indices, last = _paged_batch(
+        lens, page_size, kv_heads, head_dim, dtype, layout, seed=len(lens))
+    q = torch.randn(len(lens), qo_heads, head_dim, dtype=dtype, device="cuda")
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout=layout)
+    for sm_scale, cap, window in ((None, None, -1), (0.1, 50.0, -1), (None, None, 31)):
+        wrapper.plan(indptr, indices, last, qo_heads, kv_heads, head_dim, page_size,
+                     q_data_type=dtype, sm_scale=sm_scale, logits_soft_cap=cap,
+                     window_left=window)
+        out = torch.full_like(q, float("nan"))
+        got, lse = wrapper.run(q, (k_cache, v_cache), out=out, return_lse=True)
+        assert got is out
+        scale = sm_scale or 1 / math.sqrt(head_dim)
+        for b, n in enumerate(lens):
+            if n == 0:
+                assert (got[b] == 0).all() and (lse[b] == float("-inf")).all()
+                continue
+            want, want_lse = reference_decode(q[b], ks[b], vs[b], scale, cap, window)
+            torch.testing.assert_close(got[b].float(), want, **_tolerance(dtype))
+            torch.testing.assert_close(lse[b], want_lse, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+def test_batch_decode_is_independent_of_page_order_and_cache_form() -> None:
+    lens, page_size, dtype = [50, 700, 3], 16, torch.bfloat16
+    ks, vs, k_cache, v_cache, indptr, indices, last = _paged_batch(
+        lens, page_size, 4, 128, dtype, "NHD", seed=3)
+    q = torch.randn(3, 16, 128, dtype=dtype, device="cuda")
+    workspace = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace)
+    wrapper.plan(indptr, indices, last, 16, 4, 128, page_size, q_data_type=dtype)
+    first = wrapper.run(q, (k_cache, v_cache))
+    # the same data under another page permutation
+    perm = torch.randperm(k_cache.shape[0], device="cuda")
+    inverse = torch.empty_like(perm)
+    inverse[perm] = torch.arange(perm.numel(), device="cuda")
+    k2, v2 = k_cache[perm], v_cache[perm]
+    wrapper.plan(indptr, inverse[indices.long()].to(torch.int32), last, 16, 4, 128, page_size,
+                 q_data_type=dtype)
+    assert torch.equal(wrapper.run(q, torch.stack([k2, v2], dim=1)), first)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_capture_and_replay_with_new_data_and_plans() -> None:
+    dtype, page_size, qo_heads, kv_heads, head_dim, batch = torch.float16, 16, 32, 8, 128, 4
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    indptr_buf = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")
+    indices_buf = torch.zeros(4096, dtype=torch.int32, device="cuda")
+    last_buf = torch.zeros(batch, dtype=torch.int32, device="cuda")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        workspace, use_cuda_graph=True, paged_kv_indptr_buffer=indptr_buf,
+        paged_kv_indices_buffer=indices_buf, paged_kv_last_page_len_buffer=last_buf)
+    assert wrapper.is_cuda_graph_enabled
+    num_pages = 3000
+    k_cache = torch.randn(num_pages, page_size, kv_heads, head_dim, dtype=dtype, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(batch, qo_heads, head_dim, dtype=dtype, device="cuda")
+    out = torch.empty_like(q)
+
+    def plan(lens: list[int], seed: int) -> list[torch.Tensor]:
+        gen = torch.Generator().manual_seed(seed)
+        pages = [math.ceil(n / page_size) for n in lens]
+        ids = torch.randperm(num_pages, generator=gen)[: sum(pages)].to(torch.int32)
+        indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)
+        last = torch.tensor([n - (p - 1) * page_size for n, p in zip(lens, pages)],
+                            dtype=torch.int32)
+        wrapper.plan(indptr, ids, last, qo_heads, kv_heads, head_dim, page_size,
+                     q_data_type=dtype)
+        return [ids[indptr[b]: indptr[b + 1]].cuda().long() for b in range(batch)]
+
+    def expected(page_lists: list[torch.Tensor], lens: list[int]) -> torch.Tensor:
+        rows = []
+        for b, (ids, n) in enumerate(zip(page_lists, lens)):
+            k = k_cache[ids].reshape(-1, kv_heads, head_dim)[:n]
+            v = v_cache[ids].reshape(-1, kv_heads, head_dim)[:n]
+            rows.append(reference_decode(q[b], k, v, 1 / math.sqrt(head_dim))[0])
+        return torch.stack(rows)
+
+    lens = [100, 5000, 1, 20000]
+    pages = plan(lens, 0)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        wrapper.run(q, (k_cache, v_cache), out=out)  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        wrapper.run(q, (k_cache, v_cache), out=out)
+    for step, new_lens in enumerate(([100, 5000, 1, 20000], [3000, 2, 64, 100000], [1, 1, 1, 1])):
+        if step:
+            pages = plan(new_lens, step)
+        q.copy_(torch.randn_like(q))
+        k_cache.copy_(torch.randn_like(k_cache))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.testing.assert_close(out.float(), expected(pages, new_lens), atol=5e-3, rtol=5e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_merge_state_matches_the_softmax_merge_formula(dtype) -> None:
+    seq, heads, dim = 37, 8, 128
+    v_a = torch.randn(seq, heads, dim, device="cuda").to(dtype)
+    v_b = torch.randn(seq, heads, dim, device="cuda").to(dtype)
+    s_a = torch.randn(seq, heads, device="cuda") * 5
+    s_b = torch.randn(seq, heads, device="cuda") * 5
+    s_b[0, 0] = float("-inf")  # an empty state contributes nothing
+    s_want = torch.logaddexp(s_a.double(), s_b.double())
+    v_want = (torch.exp(s_a.double() - s_want)[..., None] * v_a.double()
+              + torch.exp(s_b.double() - s_want)[..., None] * v_b.double())
+    tol = dict(atol=1e-2, rtol=1e-2) if dtype != torch.float32 else dict(atol=1e-5, rtol=1e-5)
+    v, s = flashinfer.merge_state(v_a, s_a, v_b, s_b)
+    torch.testing.assert_close(v.double(), v_want, **tol)
+    torch.testing.assert_close(s.double(), s_want, atol=1e-5, rtol=1e-5)
+    mask = torch.rand(seq, device="cuda") > 0.5
+    v_in, s_in = v_a.clone(), s_a.clone()
+    flashinfer.merge_state_in_place(v_in, s_in, v_b, s_b, mask=mask)
+    torch.testing.assert_close(v_in.double(), torch.where(mask[:, None, None], v_want,
+                                                          v_a.double()), **tol)
+    torch.testing.assert_close(s_in.double(), torch.where(mask[:, None], s_want, s_a.double()),
+                               atol=1e-5, rtol=1e-5)
+    states = torch.randn(seq, 5, heads, dim, device="cuda").to(dtype)
+    lses = torch.randn(seq, 5, heads, device="cuda") * 3
+    v_all, s_all = flashinfer.merge_states(states, lses)
+    weights = torch.softmax(lses.double(), dim=1)
+    torch.testing.assert_close(v_all.double(), (weights[..., None] * states.double()).sum(1), **tol)
+    torch.testing.assert_close(s_all.double(), torch.logsumexp(lses.double(), 1), atol=1e-5,
+                               rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_decoding_in_two_halves_and_merging_equals_decoding_whole() -> None:
+    q = torch.randn(32, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(3000, 8, 128, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn_like(k)
+    whole, whole_lse = flashinfer.single_decode_with_kv_cache(q, k, v, return_lse=True)
+    a, sa = flashinfer.single_decode_with_kv_cache(q, k[:1234], v[:1234], return_lse=True)
+    b, sb = flashinfer.single_decode_with_kv_cache(q, k[1234:], v[1234:], return_lse=True)
+    merged, merged_lse = flashinfer.merge_state(a[None], sa[None], b[None], sb[None])
+    torch.testing.assert_close(merged[0].float(), whole.float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(merged_lse[0], whole_lse, atol=1e-3, rtol=1e-3)
