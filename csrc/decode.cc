@@ -109,6 +109,8 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
   const int64_t batch = q.size(0), qo_heads = q.size(1);
   CheckHeads(out, "out", 3, batch, qo_heads);
   int64_t page_size = 0, v_page_size = 0;
+  FLASHINFER_CHECK(k_cache.ndim() == 4, ValueError)
+      << "k_cache must be 4-D, got " << k_cache.ndim() << "-D";
   const int64_t kv_heads = hnd ? k_cache.size(1) : k_cache.size(2);
   GroupOf(qo_heads, kv_heads);
   const Strides ks = CacheOf(k_cache, "k_cache", 4, hnd, kv_heads, &page_size);
@@ -168,6 +170,7 @@ void SingleDecode(TensorView q, TensorView k, TensorView v, TensorView tmp_v, Te
   CheckHeads(q, "q", 2, -1, -1);
   const int64_t qo_heads = q.size(0);
   CheckHeads(out, "out", 2, -1, qo_heads);
+  FLASHINFER_CHECK(k.ndim() == 3, ValueError) << "k must be 3-D, got " << k.ndim() << "-D";
   const int64_t kv_heads = hnd ? k.size(0) : k.size(1);
   GroupOf(qo_heads, kv_heads);
   int64_t kv_len = 0, v_len = 0;

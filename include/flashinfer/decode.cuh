@@ -22,6 +22,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "flashinfer/cascade.cuh"
@@ -274,14 +275,26 @@ inline size_t SharedBytes(int group, int bdz) {
   return merge > stages ? merge : stages;
 }
 
+// The launch shape for a group size. Raising the kernel's dynamic shared memory limit is
+// done once per size and never again at that size, so launches captured in a CUDA graph
+// (after a warm-up run) make no attribute calls.
 template <typename T, int kHeadDim>
 cudaError_t PrepareDecodeKernel(int group, dim3* block, size_t* smem) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> configured[kMaxDevices] = {};  // bytes set, per device
   const int bdz = TokenLanes<kHeadDim>(group);
   *block = dim3(Tiling<kHeadDim>::kBdx, group, bdz);
   *smem = SharedBytes<kHeadDim>(group, bdz);
-  return cudaFuncSetAttribute(DecodeKernel<T, kHeadDim>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(*smem));
+  const int bytes = static_cast<int>(*smem);
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  const bool tracked = device < kMaxDevices;
+  if (tracked && bytes <= configured[device].load()) return cudaSuccess;
+  err = cudaFuncSetAttribute(DecodeKernel<T, kHeadDim>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess && tracked) configured[device].store(bytes);
+  return err;
 }
 
 // CTAs of DecodeKernel resident per SM for this group size (the scheduler's unit of fill).

@@ -234,7 +234,7 @@ def test_copy_bandwidth_is_positive_and_below_the_nominal_peak() -> None:
 
 
 GPU_BENCH_SCRIPTS = ["bench_norm.py", "bench_activation.py", "bench_rope.py", "bench_page.py",
-                     "bench_sampling.py"]
+                     "bench_sampling.py", "bench_decode.py"]
 
 
 @pytest.mark.parametrize("script", GPU_BENCH_SCRIPTS)
@@ -258,3 +258,14 @@ def test_bench_sampling_quick_run_writes_its_table(tmp_path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = output.read_text()
     assert "top_k_top_p_sampling_from_logits" in text and "128 x 128k" in text
+
+
+@pytest.mark.gpu
+def test_bench_decode_quick_run_writes_its_table(tmp_path) -> None:
+    output = tmp_path / "decode.md"
+    proc = run_python(f"import runpy, sys; sys.argv = ['bench_decode.py', '--quick', "
+                      f"'--output', {str(output)!r}]; runpy.run_path('bench_decode.py', "
+                      "run_name='__main__')", cwd=REPO_ROOT / "benchmarks", check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = output.read_text()
+    assert "| 64 | 4096 |" in text and "| 1 | 32768 |" in text
