@@ -99,6 +99,29 @@ int64_t GroupOf(int64_t qo_heads, int64_t kv_heads) {
   return group;
 }
 
+// The fields batch and single decode share. q and out are [batch, heads, dim] or, for a
+// single request, [heads, dim] (batch stride 0).
+DecodeLaunch LaunchOf(const TensorView& q, const TensorView& out, float* lse,
+                      const TensorView& tmp_v, const TensorView& tmp_lse, int64_t kv_heads,
+                      double score_scale, double score_cap) {
+  const bool batched = q.ndim() == 3;
+  DecodeLaunch launch{};
+  launch.q = DataPtr(q);
+  launch.q_batch_stride = batched ? q.stride(0) : 0;
+  launch.q_head_stride = q.stride(q.ndim() - 2);
+  launch.out = DataPtr(out);
+  launch.out_batch_stride = batched ? out.stride(0) : 0;
+  launch.out_head_stride = out.stride(out.ndim() - 2);
+  launch.lse = lse;
+  launch.tmp_v = static_cast<float*>(DataPtr(tmp_v));
+  launch.tmp_lse = static_cast<float*>(DataPtr(tmp_lse));
+  launch.num_qo_heads = q.size(q.ndim() - 2);
+  launch.num_kv_heads = kv_heads;
+  launch.score_scale = static_cast<float>(score_scale);
+  launch.score_cap = static_cast<float>(score_cap);
+  return launch;
+}
+
 void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorView kv_indices,
                  TensorView plan, TensorView tmp_v, TensorView tmp_lse, TensorView out,
                  Optional<TensorView> lse, bool hnd, int64_t work_capacity,
@@ -141,20 +164,8 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
                     vs.slot, vs.head, static_cast<const int32_t*>(DataPtr(kv_indices)),
                     plan_ptr + 3 + 4 * work_capacity + 2 * merge_capacity, page_size,
                     k_cache.size(0)};
-  DecodeLaunch launch{};
-  launch.q = DataPtr(q);
-  launch.q_batch_stride = q.stride(0);
-  launch.q_head_stride = q.stride(1);
-  launch.out = DataPtr(out);
-  launch.out_batch_stride = out.stride(0);
-  launch.out_head_stride = out.stride(1);
-  launch.lse = lse_ptr;
-  launch.tmp_v = static_cast<float*>(DataPtr(tmp_v));
-  launch.tmp_lse = static_cast<float*>(DataPtr(tmp_lse));
-  launch.num_qo_heads = qo_heads;
-  launch.num_kv_heads = kv_heads;
-  launch.score_scale = static_cast<float>(score_scale);
-  launch.score_cap = static_cast<float>(score_cap);
+  DecodeLaunch launch = LaunchOf(q, out, lse_ptr, tmp_v, tmp_lse, kv_heads, score_scale,
+                                 score_cap);
   launch.plan = plan_ptr;
   launch.work_capacity = work_capacity;
   launch.merge_capacity = merge_capacity;
@@ -191,20 +202,8 @@ void SingleDecode(TensorView q, TensorView k, TensorView v, TensorView tmp_v, Te
   }
   const DecodeKV kv{DataPtr(k), DataPtr(v), 0, ks.slot, ks.head, 0, vs.slot, vs.head,
                     nullptr, nullptr, std::max<int64_t>(kv_len, 1), 1};
-  DecodeLaunch launch{};
-  launch.q = DataPtr(q);
-  launch.q_batch_stride = 0;
-  launch.q_head_stride = q.stride(0);
-  launch.out = DataPtr(out);
-  launch.out_batch_stride = 0;
-  launch.out_head_stride = out.stride(0);
-  launch.lse = lse_ptr;
-  launch.tmp_v = static_cast<float*>(DataPtr(tmp_v));
-  launch.tmp_lse = static_cast<float*>(DataPtr(tmp_lse));
-  launch.num_qo_heads = qo_heads;
-  launch.num_kv_heads = kv_heads;
-  launch.score_scale = static_cast<float>(score_scale);
-  launch.score_cap = static_cast<float>(score_cap);
+  DecodeLaunch launch = LaunchOf(q, out, lse_ptr, tmp_v, tmp_lse, kv_heads, score_scale,
+                                 score_cap);
   launch.grid_work = num_chunks;
   launch.begin = begin;
   launch.end = end;

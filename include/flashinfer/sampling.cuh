@@ -332,54 +332,66 @@ __global__ void __launch_bounds__(kThreads)
   });
 }
 
+// The input row of this block's output row, or null (and token -1 written, as documented)
+// when its index is out of range.
+template <typename T>
+__device__ __forceinline__ const T* source_row(const T* base, const RowSource& source,
+                                               int32_t* out) {
+  const int64_t src = source.row(blockIdx.x);
+  if (src >= 0) return base + src * source.row_stride;
+  if (threadIdx.x == 0) out[blockIdx.x] = -1;
+  return nullptr;
+}
+
+// The exponential race over a row: score(x, e, &s) says whether element x (with its Exp(1)
+// variate e) runs and sets its score s; the winner's index (0 if none ran) goes to *out.
+template <bool kAligned, typename T, typename Score>
+__device__ __forceinline__ void exponential_race(const T* row, int64_t n, const RandomStream& rng,
+                                                 Score score, int32_t* out) {
+  Best best{0.f, -1};
+  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
+    float e[kVec];
+    rng.exponentials(g, e);
+    for (int j = 0; j < valid; ++j) {
+      float s;
+      if (score(x[j], e[j], &s)) best = better(best, {s, g * kVec + j});
+    }
+  });
+  best = block_best(best);
+  if (threadIdx.x == 0) *out = best.index < 0 ? 0 : static_cast<int32_t>(best.index);
+}
+
 // Sampling from probabilities, optionally filtered: pivot search, then one race pass.
 template <bool kAligned>
 __global__ void __launch_bounds__(kThreads)
     FilteredSamplingKernel(int32_t* __restrict__ out, const float* __restrict__ probs, int64_t n,
                            RowSource source, Filters filters, uint64_t seed, uint64_t offset) {
   __shared__ SelectShared sh;
-  const int64_t src = source.row(blockIdx.x);
-  if (src < 0) {  // documented: an out-of-range index yields token -1
-    if (threadIdx.x == 0) out[blockIdx.x] = -1;
-    return;
-  }
-  const float* row = probs + src * source.row_stride;
+  const float* row = source_row(probs, source, out);
+  if (!row) return;
   const uint32_t pivot = filter_pivot<kAligned>(row, n, filters, blockIdx.x, sh);
-  const RandomStream rng{seed, offset, blockIdx.x};
-  Best best{0.f, -1};
-  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
-    float e[kVec];
-    rng.exponentials(g, e);
-    for (int j = 0; j < valid; ++j) {
-      if (x[j] > 0.f && ordered_key(x[j]) >= pivot) best = better(best, {x[j] / e[j], g * kVec + j});
-    }
-  });
-  best = block_best(best);
-  if (threadIdx.x == 0) out[blockIdx.x] = best.index < 0 ? 0 : static_cast<int32_t>(best.index);
+  const auto score = [pivot](float x, float e, float* s) {
+    *s = x / e;
+    return x > 0.f && ordered_key(x) >= pivot;
+  };
+  exponential_race<kAligned>(row, n, RandomStream{seed, offset, blockIdx.x}, score,
+                             out + blockIdx.x);
 }
 
-// Sampling from logits: argmax of logit + Gumbel noise (a row of -inf logits yields 0).
+// Sampling from logits: argmax of logit + Gumbel noise, Gumbel = -log(E) (a row of -inf
+// logits yields 0).
 template <bool kAligned, typename T>
 __global__ void __launch_bounds__(kThreads)
     LogitsSamplingKernel(int32_t* __restrict__ out, const T* __restrict__ logits, int64_t n,
                          RowSource source, uint64_t seed, uint64_t offset) {
-  const int64_t src = source.row(blockIdx.x);
-  if (src < 0) {  // documented: an out-of-range index yields token -1
-    if (threadIdx.x == 0) out[blockIdx.x] = -1;
-    return;
-  }
-  const T* row = logits + src * source.row_stride;
-  const RandomStream rng{seed, offset, blockIdx.x};
-  Best best{0.f, -1};
-  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
-    float e[kVec];
-    rng.exponentials(g, e);
-    for (int j = 0; j < valid; ++j) {
-      if (x[j] > -INFINITY) best = better(best, {x[j] - __logf(e[j]), g * kVec + j});
-    }
-  });
-  best = block_best(best);
-  if (threadIdx.x == 0) out[blockIdx.x] = best.index < 0 ? 0 : static_cast<int32_t>(best.index);
+  const T* row = source_row(logits, source, out);
+  if (!row) return;
+  const auto score = [](float x, float e, float* s) {
+    *s = x - __logf(e);
+    return x > -INFINITY;
+  };
+  exponential_race<kAligned>(row, n, RandomStream{seed, offset, blockIdx.x}, score,
+                             out + blockIdx.x);
 }
 
 // top_k_renorm_probs / top_p_renorm_probs: kept probabilities over their sum, others 0.

@@ -250,22 +250,15 @@ def test_gpu_bench_scripts_without_a_gpu_say_so(script: str, tmp_path) -> None:
 
 
 @pytest.mark.gpu
-def test_bench_sampling_quick_run_writes_its_table(tmp_path) -> None:
-    output = tmp_path / "sampling.md"
-    proc = run_python(f"import runpy, sys; sys.argv = ['bench_sampling.py', '--quick', "
-                      f"'--output', {str(output)!r}]; runpy.run_path('bench_sampling.py', "
-                      "run_name='__main__')", cwd=REPO_ROOT / "benchmarks", check=False)
+@pytest.mark.parametrize("script,rows", [
+    ("bench_sampling.py", ["top_k_top_p_sampling_from_logits", "128 x 128k"]),
+    ("bench_decode.py", ["| 64 | 4096 |", "| 1 | 32768 |"]),
+])
+def test_gpu_bench_quick_run_writes_its_table(script: str, rows: list[str], tmp_path) -> None:
+    output = tmp_path / "results.md"
+    proc = run_python(f"import runpy, sys; sys.argv = [{script!r}, '--quick', '--output', "
+                      f"{str(output)!r}]; runpy.run_path({script!r}, run_name='__main__')",
+                      cwd=REPO_ROOT / "benchmarks", check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = output.read_text()
-    assert "top_k_top_p_sampling_from_logits" in text and "128 x 128k" in text
-
-
-@pytest.mark.gpu
-def test_bench_decode_quick_run_writes_its_table(tmp_path) -> None:
-    output = tmp_path / "decode.md"
-    proc = run_python(f"import runpy, sys; sys.argv = ['bench_decode.py', '--quick', "
-                      f"'--output', {str(output)!r}]; runpy.run_path('bench_decode.py', "
-                      "run_name='__main__')", cwd=REPO_ROOT / "benchmarks", check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    text = output.read_text()
-    assert "| 64 | 4096 |" in text and "| 1 | 32768 |" in text
+    assert all(row in text for row in rows), text
