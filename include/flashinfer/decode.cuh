@@ -117,26 +117,23 @@ struct Tiling {
   static constexpr int kStageBytes = 2 * kTileTokens * kHeadDim * 2;
 };
 
-// Token `token` of the request's KV, 8-dim slice `part`, of the CTA's KV head; null when
-// the page id is out of range.
+// Where token `token` of the request lives: the element offset of its slot (page and slot
+// strides of `c` applied), or -1 when its page id is out of range. 32-bit division: KV
+// lengths and page sizes are < 2^31 (checked on the host).
 template <typename T>
-__device__ __forceinline__ const T* kv_slice(const KVCache<T>& c, const PageTable& pt,
-                                             int64_t page_base, int64_t token, int64_t head,
-                                             int part) {
-  int64_t page = 0, slot = token;
-  if (pt.indices) {
-    page = pt.indices[page_base + token / pt.page_size];
-    slot = token % pt.page_size;
-    if (page < 0 || page >= pt.num_pages) return nullptr;
-  }
-  return c.data + page * c.page_stride + slot * c.slot_stride + head * c.head_stride +
-         part * kVec;
+__device__ __forceinline__ int64_t slot_offset(const KVCache<T>& c, const PageTable& pt,
+                                               int64_t page_base, int64_t token) {
+  if (!pt.indices) return token * c.slot_stride;
+  const uint32_t t = static_cast<uint32_t>(token), size = static_cast<uint32_t>(pt.page_size);
+  const int64_t page = pt.indices[page_base + t / size];
+  if (page < 0 || page >= pt.num_pages) return -1;
+  return page * c.page_stride + static_cast<int64_t>(t % size) * c.slot_stride;
 }
 
 // blockDim = (kBdx, group, bdz); grid = (work items, kv heads). Dynamic shared memory:
 // max(2 stages, the final merge's bdz * group * (head_dim + 2) floats).
 template <typename T, int kHeadDim>
-__global__ void DecodeKernel(DecodeParams<T> p, WorkList work) {
+__global__ void __launch_bounds__(1024) DecodeKernel(DecodeParams<T> p, WorkList work) {
   using Tile = Tiling<kHeadDim>;
   constexpr int kBdx = Tile::kBdx, kTile = Tile::kTileTokens;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -166,11 +163,15 @@ __global__ void DecodeKernel(DecodeParams<T> p, WorkList work) {
     for (int c = tid; c < kTile * kBdx; c += threads) {
       const int token = c / kBdx, part = c % kBdx;
       const int64_t t = tile_start + token;
-      const bool in_range = t < item.end;
-      const T* ks = in_range ? kv_slice(p.k, p.pages, page_base, t, kv_head, part) : nullptr;
-      const T* vs = in_range ? kv_slice(p.v, p.pages, page_base, t, kv_head, part) : nullptr;
-      cp_async_16(k_tile(stage) + token * kHeadDim + part * kVec, ks ? ks : p.k.data, ks);
-      cp_async_16(v_tile(stage) + token * kHeadDim + part * kVec, vs ? vs : p.v.data, vs);
+      const int64_t k_at = t < item.end ? slot_offset(p.k, p.pages, page_base, t) : -1;
+      const int64_t v_at = t < item.end ? slot_offset(p.v, p.pages, page_base, t) : -1;
+      const int64_t k_col = kv_head * p.k.head_stride + part * kVec;
+      const int64_t v_col = kv_head * p.v.head_stride + part * kVec;
+      // out of range: zero-fill from a valid dummy address
+      cp_async_16(k_tile(stage) + token * kHeadDim + part * kVec,
+                  p.k.data + (k_at < 0 ? 0 : k_at + k_col), k_at >= 0);
+      cp_async_16(v_tile(stage) + token * kHeadDim + part * kVec,
+                  p.v.data + (v_at < 0 ? 0 : v_at + v_col), v_at >= 0);
     }
     cp_async_commit();
   };
