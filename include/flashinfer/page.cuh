@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "flashinfer/vec.cuh"
+
 namespace flashinfer {
 namespace page {
 
@@ -25,36 +27,86 @@ struct AppendLayout {
   int64_t token_stride, head_stride;  // elements
 };
 
-// grid (nnz, heads): one block copies one head of one token, for both k and v.
-template <typename T>
+// The offset of token `token`'s (page, slot) in a cache of layout `l`, or -1 when its
+// request, page slot or page id is out of range (the token is skipped).
+__device__ __forceinline__ int64_t slot_offset(const CacheLayout& l, int64_t token,
+                                               const int32_t* __restrict__ batch_indices,
+                                               const int32_t* __restrict__ positions,
+                                               const int32_t* __restrict__ kv_indices,
+                                               const int32_t* __restrict__ kv_indptr,
+                                               int64_t batch_size) {
+  const int64_t b = batch_indices[token];
+  const int64_t pos = positions[token];
+  if (b < 0 || b >= batch_size || pos < 0) return -1;
+  const int64_t page_iter = kv_indptr[b] + pos / l.page_size;
+  if (page_iter >= kv_indptr[b + 1]) return -1;
+  const int64_t page = kv_indices[page_iter];
+  if (page < 0 || page >= l.num_pages) return -1;
+  return page * l.page_stride + (pos % l.page_size) * l.slot_stride;
+}
+
+// grid (nnz, ceil(heads / blockDim.y)), block (lanes, heads per block): each thread moves
+// VEC elements at a time (one 16-byte vector when the host found everything aligned).
+template <typename T, int VEC>
 __global__ void AppendPagedKVKernel(T* __restrict__ k_cache, T* __restrict__ v_cache,
                                     const T* __restrict__ key, const T* __restrict__ value,
                                     const int32_t* __restrict__ batch_indices,
                                     const int32_t* __restrict__ positions,
                                     const int32_t* __restrict__ kv_indices,
                                     const int32_t* __restrict__ kv_indptr, int64_t batch_size,
-                                    int64_t head_dim, AppendLayout k_in, AppendLayout v_in,
-                                    CacheLayout k_cache_l, CacheLayout v_cache_l) {
+                                    int64_t heads, int64_t head_dim, AppendLayout k_in,
+                                    AppendLayout v_in, CacheLayout k_cache_l,
+                                    CacheLayout v_cache_l) {
+  using V = Vec<T, VEC>;
   const int64_t token = blockIdx.x;
-  const int64_t head = blockIdx.y;
-  const int64_t b = batch_indices[token];
-  const int64_t pos = positions[token];
-  if (b < 0 || b >= batch_size || pos < 0) return;
-  const int64_t page_iter = kv_indptr[b] + pos / k_cache_l.page_size;
-  if (page_iter >= kv_indptr[b + 1]) return;
-  const int64_t page = kv_indices[page_iter];
-  if (page < 0 || page >= k_cache_l.num_pages) return;
-  const int64_t slot = pos % k_cache_l.page_size;
+  const int64_t head = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
+  if (head >= heads) return;
+  const int64_t k_at =
+      slot_offset(k_cache_l, token, batch_indices, positions, kv_indices, kv_indptr, batch_size);
+  if (k_at < 0) return;
+  const int64_t v_at =
+      slot_offset(v_cache_l, token, batch_indices, positions, kv_indices, kv_indptr, batch_size);
   const T* ks = key + token * k_in.token_stride + head * k_in.head_stride;
   const T* vs = value + token * v_in.token_stride + head * v_in.head_stride;
-  T* kd = k_cache + page * k_cache_l.page_stride + slot * k_cache_l.slot_stride +
-          head * k_cache_l.head_stride;
-  T* vd = v_cache + page * v_cache_l.page_stride + slot * v_cache_l.slot_stride +
-          head * v_cache_l.head_stride;
-  for (int64_t d = threadIdx.x; d < head_dim; d += blockDim.x) {
-    kd[d] = ks[d];
-    vd[d] = vs[d];
+  T* kd = k_cache + k_at + head * k_cache_l.head_stride;
+  T* vd = v_cache + v_at + head * v_cache_l.head_stride;
+  for (int64_t d = threadIdx.x * VEC; d < head_dim; d += blockDim.x * VEC) {
+    *reinterpret_cast<V*>(kd + d) = *reinterpret_cast<const V*>(ks + d);
+    *reinterpret_cast<V*>(vd + d) = *reinterpret_cast<const V*>(vs + d);
   }
+}
+
+template <typename T, int VEC>
+cudaError_t LaunchAppend(T* k_cache, T* v_cache, const T* key, const T* value,
+                         const int32_t* batch_indices, const int32_t* positions,
+                         const int32_t* kv_indices, const int32_t* kv_indptr, int64_t nnz,
+                         int64_t heads, int64_t batch_size, int64_t head_dim, AppendLayout k_in,
+                         AppendLayout v_in, CacheLayout k_cache_l, CacheLayout v_cache_l,
+                         cudaStream_t stream) {
+  const int64_t vectors = (head_dim + VEC - 1) / VEC;
+  const unsigned lanes = vectors >= 128 ? 128u : (vectors >= 64 ? 64u : 32u);
+  const int64_t per_block = heads < 128 / lanes ? heads : 128 / lanes;  // >= 1
+  const dim3 block(lanes, static_cast<unsigned>(per_block));
+  const dim3 grid(static_cast<unsigned>(nnz),
+                  static_cast<unsigned>((heads + per_block - 1) / per_block));
+  AppendPagedKVKernel<T, VEC><<<grid, block, 0, stream>>>(
+      k_cache, v_cache, key, value, batch_indices, positions, kv_indices, kv_indptr, batch_size,
+      heads, head_dim, k_in, v_in, k_cache_l, v_cache_l);
+  return cudaGetLastError();
+}
+
+// Every pointer 16-byte aligned and every stride and head_dim a multiple of the vector.
+template <typename T>
+bool VectorAligned(const void* const* pointers, const int64_t* counts, int num_pointers,
+                   int num_counts) {
+  constexpr int64_t kVec = 16 / sizeof(T);
+  for (int i = 0; i < num_pointers; ++i) {
+    if (reinterpret_cast<uintptr_t>(pointers[i]) % 16 != 0) return false;
+  }
+  for (int i = 0; i < num_counts; ++i) {
+    if (counts[i] % kVec != 0) return false;
+  }
+  return true;
 }
 
 template <typename T>
@@ -65,12 +117,20 @@ cudaError_t AppendPagedKV(T* k_cache, T* v_cache, const T* key, const T* value,
                           AppendLayout k_in, AppendLayout v_in, CacheLayout k_cache_l,
                           CacheLayout v_cache_l, cudaStream_t stream) {
   if (nnz == 0 || heads == 0 || head_dim == 0) return cudaSuccess;
-  const unsigned threads = head_dim >= 128 ? 128u : (head_dim >= 64 ? 64u : 32u);
-  const dim3 grid(static_cast<unsigned>(nnz), static_cast<unsigned>(heads));
-  AppendPagedKVKernel<T><<<grid, threads, 0, stream>>>(
-      k_cache, v_cache, key, value, batch_indices, positions, kv_indices, kv_indptr, batch_size,
-      head_dim, k_in, v_in, k_cache_l, v_cache_l);
-  return cudaGetLastError();
+  const void* pointers[] = {k_cache, v_cache, key, value};
+  const int64_t counts[] = {head_dim, k_in.token_stride, k_in.head_stride, v_in.token_stride,
+                            v_in.head_stride, k_cache_l.page_stride, k_cache_l.slot_stride,
+                            k_cache_l.head_stride, v_cache_l.page_stride, v_cache_l.slot_stride,
+                            v_cache_l.head_stride};
+  if (VectorAligned<T>(pointers, counts, 4, 11)) {
+    return LaunchAppend<T, 16 / sizeof(T)>(k_cache, v_cache, key, value, batch_indices,
+                                          positions, kv_indices, kv_indptr, nnz, heads,
+                                          batch_size, head_dim, k_in, v_in, k_cache_l, v_cache_l,
+                                          stream);
+  }
+  return LaunchAppend<T, 1>(k_cache, v_cache, key, value, batch_indices, positions, kv_indices,
+                            kv_indptr, nnz, heads, batch_size, head_dim, k_in, v_in, k_cache_l,
+                            v_cache_l, stream);
 }
 
 }  // namespace page

@@ -90,10 +90,11 @@ def test_the_binding_checks_too() -> None:
 SENTINEL = 1234.0
 
 
-def _paged_setup(layout: str, dtype: torch.dtype, page_size: int, seed: int):  # noqa: ANN202
+def _paged_setup(layout: str, dtype: torch.dtype, page_size: int, seed: int,
+                 dim: int = 128):  # noqa: ANN202
     """Three requests with existing lengths, a shuffled page table, and appended tokens."""
     torch.manual_seed(seed)
-    heads, dim = 4, 128
+    heads = 4
     old_lens, add_lens = [5, 0, 17], [3, 9, 1]
     new_lens = [o + a for o, a in zip(old_lens, add_lens)]
     pages_per = [(n + page_size - 1) // page_size for n in new_lens]
@@ -125,8 +126,9 @@ def _slot(cache: torch.Tensor, layout: str, page: int, slot: int) -> torch.Tenso
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("page_size", [1, 4, 16])
-def test_append_writes_exactly_the_appended_slots(layout, dtype, page_size) -> None:
-    s = _paged_setup(layout, dtype, page_size, page_size)
+@pytest.mark.parametrize("dim", [128, 36])  # 16-byte vector path, element-wise path
+def test_append_writes_exactly_the_appended_slots(layout, dtype, page_size, dim) -> None:
+    s = _paged_setup(layout, dtype, page_size, page_size, dim)
     flashinfer.append_paged_kv_cache(s["key"], s["value"], s["batch"], s["positions"],
                                      s["k_cache"], s["v_cache"], s["kv_indices"], s["kv_indptr"],
                                      s["last"], kv_layout=layout)
