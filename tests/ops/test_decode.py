@@ -20,7 +20,7 @@ from flashinfer.decode_schedule import (
     plan_decode_schedule,
     plan_length,
 )
-from flashinfer.jit.decode import DTYPES, HEAD_DIMS, gen_decode_module
+from flashinfer.jit.decode import DTYPES, HEAD_DIMS, gen_cascade_module, gen_decode_module
 
 # -- the scheduler (pure host code) --------------------------------------------------------------
 
@@ -325,6 +325,12 @@ def test_decode_and_cascade_bindings_check_too() -> None:
 def test_every_decode_specialization_compiles(dtype: str, head_dim: int) -> None:
     module = gen_decode_module(dtype, head_dim).build_and_load()
     assert module.head_dim() == head_dim and module.dtype() == dtype
+
+
+@pytest.mark.compile_matrix
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_every_cascade_specialization_compiles(dtype: str) -> None:
+    assert gen_cascade_module(dtype).build_and_load().dtype() == dtype
 
 
 # -- GPU: numerics ------------------------------------------------------------------------------

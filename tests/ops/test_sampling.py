@@ -453,3 +453,11 @@ def test_softmax_with_pdl_after_another_kernel() -> None:
         logits.mul_(1.01)  # a kernel right before: PDL must still see its result
         got = flashinfer.softmax(logits, enable_pdl=True)
         torch.testing.assert_close(got, torch.softmax(logits, -1), atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.compile_matrix
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_every_sampling_specialization_compiles(dtype: str) -> None:
+    from flashinfer.jit.sampling import gen_sampling_module
+
+    assert gen_sampling_module(dtype).build_and_load().dtype() == dtype
