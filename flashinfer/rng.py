@@ -8,6 +8,10 @@ explicitly, or a ``torch.Generator`` that supplies it:
   the next call (ours or torch's) draws fresh numbers; reading it costs no device sync;
 - a CPU generator draws a 64-bit seed (offset 0);
 - neither: the default CUDA generator of the tensor's device, as torch's samplers do.
+
+A generator is read on the host when the call is made, so a call captured in a CUDA graph
+replays with the numbers of the capture; pass a fresh ``offset`` per call (and re-capture)
+when replays must differ.
 """
 
 from __future__ import annotations
