@@ -263,6 +263,17 @@ class BatchDecodeWithPagedKVCacheWrapper:
     def is_cuda_graph_enabled(self) -> bool:
         return self._use_cuda_graph
 
+    def __repr__(self) -> str:
+        """What API logs show for the wrapper: its layout, mode and current plan."""
+        plan = self._plan
+        planned = "not planned" if plan is None else (
+            f"batch={plan.batch}, heads={plan.num_qo_heads}/{plan.num_kv_heads}, "
+            f"head_dim={plan.head_dim}, page_size={plan.page_size}, "
+            f"dtype={str(plan.dtype).removeprefix('torch.')}, work_items={plan.schedule.num_work}")
+        return (f"BatchDecodeWithPagedKVCacheWrapper(kv_layout={self._kv_layout!r}, "
+                f"use_cuda_graph={self._use_cuda_graph}, {planned})")
+
+    @flashinfer_api
     def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
              num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
              pos_encoding_mode: str = "NONE", window_left: int = -1,
@@ -354,6 +365,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._copy_done = torch.cuda.Event()
         self._copy_done.record()
 
+    @flashinfer_api
     def run(self, q: torch.Tensor, paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
             out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
             return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:

@@ -21,6 +21,7 @@ from flashinfer.decode_schedule import (
     plan_length,
 )
 from flashinfer.jit.decode import DTYPES, HEAD_DIMS, gen_cascade_module, gen_decode_module
+from tests.conftest import run_python
 
 # -- the scheduler (pure host code) --------------------------------------------------------------
 
@@ -580,3 +581,18 @@ def test_decoding_in_two_halves_and_merging_equals_decoding_whole() -> None:
     merged, merged_lse = flashinfer.merge_state(a[None], sa[None], b[None], sb[None])
     torch.testing.assert_close(merged[0].float(), whole.float(), atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(merged_lse[0], whole_lse, atol=1e-3, rtol=1e-3)
+
+
+def test_wrapper_calls_are_api_logged_with_the_plan() -> None:
+    code = (
+        "import torch, flashinfer\n"
+        "w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1024, dtype=torch.uint8))\n"
+        "try:\n"
+        "    w.run(torch.zeros(1, 8, 128, dtype=torch.float16), (torch.zeros(1), torch.zeros(1)))\n"
+        "except RuntimeError as e:\n"
+        "    print('caught', e)\n")
+    out = run_python(code, env={"FLASHINFER_LOGLEVEL": "3", "FLASHINFER_LOGDEST": "stdout"}).stdout
+    assert "FlashInfer API Call: BatchDecodeWithPagedKVCacheWrapper.run" in out
+    assert "BatchDecodeWithPagedKVCacheWrapper(kv_layout='NHD', use_cuda_graph=False, " \
+           "not planned)" in out
+    assert "raised RuntimeError: call plan() before run()" in out and "caught" in out
