@@ -487,13 +487,13 @@ def test_cuda_graph_capture_and_replay_with_new_data_and_plans() -> None:
     dtype, page_size, qo_heads, kv_heads, head_dim, batch = torch.float16, 16, 32, 8, 128, 4
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     indptr_buf = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")
-    indices_buf = torch.zeros(4096, dtype=torch.int32, device="cuda")
+    indices_buf = torch.zeros(8192, dtype=torch.int32, device="cuda")
     last_buf = torch.zeros(batch, dtype=torch.int32, device="cuda")
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
         workspace, use_cuda_graph=True, paged_kv_indptr_buffer=indptr_buf,
         paged_kv_indices_buffer=indices_buf, paged_kv_last_page_len_buffer=last_buf)
     assert wrapper.is_cuda_graph_enabled
-    num_pages = 3000
+    num_pages = 8000  # the largest plan below needs 6443 pages
     k_cache = torch.randn(num_pages, page_size, kv_heads, head_dim, dtype=dtype, device="cuda")
     v_cache = torch.randn_like(k_cache)
     q = torch.randn(batch, qo_heads, head_dim, dtype=dtype, device="cuda")
