@@ -75,33 +75,6 @@ __device__ __forceinline__ void for_each_group(const T* row, int64_t n, F&& f) {
   }
 }
 
-// Block-wide reduction with `op`; every thread gets the result. blockDim.x is kThreads.
-template <typename V, typename Op>
-__device__ __forceinline__ V block_reduce(V value, Op op) {
-  __shared__ V warp_values[kThreads / 32];
-  __syncthreads();  // a previous call may still be reading warp_values
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  }
-  if ((threadIdx.x & 31) == 0) warp_values[threadIdx.x >> 5] = value;
-  __syncthreads();
-  value = warp_values[threadIdx.x & 31];  // kThreads / 32 == 32: one value per lane
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
-  }
-  return value;
-}
-
-struct Sum {
-  template <typename V>
-  __device__ __forceinline__ V operator()(V a, V b) const { return a + b; }
-};
-struct Max {
-  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-
 // The best (score, index) of the block: higher score wins, then lower index. index -1
 // means no candidate.
 struct Best {
@@ -285,9 +258,9 @@ __device__ uint32_t filter_pivot(const float* row, int64_t n, const Filters& f, 
         largest = fmaxf(largest, x[j]);
       }
     });
-    mass = block_reduce(mass, Sum());
-    top_k_mass = block_reduce(top_k_mass, Sum());
-    largest = block_reduce(largest, Max());
+    mass = block_reduce<kThreads / 32>(mass, Sum(), 0ull);
+    top_k_mass = block_reduce<kThreads / 32>(top_k_mass, Sum(), 0ull);
+    largest = block_reduce<kThreads / 32>(largest, Max(), -INFINITY);
     const float top_p = f.use_top_p ? f.top_p.at(out_row) : 1.f;
     const unsigned long long base = f.top_k_first ? top_k_mass : mass;
     if (top_p < 1.f && base > 0) {
@@ -321,12 +294,12 @@ __global__ void __launch_bounds__(kThreads)
   for_each_group<kAligned>(row, n, [&](int64_t, const float(&x)[kVec], int valid) {
     for (int j = 0; j < valid; ++j) largest = fmaxf(largest, x[j] * inv_t);
   });
-  largest = block_reduce(largest, Max());
+  largest = block_reduce<kThreads / 32>(largest, Max(), -INFINITY);
   float total = 0.f;
   for_each_group<kAligned>(row, n, [&](int64_t, const float(&x)[kVec], int valid) {
     for (int j = 0; j < valid; ++j) total += __expf(x[j] * inv_t - largest);
   });
-  const float inv_total = 1.f / block_reduce(total, Sum());
+  const float inv_total = 1.f / block_reduce<kThreads / 32>(total, Sum(), 0.f);
   for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
     for (int j = 0; j < valid; ++j) dst[g * kVec + j] = __expf(x[j] * inv_t - largest) * inv_total;
   });
@@ -407,7 +380,7 @@ __global__ void __launch_bounds__(kThreads)
   for_each_group<kAligned>(row, n, [&](int64_t, const float(&x)[kVec], int valid) {
     for (int j = 0; j < valid; ++j) kept += ordered_key(x[j]) >= pivot ? x[j] : 0.f;
   });
-  kept = block_reduce(kept, Sum());
+  kept = block_reduce<kThreads / 32>(kept, Sum(), 0.f);
   const float scale = kept > 0.f ? 1.f / kept : 0.f;
   for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
     for (int j = 0; j < valid; ++j) dst[g * kVec + j] = ordered_key(x[j]) >= pivot ? x[j] * scale : 0.f;

@@ -32,27 +32,40 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
-// Sum of `value` over the block; every thread gets the result.
-// blockDim.x must be a multiple of 32 and at most 1024. May be called repeatedly: the
-// leading barrier keeps a call's writes from racing the previous call's reads.
-__device__ __forceinline__ float block_reduce_sum(float value) {
-  __shared__ float warp_sums[32];
+struct Sum {
+  template <typename V>
+  __device__ __forceinline__ V operator()(V a, V b) const { return a + b; }
+};
+struct Max {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// `op` over `value` of every thread of the block; every thread gets the result. `identity`
+// fills the lanes of missing warps. blockDim.x must be a multiple of 32 and at most 1024;
+// kWarps > 0 states it at compile time (blockDim.x == 32 * kWarps). May be called
+// repeatedly: the leading barrier keeps a call's writes from racing the previous call's reads.
+template <int kWarps = 0, typename V, typename Op>
+__device__ __forceinline__ V block_reduce(V value, Op op, V identity) {
+  __shared__ V warp_values[32];
   __syncthreads();
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
+    value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
   }
   const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  if (lane == 0) warp_sums[warp] = value;
+  if (lane == 0) warp_values[threadIdx.x >> 5] = value;
   __syncthreads();
-  const int num_warps = blockDim.x >> 5;
-  value = lane < num_warps ? warp_sums[lane] : 0.f;
+  const int warps = kWarps > 0 ? kWarps : static_cast<int>(blockDim.x >> 5);
+  value = lane < warps ? warp_values[lane] : identity;
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
+    value = op(value, __shfl_xor_sync(0xffffffffu, value, offset));
   }
   return value;
+}
+
+__device__ __forceinline__ float block_reduce_sum(float value) {
+  return block_reduce(value, Sum(), 0.f);
 }
 
 }  // namespace flashinfer
