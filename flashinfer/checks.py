@@ -46,11 +46,16 @@ def check_last_dim_contiguous(name: str, tensor: torch.Tensor) -> None:
         )
 
 
+def check_same_device(name: str, tensor: torch.Tensor, like: torch.Tensor) -> None:
+    if tensor.device != like.device:
+        raise ValueError(f"{name} is on {tensor.device}, the input is on {like.device}")
+
+
 def check_cuda(name: str, tensor: torch.Tensor, like: torch.Tensor | None = None) -> None:
     if tensor.device.type != "cuda":
         raise ValueError(f"{name} must be a CUDA tensor, got device {tensor.device}")
-    if like is not None and tensor.device != like.device:
-        raise ValueError(f"{name} is on {tensor.device}, the input is on {like.device}")
+    if like is not None:
+        check_same_device(name, tensor, like)
 
 
 def check_eps(eps: Any) -> float:

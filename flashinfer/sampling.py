@@ -60,17 +60,13 @@ def _check_rows(name: str, tensor: Any, dtypes: tuple[torch.dtype, ...]) -> torc
     return tensor
 
 
-def _check_device(name: str, tensor: torch.Tensor, like: torch.Tensor) -> None:
-    if tensor.device != like.device:
-        raise ValueError(f"{name} is on {tensor.device}, the input is on {like.device}")
-
 
 def _check_indices(indices: Any, like: torch.Tensor) -> tuple[torch.Tensor | None, int]:
     """The int32 indices (or None) and the output batch size."""
     if indices is None:
         return None, like.shape[0]
     checks.check_index_tensor("indices", indices, None, (torch.int32, torch.int64))
-    _check_device("indices", indices, like)
+    checks.check_same_device("indices", indices, like)
     if indices.shape[0] >= 1 << 31:
         raise ValueError("indices has too many elements")
     return indices.to(torch.int32), indices.shape[0]
@@ -88,7 +84,7 @@ def _per_request(name: str, value: Any, batch: int, like: torch.Tensor, integer:
             raise TypeError(f"{name} has dtype {value.dtype}; expected an integer tensor")
         if value.is_complex():
             raise TypeError(f"{name} has dtype {value.dtype}; expected a real tensor")
-        _check_device(name, value, like)
+        checks.check_same_device(name, value, like)
         return value.to(torch.int32 if integer else torch.float32).contiguous(), low
     kinds = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
@@ -117,9 +113,13 @@ def _check_no_nan(name: str, tensor: torch.Tensor) -> None:
 def _sample_probs(probs: torch.Tensor, indices: Any, *, top_k: Any = None, top_p: Any = None,
                   min_p: Any = None, top_k_first: bool = True, deterministic: Any = True,
                   generator: torch.Generator | None = None, check_nan: Any = False,
-                  seed: int | None = None, offset: int | None = None) -> torch.Tensor:
-    """The one sampling path from probabilities: validate, then one kernel launch."""
-    _check_rows("probs", probs, _PROB_DTYPES)
+                  seed: int | None = None, offset: int | None = None,
+                  from_logits: bool = False) -> torch.Tensor:
+    """The one filtered sampling path: validate everything once, then one sampling launch
+    (``from_logits``: ``probs`` holds logits, turned into probabilities by :func:`softmax`
+    first)."""
+    name = "logits" if from_logits else "probs"
+    _check_rows(name, probs, _LOGIT_DTYPES if from_logits else _PROB_DTYPES)
     _check_flags(deterministic, check_nan)
     index, batch = _check_indices(indices, probs)
     vocab = probs.shape[1]
@@ -135,10 +135,12 @@ def _sample_probs(probs: torch.Tensor, indices: Any, *, top_k: Any = None, top_p
         which |= _MIN_P
         m_values, m = _per_request("min_p", min_p, batch, probs, False, 0.0, 1.0, False)
     check_seed_args(generator, seed, offset)
-    checks.check_cuda("probs", probs)
+    checks.check_cuda(name, probs)
     if check_nan:
-        _check_no_nan("probs", probs)
+        _check_no_nan(name, probs)
     seed, offset = philox_seed_offset(probs.device, generator, seed, offset)
+    if from_logits:
+        probs = softmax(probs)
     out = torch.empty(batch, dtype=torch.int32, device=probs.device)
     if batch:
         get_sampling_module(torch.float32).sampling_from_probs(
@@ -272,20 +274,10 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: int | torch.Te
                                      check_nan: bool = False, seed: int | None = None,
                                      offset: int | None = None) -> torch.Tensor:
     """:func:`softmax` then :func:`top_k_top_p_sampling_from_probs` (two launches)."""
-    _check_rows("logits", logits, _LOGIT_DTYPES)
-    top_k_first = _filter_order(filter_apply_order)
-    _check_flags(deterministic, check_nan)
-    _, batch = _check_indices(indices, logits)
-    vocab = logits.shape[1]
-    _per_request("top_k", top_k, batch, logits, True, 1, vocab, False)
-    _per_request("top_p", top_p, batch, logits, False, 0.0, 1.0, True)
-    check_seed_args(generator, seed, offset)
-    checks.check_cuda("logits", logits)
-    if check_nan:
-        _check_no_nan("logits", logits)
-    return _sample_probs(softmax(logits), indices, top_k=top_k, top_p=top_p,
-                         top_k_first=top_k_first, deterministic=deterministic,
-                         generator=generator, seed=seed, offset=offset)
+    return _sample_probs(logits, indices, top_k=top_k, top_p=top_p,
+                         top_k_first=_filter_order(filter_apply_order),
+                         deterministic=deterministic, generator=generator, check_nan=check_nan,
+                         seed=seed, offset=offset, from_logits=True)
 
 
 @flashinfer_api
