@@ -113,11 +113,13 @@ void SamplingFromProbs(TensorView out, TensorView probs, Optional<TensorView> in
   const SamplingFilters filters = FiltersOf(top_k_values, top_p_values, min_p_values, top_k,
                                             top_p, min_p, which, top_k_first, rows, probs);
   CudaDeviceGuard guard(probs.device().device_id);
-  CheckCudaError(sampling_from_probs_launch(
-                     static_cast<int32_t*>(DataPtr(out)), static_cast<const float*>(DataPtr(probs)),
-                     rows, in.vocab, index, in.rows, in.stride, filters, static_cast<uint64_t>(seed),
-                     static_cast<uint64_t>(offset), in.aligned, CurrentStream(probs.device())),
-                 "sampling kernel launch");
+  CheckCudaError(
+      sampling_from_probs_launch(static_cast<int32_t*>(DataPtr(out)),
+                                 static_cast<const float*>(DataPtr(probs)), rows, in.vocab, index,
+                                 in.rows, in.stride, filters, static_cast<uint64_t>(seed),
+                                 static_cast<uint64_t>(offset), in.aligned,
+                                 CurrentStream(probs.device())),
+      "sampling kernel launch");
 }
 
 void SamplingFromLogits(TensorView out, TensorView logits, Optional<TensorView> indices,

@@ -21,17 +21,16 @@ cudaError_t softmax_launch(float* out, const void* logits, int64_t rows, int64_t
 
 cudaError_t sampling_from_probs_launch(int32_t* out, const float* probs, int64_t rows,
                                        int64_t vocab, const int32_t* indices, int64_t input_rows,
-                                       int64_t row_stride,
-                                       SamplingFilters filters, uint64_t seed, uint64_t offset,
-                                       bool aligned, cudaStream_t stream) {
-  return fs::FilteredSampling(out, probs, rows, vocab, {indices, row_stride, input_rows}, ToFilters(filters),
-                              seed, offset, aligned, stream);
+                                       int64_t row_stride, SamplingFilters filters, uint64_t seed,
+                                       uint64_t offset, bool aligned, cudaStream_t stream) {
+  return fs::FilteredSampling(out, probs, rows, vocab, {indices, row_stride, input_rows},
+                              ToFilters(filters), seed, offset, aligned, stream);
 }
 
 cudaError_t sampling_from_logits_launch(int32_t* out, const void* logits, int64_t rows,
                                         int64_t vocab, const int32_t* indices,
-                                        int64_t input_rows, int64_t row_stride, uint64_t seed, uint64_t offset,
-                                        bool aligned, cudaStream_t stream) {
+                                        int64_t input_rows, int64_t row_stride, uint64_t seed,
+                                        uint64_t offset, bool aligned, cudaStream_t stream) {
   return fs::LogitsSampling(out, static_cast<const DType*>(logits), rows, vocab,
                             {indices, row_stride, input_rows}, seed, offset, aligned, stream);
 }

@@ -23,13 +23,12 @@ cudaError_t softmax_launch(float* out, const void* logits, int64_t rows, int64_t
                            float temperature, bool aligned, bool pdl, cudaStream_t stream);
 cudaError_t sampling_from_probs_launch(int32_t* out, const float* probs, int64_t rows,
                                        int64_t vocab, const int32_t* indices, int64_t input_rows,
-                                       int64_t row_stride,
-                                       SamplingFilters filters, uint64_t seed, uint64_t offset,
-                                       bool aligned, cudaStream_t stream);
+                                       int64_t row_stride, SamplingFilters filters, uint64_t seed,
+                                       uint64_t offset, bool aligned, cudaStream_t stream);
 cudaError_t sampling_from_logits_launch(int32_t* out, const void* logits, int64_t rows,
                                         int64_t vocab, const int32_t* indices,
-                                        int64_t input_rows, int64_t row_stride, uint64_t seed, uint64_t offset,
-                                        bool aligned, cudaStream_t stream);
+                                        int64_t input_rows, int64_t row_stride, uint64_t seed,
+                                        uint64_t offset, bool aligned, cudaStream_t stream);
 cudaError_t renorm_probs_launch(float* out, const float* probs, int64_t rows, int64_t vocab,
                                 int64_t in_stride, int64_t out_stride, SamplingFilters filters,
                                 bool aligned, cudaStream_t stream);

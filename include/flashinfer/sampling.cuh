@@ -264,8 +264,10 @@ __device__ uint32_t filter_pivot(const float* row, int64_t n, const Filters& f, 
     const float top_p = f.use_top_p ? f.top_p.at(out_row) : 1.f;
     const unsigned long long base = f.top_k_first ? top_k_mass : mass;
     if (top_p < 1.f && base > 0) {
-      const double wanted = ceil(static_cast<double>(fmaxf(top_p, 0.f)) * static_cast<double>(base));
-      const unsigned long long target = wanted < 1.0 ? 1ull : static_cast<unsigned long long>(wanted);
+      const double wanted =
+          ceil(static_cast<double>(fmaxf(top_p, 0.f)) * static_cast<double>(base));
+      const unsigned long long target =
+          wanted < 1.0 ? 1ull : static_cast<unsigned long long>(wanted);
       pivot = max(pivot, radix_select<kAligned>(row, n, target, MassWeight(), sh));
     }
     const float min_p = f.use_min_p ? f.min_p.at(out_row) : 0.f;
@@ -383,7 +385,9 @@ __global__ void __launch_bounds__(kThreads)
   kept = block_reduce<kThreads / 32>(kept, Sum(), 0.f);
   const float scale = kept > 0.f ? 1.f / kept : 0.f;
   for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
-    for (int j = 0; j < valid; ++j) dst[g * kVec + j] = ordered_key(x[j]) >= pivot ? x[j] * scale : 0.f;
+    for (int j = 0; j < valid; ++j) {
+      dst[g * kVec + j] = ordered_key(x[j]) >= pivot ? x[j] * scale : 0.f;
+    }
   });
 }
 
@@ -426,52 +430,43 @@ inline cudaError_t launch_rows(void (*kernel)(Params...), int64_t rows, cudaStre
   return err == cudaSuccess ? cudaGetLastError() : err;
 }
 
+// Both instantiations of a kernel share one signature, so `aligned` picks the pointer.
 template <typename T>
 cudaError_t Softmax(float* out, const T* logits, int64_t rows, int64_t n, int64_t in_stride,
                     int64_t out_stride, Param<float> temperature, bool aligned, bool pdl,
                     cudaStream_t stream) {
-  return aligned ? launch_rows(SoftmaxKernel<true, T>, rows, stream, pdl, out, logits, n,
-                               in_stride, out_stride, temperature, pdl)
-                 : launch_rows(SoftmaxKernel<false, T>, rows, stream, pdl, out, logits, n,
-                               in_stride, out_stride, temperature, pdl);
+  return launch_rows(aligned ? SoftmaxKernel<true, T> : SoftmaxKernel<false, T>, rows, stream,
+                     pdl, out, logits, n, in_stride, out_stride, temperature, pdl);
 }
 
 inline cudaError_t FilteredSampling(int32_t* out, const float* probs, int64_t rows, int64_t n,
                                     RowSource source, Filters filters, uint64_t seed,
                                     uint64_t offset, bool aligned, cudaStream_t stream) {
-  return aligned ? launch_rows(FilteredSamplingKernel<true>, rows, stream, false, out, probs, n,
-                               source, filters, seed, offset)
-                 : launch_rows(FilteredSamplingKernel<false>, rows, stream, false, out, probs, n,
-                               source, filters, seed, offset);
+  return launch_rows(aligned ? FilteredSamplingKernel<true> : FilteredSamplingKernel<false>,
+                     rows, stream, false, out, probs, n, source, filters, seed, offset);
 }
 
 template <typename T>
 cudaError_t LogitsSampling(int32_t* out, const T* logits, int64_t rows, int64_t n,
                            RowSource source, uint64_t seed, uint64_t offset, bool aligned,
                            cudaStream_t stream) {
-  return aligned ? launch_rows(LogitsSamplingKernel<true, T>, rows, stream, false, out, logits,
-                               n, source, seed, offset)
-                 : launch_rows(LogitsSamplingKernel<false, T>, rows, stream, false, out, logits,
-                               n, source, seed, offset);
+  return launch_rows(aligned ? LogitsSamplingKernel<true, T> : LogitsSamplingKernel<false, T>,
+                     rows, stream, false, out, logits, n, source, seed, offset);
 }
 
 inline cudaError_t RenormProbs(float* out, const float* probs, int64_t rows, int64_t n,
                                int64_t in_stride, int64_t out_stride, Filters filters,
                                bool aligned, cudaStream_t stream) {
-  return aligned ? launch_rows(RenormProbsKernel<true>, rows, stream, false, out, probs, n,
-                               in_stride, out_stride, filters)
-                 : launch_rows(RenormProbsKernel<false>, rows, stream, false, out, probs, n,
-                               in_stride, out_stride, filters);
+  return launch_rows(aligned ? RenormProbsKernel<true> : RenormProbsKernel<false>, rows, stream,
+                     false, out, probs, n, in_stride, out_stride, filters);
 }
 
 template <typename T>
 cudaError_t MaskLogits(T* out, const T* logits, int64_t rows, int64_t n, int64_t in_stride,
                        int64_t out_stride, Param<int32_t> top_k, bool aligned,
                        cudaStream_t stream) {
-  return aligned ? launch_rows(MaskLogitsKernel<true, T>, rows, stream, false, out, logits, n,
-                               in_stride, out_stride, top_k)
-                 : launch_rows(MaskLogitsKernel<false, T>, rows, stream, false, out, logits, n,
-                               in_stride, out_stride, top_k);
+  return launch_rows(aligned ? MaskLogitsKernel<true, T> : MaskLogitsKernel<false, T>, rows,
+                     stream, false, out, logits, n, in_stride, out_stride, top_k);
 }
 
 }  // namespace sampling
