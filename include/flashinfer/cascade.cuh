@@ -15,32 +15,6 @@
 namespace flashinfer {
 namespace cascade {
 
-// Running merge of states, in a numerically safe form: every weight is exp(s_i - max_s).
-// A state with s = -inf (over no keys) contributes nothing; merging nothing gives v = 0,
-// s = -inf.
-struct StateAccumulator {
-  float max_s = -INFINITY;
-  float weight = 0.f;  // sum of exp(s_i - max_s)
-
-  // Rescales `acc` (the running weighted sum of v) and returns the new state's weight.
-  __device__ __forceinline__ float add(float s, float* acc, int n) {
-    if (s == -INFINITY) return 0.f;
-    if (s > max_s) {
-      const float rescale = __expf(max_s - s);  // 0 when max_s was -inf
-      for (int i = 0; i < n; ++i) acc[i] *= rescale;
-      weight *= rescale;
-      max_s = s;
-    }
-    const float w = __expf(s - max_s);
-    weight += w;
-    return w;
-  }
-  __device__ __forceinline__ float scale() const { return weight > 0.f ? 1.f / weight : 0.f; }
-  __device__ __forceinline__ float lse() const {
-    return weight > 0.f ? max_s + __logf(weight) : -INFINITY;
-  }
-};
-
 // Where states live. State i of a head: v at v + i * v_state_stride + head * v_head_stride
 // (head_dim contiguous elements), s at s + i * s_state_stride + head * s_head_stride.
 template <typename T>
@@ -73,6 +47,49 @@ struct MergeSchedule {
 constexpr int kMergeThreads = 64;
 constexpr int kMaxDimsPerThread = 8;  // head_dim <= 512
 
+// A running merge of states for this thread's dims, in a numerically safe form: every
+// weight is exp(s_i - max_s). A state with s = -inf (over no keys) contributes nothing;
+// merging nothing gives v = 0, s = -inf.
+struct StateMerger {
+  float max_s = -INFINITY;
+  float weight = 0.f;                  // sum of exp(s_i - max_s)
+  float acc[kMaxDimsPerThread] = {};  // sum of exp(s_i - max_s) * v_i
+
+  template <typename T>
+  __device__ __forceinline__ void add(float s, const T* v, int64_t head_dim) {
+    if (s == -INFINITY) return;
+    if (s > max_s) {
+      const float rescale = __expf(max_s - s);  // 0 when max_s was -inf
+#pragma unroll
+      for (int j = 0; j < kMaxDimsPerThread; ++j) acc[j] *= rescale;
+      weight *= rescale;
+      max_s = s;
+    }
+    const float w = __expf(s - max_s);
+    weight += w;
+    if (w == 0.f) return;
+#pragma unroll
+    for (int j = 0; j < kMaxDimsPerThread; ++j) {
+      const int64_t d = threadIdx.x + j * kMergeThreads;
+      if (d < head_dim) acc[j] += w * to_float(v[d]);
+    }
+  }
+
+  template <typename T>
+  __device__ __forceinline__ void store(T* dst, int64_t head_dim) const {
+    const float scale = weight > 0.f ? 1.f / weight : 0.f;
+#pragma unroll
+    for (int j = 0; j < kMaxDimsPerThread; ++j) {
+      const int64_t d = threadIdx.x + j * kMergeThreads;
+      if (d < head_dim) dst[d] = from_float<T>(acc[j] * scale);
+    }
+  }
+
+  __device__ __forceinline__ float lse() const {
+    return weight > 0.f ? max_s + __logf(weight) : -INFINITY;
+  }
+};
+
 template <typename TIn, typename TOut>
 __global__ void __launch_bounds__(kMergeThreads)
     MergeStatesKernel(OutputArray<TOut> out, StateArray<TIn> in, MergeSchedule schedule,
@@ -82,27 +99,15 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int64_t first = schedule.indptr ? schedule.indptr[p] : p * schedule.per_position;
   const int64_t last = schedule.indptr ? schedule.indptr[p + 1] : first + schedule.per_position;
   const int64_t row = schedule.out_rows ? schedule.out_rows[p] : p;
-  float acc[kMaxDimsPerThread] = {};
-  StateAccumulator state;
+  StateMerger state;
   for (int64_t i = first; i < last; ++i) {
-    const float s = in.s[i * in.s_state_stride + head * in.s_head_stride];
-    const TIn* v = in.v + i * in.v_state_stride + head * in.v_head_stride;
-    const float w = state.add(s, acc, kMaxDimsPerThread);
-    if (w == 0.f) continue;
-#pragma unroll
-    for (int j = 0; j < kMaxDimsPerThread; ++j) {
-      const int64_t d = threadIdx.x + j * kMergeThreads;
-      if (d < head_dim) acc[j] += w * to_float(v[d]);
-    }
+    state.add(in.s[i * in.s_state_stride + head * in.s_head_stride],
+              in.v + i * in.v_state_stride + head * in.v_head_stride, head_dim);
   }
-  const float scale = state.scale();
-  TOut* dst = out.v + row * out.v_row_stride + head * out.v_head_stride;
-#pragma unroll
-  for (int j = 0; j < kMaxDimsPerThread; ++j) {
-    const int64_t d = threadIdx.x + j * kMergeThreads;
-    if (d < head_dim) dst[d] = from_float<TOut>(acc[j] * scale);
+  state.store(out.v + row * out.v_row_stride + head * out.v_head_stride, head_dim);
+  if (out.s && threadIdx.x == 0) {
+    out.s[row * out.s_row_stride + head * out.s_head_stride] = state.lse();
   }
-  if (out.s && threadIdx.x == 0) out.s[row * out.s_row_stride + head * out.s_head_stride] = state.lse();
 }
 
 // merge_state / merge_state_in_place: out = merge(a, b) where mask[p] (everywhere when
@@ -115,32 +120,15 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int64_t p = blockIdx.x, head = blockIdx.y;
   const bool merge = !mask || mask[p];
   if (!merge && in_place) return;
-  const T* va = a.v + p * a.v_state_stride + head * a.v_head_stride;
-  const T* vb = b.v + p * b.v_state_stride + head * b.v_head_stride;
-  const float sa = a.s[p * a.s_state_stride + head * a.s_head_stride];
-  const float sb = merge ? b.s[p * b.s_state_stride + head * b.s_head_stride] : -INFINITY;
-  float acc[kMaxDimsPerThread] = {};
-  StateAccumulator state;
-  const float wa = state.add(sa, acc, kMaxDimsPerThread);
-#pragma unroll
-  for (int j = 0; j < kMaxDimsPerThread; ++j) {
-    const int64_t d = threadIdx.x + j * kMergeThreads;
-    if (d < head_dim && wa != 0.f) acc[j] += wa * to_float(va[d]);
+  StateMerger state;
+  state.add(a.s[p * a.s_state_stride + head * a.s_head_stride],
+            a.v + p * a.v_state_stride + head * a.v_head_stride, head_dim);
+  if (merge) {
+    state.add(b.s[p * b.s_state_stride + head * b.s_head_stride],
+              b.v + p * b.v_state_stride + head * b.v_head_stride, head_dim);
   }
-  const float wb = state.add(sb, acc, kMaxDimsPerThread);
-#pragma unroll
-  for (int j = 0; j < kMaxDimsPerThread; ++j) {
-    const int64_t d = threadIdx.x + j * kMergeThreads;
-    if (d < head_dim && wb != 0.f) acc[j] += wb * to_float(vb[d]);
-  }
-  const float scale = state.scale();
   __syncthreads();  // in place: every thread has read s_a before thread 0 overwrites it
-  T* dst = out.v + p * out.v_row_stride + head * out.v_head_stride;
-#pragma unroll
-  for (int j = 0; j < kMaxDimsPerThread; ++j) {
-    const int64_t d = threadIdx.x + j * kMergeThreads;
-    if (d < head_dim) dst[d] = from_float<T>(acc[j] * scale);
-  }
+  state.store(out.v + p * out.v_row_stride + head * out.v_head_stride, head_dim);
   if (threadIdx.x == 0) out.s[p * out.s_row_stride + head * out.s_head_stride] = state.lse();
 }
 
