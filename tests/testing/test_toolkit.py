@@ -237,14 +237,20 @@ GPU_BENCH_SCRIPTS = ["bench_norm.py", "bench_activation.py", "bench_rope.py", "b
                      "bench_sampling.py", "bench_decode.py"]
 
 
+def _run_bench(script: str, *args: str):  # noqa: ANN202 - CompletedProcess
+    """benchmarks/<script> with ``args`` in a fresh interpreter, from benchmarks/."""
+    argv = [script, *args]
+    return run_python(f"import runpy, sys; sys.argv = {argv!r}; "
+                      f"runpy.run_path({script!r}, run_name='__main__')",
+                      cwd=REPO_ROOT / "benchmarks", check=False)
+
+
 @pytest.mark.parametrize("script", GPU_BENCH_SCRIPTS)
 def test_gpu_bench_scripts_without_a_gpu_say_so(script: str, tmp_path) -> None:
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     output = tmp_path / "results.md"
-    proc = run_python(f"import runpy, sys; sys.argv = [{script!r}, '--output', {str(output)!r}]; "
-                      f"runpy.run_path({str(REPO_ROOT / 'benchmarks' / script)!r}, "
-                      "run_name='__main__')", cwd=REPO_ROOT / "benchmarks", check=False)
+    proc = _run_bench(script, "--output", str(output))
     assert proc.returncode == 0, proc.stderr
     assert "no CUDA GPU visible" in proc.stdout and not output.exists()
 
@@ -256,9 +262,7 @@ def test_gpu_bench_scripts_without_a_gpu_say_so(script: str, tmp_path) -> None:
 ])
 def test_gpu_bench_quick_run_writes_its_table(script: str, rows: list[str], tmp_path) -> None:
     output = tmp_path / "results.md"
-    proc = run_python(f"import runpy, sys; sys.argv = [{script!r}, '--quick', '--output', "
-                      f"{str(output)!r}]; runpy.run_path({script!r}, run_name='__main__')",
-                      cwd=REPO_ROOT / "benchmarks", check=False)
+    proc = _run_bench(script, "--quick", "--output", str(output))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = output.read_text()
     assert all(row in text for row in rows), text
