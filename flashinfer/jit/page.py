@@ -5,12 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from .core import JitSpec
-from .dtypes import dtype_uri, gen_dtype_module
+from .dtypes import gen_dtype_module
 from .registry import register_op
-
-
-def page_uri(dtype: Any) -> str:
-    return dtype_uri("page", dtype)
 
 
 def gen_page_module(dtype: Any) -> JitSpec:

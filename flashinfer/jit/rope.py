@@ -5,14 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from .core import JitSpec
-from .dtypes import dtype_uri, gen_dtype_module
+from .dtypes import gen_dtype_module
 from .registry import register_op
 
 _OUTPUTS_INPUTS = ("q_out", "k_out", "q", "k", "pos_ids")
-
-
-def rope_uri(dtype: Any) -> str:
-    return dtype_uri("rope", dtype)
 
 
 def gen_rope_module(dtype: Any) -> JitSpec:
