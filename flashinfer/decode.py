@@ -209,6 +209,10 @@ class _Plan:
     scale: float
     cap: float
     indices: torch.Tensor  # on the device
+    # workspace views: the schedule (int32), partial outputs and their LSEs (float32)
+    plan_words: torch.Tensor
+    tmp_v: torch.Tensor
+    tmp_lse: torch.Tensor
 
 
 class BatchDecodeWithPagedKVCacheWrapper:
@@ -334,7 +338,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if needed > self._workspace.numel():
             raise ValueError(f"float_workspace_buffer has {self._workspace.numel()} bytes; this "
                              f"plan needs {needed}")
-        self._upload(words)
+        plan_words = self._workspace[:int_bytes].view(torch.int32)
+        self._upload(words, plan_words)
         if self._indices_buffer is not None:
             if indices.shape[0] > self._indices_buffer.shape[0]:
                 raise ValueError(f"{indices.shape[0]} page indices exceed the CUDA-graph buffer's "
@@ -349,19 +354,21 @@ class BatchDecodeWithPagedKVCacheWrapper:
             work_capacity=work_cap, merge_capacity=merge_cap, tmp_capacity=tmp_cap,
             grid_work=work_cap if self._use_cuda_graph else schedule.num_work,
             grid_merge=merge_cap if self._use_cuda_graph else schedule.num_merge,
-            scale=scale, cap=cap, indices=device_indices)
-        self._regions = (int_bytes, tmp_v_bytes, tmp_lse_bytes)
+            scale=scale, cap=cap, indices=device_indices,
+            plan_words=plan_words,
+            tmp_v=self._workspace[int_bytes:int_bytes + tmp_v_bytes].view(torch.float32),
+            tmp_lse=self._workspace[int_bytes + tmp_v_bytes:needed].view(torch.float32))
 
-    def _upload(self, words: list[int]) -> None:
-        """One async host-to-device copy of the schedule into the workspace. The pinned
-        staging buffer is reused once the previous plan's copy has finished."""
+    def _upload(self, words: list[int], target: torch.Tensor) -> None:
+        """One async host-to-device copy of the schedule into ``target`` (the workspace's
+        int32 region). The pinned staging buffer is reused once the previous plan's copy has
+        finished."""
         if self._copy_done is not None:
             self._copy_done.synchronize()
         if self._host_words is None or self._host_words.numel() < len(words):
             self._host_words = torch.empty(len(words), dtype=torch.int32, pin_memory=True)
         self._host_words[: len(words)] = torch.tensor(words, dtype=torch.int32)
-        target = self._workspace[: 4 * len(words)].view(torch.int32)
-        target.copy_(self._host_words[: len(words)], non_blocking=True)
+        target[: len(words)].copy_(self._host_words[: len(words)], non_blocking=True)
         self._copy_done = torch.cuda.Event()
         self._copy_done.record()
 
@@ -394,15 +401,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
             lse = torch.empty(shape[:2], dtype=torch.float32, device=q.device)
         elif lse is not None:
             _check_output("lse", lse, shape[:2], torch.float32, q)
-        int_bytes, tmp_v_bytes, tmp_lse_bytes = self._regions
-        plan_words = self._workspace[:int_bytes].view(torch.int32)
-        tmp_v = self._workspace[int_bytes:int_bytes + tmp_v_bytes].view(torch.float32)
-        tmp_lse = self._workspace[int_bytes + tmp_v_bytes:
-                                  int_bytes + tmp_v_bytes + tmp_lse_bytes].view(torch.float32)
         get_decode_module(plan.dtype, plan.head_dim).batch_decode(
-            q, k_cache, v_cache, plan.indices, plan_words, tmp_v, tmp_lse, out, lse, self._hnd,
-            plan.work_capacity, plan.merge_capacity, plan.tmp_capacity, plan.grid_work,
-            plan.grid_merge, plan.scale, plan.cap)
+            q, k_cache, v_cache, plan.indices, plan.plan_words, plan.tmp_v, plan.tmp_lse, out,
+            lse, self._hnd, plan.work_capacity, plan.merge_capacity, plan.tmp_capacity,
+            plan.grid_work, plan.grid_merge, plan.scale, plan.cap)
         return (out, lse) if return_lse else out
 
     forward = run

@@ -169,7 +169,7 @@ def cpu_plan(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
     monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: 64)
     monkeypatch.setattr(decode_api, "_sm_count", lambda device: 2)
     monkeypatch.setattr(decode_api.BatchDecodeWithPagedKVCacheWrapper, "_upload",
-                        lambda self, words: uploads.append(list(words)))
+                        lambda self, words, target: uploads.append(list(words)))
     monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
     return uploads
 
