@@ -58,6 +58,13 @@ def check_cuda(name: str, tensor: torch.Tensor, like: torch.Tensor | None = None
         check_same_device(name, tensor, like)
 
 
+def check_kv_layout(kv_layout: Any) -> bool:
+    """A paged/contiguous KV layout name; True for "HND" (heads before tokens)."""
+    if kv_layout not in ("NHD", "HND"):
+        raise ValueError(f"kv_layout must be 'NHD' or 'HND', got {kv_layout!r}")
+    return kv_layout == "HND"
+
+
 def check_eps(eps: Any) -> float:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)):
         raise TypeError(f"eps must be a float, got {type(eps).__name__}")

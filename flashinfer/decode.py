@@ -31,7 +31,6 @@ from .jit.decode import HEAD_DIMS, gen_decode_module
 from .jit.dtypes import dtype_info
 
 _DTYPES = (torch.float16, torch.bfloat16)
-_LAYOUTS = ("NHD", "HND")
 _INDEX = (torch.int32, torch.int64)
 _LOG2E = 1.4426950408889634
 _ALIGN = 256  # bytes: each workspace region starts at a multiple of this offset
@@ -78,12 +77,6 @@ def _check_int(name: str, value: Any, low: int) -> int:
     if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
     return value
-
-
-def _check_layout(kv_layout: Any) -> bool:
-    if kv_layout not in _LAYOUTS:
-        raise ValueError(f"kv_layout must be 'NHD' or 'HND', got {kv_layout!r}")
-    return kv_layout == "HND"
 
 
 def _check_heads(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> int:
@@ -149,7 +142,7 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     """Attention of one query ``q`` ``[num_qo_heads, head_dim]`` over ``k``/``v``
     ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]``
     (HND). Returns ``out`` like q, and ``lse`` ``[num_qo_heads]`` with ``return_lse``."""
-    hnd = _check_layout(kv_layout)
+    hnd = checks.check_kv_layout(kv_layout)
     _check_pos_encoding(pos_encoding_mode)
     checks.check_tensor("q", q)
     checks.check_ndim("q", q, 2, "[num_qo_heads, head_dim]")
@@ -237,7 +230,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise ValueError("float_workspace_buffer must be a contiguous 1-D tensor")
         if float_workspace_buffer.data_ptr() % 16:
             raise ValueError("float_workspace_buffer must be 16-byte aligned")
-        self._hnd = _check_layout(kv_layout)
+        self._hnd = checks.check_kv_layout(kv_layout)
         self._kv_layout = kv_layout
         if not isinstance(use_cuda_graph, bool):
             raise TypeError("use_cuda_graph must be a bool")

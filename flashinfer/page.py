@@ -19,7 +19,6 @@ from .jit.page import gen_page_module
 from .ragged import token_requests
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_LAYOUTS = ("NHD", "HND")
 _INDEX = (torch.int32,)
 
 
@@ -69,15 +68,14 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
                          f"{tuple(append_key.shape)}")
     checks.check_dtype("append_key", append_key, _DTYPES)
     checks.check_same_dtype("append_value", append_value, "append_key", append_key)
-    if kv_layout not in _LAYOUTS:
-        raise ValueError(f"kv_layout must be 'NHD' or 'HND', got {kv_layout!r}")
+    hnd = checks.check_kv_layout(kv_layout)
     nnz, heads, dim = append_key.shape
     for name, cache in (("paged_k_cache", paged_k_cache), ("paged_v_cache", paged_v_cache)):
         checks.check_tensor(name, cache)
         checks.check_ndim(name, cache, 4, f"[max_pages, ...] in {kv_layout} layout")
         checks.check_same_dtype(name, cache, "append_key", append_key)
         checks.check_last_dim_contiguous(name, cache)
-        cache_heads = cache.shape[1] if kv_layout == "HND" else cache.shape[2]
+        cache_heads = cache.shape[1] if hnd else cache.shape[2]
         if cache_heads != heads or cache.shape[3] != dim:
             raise ValueError(f"{name} holds {cache_heads} heads of dim {cache.shape[3]} "
                              f"({kv_layout}), the appended keys have {heads} of dim {dim}")
@@ -99,4 +97,4 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
     if nnz:
         get_page_module(append_key.dtype).append_paged_kv_cache(
             append_key, append_value, batch_indices, positions, paged_k_cache, paged_v_cache,
-            kv_indices, kv_indptr, kv_last_page_len, kv_layout == "HND")
+            kv_indices, kv_indptr, kv_last_page_len, hnd)
