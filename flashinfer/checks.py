@@ -83,3 +83,35 @@ def check_index_tensor(name: str, tensor: Any, length: int | None,
     check_dtype(name, tensor, dtypes)
     if not tensor.is_contiguous():
         raise ValueError(f"{name} must be contiguous")
+
+
+def check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_int(name: str, value: Any, low: int | None = None, high: int | None = None) -> int:
+    """An int (bool rejected) in ``[low, high]`` (either bound optional)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be <= {high}, got {value}")
+    return value
+
+
+def check_number(name: str, value: Any, low: float | None = None, high: float | None = None,
+                 *, low_open: bool = False, high_open: bool = False) -> float:
+    """A finite real number (bool rejected) within the bounds, each closed unless ``*_open``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if low is not None and (value <= low if low_open else value < low):
+        raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}")
+    if high is not None and (value >= high if high_open else value > high):
+        raise ValueError(f"{name} must be {'<' if high_open else '<='} {high}, got {value}")
+    return value

@@ -33,6 +33,7 @@ import torch
 from . import checks
 from .api_logging import flashinfer_api
 from .jit.sampling import gen_sampling_module
+from .pdl import resolve_enable_pdl
 from .rng import as_int64, check_seed_args, philox_seed_offset
 
 _LOGIT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -156,12 +157,6 @@ def _filter_order(filter_apply_order: Any) -> bool:
     return filter_apply_order == "top_k_first"
 
 
-def _default_pdl(device: torch.device) -> bool:
-    from .utils import get_compute_capability
-
-    return get_compute_capability(device)[0] >= 9
-
-
 @flashinfer_api
 def softmax(logits: torch.Tensor, temperature: float | torch.Tensor | None = None,
             enable_pdl: bool | None = None) -> torch.Tensor:
@@ -171,11 +166,8 @@ def softmax(logits: torch.Tensor, temperature: float | torch.Tensor | None = Non
     _check_rows("logits", logits, _LOGIT_DTYPES)
     values, scalar = (None, 1.0) if temperature is None else _per_request(
         "temperature", temperature, logits.shape[0], logits, False, 0.0, math.inf, True)
-    if enable_pdl is not None and not isinstance(enable_pdl, bool):
-        raise TypeError(f"enable_pdl must be a bool or None, got {type(enable_pdl).__name__}")
+    enable_pdl = resolve_enable_pdl(enable_pdl, logits.device)
     checks.check_cuda("logits", logits)
-    if enable_pdl is None:
-        enable_pdl = _default_pdl(logits.device)
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     if logits.shape[0]:
         get_sampling_module(logits.dtype).softmax(out, logits, values, float(scalar), enable_pdl)

@@ -29,6 +29,7 @@
 
 #include <cstdint>
 
+#include "flashinfer/pdl.cuh"
 #include "flashinfer/philox.h"
 #include "flashinfer/vec.cuh"
 
@@ -283,12 +284,10 @@ template <bool kAligned, typename T>
 __global__ void __launch_bounds__(kThreads)
     SoftmaxKernel(float* __restrict__ out, const T* __restrict__ logits, int64_t n,
                   int64_t in_stride, int64_t out_stride, Param<float> temperature, bool pdl) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (pdl) {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;");
+    pdl_wait();
+    pdl_launch_dependents();
   }
-#endif
   const T* row = logits + blockIdx.x * in_stride;
   float* dst = out + blockIdx.x * out_stride;
   const float inv_t = 1.f / temperature.at(blockIdx.x);
@@ -417,17 +416,8 @@ template <typename... Params, typename... Args>
 inline cudaError_t launch_rows(void (*kernel)(Params...), int64_t rows, cudaStream_t stream,
                                bool pdl, Args... args) {
   if (rows == 0) return cudaSuccess;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(rows));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute attribute;
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  cudaError_t err = cudaLaunchKernelEx(&config, kernel, args...);
-  return err == cudaSuccess ? cudaGetLastError() : err;
+  return launch_kernel(kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, pdl,
+                       args...);
 }
 
 // Both instantiations of a kernel share one signature, so `aligned` picks the pointer.

@@ -1,0 +1,25 @@
+"""Programmatic dependent launch (PDL): the ``enable_pdl`` argument of kernel APIs.
+
+With PDL a kernel may be scheduled while the previous kernel on the stream drains; it
+waits (``griddepcontrol.wait``, see include/flashinfer/pdl.cuh) before touching memory
+the previous kernel writes, so results do not change. Hopper (sm90) and newer only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def resolve_enable_pdl(enable_pdl: Any, device: torch.device) -> bool:
+    """``enable_pdl`` as the reference takes it: ``None`` means on for sm90+ devices."""
+    if enable_pdl is not None and not isinstance(enable_pdl, bool):
+        raise TypeError(f"enable_pdl must be a bool or None, got {type(enable_pdl).__name__}")
+    if enable_pdl is not None:
+        return enable_pdl
+    if device.type != "cuda":
+        return False
+    from .utils import get_compute_capability
+
+    return get_compute_capability(device)[0] >= 9
