@@ -122,12 +122,24 @@ DecodeLaunch LaunchOf(const TensorView& q, const TensorView& out, float* lse,
   return launch;
 }
 
-void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorView kv_indices,
-                 TensorView plan, TensorView tmp_v, TensorView tmp_lse, TensorView out,
-                 Optional<TensorView> lse, bool hnd, int64_t work_capacity,
-                 int64_t merge_capacity, int64_t tmp_capacity, int64_t grid_work,
-                 int64_t grid_merge,
-                 double score_scale, double score_cap) {
+// A 1-D contiguous int32 tensor of at least `elements` entries on q's device.
+const int32_t* IndexArray(const TensorView& t, const char* name, int64_t elements,
+                          const TensorView& q) {
+  CheckDType(t, name, kDLInt, 32);
+  FLASHINFER_CHECK(t.ndim() == 1 && (t.size(0) <= 1 || t.stride(0) == 1), ValueError)
+      << name << " must be 1-D and contiguous";
+  FLASHINFER_CHECK(t.size(0) >= elements, ValueError)
+      << name << " has " << t.size(0) << " elements, needs " << elements;
+  CheckSameDevice(q, t, "q", name);
+  return static_cast<const int32_t*>(DataPtr(t));
+}
+
+void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorView kv_indptr,
+                 TensorView kv_indices, TensorView kv_last_page_len, TensorView plan,
+                 TensorView tmp_v, TensorView tmp_lse, TensorView out, Optional<TensorView> lse,
+                 bool hnd, int64_t work_capacity, int64_t merge_capacity, int64_t tmp_capacity,
+                 int64_t grid_work, int64_t grid_merge, int64_t chunk_tokens,
+                 int64_t window_left, double score_scale, double score_cap, bool enable_pdl) {
   CheckHeads(q, "q", 3, -1, -1);
   const int64_t batch = q.size(0), qo_heads = q.size(1);
   CheckHeads(out, "out", 3, batch, qo_heads);
@@ -141,29 +153,26 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
   FLASHINFER_CHECK(page_size == v_page_size && k_cache.size(0) == v_cache.size(0), ValueError)
       << "k_cache and v_cache differ in pages or page_size";
   FLASHINFER_CHECK(page_size >= 1, ValueError) << "page_size must be >= 1";
-  CheckDType(kv_indices, "kv_indices", kDLInt, 32);
-  FLASHINFER_CHECK(kv_indices.ndim() == 1 && (kv_indices.size(0) <= 1 || kv_indices.stride(0) == 1),
-                   ValueError) << "kv_indices must be 1-D and contiguous";
-  CheckDType(plan, "plan", kDLInt, 32);
+  CheckCuda(q, "q");
+  const int32_t* indptr = IndexArray(kv_indptr, "kv_indptr", batch + 1, q);
+  const int32_t* indices = IndexArray(kv_indices, "kv_indices", 0, q);
+  const int32_t* last_page_len = IndexArray(kv_last_page_len, "kv_last_page_len", batch, q);
   FLASHINFER_CHECK(work_capacity >= grid_work && merge_capacity >= grid_merge && grid_work >= 0 &&
-                       grid_merge >= 0 && plan.ndim() == 1 && plan.stride(0) == 1 &&
-                       plan.size(0) >= 3 + 4 * work_capacity + 2 * merge_capacity + batch + 1,
-                   ValueError) << "the plan buffer does not match the schedule";
+                       grid_merge >= 0 && chunk_tokens >= 1 && window_left >= -1,
+                   ValueError) << "the launch does not match the schedule";
+  const int32_t* plan_ptr =
+      IndexArray(plan, "plan", 3 + 4 * work_capacity + 2 * merge_capacity, q);
   // the plan's tmp rows are < tmp_capacity
   CheckFloatBuffer(tmp_v, "tmp_v", tmp_capacity * qo_heads * kHeadDim);
   CheckFloatBuffer(tmp_lse, "tmp_lse", tmp_capacity * qo_heads);
   float* lse_ptr = LseOf(lse, batch, qo_heads, q);
-  CheckCuda(q, "q");
   for (const auto& [t, name] : {std::pair{&k_cache, "k_cache"}, {&v_cache, "v_cache"},
-                                {&kv_indices, "kv_indices"}, {&plan, "plan"}, {&tmp_v, "tmp_v"},
-                                {&tmp_lse, "tmp_lse"}, {&out, "out"}}) {
+                                {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"}, {&out, "out"}}) {
     CheckSameDevice(q, *t, "q", name);
   }
-  const int32_t* plan_ptr = static_cast<const int32_t*>(DataPtr(plan));
   const DecodeKV kv{DataPtr(k_cache), DataPtr(v_cache), ks.page, ks.slot, ks.head, vs.page,
-                    vs.slot, vs.head, static_cast<const int32_t*>(DataPtr(kv_indices)),
-                    plan_ptr + 3 + 4 * work_capacity + 2 * merge_capacity, page_size,
-                    k_cache.size(0)};
+                    vs.slot, vs.head, indices, indptr, last_page_len, page_size,
+                    kv_indices.size(0), k_cache.size(0)};
   DecodeLaunch launch = LaunchOf(q, out, lse_ptr, tmp_v, tmp_lse, kv_heads, score_scale,
                                  score_cap);
   launch.plan = plan_ptr;
@@ -171,13 +180,17 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
   launch.merge_capacity = merge_capacity;
   launch.grid_work = grid_work;
   launch.grid_merge = grid_merge;
+  launch.chunk_tokens = chunk_tokens;
+  launch.window_left = window_left;
+  launch.pdl = enable_pdl;
   CudaDeviceGuard guard(q.device().device_id);
   CheckCudaError(decode_launch(kv, launch, CurrentStream(q.device())), "batch decode launch");
 }
 
 void SingleDecode(TensorView q, TensorView k, TensorView v, TensorView tmp_v, TensorView tmp_lse,
-                  TensorView out, Optional<TensorView> lse, bool hnd, int64_t begin, int64_t end,
-                  int64_t chunk, int64_t num_chunks, double score_scale, double score_cap) {
+                  TensorView out, Optional<TensorView> lse, bool hnd, int64_t window_left,
+                  int64_t chunk_tokens, int64_t num_chunks, double score_scale, double score_cap,
+                  bool enable_pdl) {
   CheckHeads(q, "q", 2, -1, -1);
   const int64_t qo_heads = q.size(0);
   CheckHeads(out, "out", 2, -1, qo_heads);
@@ -188,10 +201,8 @@ void SingleDecode(TensorView q, TensorView k, TensorView v, TensorView tmp_v, Te
   const Strides ks = CacheOf(k, "k", 3, hnd, kv_heads, &kv_len);
   const Strides vs = CacheOf(v, "v", 3, hnd, kv_heads, &v_len);
   FLASHINFER_CHECK(kv_len == v_len, ValueError) << "k has " << kv_len << " tokens, v " << v_len;
-  FLASHINFER_CHECK(0 <= begin && begin <= end && end == kv_len && chunk >= 1 && num_chunks >= 1 &&
-                       begin + (num_chunks - 1) * chunk < std::max<int64_t>(end, 1) &&
-                       begin + num_chunks * chunk >= end,
-                   ValueError) << "the chunks do not cover [begin, kv_len)";
+  FLASHINFER_CHECK(window_left >= -1 && chunk_tokens >= 1 && num_chunks >= 1, ValueError)
+      << "window_left, chunk_tokens and num_chunks are out of range";
   CheckFloatBuffer(tmp_v, "tmp_v", num_chunks > 1 ? num_chunks * qo_heads * kHeadDim : 0);
   CheckFloatBuffer(tmp_lse, "tmp_lse", num_chunks > 1 ? num_chunks * qo_heads : 0);
   float* lse_ptr = LseOf(lse, -1, qo_heads, q);
@@ -201,13 +212,14 @@ void SingleDecode(TensorView q, TensorView k, TensorView v, TensorView tmp_v, Te
     CheckSameDevice(q, *t, "q", name);
   }
   const DecodeKV kv{DataPtr(k), DataPtr(v), 0, ks.slot, ks.head, 0, vs.slot, vs.head,
-                    nullptr, nullptr, std::max<int64_t>(kv_len, 1), 1};
+                    nullptr, nullptr, nullptr, std::max<int64_t>(kv_len, 1), 0, 1};
   DecodeLaunch launch = LaunchOf(q, out, lse_ptr, tmp_v, tmp_lse, kv_heads, score_scale,
                                  score_cap);
   launch.grid_work = num_chunks;
-  launch.begin = begin;
-  launch.end = end;
-  launch.chunk = chunk;
+  launch.chunk_tokens = chunk_tokens;
+  launch.window_left = window_left;
+  launch.single_len = kv_len;
+  launch.pdl = enable_pdl;
   CudaDeviceGuard guard(q.device().device_id);
   CheckCudaError(decode_launch(kv, launch, CurrentStream(q.device())), "single decode launch");
 }

@@ -6,8 +6,9 @@
 #include <cstdint>
 
 // The KV cache: token t of request b lives in page indices[indptr[b] + t / page_size],
-// slot t % page_size; a contiguous cache has indices == nullptr and one page. Strides in
-// elements, all multiples of 8.
+// slot t % page_size; request b holds (pages - 1) * page_size + last_page_len[b] tokens. A
+// contiguous cache has indices == nullptr and one page. Strides in elements, all multiples
+// of 8.
 struct DecodeKV {
   const void* k;
   const void* v;
@@ -15,12 +16,13 @@ struct DecodeKV {
   int64_t v_page_stride, v_slot_stride, v_head_stride;
   const int32_t* indices;
   const int32_t* indptr;
-  int64_t page_size, num_pages;
+  const int32_t* last_page_len;
+  int64_t page_size, num_indices, num_pages;
 };
 
 // Everything else one decode call needs. Batch mode: `plan` is the device schedule (see
-// flashinfer/decode_schedule.py for its layout) and grid_work its launch width. Uniform
-// mode (plan == nullptr): `chunks` chunks of `chunk` tokens over [begin, end).
+// flashinfer/decode_schedule.py for its layout) and grid_work its launch width. Single mode
+// (plan == nullptr): grid_work chunks of chunk_tokens tokens over a request of single_len.
 struct DecodeLaunch {
   const void* q;
   int64_t q_batch_stride, q_head_stride;
@@ -33,7 +35,8 @@ struct DecodeLaunch {
   float score_scale, score_cap;
   const int32_t* plan;
   int64_t work_capacity, merge_capacity, grid_work, grid_merge;
-  int64_t begin, end, chunk;
+  int64_t chunk_tokens, window_left, single_len;
+  bool pdl;
 };
 
 // q, caches and out are the module's DType; head_dim is the module's kHeadDim.

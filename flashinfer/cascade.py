@@ -1,10 +1,12 @@
 """Merging attention states computed over disjoint sets of keys.
 
 A state is ``(v, s)``: ``v`` the attention output over the set, ``s`` the log-sum-exp of
-its scores in the **natural** log (``torch.logsumexp`` of ``q.k * sm_scale``), which is
-also what ``return_lse=True`` gives in :mod:`flashinfer.decode`. Merging is exact:
-``s = logaddexp(s_a, s_b)``, ``v = exp(s_a - s) * v_a + exp(s_b - s) * v_b``. A state with
-``s = -inf`` (no keys) contributes nothing. Math in float32.
+its scores in **base 2** (``torch.logsumexp(q.k * sm_scale) / ln 2``), as in the reference
+library and as ``return_lse=True`` gives it in :mod:`flashinfer.decode`, so states from
+either library merge. Merging is exact: ``s = log2(2**s_a + 2**s_b)``,
+``v = 2**(s_a - s) * v_a + 2**(s_b - s) * v_b``. A state with ``s = -inf`` (no keys)
+contributes nothing. ``s`` of another float dtype is cast to float32, as the reference does.
+Math in float32.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .api_logging import flashinfer_api
 from .jit.decode import gen_cascade_module
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_LSE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MAX_HEAD_DIM = 512
 
 
@@ -34,7 +37,7 @@ def _check_state(v_name: str, v: Any, s_name: str, s: Any, rank: int, layout: st
     checks.check_ndim(v_name, v, rank, layout)
     checks.check_ndim(s_name, s, rank - 1, f"{layout} without head_dim")
     checks.check_dtype(v_name, v, _DTYPES)
-    checks.check_dtype(s_name, s, (torch.float32,))
+    checks.check_dtype(s_name, s, _LSE_DTYPES)
     if tuple(s.shape) != tuple(v.shape[:-1]):
         raise ValueError(f"{s_name} has shape {tuple(s.shape)}, expected {tuple(v.shape[:-1])} "
                          f"(the shape of {v_name} without head_dim)")
@@ -62,14 +65,14 @@ def _check_pair_devices(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor,
 def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor,
                 s_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two states: ``v`` ``[seq_len, num_heads, head_dim]`` (fp16/bf16/fp32) and
-    ``s`` ``[seq_len, num_heads]`` float32. Returns the merged ``(v, s)``."""
+    ``s`` ``[seq_len, num_heads]`` (base-2 LSE). Returns the merged ``(v, s)``, ``s``
+    float32."""
     _check_pair(v_a, s_a, v_b, s_b)
     _check_pair_devices(v_a, s_a, v_b, s_b)
     v_out = torch.empty(v_a.shape, dtype=v_a.dtype, device=v_a.device)
     s_out = torch.empty(s_a.shape, dtype=torch.float32, device=v_a.device)
-    get_cascade_module(v_a.dtype).merge_state(v_a.contiguous(), s_a.contiguous(),
-                                              v_b.contiguous(), s_b.contiguous(), v_out, s_out,
-                                              None, False)
+    get_cascade_module(v_a.dtype).merge_state(v_a.contiguous(), _as_lse(s_a), v_b.contiguous(),
+                                              _as_lse(s_b), v_out, s_out, None, False)
     return v_out, s_out
 
 
@@ -78,7 +81,8 @@ def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor
                          s_other: torch.Tensor, mask: torch.Tensor | None = None) -> None:
     """``(v, s) <- merge((v, s), (v_other, s_other))`` in place, at the positions where
     ``mask`` (``[seq_len]`` bool) is true (everywhere without a mask). ``v`` and ``s``
-    must be contiguous."""
+    must be contiguous; an ``s`` that is not float32 is merged in float32 and written back
+    in its own dtype."""
     _check_pair(v, s, v_other, s_other)
     if not (v.is_contiguous() and s.is_contiguous()):
         raise ValueError("v and s are updated in place and must be contiguous")
@@ -92,8 +96,11 @@ def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor
     if mask is not None:
         checks.check_cuda("mask", mask, like=v)
         mask = mask.contiguous()
-    get_cascade_module(v.dtype).merge_state(v, s, v_other.contiguous(), s_other.contiguous(),
-                                            v, s, mask, True)
+    s32 = _as_lse(s)
+    get_cascade_module(v.dtype).merge_state(v, s32, v_other.contiguous(), _as_lse(s_other),
+                                            v, s32, mask, True)
+    if s32 is not s:
+        s.copy_(s32)
 
 
 @flashinfer_api
@@ -107,5 +114,10 @@ def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.
     seq, _, heads, dim = v.shape
     v_out = torch.empty((seq, heads, dim), dtype=v.dtype, device=v.device)
     s_out = torch.empty((seq, heads), dtype=torch.float32, device=v.device)
-    get_cascade_module(v.dtype).merge_states(v.contiguous(), s.contiguous(), v_out, s_out)
+    get_cascade_module(v.dtype).merge_states(v.contiguous(), _as_lse(s), v_out, s_out)
     return v_out, s_out
+
+
+def _as_lse(s: torch.Tensor) -> torch.Tensor:
+    """``s`` as the kernels read it: contiguous float32 (itself when it already is)."""
+    return s.to(torch.float32).contiguous()

@@ -1,9 +1,11 @@
 """Decode attention: one query token per request against its KV cache.
 
-``score = q.k * sm_scale`` (``sm_scale`` defaults to ``1/sqrt(head_dim)``); with
-``logits_soft_cap = c > 0`` the score becomes ``c * tanh(score / c)``. With
-``window_left = w >= 0`` a request attends to its last ``w + 1`` keys only. ``lse`` is the
-natural-log log-sum-exp of the scores (see :mod:`flashinfer.cascade`). q, KV and the output
+``score = q.k * sm_scale`` (``sm_scale`` defaults to ``1/sqrt(head_dim)``, times ``q_scale``
+and ``k_scale`` when given); with ``logits_soft_cap = c > 0`` the score becomes
+``c * tanh(score / c)``. With ``window_left = w >= 0`` a request attends to its last
+``w + 1`` keys only. The output is multiplied by ``v_scale`` when given. ``lse`` is the
+log-sum-exp of the scores in **base 2** (``log2(sum(exp(score)))``), as in the reference
+library, so states merge with theirs (see :mod:`flashinfer.cascade`). q, KV and the output
 share one dtype: float16 or bfloat16; head_dim 64, 128 or 256; ``num_qo_heads`` a multiple
 of ``num_kv_heads`` (GQA). Long requests are split across the GPU and merged (see
 :mod:`flashinfer.decode_schedule`).
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +32,8 @@ from .decode_schedule import (
 )
 from .jit.decode import HEAD_DIMS, gen_decode_module
 from .jit.dtypes import dtype_info
+from .paged_kv import unpack_paged_kv_cache
+from .pdl import resolve_enable_pdl
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _INDEX = (torch.int32, torch.int64)
@@ -36,6 +41,16 @@ _LOG2E = 1.4426950408889634
 _ALIGN = 256  # bytes: each workspace region starts at a multiple of this offset
 # A bound on resident CTAs per SM (the hardware's), for CUDA-graph buffer capacities.
 _MAX_CTAS_PER_SM = 32
+# Each wrapper's own device buffer for its schedule, and its pinned staging twin (the
+# reference library's sizes).
+_INT_WORKSPACE_BYTES = 8 << 20
+_BACKENDS = ("auto", "fa2")
+# plan()'s optional arguments after page_size, in the order the reference's deprecated
+# positional form takes them.
+_LEGACY_PLAN_ARGS = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type",
+                     "kv_data_type", "o_data_type", "data_type", "sm_scale", "rope_scale",
+                     "rope_theta", "non_blocking", "block_tables", "seq_lens",
+                     "fixed_split_size", "disable_split_kv", "q_len_per_req")
 
 
 @functools.cache
@@ -61,27 +76,21 @@ def _max_ctas(dtype: torch.dtype, head_dim: int, group: int, device: torch.devic
 
 
 def _check_dtype_name(name: str, value: Any) -> torch.dtype:
+    """A torch dtype or its name, as the reference accepts ``q_data_type`` and friends."""
     if isinstance(value, str):
         try:
             value = getattr(torch, dtype_info(value).name)
         except TypeError:
-            raise TypeError(f"{name} {value!r} is not a dtype; use float16 or bfloat16") from None
+            raise TypeError(f"{name} {value!r} is not a supported dtype; use float16 or "
+                            "bfloat16") from None
     if value not in _DTYPES:
         raise TypeError(f"{name} is {value}; supported: float16, bfloat16")
     return value
 
 
-def _check_int(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return value
-
-
 def _check_heads(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> int:
-    _check_int("num_qo_heads", num_qo_heads, 1)
-    _check_int("num_kv_heads", num_kv_heads, 1)
+    checks.check_int("num_qo_heads", num_qo_heads, 1)
+    checks.check_int("num_kv_heads", num_kv_heads, 1)
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {', '.join(map(str, HEAD_DIMS))}, "
                          f"got {head_dim}")
@@ -90,34 +99,50 @@ def _check_heads(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> int:
                          f"({num_kv_heads}): the GQA group size must be integral")
     group = num_qo_heads // num_kv_heads
     if group * head_dim // 8 > 1024:
-        raise ValueError(f"group size {group} is too large for head_dim {head_dim}")
+        raise ValueError(f"GQA group size {group} is too large for head_dim {head_dim}: a "
+                         f"block would need {group * head_dim // 8} > 1024 threads")
     return group
 
 
-def _score_params(head_dim: int, sm_scale: Any, logits_soft_cap: Any) -> tuple[float, float]:
+def _check_optional_number(name: str, value: Any, low: float | None = None,
+                           low_open: bool = False) -> float | None:
+    return None if value is None else checks.check_number(name, value, low, low_open=low_open)
+
+
+def _check_score_args(sm_scale: Any, logits_soft_cap: Any) -> tuple[float | None, float]:
+    """``sm_scale`` (None: the default) and the soft cap (0: none), validated."""
+    return (_check_optional_number("sm_scale", sm_scale, 0.0, low_open=True),
+            _check_optional_number("logits_soft_cap", logits_soft_cap, 0.0) or 0.0)
+
+
+def _score_params(head_dim: int, sm_scale: Any, logits_soft_cap: Any, q_scale: Any = None,
+                  k_scale: Any = None) -> tuple[float, float]:
     """(scale, cap) as the kernel applies them, in log2 units (see decode.cuh)."""
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(head_dim)
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not (
-            math.isfinite(sm_scale) and sm_scale > 0):
-        raise ValueError(f"sm_scale must be a finite float > 0, got {sm_scale!r}")
-    cap = 0.0 if logits_soft_cap is None else logits_soft_cap
-    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not (
-            math.isfinite(cap) and cap >= 0):
-        raise ValueError(f"logits_soft_cap must be None or a finite float >= 0, got {cap!r}")
+    sm_scale, cap = _check_score_args(sm_scale, logits_soft_cap)
+    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
+    for name, factor in (("q_scale", q_scale), ("k_scale", k_scale)):
+        if factor is not None:
+            scale *= checks.check_number(name, factor, 0.0, low_open=True)
     if cap > 0:
-        return float(sm_scale) / cap, cap * _LOG2E
-    return float(sm_scale) * _LOG2E, 0.0
+        return scale / cap, cap * _LOG2E
+    return scale * _LOG2E, 0.0
 
 
 def _check_window(window_left: Any) -> int:
-    return _check_int("window_left", window_left, -1)
+    return checks.check_int("window_left", window_left, -1)
 
 
 def _check_pos_encoding(mode: Any) -> None:
     if mode != "NONE":
         raise ValueError(f"pos_encoding_mode {mode!r} is not supported; apply flashinfer's RoPE "
                          "to q and k first and pass 'NONE'")
+
+
+def _check_rope(rope_scale: Any, rope_theta: Any) -> None:
+    """Accepted for the reference's signatures; they matter only with RoPE inside attention,
+    which ``pos_encoding_mode='NONE'`` rules out."""
+    _check_optional_number("rope_scale", rope_scale, 0.0, low_open=True)
+    _check_optional_number("rope_theta", rope_theta, 0.0, low_open=True)
 
 
 def _check_output(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
@@ -132,18 +157,28 @@ def _check_output(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: tor
     checks.check_cuda(name, t, like=like)
 
 
+def _apply_v_scale(out: torch.Tensor, v_scale: float | None) -> None:
+    """The reference applies ``v_scale`` to the finished output; so do we."""
+    if v_scale is not None and v_scale != 1.0:
+        out.mul_(v_scale)
+
+
 @flashinfer_api
 def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 kv_layout: str = "NHD", pos_encoding_mode: str = "NONE",
-                                sm_scale: float | None = None,
-                                logits_soft_cap: float | None = None, window_left: int = -1,
-                                return_lse: bool = False
+                                use_tensor_cores: bool = False, q_scale: float | None = None,
+                                k_scale: float | None = None, v_scale: float | None = None,
+                                window_left: int = -1, logits_soft_cap: float | None = None,
+                                sm_scale: float | None = None, rope_scale: float | None = None,
+                                rope_theta: float | None = None, return_lse: bool = False
                                 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of one query ``q`` ``[num_qo_heads, head_dim]`` over ``k``/``v``
     ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]``
-    (HND). Returns ``out`` like q, and ``lse`` ``[num_qo_heads]`` with ``return_lse``."""
+    (HND). Returns ``out`` like q, and ``lse`` ``[num_qo_heads]`` (base 2) with
+    ``return_lse``. ``use_tensor_cores`` is accepted and runs the same kernel."""
     hnd = checks.check_kv_layout(kv_layout)
     _check_pos_encoding(pos_encoding_mode)
+    checks.check_bool("use_tensor_cores", use_tensor_cores)
     checks.check_tensor("q", q)
     checks.check_ndim("q", q, 2, "[num_qo_heads, head_dim]")
     checks.check_dtype("q", q, _DTYPES)
@@ -160,10 +195,11 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if k.shape[2] != head_dim:
         raise ValueError(f"k has head_dim {k.shape[2]}, q has {head_dim}")
     group = _check_heads(num_qo_heads, kv_heads, head_dim)
-    scale, cap = _score_params(head_dim, sm_scale, logits_soft_cap)
+    scale, cap = _score_params(head_dim, sm_scale, logits_soft_cap, q_scale, k_scale)
+    v_scale = _check_optional_number("v_scale", v_scale)
+    _check_rope(rope_scale, rope_theta)
     window_left = _check_window(window_left)
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    checks.check_bool("return_lse", return_lse)
     checks.check_cuda("q", q)
     checks.check_cuda("k", k, like=q)
     checks.check_cuda("v", v, like=q)
@@ -171,8 +207,6 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     schedule = plan_decode_schedule([kv_len], kv_heads,
                                     _max_ctas(q.dtype, head_dim, group, q.device), window_left)
     chunks = schedule.num_work
-    begin = schedule.work_start[0]
-    chunk = schedule.chunk_size or max(kv_len - begin, 1)
     rows = chunks if chunks > 1 else 0
     tmp_v = torch.empty(max(rows * num_qo_heads * head_dim, 1), dtype=torch.float32,
                         device=q.device)
@@ -180,13 +214,15 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     out = torch.empty((num_qo_heads, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty(num_qo_heads, dtype=torch.float32, device=q.device) if return_lse else None
     get_decode_module(q.dtype, head_dim).single_decode(
-        q, k, v, tmp_v, tmp_lse, out, lse, hnd, begin, kv_len, chunk, chunks, scale, cap)
+        q, k, v, tmp_v, tmp_lse, out, lse, hnd, window_left, schedule.chunk_size or 1, chunks,
+        scale, cap, resolve_enable_pdl(None, q.device))
+    _apply_v_scale(out, v_scale)
     return (out, lse) if return_lse else out
 
 
 @dataclass(frozen=True)
 class _Plan:
-    """What plan() fixed and run() checks against."""
+    """What plan() fixed and run() checks against and launches with."""
     batch: int
     num_qo_heads: int
     num_kv_heads: int
@@ -199,46 +235,75 @@ class _Plan:
     tmp_capacity: int
     grid_work: int
     grid_merge: int
-    scale: float
-    cap: float
-    indices: torch.Tensor  # on the device
-    # workspace views: the schedule (int32), partial outputs and their LSEs (float32)
+    # views: the schedule in the int workspace; partial outputs and their LSEs (float32)
+    # in the float workspace
     plan_words: torch.Tensor
     tmp_v: torch.Tensor
     tmp_lse: torch.Tensor
+
+
+def _check_workspace(name: str, buffer: Any) -> torch.Tensor:
+    """A contiguous, 16-byte aligned 1-D buffer, viewed as bytes."""
+    checks.check_tensor(name, buffer)
+    if buffer.dim() != 1 or not buffer.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous 1-D tensor")
+    if buffer.data_ptr() % 16:
+        raise ValueError(f"{name} must be 16-byte aligned")
+    return buffer.view(torch.uint8)
+
+
+def _pinned_like(buffer: torch.Tensor) -> torch.Tensor:
+    """The host staging twin of a device buffer (pinned when the buffer is on a GPU)."""
+    return torch.empty(buffer.numel(), dtype=torch.uint8, device="cpu",
+                       pin_memory=buffer.device.type == "cuda")
 
 
 class BatchDecodeWithPagedKVCacheWrapper:
     """Decode attention for a batch of requests over a paged KV cache.
 
     ``plan()`` runs on the host once per batch composition: it reads the page table's
-    ``indptr`` and ``last_page_len`` (on the CPU, or copied there), computes the split-KV
-    schedule and writes it into ``float_workspace_buffer`` with one async copy. ``run()``
-    only launches (no sync, no host-side schedule work), for every layer of the step.
-    With ``use_cuda_graph=True`` every buffer has a fixed address and size, given at
-    construction, so ``run()`` can be captured once and replayed after later ``plan()``
-    calls with up to ``len(paged_kv_last_page_len_buffer)`` requests.
+    ``indptr`` and ``last_page_len`` (copied to the host, as the reference does), computes
+    the split-KV schedule and uploads it into this wrapper's own int workspace with one
+    async copy; the float workspace (shareable between wrappers, as in the reference) holds
+    only the partial states of one ``run()``. ``run()`` only launches, for every layer of the
+    step, and reads the page table from ``_paged_kv_indptr_buf``, ``_paged_kv_indices_buf``
+    and ``_paged_kv_last_page_len_buf`` on the device when the kernel runs.
+
+    With ``use_cuda_graph=True`` those are the buffers given to the constructor and the
+    batch size is fixed to theirs: ``plan()`` copies into them, and a captured ``run()``
+    replays correctly after ``plan()``, or after new values were written into the buffers
+    directly (the kernel takes each request's length from them; only the split-KV schedule
+    stays the planned one). The score parameters (``_sm_scale``, ``_logits_soft_cap``,
+    ``_window_left``) are read at each ``run()``, as in the reference.
     """
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
                  use_cuda_graph: bool = False, use_tensor_cores: bool = False,
                  paged_kv_indptr_buffer: torch.Tensor | None = None,
                  paged_kv_indices_buffer: torch.Tensor | None = None,
-                 paged_kv_last_page_len_buffer: torch.Tensor | None = None) -> None:
-        checks.check_tensor("float_workspace_buffer", float_workspace_buffer)
-        if float_workspace_buffer.dim() != 1 or not float_workspace_buffer.is_contiguous():
-            raise ValueError("float_workspace_buffer must be a contiguous 1-D tensor")
-        if float_workspace_buffer.data_ptr() % 16:
-            raise ValueError("float_workspace_buffer must be 16-byte aligned")
-        self._hnd = checks.check_kv_layout(kv_layout)
+                 paged_kv_last_page_len_buffer: torch.Tensor | None = None,
+                 backend: str = "auto", jit_args: list[Any] | None = None) -> None:
+        workspace = _check_workspace("float_workspace_buffer", float_workspace_buffer)
+        checks.check_kv_layout(kv_layout)
+        checks.check_bool("use_cuda_graph", use_cuda_graph)
+        checks.check_bool("use_tensor_cores", use_tensor_cores)
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend {backend!r} is not available; this library has "
+                             f"{', '.join(map(repr, _BACKENDS))} (one CUDA-core decode kernel)")
+        if jit_args is not None:
+            raise ValueError("jit_args (custom attention variants) are not supported")
         self._kv_layout = kv_layout
-        if not isinstance(use_cuda_graph, bool):
-            raise TypeError("use_cuda_graph must be a bool")
-        del use_tensor_cores  # accepted for compatibility; decode uses CUDA cores
-        self._workspace = float_workspace_buffer.view(torch.uint8)
+        self._float_workspace_buffer = float_workspace_buffer
+        self.device = float_workspace_buffer.device
+        self._int_workspace_buffer = torch.empty(_INT_WORKSPACE_BYTES, dtype=torch.uint8,
+                                                 device=self.device)
+        self._pin_memory_int_workspace_buffer = _pinned_like(self._int_workspace_buffer)
+        self._workspace = workspace
         self._use_cuda_graph = use_cuda_graph
-        self._max_batch: int | None = None
-        self._indices_buffer = None
+        self._use_tensor_cores = use_tensor_cores
+        self._backend = backend
+        self._jit_module = None
+        self._fixed_batch_size = 0
         if use_cuda_graph:
             for name, t in (("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
                             ("paged_kv_indices_buffer", paged_kv_indices_buffer),
@@ -247,14 +312,26 @@ class BatchDecodeWithPagedKVCacheWrapper:
                     raise ValueError(f"use_cuda_graph=True needs {name} (fixed-size buffers)")
                 checks.check_index_tensor(name, t, None, (torch.int32,))
                 checks.check_cuda(name, t, like=float_workspace_buffer)
-            self._max_batch = paged_kv_last_page_len_buffer.shape[0]
-            if paged_kv_indptr_buffer.shape[0] != self._max_batch + 1:
+            self._fixed_batch_size = paged_kv_last_page_len_buffer.shape[0]
+            if paged_kv_indptr_buffer.shape[0] != self._fixed_batch_size + 1:
                 raise ValueError("paged_kv_indptr_buffer must have one more element than "
-                                 "paged_kv_last_page_len_buffer")
-            self._indices_buffer = paged_kv_indices_buffer
-        self._plan: _Plan | None = None
-        self._host_words: torch.Tensor | None = None
+                                 "paged_kv_last_page_len_buffer (batch_size + 1)")
+        self._paged_kv_indptr_buf = paged_kv_indptr_buffer
+        self._paged_kv_indices_buf = paged_kv_indices_buffer
+        self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
+        self._plan_info: _Plan | None = None
+        self._cached_module = None
+        self._pos_encoding_mode = "NONE"
+        self._window_left = -1
+        self._logits_soft_cap: float | None = None
+        self._sm_scale: float | None = None
+        self._rope_scale: float | None = None
+        self._rope_theta: float | None = None
         self._copy_done: torch.cuda.Event | None = None
+
+    @property
+    def use_tensor_cores(self) -> bool:
+        return self._use_tensor_cores
 
     @property
     def is_cuda_graph_enabled(self) -> bool:
@@ -262,7 +339,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def __repr__(self) -> str:
         """What API logs show for the wrapper: its layout, mode and current plan."""
-        plan = self._plan
+        plan = self._plan_info
         planned = "not planned" if plan is None else (
             f"batch={plan.batch}, heads={plan.num_qo_heads}/{plan.num_kv_heads}, "
             f"head_dim={plan.head_dim}, page_size={plan.page_size}, "
@@ -270,122 +347,274 @@ class BatchDecodeWithPagedKVCacheWrapper:
         return (f"BatchDecodeWithPagedKVCacheWrapper(kv_layout={self._kv_layout!r}, "
                 f"use_cuda_graph={self._use_cuda_graph}, {planned})")
 
+    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor,
+                               int_workspace_buffer: torch.Tensor) -> None:
+        """Use new workspaces; the next ``run()`` needs a new ``plan()``."""
+        self._workspace = _check_workspace("float_workspace_buffer", float_workspace_buffer)
+        _check_workspace("int_workspace_buffer", int_workspace_buffer)
+        if self._copy_done is not None:
+            self._copy_done.synchronize()  # the staging buffer is about to be replaced
+        self._float_workspace_buffer = float_workspace_buffer
+        self._int_workspace_buffer = int_workspace_buffer
+        self._pin_memory_int_workspace_buffer = _pinned_like(int_workspace_buffer)
+        self._plan_info = None
+
     @flashinfer_api
     def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
              num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-             pos_encoding_mode: str = "NONE", window_left: int = -1,
-             logits_soft_cap: float | None = None, q_data_type: Any = "float16",
-             kv_data_type: Any = None, sm_scale: float | None = None) -> None:
+             *deprecated_positional_args: Any, **kwargs: Any) -> None:
         """Fix the batch: request ``b`` owns pages ``indices[indptr[b]:indptr[b+1]]``, the
-        last filled to ``last_page_len[b]`` (in ``[1, page_size]``)."""
+        last filled to ``last_page_len[b]`` (in ``[1, page_size]``). Optional arguments are
+        keyword-only (see :meth:`_plan_impl`); passing them positionally, in the reference's
+        old order, still works with a DeprecationWarning."""
+        if deprecated_positional_args:
+            if len(deprecated_positional_args) > len(_LEGACY_PLAN_ARGS):
+                raise TypeError(f"plan() takes at most {len(_LEGACY_PLAN_ARGS)} optional "
+                                f"positional arguments after page_size, got "
+                                f"{len(deprecated_positional_args)}")
+            for name, value in zip(_LEGACY_PLAN_ARGS, deprecated_positional_args):
+                if name in kwargs:
+                    raise TypeError(f"plan() got multiple values for argument {name!r}")
+                kwargs[name] = value
+            warnings.warn("passing plan()'s optional arguments positionally is deprecated; "
+                          "pass them by keyword", DeprecationWarning, stacklevel=3)
+        self._plan_impl(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+                        page_size, **kwargs)
+
+    begin_forward = plan
+
+    def _plan_impl(self, indptr: torch.Tensor, indices: torch.Tensor,
+                   last_page_len: torch.Tensor, num_qo_heads: int, num_kv_heads: int,
+                   head_dim: int, page_size: int, *, pos_encoding_mode: str = "NONE",
+                   window_left: int = -1, window_right: int = 0,
+                   logits_soft_cap: float | None = None, q_data_type: Any = "float16",
+                   kv_data_type: Any = None, o_data_type: Any = None, data_type: Any = None,
+                   sm_scale: float | None = None, rope_scale: float | None = None,
+                   rope_theta: float | None = None, non_blocking: bool = True,
+                   block_tables: torch.Tensor | None = None,
+                   seq_lens: torch.Tensor | None = None, fixed_split_size: int | None = None,
+                   disable_split_kv: bool = False, q_len_per_req: int = 1) -> None:
+        """plan()'s keyword arguments, as the reference names them. ``block_tables`` is
+        accepted and unused (the reference uses it only in backends we do not have)."""
+        del block_tables
+        if window_right != 0:
+            raise ValueError(f"window_right must be 0 (only a left window is supported), got "
+                             f"{window_right!r}")
+        checks.check_index_tensor("last_page_len", last_page_len, None, _INDEX)
+        self._configure(
+            indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+            pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+            logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
+            kv_data_type=kv_data_type, o_data_type=o_data_type, data_type=data_type,
+            sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
+            non_blocking=non_blocking, seq_lens=seq_lens, fixed_split_size=fixed_split_size,
+            disable_split_kv=disable_split_kv, q_len_per_req=q_len_per_req,
+            host_indptr=None, host_last_page_len=last_page_len.to("cpu"), copy_buffers=True)
+
+    def _configure(self, indptr: Any, indices: Any, last_page_len: Any, num_qo_heads: Any,
+                   num_kv_heads: Any, head_dim: Any, page_size: Any, *, pos_encoding_mode: Any,
+                   window_left: Any, logits_soft_cap: Any, q_data_type: Any, kv_data_type: Any,
+                   o_data_type: Any, data_type: Any, sm_scale: Any, rope_scale: Any,
+                   rope_theta: Any, non_blocking: Any, seq_lens: Any, fixed_split_size: Any,
+                   disable_split_kv: Any, q_len_per_req: Any, host_indptr: Any,
+                   host_last_page_len: torch.Tensor | None, copy_buffers: bool) -> None:
+        """What plan() and fast_decode_plan() share. ``host_last_page_len`` None: schedule
+        by whole pages (no device-to-host copy; the kernel reads the real lengths)."""
         checks.check_index_tensor("indptr", indptr, None, _INDEX)
         if indptr.shape[0] < 1:
             raise ValueError("indptr needs batch_size + 1 elements")
         batch = indptr.shape[0] - 1
         checks.check_index_tensor("indices", indices, None, _INDEX)
         checks.check_index_tensor("last_page_len", last_page_len, batch, _INDEX)
-        group = _check_heads(num_qo_heads, num_kv_heads, _check_int("head_dim", head_dim, 1))
-        _check_int("page_size", page_size, 1)
+        group = _check_heads(num_qo_heads, num_kv_heads, checks.check_int("head_dim", head_dim, 1))
+        checks.check_int("page_size", page_size, 1)
         _check_pos_encoding(pos_encoding_mode)
         window_left = _check_window(window_left)
-        scale, cap = _score_params(head_dim, sm_scale, logits_soft_cap)
-        dtype = _check_dtype_name("q_data_type", q_data_type)
-        kv_dtype = dtype if kv_data_type is None else _check_dtype_name("kv_data_type",
-                                                                        kv_data_type)
-        if kv_dtype != dtype:
-            raise TypeError(f"kv_data_type {kv_dtype} differs from q_data_type {dtype}; "
-                            "q and the KV cache must share a dtype")
-        if self._max_batch is not None and batch > self._max_batch:
-            raise ValueError(f"batch of {batch} exceeds the CUDA-graph buffers' {self._max_batch}")
-        ptr = indptr.tolist()  # the host needs these to schedule
-        last = last_page_len.tolist()
+        _check_score_args(sm_scale, logits_soft_cap)
+        _check_rope(rope_scale, rope_theta)
+        checks.check_bool("non_blocking", non_blocking)
+        checks.check_bool("disable_split_kv", disable_split_kv)
+        if checks.check_int("q_len_per_req", q_len_per_req, 1) != 1:
+            raise ValueError(f"q_len_per_req must be 1 (one query token per request), got "
+                             f"{q_len_per_req}")
+        if fixed_split_size is not None and fixed_split_size != -1:
+            checks.check_int("fixed_split_size", fixed_split_size, 1)
+        else:
+            fixed_split_size = None
+        if data_type is not None:
+            q_data_type = data_type if q_data_type is None else q_data_type
+            kv_data_type = data_type if kv_data_type is None else kv_data_type
+        dtype = _check_dtype_name("q_data_type", "float16" if q_data_type is None else q_data_type)
+        for name, value in (("kv_data_type", kv_data_type), ("o_data_type", o_data_type)):
+            other = None if value is None else _check_dtype_name(name, value)
+            if other is not None and other != dtype:
+                raise TypeError(f"{name} {other} differs from q_data_type {dtype}; q, the KV "
+                                "cache and the output share one dtype here")
+        if self._use_cuda_graph:
+            if batch != self._fixed_batch_size:
+                raise ValueError(f"in CUDA-graph mode the batch size is fixed to the buffers' "
+                                 f"{self._fixed_batch_size}; plan() got {batch}")
+            if indices.shape[0] > self._paged_kv_indices_buf.shape[0]:
+                raise ValueError(f"{indices.shape[0]} page indices exceed the CUDA-graph "
+                                 f"buffer's {self._paged_kv_indices_buf.shape[0]}")
+        ptr = (indptr if host_indptr is None else host_indptr).to("cpu").tolist()
         if ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])):
             raise ValueError("indptr must start at 0 and be non-decreasing")
         if ptr[-1] > indices.shape[0]:
             raise ValueError(f"indptr ends at {ptr[-1]} but indices has {indices.shape[0]} "
                              "elements")
-        for b, n in enumerate(last):
-            if ptr[b + 1] > ptr[b] and not 1 <= n <= page_size:
-                raise ValueError(f"last_page_len[{b}] is {n}, must be in [1, page_size="
-                                 f"{page_size}]")
-        device = self._workspace.device
-        checks.check_cuda("float_workspace_buffer", self._workspace)
-        max_ctas = _max_ctas(dtype, head_dim, group, device)
-        schedule = plan_decode_schedule(kv_lengths(ptr, last, page_size), num_kv_heads,
-                                        max_ctas, window_left)
+        if host_last_page_len is not None:
+            last = host_last_page_len.tolist()
+            for b, n in enumerate(last):
+                if ptr[b + 1] > ptr[b] and not 1 <= n <= page_size:
+                    raise ValueError(f"last_page_len[{b}] is {n}, must be in [1, page_size="
+                                     f"{page_size}]")
+        else:
+            last = [page_size] * batch
+        if seq_lens is not None:
+            checks.check_index_tensor("seq_lens", seq_lens, batch, _INDEX + (torch.uint32,))
+            lengths = [int(n) for n in seq_lens.to("cpu").tolist()]
+        else:
+            lengths = kv_lengths(ptr, last, page_size)
+        if max(lengths, default=0) >= 1 << 31:
+            raise ValueError("KV lengths must be < 2^31")
+
+        device = self.device
+        checks.check_cuda("float_workspace_buffer", self._float_workspace_buffer)
+        schedule = plan_decode_schedule(
+            lengths, num_kv_heads, _max_ctas(dtype, head_dim, group, device), window_left,
+            fixed_chunk=None if fixed_split_size is None else fixed_split_size * page_size,
+            allow_split=not disable_split_kv)
         if self._use_cuda_graph:
             bound = _sm_count(device) * _MAX_CTAS_PER_SM // num_kv_heads
-            work_cap = self._max_batch + bound
-            merge_cap = min(self._max_batch, bound)
-            tmp_cap, batch_cap = bound, self._max_batch
+            work_cap, merge_cap, tmp_cap = batch + bound, min(batch, bound), bound
+            if schedule.num_work > work_cap or schedule.num_tmp_rows > tmp_cap:
+                raise ValueError(f"this split (fixed_split_size={fixed_split_size}) needs "
+                                 f"{schedule.num_work} work items; a CUDA graph holds "
+                                 f"{work_cap}: use a larger fixed_split_size")
         else:
             work_cap, merge_cap = schedule.num_work, schedule.num_merge
-            tmp_cap, batch_cap = schedule.num_tmp_rows, batch
-        words = pack_schedule(schedule, work_cap, merge_cap, ptr)
-        words += [ptr[-1]] * (batch_cap - batch)  # unused requests: empty page ranges
-        int_bytes = _round_up(4 * plan_length(work_cap, merge_cap, batch_cap))
-        # tmp_cap: a split needs at most max_ctas / num_kv_heads <= bound chunks
+            tmp_cap = schedule.num_tmp_rows
+        words = pack_schedule(schedule, work_cap, merge_cap)
+        int_bytes = 4 * plan_length(work_cap, merge_cap)
+        if int_bytes > self._int_workspace_buffer.nbytes:
+            raise ValueError(f"int_workspace_buffer has {self._int_workspace_buffer.nbytes} "
+                             f"bytes; this plan needs {int_bytes} (see reset_workspace_buffer)")
         tmp_v_bytes = _round_up(4 * tmp_cap * num_qo_heads * head_dim)
         tmp_lse_bytes = _round_up(4 * tmp_cap * num_qo_heads)
-        needed = int_bytes + tmp_v_bytes + tmp_lse_bytes
+        needed = tmp_v_bytes + tmp_lse_bytes
         if needed > self._workspace.numel():
             raise ValueError(f"float_workspace_buffer has {self._workspace.numel()} bytes; this "
                              f"plan needs {needed}")
-        plan_words = self._workspace[:int_bytes].view(torch.int32)
+
+        self._set_page_table(indptr, indices, last_page_len, non_blocking, copy_buffers)
+        plan_words = self._int_workspace_buffer.view(torch.uint8)[:int_bytes].view(torch.int32)
         self._upload(words, plan_words)
-        if self._indices_buffer is not None:
-            if indices.shape[0] > self._indices_buffer.shape[0]:
-                raise ValueError(f"{indices.shape[0]} page indices exceed the CUDA-graph buffer's "
-                                 f"{self._indices_buffer.shape[0]}")
-            self._indices_buffer[: indices.shape[0]].copy_(indices, non_blocking=True)
-            device_indices = self._indices_buffer
-        else:
-            device_indices = indices.to(device=device, dtype=torch.int32, non_blocking=True)
-        self._plan = _Plan(
+        self._cached_module = get_decode_module(dtype, head_dim)
+        self._plan_info = _Plan(
             batch=batch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim, page_size=page_size, dtype=dtype, schedule=schedule,
             work_capacity=work_cap, merge_capacity=merge_cap, tmp_capacity=tmp_cap,
             grid_work=work_cap if self._use_cuda_graph else schedule.num_work,
             grid_merge=merge_cap if self._use_cuda_graph else schedule.num_merge,
-            scale=scale, cap=cap, indices=device_indices,
-            plan_words=plan_words,
-            tmp_v=self._workspace[int_bytes:int_bytes + tmp_v_bytes].view(torch.float32),
-            tmp_lse=self._workspace[int_bytes + tmp_v_bytes:needed].view(torch.float32))
+            plan_words=plan_words, tmp_v=self._workspace[:tmp_v_bytes].view(torch.float32),
+            tmp_lse=self._workspace[tmp_v_bytes:needed].view(torch.float32))
+        self._pos_encoding_mode = pos_encoding_mode
+        self._window_left = window_left
+        self._logits_soft_cap = logits_soft_cap
+        self._sm_scale = sm_scale
+        self._rope_scale = rope_scale
+        self._rope_theta = rope_theta
+        self._batch_size = batch
+        self._num_qo_heads = num_qo_heads
+        self._num_kv_heads = num_kv_heads
+        self._cached_q_data_type = self._cached_kv_data_type = self._cached_o_data_type = dtype
+        self._q_len_per_req = 1
+
+    def _set_page_table(self, indptr: torch.Tensor, indices: torch.Tensor,
+                        last_page_len: torch.Tensor, non_blocking: bool,
+                        copy_buffers: bool) -> None:
+        """Where run()'s kernels read the page table: the CUDA-graph buffers (written here
+        unless the caller already did, as fast_decode_plan's callers do) or int32 copies on
+        the device."""
+        if self._use_cuda_graph:
+            if copy_buffers:
+                self._paged_kv_indptr_buf.copy_(indptr, non_blocking=non_blocking)
+                self._paged_kv_last_page_len_buf.copy_(last_page_len, non_blocking=non_blocking)
+                self._paged_kv_indices_buf[: indices.shape[0]].copy_(indices,
+                                                                     non_blocking=non_blocking)
+            return
+
+        def on_device(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=self.device, dtype=torch.int32, non_blocking=non_blocking)
+
+        self._paged_kv_indptr_buf = on_device(indptr)
+        self._paged_kv_indices_buf = on_device(indices)
+        self._paged_kv_last_page_len_buf = on_device(last_page_len)
 
     def _upload(self, words: list[int], target: torch.Tensor) -> None:
-        """One async host-to-device copy of the schedule into ``target`` (the workspace's
-        int32 region). The pinned staging buffer is reused once the previous plan's copy has
-        finished."""
+        """One async host-to-device copy of the schedule into ``target`` (this wrapper's int
+        workspace) through the pinned staging buffer, which is reused once the previous
+        plan's copy has finished. The event is recorded on the stream of the target's
+        device, where the copy runs."""
         if self._copy_done is not None:
             self._copy_done.synchronize()
-        if self._host_words is None or self._host_words.numel() < len(words):
-            self._host_words = torch.empty(len(words), dtype=torch.int32, pin_memory=True)
-        self._host_words[: len(words)] = torch.tensor(words, dtype=torch.int32)
-        target[: len(words)].copy_(self._host_words[: len(words)], non_blocking=True)
-        self._copy_done = torch.cuda.Event()
-        self._copy_done.record()
+        staging = self._pin_memory_int_workspace_buffer[: 4 * len(words)].view(torch.int32)
+        staging.copy_(torch.tensor(words, dtype=torch.int32))
+        with torch.cuda.device(target.device):
+            target.copy_(staging, non_blocking=True)
+            self._copy_done = torch.cuda.Event()
+            self._copy_done.record()
 
     @flashinfer_api
     def run(self, q: torch.Tensor, paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-            out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-            return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+            *args: Any, q_scale: float | None = None, k_scale: float | None = None,
+            v_scale: float | None = None, out: torch.Tensor | None = None,
+            lse: torch.Tensor | None = None, return_lse: bool = False,
+            enable_pdl: bool | None = None, window_left: int | None = None,
+            sinks: torch.Tensor | None = None, q_len_per_req: int | None = None,
+            skip_softmax_threshold_scale_factor: float | None = None,
+            kv_cache_sf: Any = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``q`` ``[batch, num_qo_heads, head_dim]``; ``paged_kv_cache`` a ``(k, v)`` pair of
         ``[num_pages, page_size, num_kv_heads, head_dim]`` (NHD) or ``[num_pages,
-        num_kv_heads, page_size, head_dim]`` (HND), or one ``[num_pages, 2, ...]`` tensor.
-        Returns ``out`` (and ``lse`` ``[batch, num_qo_heads]`` with ``return_lse``)."""
-        plan = self._plan
+        num_kv_heads, page_size, head_dim]`` (HND), or one ``[num_pages, 2, ...]`` tensor (see
+        :mod:`flashinfer.paged_kv`). Returns ``out`` (and ``lse`` ``[batch, num_qo_heads]``,
+        base 2, with ``return_lse``)."""
+        plan = self._plan_info
         if plan is None:
             raise RuntimeError("call plan() before run()")
+        if args:
+            raise ValueError("run() got extra positional arguments: they feed custom kernel "
+                             "variants (jit_args), which this library does not have")
+        for name, value in (("sinks", sinks), ("kv_cache_sf", kv_cache_sf),
+                            ("skip_softmax_threshold_scale_factor",
+                             skip_softmax_threshold_scale_factor)):
+            if value is not None:
+                raise ValueError(f"{name} is not supported by this library's decode kernel")
+        if q_len_per_req is not None:
+            warnings.warn("run(q_len_per_req=...) is deprecated; pass it to plan()",
+                          DeprecationWarning, stacklevel=3)
+            if checks.check_int("q_len_per_req", q_len_per_req, 1) != 1:
+                raise ValueError(f"q_len_per_req must be 1, got {q_len_per_req}")
+        if window_left is not None and window_left != self._window_left:
+            raise ValueError(f"window_left={window_left!r} differs from the planned "
+                             f"{self._window_left}; re-plan to change it")
+        checks.check_bool("return_lse", return_lse)
         checks.check_tensor("q", q)
         shape = (plan.batch, plan.num_qo_heads, plan.head_dim)
         if tuple(q.shape) != shape:
             raise ValueError(f"q has shape {tuple(q.shape)}; plan() was for {shape}")
         if q.dtype != plan.dtype:
             raise TypeError(f"q has dtype {q.dtype}; plan() was for {plan.dtype}")
-        k_cache, v_cache = self._split_cache(paged_kv_cache, plan)
+        k_cache, v_cache = self._check_cache(paged_kv_cache, plan)
+        scale, cap = _score_params(plan.head_dim, self._sm_scale, self._logits_soft_cap,
+                                   q_scale, k_scale)
+        v_scale = _check_optional_number("v_scale", v_scale)
+        window = _check_window(self._window_left)
         checks.check_cuda("q", q, like=self._workspace)
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
             checks.check_cuda(name, t, like=q)
+        enable_pdl = resolve_enable_pdl(enable_pdl, q.device)
         if out is None:
             out = torch.empty(shape, dtype=q.dtype, device=q.device)
         else:
@@ -394,30 +623,62 @@ class BatchDecodeWithPagedKVCacheWrapper:
             lse = torch.empty(shape[:2], dtype=torch.float32, device=q.device)
         elif lse is not None:
             _check_output("lse", lse, shape[:2], torch.float32, q)
-        get_decode_module(plan.dtype, plan.head_dim).batch_decode(
-            q, k_cache, v_cache, plan.indices, plan.plan_words, plan.tmp_v, plan.tmp_lse, out,
-            lse, self._hnd, plan.work_capacity, plan.merge_capacity, plan.tmp_capacity,
-            plan.grid_work, plan.grid_merge, plan.scale, plan.cap)
+        self._cached_module.batch_decode(
+            q, k_cache, v_cache, self._paged_kv_indptr_buf, self._paged_kv_indices_buf,
+            self._paged_kv_last_page_len_buf, plan.plan_words, plan.tmp_v, plan.tmp_lse, out,
+            lse, self._kv_layout == "HND", plan.work_capacity, plan.merge_capacity,
+            plan.tmp_capacity, plan.grid_work, plan.grid_merge, plan.schedule.chunk_size or 1,
+            window, scale, cap, enable_pdl)
+        _apply_v_scale(out, v_scale)
         return (out, lse) if return_lse else out
 
-    forward = run
+    run_return_lse = functools.partialmethod(run, return_lse=True)
 
-    def _split_cache(self, cache: Any, plan: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(cache, (tuple, list)):
-            if len(cache) != 2:
-                raise ValueError("paged_kv_cache must be a (k_cache, v_cache) pair")
-            k_cache, v_cache = cache
-        else:
-            checks.check_tensor("paged_kv_cache", cache)
-            checks.check_ndim("paged_kv_cache", cache, 5, "[num_pages, 2, ...]")
-            if cache.shape[1] != 2:
-                raise ValueError(f"paged_kv_cache's dim 1 must be 2 (k, v), got {cache.shape[1]}")
-            k_cache, v_cache = cache[:, 0], cache[:, 1]
-        expected = ((plan.num_kv_heads, plan.page_size) if self._hnd
+    def forward(self, q: torch.Tensor, paged_kv_cache: Any, pos_encoding_mode: str = "NONE",
+                q_scale: float | None = None, k_scale: float | None = None,
+                v_scale: float | None = None, window_left: int = -1,
+                logits_soft_cap: float | None = None, sm_scale: float | None = None,
+                rope_scale: float | None = None, rope_theta: float | None = None
+                ) -> torch.Tensor:
+        """Deprecated: sets the score parameters given here (over the planned ones, as the
+        reference does) and calls :meth:`run`."""
+        self._override(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale,
+                       rope_theta)
+        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
+
+    def forward_return_lse(self, q: torch.Tensor, paged_kv_cache: Any,
+                           pos_encoding_mode: str = "NONE", q_scale: float | None = None,
+                           k_scale: float | None = None, v_scale: float | None = None,
+                           window_left: int = -1, logits_soft_cap: float | None = None,
+                           sm_scale: float | None = None, rope_scale: float | None = None,
+                           rope_theta: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Deprecated: :meth:`forward` returning ``(out, lse)``."""
+        self._override(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale,
+                       rope_theta)
+        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
+                        return_lse=True)
+
+    def _override(self, pos_encoding_mode: Any, window_left: Any, logits_soft_cap: Any,
+                  sm_scale: Any, rope_scale: Any, rope_theta: Any) -> None:
+        _check_pos_encoding(pos_encoding_mode)
+        _check_window(window_left)
+        _check_score_args(sm_scale, logits_soft_cap)
+        _check_rope(rope_scale, rope_theta)
+        self._pos_encoding_mode = pos_encoding_mode
+        self._window_left = window_left
+        self._logits_soft_cap = logits_soft_cap
+        self._sm_scale = sm_scale
+        self._rope_scale = rope_scale
+        self._rope_theta = rope_theta
+
+    def end_forward(self) -> None:
+        """Deprecated; does nothing (as in the reference)."""
+
+    def _check_cache(self, cache: Any, plan: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
+        k_cache, v_cache = unpack_paged_kv_cache(cache, self._kv_layout)
+        expected = ((plan.num_kv_heads, plan.page_size) if self._kv_layout == "HND"
                     else (plan.page_size, plan.num_kv_heads)) + (plan.head_dim,)
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-            checks.check_tensor(name, t)
-            checks.check_ndim(name, t, 4, f"[num_pages, ...] ({self._kv_layout})")
             if tuple(t.shape[1:]) != expected:
                 raise ValueError(f"{name} has shape {tuple(t.shape)}; plan() was for pages of "
                                  f"{expected} ({self._kv_layout})")
@@ -427,6 +688,54 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if k_cache.shape[0] != v_cache.shape[0]:
             raise ValueError("k_cache and v_cache differ in num_pages")
         return k_cache, v_cache
+
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """:class:`BatchDecodeWithPagedKVCacheWrapper` with ``use_cuda_graph=True``, constructed
+    from its fixed buffers (the reference's older spelling)."""
+
+    def __init__(self, workspace_buffer: torch.Tensor, indptr_buffer: torch.Tensor,
+                 indices_buffer: torch.Tensor, last_page_len_buffer: torch.Tensor,
+                 kv_layout: str = "NHD", use_tensor_cores: bool = False) -> None:
+        super().__init__(workspace_buffer, kv_layout, use_cuda_graph=True,
+                         use_tensor_cores=use_tensor_cores,
+                         paged_kv_indptr_buffer=indptr_buffer,
+                         paged_kv_indices_buffer=indices_buffer,
+                         paged_kv_last_page_len_buffer=last_page_len_buffer)
+
+
+def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: torch.Tensor,
+                     indices: torch.Tensor, last_page_len: torch.Tensor, num_qo_heads: int,
+                     num_kv_heads: int, head_dim: int, page_size: int,
+                     pos_encoding_mode: str = "NONE", window_left: int = -1,
+                     logits_soft_cap: float | None = None, q_data_type: Any = None,
+                     kv_data_type: Any = None, data_type: Any = None,
+                     sm_scale: float | None = None, rope_scale: float | None = None,
+                     rope_theta: float | None = None, non_blocking: bool = True,
+                     fixed_split_size: int | None = None, disable_split_kv: bool = False,
+                     q_len_per_req: int = 1,
+                     global_override_indptr_cpu: torch.Tensor | None = None) -> None:
+    """plan() for engines that fill the page-table buffers themselves (they assign it to a
+    wrapper's ``begin_forward``): in CUDA-graph mode nothing is copied into the buffers,
+    otherwise the given tensors become them; ``indptr`` is read on the host
+    (``global_override_indptr_cpu`` when given, saving its device-to-host copy) and
+    ``last_page_len`` is never copied: the schedule assumes full last pages and the kernel
+    reads the real lengths."""
+    if not isinstance(self, BatchDecodeWithPagedKVCacheWrapper):
+        raise TypeError(f"fast_decode_plan needs a BatchDecodeWithPagedKVCacheWrapper, got "
+                        f"{type(self).__name__}")
+    if global_override_indptr_cpu is not None:
+        checks.check_index_tensor("global_override_indptr_cpu", global_override_indptr_cpu,
+                                  None, _INDEX)
+    self._configure(
+        indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+        pos_encoding_mode=pos_encoding_mode, window_left=window_left,
+        logits_soft_cap=logits_soft_cap, q_data_type=q_data_type, kv_data_type=kv_data_type,
+        o_data_type=None, data_type=data_type, sm_scale=sm_scale, rope_scale=rope_scale,
+        rope_theta=rope_theta, non_blocking=non_blocking, seq_lens=None,
+        fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
+        q_len_per_req=q_len_per_req, host_indptr=global_override_indptr_cpu,
+        host_last_page_len=None, copy_buffers=False)
 
 
 def _round_up(n: int) -> int:

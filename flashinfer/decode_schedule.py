@@ -8,6 +8,10 @@ than the GPU holds at once (``max_ctas``), long requests are cut into chunks of
 within ``max_ctas``, so one long request spreads over the whole GPU. Chunks write partial
 states to temporary rows that a merge kernel combines; a request with one chunk writes its
 output directly. The schedule is deterministic: the same lengths give the same schedule.
+
+The device reads only each item's (request, chunk index, chunk count, tmp row) and the
+chunk size; it takes the request's length from the page table when it runs, so the last
+chunk of a request always reaches its end (see include/flashinfer/decode.cuh).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ class DecodeSchedule:
     work_request: tuple[int, ...]
     work_start: tuple[int, ...]
     work_end: tuple[int, ...]
+    work_chunk: tuple[int, ...]  # the item's chunk index within its request
+    work_chunks: tuple[int, ...]  # how many chunks its request has
     work_tmp_row: tuple[int, ...]  # -1: the item writes the request's output directly
     merge_request: tuple[int, ...]  # split requests, in order
     merge_indptr: tuple[int, ...]  # their tmp rows: merge_indptr[i] .. merge_indptr[i + 1]
@@ -53,11 +59,17 @@ def kv_lengths(indptr: Sequence[int], last_page_len: Sequence[int], page_size: i
 
 def plan_decode_schedule(kv_lens: Sequence[int], num_kv_heads: int, max_ctas: int,
                          window_left: int = -1,
-                         min_chunk: int = DEFAULT_MIN_CHUNK) -> DecodeSchedule:
+                         min_chunk: int = DEFAULT_MIN_CHUNK,
+                         fixed_chunk: int | None = None,
+                         allow_split: bool = True) -> DecodeSchedule:
     """Work items over each request's attended range: the last ``window_left + 1`` tokens
-    with a sliding window (``window_left >= 0``), else all of them."""
+    with a sliding window (``window_left >= 0``), else all of them. ``fixed_chunk`` imposes
+    the chunk size (in tokens; the reference's ``fixed_split_size`` in pages times the page
+    size); ``allow_split=False`` never splits (``disable_split_kv``)."""
     if num_kv_heads < 1 or max_ctas < 1 or min_chunk < 1:
         raise ValueError("num_kv_heads, max_ctas and min_chunk must be >= 1")
+    if fixed_chunk is not None and fixed_chunk < 1:
+        raise ValueError("fixed_chunk must be >= 1")
     ends = list(kv_lens)
     if any(length < 0 for length in ends):
         raise ValueError("kv lengths must be >= 0")
@@ -69,7 +81,11 @@ def plan_decode_schedule(kv_lens: Sequence[int], num_kv_heads: int, max_ctas: in
         return max(1, math.ceil(span / chunk))
 
     chunk: int | None = None
-    if len(spans) * num_kv_heads < max_ctas and longest > min_chunk:
+    if not allow_split:
+        pass
+    elif fixed_chunk is not None:
+        chunk = fixed_chunk if fixed_chunk < longest else None
+    elif len(spans) * num_kv_heads < max_ctas and longest > min_chunk:
         lo, hi = min_chunk, longest  # hi always fits: one chunk per request
         while lo < hi:
             mid = (lo + hi) // 2
@@ -79,34 +95,35 @@ def plan_decode_schedule(kv_lens: Sequence[int], num_kv_heads: int, max_ctas: in
                 lo = mid + 1
         chunk = lo if lo < longest else None
 
-    work: list[tuple[int, int, int, int]] = []
+    work: list[tuple[int, int, int, int, int, int]] = []
     merge_request: list[int] = []
     merge_indptr = [0]
     for request, (begin, end, span) in enumerate(zip(begins, ends, spans)):
         count = chunks_of(span, chunk) if chunk else 1
         if count == 1:
-            work.append((request, begin, end, -1))
+            work.append((request, begin, end, 0, 1, -1))
             continue
         for c in range(count):
             start = begin + c * chunk
-            work.append((request, start, min(start + chunk, end), merge_indptr[-1] + c))
+            work.append((request, start, min(start + chunk, end), c, count,
+                         merge_indptr[-1] + c))
         merge_request.append(request)
         merge_indptr.append(merge_indptr[-1] + count)
-    columns = tuple(zip(*work)) if work else ((), (), (), ())
+    columns = tuple(zip(*work)) if work else ((),) * 6
     return DecodeSchedule(chunk, *columns, tuple(merge_request), tuple(merge_indptr))
 
 
 # -- the device layout -------------------------------------------------------------------------
-# int32: [num_work, request[W], start[W], end[W], tmp_row[W], num_merge, merge_request[M],
-#         merge_indptr[M + 1], kv_indptr[batch + 1]]   (W, M: the capacities)
+# int32: [num_work, request[W], chunk[W], chunks[W], tmp_row[W], num_merge, merge_request[M],
+#         merge_indptr[M + 1]]   (W, M: the capacities)
 
 
-def plan_length(work_capacity: int, merge_capacity: int, batch: int) -> int:
-    return 3 + 4 * work_capacity + 2 * merge_capacity + batch + 1
+def plan_length(work_capacity: int, merge_capacity: int) -> int:
+    return 3 + 4 * work_capacity + 2 * merge_capacity
 
 
-def pack_schedule(schedule: DecodeSchedule, work_capacity: int, merge_capacity: int,
-                  kv_indptr: Sequence[int]) -> list[int]:
+def pack_schedule(schedule: DecodeSchedule, work_capacity: int,
+                  merge_capacity: int) -> list[int]:
     """The int32 words the kernel reads (unused capacity is zero)."""
     if schedule.num_work > work_capacity or schedule.num_merge > merge_capacity:
         raise ValueError(f"the schedule ({schedule.num_work} work items, {schedule.num_merge} "
@@ -114,12 +131,11 @@ def pack_schedule(schedule: DecodeSchedule, work_capacity: int, merge_capacity: 
     pad_w = [0] * (work_capacity - schedule.num_work)
     pad_m = [0] * (merge_capacity - schedule.num_merge)
     words = [schedule.num_work]
-    for column in (schedule.work_request, schedule.work_start, schedule.work_end,
+    for column in (schedule.work_request, schedule.work_chunk, schedule.work_chunks,
                    schedule.work_tmp_row):
         words += list(column) + pad_w
     words += [schedule.num_merge, *schedule.merge_request, *pad_m]
     words += [*schedule.merge_indptr, *pad_m]
-    words += list(kv_indptr)
     if any(not -(1 << 31) <= w < 1 << 31 for w in words):
-        raise ValueError("the schedule does not fit in int32 (KV lengths >= 2^31?)")
+        raise ValueError("the schedule does not fit in int32")
     return words

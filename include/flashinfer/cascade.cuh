@@ -1,7 +1,8 @@
 // Merging attention states. An attention state over a set of keys is (v, s): v the
-// softmax-weighted sum of the values, s = log(sum(exp(score))) the log-sum-exp of the
-// scores, in the *natural* log. Two states over disjoint key sets merge exactly:
-//   s = log(exp(s_a) + exp(s_b)),  v = (exp(s_a - s) * v_a + exp(s_b - s) * v_b)
+// softmax-weighted sum of the values, s = log2(sum(exp(score))) the log-sum-exp of the
+// scores in base 2, as the reference library defines it (so states from either library
+// merge). Two states over disjoint key sets merge exactly:
+//   s = log2(2^s_a + 2^s_b),  v = 2^(s_a - s) * v_a + 2^(s_b - s) * v_b
 // Split-KV decode computes one state per KV chunk and merges them with MergeStatesKernel,
 // the kernel behind flashinfer.merge_states. Framework-agnostic: raw pointers.
 #pragma once
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 
+#include "flashinfer/pdl.cuh"
 #include "flashinfer/vec.cuh"
 
 namespace flashinfer {
@@ -48,24 +50,24 @@ constexpr int kMergeThreads = 64;
 constexpr int kMaxDimsPerThread = 8;  // head_dim <= 512
 
 // A running merge of states for this thread's dims, in a numerically safe form: every
-// weight is exp(s_i - max_s). A state with s = -inf (over no keys) contributes nothing;
+// weight is 2^(s_i - max_s). A state with s = -inf (over no keys) contributes nothing;
 // merging nothing gives v = 0, s = -inf.
 struct StateMerger {
   float max_s = -INFINITY;
-  float weight = 0.f;                  // sum of exp(s_i - max_s)
-  float acc[kMaxDimsPerThread] = {};  // sum of exp(s_i - max_s) * v_i
+  float weight = 0.f;                  // sum of 2^(s_i - max_s)
+  float acc[kMaxDimsPerThread] = {};  // sum of 2^(s_i - max_s) * v_i
 
   template <typename T>
   __device__ __forceinline__ void add(float s, const T* v, int64_t head_dim) {
     if (s == -INFINITY) return;
     if (s > max_s) {
-      const float rescale = __expf(max_s - s);  // 0 when max_s was -inf
+      const float rescale = exp2f(max_s - s);  // 0 when max_s was -inf
 #pragma unroll
       for (int j = 0; j < kMaxDimsPerThread; ++j) acc[j] *= rescale;
       weight *= rescale;
       max_s = s;
     }
-    const float w = __expf(s - max_s);
+    const float w = exp2f(s - max_s);
     weight += w;
     if (w == 0.f) return;
 #pragma unroll
@@ -86,7 +88,7 @@ struct StateMerger {
   }
 
   __device__ __forceinline__ float lse() const {
-    return weight > 0.f ? max_s + __logf(weight) : -INFINITY;
+    return weight > 0.f ? max_s + log2f(weight) : -INFINITY;
   }
 };
 
@@ -94,6 +96,7 @@ template <typename TIn, typename TOut>
 __global__ void __launch_bounds__(kMergeThreads)
     MergeStatesKernel(OutputArray<TOut> out, StateArray<TIn> in, MergeSchedule schedule,
                       int64_t head_dim) {
+  pdl_wait();  // launched right behind the decode kernel whose states it reads
   const int64_t p = blockIdx.x, head = blockIdx.y;
   if (schedule.count_on_device && p >= *schedule.count_on_device) return;
   const int64_t first = schedule.indptr ? schedule.indptr[p] : p * schedule.per_position;
@@ -136,14 +139,15 @@ inline cudaError_t launch_status(cudaError_t err) {
   return err == cudaSuccess ? cudaGetLastError() : err;
 }
 
+// `pdl`: launch with programmatic dependent launch (see pdl.cuh).
 template <typename TIn, typename TOut>
 cudaError_t MergeStates(OutputArray<TOut> out, StateArray<TIn> in, MergeSchedule schedule,
-                        int64_t positions, int64_t heads, int64_t head_dim, cudaStream_t stream) {
+                        int64_t positions, int64_t heads, int64_t head_dim, cudaStream_t stream,
+                        bool pdl = false) {
   if (positions == 0 || heads == 0) return cudaSuccess;
-  MergeStatesKernel<TIn, TOut><<<dim3(static_cast<unsigned>(positions),
-                                      static_cast<unsigned>(heads)),
-                                 kMergeThreads, 0, stream>>>(out, in, schedule, head_dim);
-  return launch_status(cudaSuccess);
+  return launch_kernel(MergeStatesKernel<TIn, TOut>,
+                       dim3(static_cast<unsigned>(positions), static_cast<unsigned>(heads)),
+                       dim3(kMergeThreads), 0, stream, pdl, out, in, schedule, head_dim);
 }
 
 template <typename T>

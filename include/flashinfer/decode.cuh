@@ -2,11 +2,16 @@
 // paged), with split-KV so that a few long requests still fill the GPU.
 // Framework-agnostic: raw pointers, strides and a cudaStream_t.
 //
-// Work decomposition. A work item is (request, KV range [start, end), destination); the
-// grid is (work items, kv heads). The host scheduler (flashinfer/decode_schedule.py) cuts
-// long requests into chunks; a chunk writes a partial state (float32 v, natural-log LSE)
-// to a temporary row, and cascade::MergeStatesKernel merges a request's chunks. A request
-// with one chunk writes its output directly.
+// Work decomposition. A work item is (request, chunk c of n, destination); the grid is
+// (work items, kv heads). The host scheduler (flashinfer/decode_schedule.py) decides how many
+// chunks of `chunk_tokens` tokens each request gets; the kernel reads the request's KV length
+// from the page table on the device (indptr, last_page_len) when it runs, and chunk c covers
+// [begin + c * chunk_tokens, ...) up to the next chunk, the last one up to the end of the
+// request. So a CUDA-graph replay after the page-table buffers were rewritten attends to the
+// new lengths, whatever the schedule assumed (a longer request only makes its last chunk
+// longer). A chunk writes a partial state (float32 v, base-2 LSE) to a temporary row, and
+// cascade::MergeStatesKernel merges a request's chunks; a request with one chunk writes its
+// output directly.
 //
 // Tiling inside a CTA. Threads are (tx, ty, tz): tx owns 8 consecutive dims of head_dim
 // (one 16-byte vector; kBdx = head_dim / 8 lanes span a row), ty is the query head within
@@ -14,10 +19,12 @@
 // tokens. KV arrives in tiles of kTileTokens tokens (4096 / head_dim: 8 KiB of K and 8 KiB of
 // V per tile at 16 bits) through a two-stage cp.async pipeline in shared memory: while the
 // CTA computes on tile t, tile t+1 is in flight. Each 16-byte cp.async fetches one token's
-// 8-dim slice; the page table is consulted per token, so pages of any size and order work.
-// For each token a (ty, tz) group computes q.k by a shuffle reduction across its kBdx lanes
-// and folds the token into an online softmax (running max, sum and weighted V, in log2
-// units). At the end the tz groups' states merge through shared memory, in order.
+// 8-dim slice; the page table is consulted once per token for K and V, so pages of any size
+// and order work. A token whose page id is out of range is not scored at all (a flag per
+// token in shared memory). For each token a (ty, tz) group computes q.k by a shuffle
+// reduction across its kBdx lanes and folds the token into an online softmax (running max,
+// sum and weighted V, in log2 units). At the end the tz groups' states merge through shared
+// memory, in order.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,6 +33,7 @@
 #include <cstdint>
 
 #include "flashinfer/cascade.cuh"
+#include "flashinfer/pdl.cuh"
 #include "flashinfer/vec.cuh"
 
 namespace flashinfer {
@@ -33,7 +41,6 @@ namespace decode {
 
 constexpr int kVec = 8;  // elements per 16-byte vector (16-bit types)
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 // K or V of a paged cache: token t of request b is slot t % page_size of page
 // indices[indptr[b] + t / page_size]. A contiguous cache is one page (indices null) of
@@ -47,33 +54,56 @@ struct KVCache {
 struct PageTable {
   const int32_t* indices;  // null: contiguous
   const int32_t* indptr;
+  const int32_t* last_page_len;
   int64_t page_size;
-  int64_t num_pages;  // a page id outside [0, num_pages) reads as zeros, never out of bounds
+  int64_t num_indices;  // entries of `indices`; a position past them is skipped, never read
+  int64_t num_pages;    // a page id outside [0, num_pages) is skipped, never read
 };
 
-// The schedule. Batch mode: plan points at [num_work, request[cap], start[cap], end[cap],
-// tmp_row[cap]] on the device (tmp_row -1: write the output directly). Uniform mode (plan
-// null, single decode): request 0, chunk c = [begin + c * chunk, min(.., end)).
+// The schedule. Batch mode: plan points at [num_work, request[cap], chunk[cap],
+// num_chunks[cap], tmp_row[cap]] on the device (tmp_row -1: write the output directly).
+// Single mode (plan null): request 0 of length `single_len`, chunk c = blockIdx.x of
+// gridDim.x, written to tmp row c when split.
 struct WorkList {
   const int32_t* plan;
   int64_t capacity;
-  int64_t begin, end, chunk;
-  bool split;  // uniform mode: chunks go to tmp rows
+  int64_t chunk_tokens;  // tokens per chunk of a split request
+  int64_t window_left;   // >= 0: attend to the last window_left + 1 tokens only
+  int64_t single_len;
+  bool single_split;
 };
 
 struct WorkItem {
   int64_t request, start, end, tmp_row;
 };
 
-__device__ __forceinline__ bool work_item(const WorkList& w, int64_t i, WorkItem* item) {
+// The request's KV length from the page table: full pages plus the filled part of the last
+// one (clamped to [0, page_size], so a bad length never reaches past the request's pages).
+__device__ __forceinline__ int64_t request_length(const PageTable& pt, int64_t request) {
+  const int64_t pages = static_cast<int64_t>(pt.indptr[request + 1]) - pt.indptr[request];
+  if (pages <= 0) return 0;
+  const int64_t last = min(max(static_cast<int64_t>(pt.last_page_len[request]), int64_t{0}),
+                           pt.page_size);
+  return (pages - 1) * pt.page_size + last;
+}
+
+__device__ __forceinline__ bool work_item(const WorkList& w, const PageTable& pt, int64_t i,
+                                          WorkItem* item) {
+  int64_t request = 0, chunk = i, chunks = gridDim.x, tmp_row = w.single_split ? i : -1;
+  int64_t length = w.single_len;
   if (w.plan) {
     if (i >= w.plan[0]) return false;
     const int32_t* a = w.plan + 1;
-    *item = {a[i], a[w.capacity + i], a[2 * w.capacity + i], a[3 * w.capacity + i]};
-    return true;
+    request = a[i];
+    chunk = a[w.capacity + i];
+    chunks = a[2 * w.capacity + i];
+    tmp_row = a[3 * w.capacity + i];
+    length = request_length(pt, request);
   }
-  const int64_t start = w.begin + i * w.chunk;
-  *item = {0, start, min(start + w.chunk, w.end), w.split ? i : -1};
+  const int64_t begin = w.window_left >= 0 ? max(int64_t{0}, length - w.window_left - 1) : 0;
+  const int64_t start = min(begin + chunk * w.chunk_tokens, length);
+  const int64_t end = chunk + 1 >= chunks ? length : min(start + w.chunk_tokens, length);
+  *item = {request, start, end, tmp_row};
   return true;
 }
 
@@ -90,7 +120,7 @@ struct DecodeParams {
   PageTable pages;
   T* out;
   int64_t out_batch_stride, out_head_stride;
-  float* lse;  // [batch, qo_heads] natural log, may be null
+  float* lse;  // [batch, qo_heads] base-2 LSE, may be null
   float* tmp_v;  // [tmp rows, qo_heads, head_dim]
   float* tmp_lse;  // [tmp rows, qo_heads]
   int64_t num_qo_heads;
@@ -115,19 +145,34 @@ struct Tiling {
   static constexpr int kTileTokens = 4096 / kHeadDim;
   // bytes of one stage of K plus V tiles, at 16-bit elements
   static constexpr int kStageBytes = 2 * kTileTokens * kHeadDim * 2;
+  // after both stages: one "scored" flag per token per stage
+  static constexpr int kFlagBytes = 2 * kTileTokens;
 };
 
-// Where token `token` of the request lives: the element offset of its slot (page and slot
-// strides of `c` applied), or -1 when its page id is out of range. 32-bit division: KV
-// lengths and page sizes are < 2^31 (checked on the host).
-template <typename T>
-__device__ __forceinline__ int64_t slot_offset(const KVCache<T>& c, const PageTable& pt,
-                                               int64_t page_base, int64_t token) {
-  if (!pt.indices) return token * c.slot_stride;
+// The page and slot of the request's token `token` (page -1 when its page id or its
+// position in the page table is out of range). 32-bit division: KV lengths and page sizes are
+// < 2^31 (checked on the host).
+__device__ __forceinline__ void locate(const PageTable& pt, int64_t page_base, int64_t token,
+                                       int64_t* page, int64_t* slot) {
+  if (!pt.indices) {
+    *page = 0;
+    *slot = token;
+    return;
+  }
   const uint32_t t = static_cast<uint32_t>(token), size = static_cast<uint32_t>(pt.page_size);
-  const int64_t page = pt.indices[page_base + t / size];
-  if (page < 0 || page >= pt.num_pages) return -1;
-  return page * c.page_stride + static_cast<int64_t>(t % size) * c.slot_stride;
+  const int64_t at = page_base + t / size;
+  *page = at >= 0 && at < pt.num_indices ? pt.indices[at] : -1;
+  if (*page >= pt.num_pages) *page = -1;
+  *slot = t % size;
+}
+
+// Lanes [base, base + kBdx) of this thread's warp: one row's shuffle partners. A partial last
+// warp (an odd GQA group) has only whole rows active, so the mask never names an idle lane.
+template <int kBdx>
+__device__ __forceinline__ unsigned row_mask() {
+  if (kBdx >= 32) return 0xffffffffu;
+  const unsigned lane = threadIdx.x + kBdx * (threadIdx.y + blockDim.y * threadIdx.z);
+  return ((1u << kBdx) - 1u) << ((lane % 32) & ~(kBdx - 1u));
 }
 
 // blockDim = (kBdx, group, bdz); grid = (work items, kv heads). Dynamic shared memory:
@@ -137,8 +182,9 @@ __global__ void __launch_bounds__(1024) DecodeKernel(DecodeParams<T> p, WorkList
   using Tile = Tiling<kHeadDim>;
   constexpr int kBdx = Tile::kBdx, kTile = Tile::kTileTokens;
   extern __shared__ __align__(16) unsigned char smem[];
+  pdl_wait();  // everything below may read what the previous kernel wrote
   WorkItem item;
-  if (!work_item(work, blockIdx.x, &item)) return;
+  if (!work_item(work, p.pages, blockIdx.x, &item)) return;
   const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
   const int group = blockDim.y, bdz = blockDim.z;
   const int tid = tx + kBdx * (ty + group * tz);
@@ -158,20 +204,25 @@ __global__ void __launch_bounds__(1024) DecodeKernel(DecodeParams<T> p, WorkList
   // stage s: K tile at smem + s * kStageBytes, V tile right after it
   auto k_tile = [&](int stage) { return reinterpret_cast<T*>(smem + stage * Tile::kStageBytes); };
   auto v_tile = [&](int stage) { return k_tile(stage) + kTile * kHeadDim; };
+  auto scored = [&](int stage) { return smem + 2 * Tile::kStageBytes + stage * kTile; };
 
   auto load_tile = [&](int64_t tile_start, int stage) {
     for (int c = tid; c < kTile * kBdx; c += threads) {
       const int token = c / kBdx, part = c % kBdx;
       const int64_t t = tile_start + token;
-      const int64_t k_at = t < item.end ? slot_offset(p.k, p.pages, page_base, t) : -1;
-      const int64_t v_at = t < item.end ? slot_offset(p.v, p.pages, page_base, t) : -1;
-      const int64_t k_col = kv_head * p.k.head_stride + part * kVec;
-      const int64_t v_col = kv_head * p.v.head_stride + part * kVec;
-      // out of range: zero-fill from a valid dummy address
-      cp_async_16(k_tile(stage) + token * kHeadDim + part * kVec,
-                  p.k.data + (k_at < 0 ? 0 : k_at + k_col), k_at >= 0);
-      cp_async_16(v_tile(stage) + token * kHeadDim + part * kVec,
-                  p.v.data + (v_at < 0 ? 0 : v_at + v_col), v_at >= 0);
+      int64_t page = -1, slot = 0;
+      if (t < item.end) locate(p.pages, page_base, t, &page, &slot);
+      const bool valid = page >= 0;
+      const int64_t k_at = page * p.k.page_stride + slot * p.k.slot_stride +
+                           kv_head * p.k.head_stride + part * kVec;
+      const int64_t v_at = page * p.v.page_stride + slot * p.v.slot_stride +
+                           kv_head * p.v.head_stride + part * kVec;
+      // not scored: zero-fill from a valid dummy address
+      cp_async_16(k_tile(stage) + token * kHeadDim + part * kVec, p.k.data + (valid ? k_at : 0),
+                  valid);
+      cp_async_16(v_tile(stage) + token * kHeadDim + part * kVec, p.v.data + (valid ? v_at : 0),
+                  valid);
+      if (part == 0) scored(stage)[token] = valid;
     }
     cp_async_commit();
   };
@@ -199,9 +250,9 @@ __global__ void __launch_bounds__(1024) DecodeKernel(DecodeParams<T> p, WorkList
       for (int j = 0; j < kVec; ++j) s += q[j] * to_float(kv.data[j]);
 #pragma unroll
       for (int offset = kBdx / 2; offset > 0; offset >>= 1) {
-        s += __shfl_xor_sync(0xffffffffu, s, offset);
+        s += __shfl_xor_sync(row_mask<kBdx>(), s, offset);
       }
-      if (tile_start + token >= item.end) continue;
+      if (tile_start + token >= item.end || !scored(stage)[token]) continue;
       if (p.scores.cap > 0.f) s = p.scores.cap * tanhf(s);
       const float m_new = fmaxf(m, s);
       const float rescale = exp2f(m - m_new);
@@ -215,6 +266,7 @@ __global__ void __launch_bounds__(1024) DecodeKernel(DecodeParams<T> p, WorkList
     }
     __syncthreads();  // the stage is refilled by the next iteration's prefetch
   }
+  pdl_launch_dependents();  // the merge (or the next kernel) may start its prologue
 
   // Merge the bdz partial states of each query head, in tz order.
   float* merge_o = reinterpret_cast<float*>(smem);  // [bdz][group][head_dim]
@@ -241,7 +293,7 @@ __global__ void __launch_bounds__(1024) DecodeKernel(DecodeParams<T> p, WorkList
     }
   }
   const float inv = total_d > 0.f ? 1.f / total_d : 0.f;
-  const float lse = total_d > 0.f ? (total_m + log2f(total_d)) * kLn2 : -INFINITY;
+  const float lse = total_d > 0.f ? total_m + log2f(total_d) : -INFINITY;
   if (item.tmp_row < 0) {
     Vec<T, kVec> ov;
 #pragma unroll
@@ -257,13 +309,15 @@ __global__ void __launch_bounds__(1024) DecodeKernel(DecodeParams<T> p, WorkList
   }
 }
 
-// Threads along tokens: at least 128 threads per CTA, a whole number of warps, and a
-// divisor of the tile.
+// Threads along tokens: a power of two dividing the tile, doubled while the block has fewer
+// than 128 threads or a partial warp, and never past 1024 threads (an odd GQA group may then
+// end in a partial warp: see row_mask).
 template <int kHeadDim>
 inline int TokenLanes(int group) {
   int bdz = 1;
   const int row = Tiling<kHeadDim>::kBdx * group;
-  while ((row * bdz < 128 || (row * bdz) % 32 != 0) && bdz < Tiling<kHeadDim>::kTileTokens) {
+  while (bdz < Tiling<kHeadDim>::kTileTokens && row * bdz * 2 <= 1024 &&
+         (row * bdz < 128 || (row * bdz) % 32 != 0)) {
     bdz *= 2;
   }
   return bdz;
@@ -272,7 +326,8 @@ inline int TokenLanes(int group) {
 template <int kHeadDim>
 inline size_t SharedBytes(int group, int bdz) {
   const size_t merge = static_cast<size_t>(bdz) * group * (kHeadDim + 2) * sizeof(float);
-  const size_t stages = 2 * static_cast<size_t>(Tiling<kHeadDim>::kStageBytes);
+  const size_t stages = 2 * static_cast<size_t>(Tiling<kHeadDim>::kStageBytes) +
+                        Tiling<kHeadDim>::kFlagBytes;
   return merge > stages ? merge : stages;
 }
 
@@ -310,27 +365,27 @@ cudaError_t DecodeBlocksPerSM(int group, int* blocks) {
 }
 
 // Launches the decode kernel over `grid_work` work items, then (when merge_positions > 0)
-// the merge of split requests' tmp rows into the output.
+// the merge of split requests' tmp rows into the output. `pdl`: both launch with
+// programmatic dependent launch (see pdl.cuh).
 template <typename T, int kHeadDim>
 cudaError_t Decode(const DecodeParams<T>& p, const WorkList& work, int64_t grid_work,
                    int64_t num_kv_heads, const cascade::MergeSchedule& merge,
-                   int64_t merge_positions, cudaStream_t stream) {
+                   int64_t merge_positions, bool pdl, cudaStream_t stream) {
   if (grid_work == 0 || num_kv_heads == 0) return cudaSuccess;
   const int group = static_cast<int>(p.num_qo_heads / num_kv_heads);
   dim3 block;
   size_t smem;
   cudaError_t err = PrepareDecodeKernel<T, kHeadDim>(group, &block, &smem);
   if (err != cudaSuccess) return err;
-  DecodeKernel<T, kHeadDim><<<dim3(static_cast<unsigned>(grid_work),
-                                   static_cast<unsigned>(num_kv_heads)),
-                              block, smem, stream>>>(p, work);
-  err = cudaGetLastError();
+  err = launch_kernel(DecodeKernel<T, kHeadDim>,
+                      dim3(static_cast<unsigned>(grid_work), static_cast<unsigned>(num_kv_heads)),
+                      block, smem, stream, pdl, p, work);
   if (err != cudaSuccess || merge_positions == 0) return err;
   const int64_t h = p.num_qo_heads;
   return cascade::MergeStates<float, T>(
       {p.out, p.lse, p.out_batch_stride, p.out_head_stride, h, 1},
       {p.tmp_v, p.tmp_lse, h * kHeadDim, kHeadDim, h, 1}, merge, merge_positions, h, kHeadDim,
-      stream);
+      stream, pdl);
 }
 
 }  // namespace decode

@@ -46,6 +46,11 @@ def check_covers(schedule, lens: list[int], begins: list[int]) -> None:
                           schedule.work_tmp_row):
         by_request.setdefault(r, []).append((s, e, t))
     assert sorted(by_request) == list(range(len(lens)))
+    chunk_ids: dict[int, list[tuple[int, int]]] = {}
+    for r, c, n in zip(schedule.work_request, schedule.work_chunk, schedule.work_chunks):
+        chunk_ids.setdefault(r, []).append((c, n))
+    for r, ids in chunk_ids.items():  # what the device reads: chunk c of n, in order
+        assert ids == [(c, len(ids)) for c in range(len(ids))]
     tmp_rows = []
     for r, items in by_request.items():
         assert items[0][0] == begins[r] and items[-1][1] == lens[r]
@@ -99,18 +104,26 @@ def test_kv_lengths_and_packed_layout() -> None:
     assert kv_lengths([0, 3, 3, 4], [5, 9, 1], 16) == [37, 0, 1]
     schedule = plan_decode_schedule([1000, 10], 1, 8)  # 1000 splits into chunks of 256
     assert schedule.chunk_size == 256 and schedule.num_work == 5
-    words = pack_schedule(schedule, 6, 2, [0, 63, 64])
-    assert len(words) == plan_length(6, 2, 2)
+    words = pack_schedule(schedule, 6, 2)
+    assert len(words) == plan_length(6, 2)
     assert words[0] == 5
     assert words[1:7] == [0, 0, 0, 0, 1, 0]  # request
-    assert words[7:13] == [0, 256, 512, 768, 0, 0]  # start
-    assert words[13:19] == [256, 512, 768, 1000, 10, 0]  # end
+    assert words[7:13] == [0, 1, 2, 3, 0, 0]  # chunk index
+    assert words[13:19] == [4, 4, 4, 4, 1, 0]  # chunks of the request
     assert words[19:25] == [0, 1, 2, 3, -1, 0]  # tmp row
     assert words[25:28] == [1, 0, 0]  # num_merge, merge_request
-    assert words[28:31] == [0, 4, 0]  # merge_indptr (padded)
-    assert words[31:] == [0, 63, 64]  # kv_indptr
+    assert words[28:] == [0, 4, 0]  # merge_indptr (padded)
     with pytest.raises(ValueError, match="exceeds the capacity"):
-        pack_schedule(schedule, 4, 2, [0, 63, 64])
+        pack_schedule(schedule, 4, 2)
+
+
+def test_fixed_split_size_and_disabled_split() -> None:
+    fixed = plan_decode_schedule([1000, 10], 1, 8, fixed_chunk=100)
+    assert fixed.chunk_size == 100 and fixed.num_work == 11
+    check_covers(fixed, [1000, 10], [0, 0])
+    assert plan_decode_schedule([1000, 10], 1, 8, fixed_chunk=5000).chunk_size is None
+    never = plan_decode_schedule([100000], 1, 1000, allow_split=False)
+    assert never.chunk_size is None and never.num_work == 1
 
 
 # -- argument checks before any launch ---------------------------------------------------------
@@ -144,9 +157,14 @@ SINGLE_BAD = [
     ("num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3\\)", ValueError,
      dict(k=_bf16(10, 3, 128), v=_bf16(10, 3, 128))),
     ("k has head_dim 64, q has 128", ValueError, dict(k=_bf16(10, 2, 64), v=_bf16(10, 2, 64))),
-    ("sm_scale must be a finite float > 0", ValueError, dict(sm_scale=0.0)),
-    ("logits_soft_cap must be None or a finite float >= 0", ValueError,
-     dict(logits_soft_cap=-1.0)),
+    ("sm_scale must be > 0.0", ValueError, dict(sm_scale=0.0)),
+    ("logits_soft_cap must be >= 0.0", ValueError, dict(logits_soft_cap=-1.0)),
+    ("k_scale must be > 0.0", ValueError, dict(k_scale=-1.0)),
+    ("q_scale must be a float", TypeError, dict(q_scale="1")),
+    ("v_scale must be finite", ValueError, dict(v_scale=float("nan"))),
+    ("use_tensor_cores must be a bool", TypeError, dict(use_tensor_cores=1)),
+    ("rope_theta must be > 0.0", ValueError, dict(rope_theta=0.0)),
+    ("return_lse must be a bool", TypeError, dict(return_lse=None)),
     ("window_left must be >= -1", ValueError, dict(window_left=-2)),
     ("k must be contiguous in its last dim", ValueError,
      dict(k=_bf16(10, 128, 2).transpose(1, 2))),
@@ -162,16 +180,32 @@ def test_single_decode_bad_arguments(no_launch, message, error, overrides) -> No
         flashinfer.single_decode_with_kv_cache(**args)
 
 
+class CpuPlan:
+    """plan()/run() on the CPU: a fixed GPU size, uploads recorded instead of copied, and a
+    stand-in decode module that records each launch and fills ``out`` with ones."""
+
+    def __init__(self) -> None:
+        self.uploads: list[list[int]] = []
+        self.launches: list[tuple] = []
+
+    def get_decode_module(self, dtype: torch.dtype, head_dim: int) -> CpuPlan:
+        return self
+
+    def batch_decode(self, *args) -> None:  # noqa: ANN002
+        self.launches.append(args)
+        args[9].fill_(1.0)  # out
+
+
 @pytest.fixture
-def cpu_plan(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
-    """plan() on the CPU: a fixed GPU size, uploads recorded instead of copied."""
-    uploads: list[list[int]] = []
+def cpu_plan(monkeypatch: pytest.MonkeyPatch) -> CpuPlan:
+    record = CpuPlan()
     monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: 64)
     monkeypatch.setattr(decode_api, "_sm_count", lambda device: 2)
+    monkeypatch.setattr(decode_api, "get_decode_module", record.get_decode_module)
     monkeypatch.setattr(decode_api.BatchDecodeWithPagedKVCacheWrapper, "_upload",
-                        lambda self, words, target: uploads.append(list(words)))
+                        lambda self, words, target: record.uploads.append(list(words)))
     monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
-    return uploads
+    return record
 
 
 def _i32(values: list[int]) -> torch.Tensor:
@@ -205,23 +239,23 @@ PLAN_BAD = [
 
 
 @pytest.mark.parametrize("message,error,overrides", PLAN_BAD, ids=[b[0][:40] for b in PLAN_BAD])
-def test_plan_bad_arguments(cpu_plan, no_launch, message, error, overrides) -> None:
+def test_plan_bad_arguments(cpu_plan, message, error, overrides) -> None:
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
     with pytest.raises(error, match=message):
         wrapper.plan(**_plan_args(**overrides))
-    assert cpu_plan == []
+    assert cpu_plan.uploads == [] and wrapper._plan_info is None
 
 
-def test_plan_uploads_the_schedule_and_run_checks_against_it(cpu_plan, no_launch) -> None:
+def test_plan_uploads_the_schedule_and_run_checks_against_it(cpu_plan) -> None:
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
     with pytest.raises(RuntimeError, match="call plan\\(\\) before run\\(\\)"):
         wrapper.run(_bf16(2, 8, 128), (_bf16(5, 16, 2, 128), _bf16(5, 16, 2, 128)))
     wrapper.plan(**_plan_args())
-    assert len(cpu_plan) == 1
-    words = cpu_plan[0]
+    assert len(cpu_plan.uploads) == 1
+    words = cpu_plan.uploads[0]
     lens = kv_lengths([0, 2, 3], [5, 16], 16)
     schedule = plan_decode_schedule(lens, 2, 64)
-    assert words == pack_schedule(schedule, schedule.num_work, schedule.num_merge, [0, 2, 3])
+    assert words == pack_schedule(schedule, schedule.num_work, schedule.num_merge)
     cache = (_bf16(5, 16, 2, 128), _bf16(5, 16, 2, 128))
     bad_runs = [
         ("q has shape \\(3, 8, 128\\); plan\\(\\) was for \\(2, 8, 128\\)", ValueError,
@@ -241,9 +275,10 @@ def test_plan_uploads_the_schedule_and_run_checks_against_it(cpu_plan, no_launch
             wrapper.run(*args)
     with pytest.raises(ValueError, match="out has shape"):
         wrapper.run(_bf16(2, 8, 128), cache, out=_bf16(2, 8, 64))
+    assert cpu_plan.launches == []
 
 
-def test_cuda_graph_mode_needs_fixed_buffers_and_bounds_the_batch(cpu_plan, no_launch) -> None:
+def test_cuda_graph_mode_needs_fixed_buffers_and_fixes_the_batch(cpu_plan) -> None:
     ws = torch.empty(64 << 20, dtype=torch.uint8)
     with pytest.raises(ValueError, match="use_cuda_graph=True needs paged_kv_indptr_buffer"):
         flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, use_cuda_graph=True)
@@ -251,11 +286,17 @@ def test_cuda_graph_mode_needs_fixed_buffers_and_bounds_the_batch(cpu_plan, no_l
         ws, use_cuda_graph=True, paged_kv_indptr_buffer=torch.zeros(3, dtype=torch.int32),
         paged_kv_indices_buffer=torch.zeros(8, dtype=torch.int32),
         paged_kv_last_page_len_buffer=torch.zeros(2, dtype=torch.int32))
-    with pytest.raises(ValueError, match="batch of 3 exceeds the CUDA-graph buffers' 2"):
-        wrapper.plan(**_plan_args(indptr=_i32([0, 1, 2, 3]), last_page_len=_i32([1, 1, 1])))
+    # a captured run() reads q/out at the captured batch: any other batch is refused
+    for indptr, last in (([0, 1, 2, 3], [1, 1, 1]), ([0, 1], [1])):
+        with pytest.raises(ValueError, match=r"batch size is fixed to the buffers' 2; plan\(\) "
+                                             f"got {len(last)}"):
+            wrapper.plan(**_plan_args(indptr=_i32(indptr), last_page_len=_i32(last)))
+    with pytest.raises(ValueError, match="9 page indices exceed the CUDA-graph buffer's 8"):
+        wrapper.plan(**_plan_args(indices=torch.arange(9, dtype=torch.int32)))
+    assert cpu_plan.uploads == []
 
 
-def test_workspace_too_small_is_reported(cpu_plan, no_launch) -> None:
+def test_workspace_too_small_is_reported(cpu_plan) -> None:
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16384, dtype=torch.uint8))
     long_request = _plan_args(indptr=_i32([0, 3]), last_page_len=_i32([16]), page_size=16,
                               indices=_i32([0, 1, 2]))
@@ -269,9 +310,9 @@ MERGE_BAD = [
     ("s_a has shape \\(4, 3\\), expected \\(4, 2\\)", ValueError,
      lambda: flashinfer.merge_state(_bf16(4, 2, 64), torch.zeros(4, 3), _bf16(4, 2, 64),
                                     torch.zeros(4, 2))),
-    ("s_b has dtype torch.bfloat16; supported: float32", TypeError,
+    ("s_b has dtype torch.int32; supported: float16, bfloat16, float32, float64", TypeError,
      lambda: flashinfer.merge_state(_bf16(4, 2, 64), torch.zeros(4, 2), _bf16(4, 2, 64),
-                                    _bf16(4, 2))),
+                                    torch.zeros(4, 2, dtype=torch.int32))),
     ("v_b has shape \\(4, 2, 32\\), v_a has \\(4, 2, 64\\)", ValueError,
      lambda: flashinfer.merge_state(_bf16(4, 2, 64), torch.zeros(4, 2), _bf16(4, 2, 32),
                                     torch.zeros(4, 2))),
@@ -301,17 +342,23 @@ def test_decode_and_cascade_bindings_check_too() -> None:
     assert (module.dtype(), module.head_dim()) == ("bfloat16", 128)
     q, k, out = _bf16(8, 128), _bf16(10, 2, 128), _bf16(8, 128)
     tmp = torch.empty(1)
+
+    def single(q=q, k=k, chunk=10, chunks=1):  # noqa: ANN001, ANN202
+        return module.single_decode(q, k, k, tmp, tmp, out, None, False, -1, chunk, chunks, 1.0,
+                                    0.0, False)
+
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):
-        module.single_decode(q, k, k, tmp, tmp, out, None, False, 0, 10, 10, 1, 1.0, 0.0)
+        single()
     with pytest.raises(ValueError, match="q has head_dim 64, this module is for 128"):
-        module.single_decode(_bf16(8, 64), k, k, tmp, tmp, out, None, False, 0, 10, 10, 1, 1.0, 0.0)
+        single(q=_bf16(8, 64))
     with pytest.raises(ValueError, match="k's strides must be multiples of 8"):
-        module.single_decode(q, _bf16(10, 2, 130)[..., :128], k, tmp, tmp, out, None, False, 0,
-                             10, 10, 1, 1.0, 0.0)
-    with pytest.raises(ValueError, match="the chunks do not cover"):
-        module.single_decode(q, k, k, tmp, tmp, out, None, False, 0, 10, 4, 2, 1.0, 0.0)
+        single(k=_bf16(10, 2, 130)[..., :128])
+    with pytest.raises(ValueError, match="window_left, chunk_tokens and num_chunks are out of"):
+        single(chunk=0)
     with pytest.raises(TypeError, match="q has dtype float16, expected bfloat16"):
-        module.single_decode(q.half(), k, k, tmp, tmp, out, None, False, 0, 10, 10, 1, 1.0, 0.0)
+        single(q=q.half())
+    with pytest.raises(ValueError, match="tmp_v has 1 elements, needs 2048"):
+        single(chunks=2)
     cascade = cascade_api.get_cascade_module(torch.bfloat16)
     v, s = _bf16(4, 2, 64), torch.zeros(4, 2)
     with pytest.raises(ValueError, match="v_a must be a CUDA tensor"):
