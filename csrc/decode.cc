@@ -138,8 +138,8 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
                  TensorView kv_indices, TensorView kv_last_page_len, TensorView plan,
                  TensorView tmp_v, TensorView tmp_lse, TensorView out, Optional<TensorView> lse,
                  bool hnd, int64_t work_capacity, int64_t merge_capacity, int64_t tmp_capacity,
-                 int64_t grid_work, int64_t grid_merge, int64_t chunk_tokens,
-                 int64_t window_left, double score_scale, double score_cap, bool enable_pdl) {
+                 int64_t grid_work, int64_t grid_merge, int64_t window_left, double score_scale,
+                 double score_cap, bool enable_pdl) {
   CheckHeads(q, "q", 3, -1, -1);
   const int64_t batch = q.size(0), qo_heads = q.size(1);
   CheckHeads(out, "out", 3, batch, qo_heads);
@@ -158,10 +158,10 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
   const int32_t* indices = IndexArray(kv_indices, "kv_indices", 0, q);
   const int32_t* last_page_len = IndexArray(kv_last_page_len, "kv_last_page_len", batch, q);
   FLASHINFER_CHECK(work_capacity >= grid_work && merge_capacity >= grid_merge && grid_work >= 0 &&
-                       grid_merge >= 0 && chunk_tokens >= 1 && window_left >= -1,
+                       grid_merge >= 0 && window_left >= -1,
                    ValueError) << "the launch does not match the schedule";
   const int32_t* plan_ptr =
-      IndexArray(plan, "plan", 3 + 4 * work_capacity + 2 * merge_capacity, q);
+      IndexArray(plan, "plan", 4 + 4 * work_capacity + 2 * merge_capacity, q);
   // the plan's tmp rows are < tmp_capacity
   CheckFloatBuffer(tmp_v, "tmp_v", tmp_capacity * qo_heads * kHeadDim);
   CheckFloatBuffer(tmp_lse, "tmp_lse", tmp_capacity * qo_heads);
@@ -180,7 +180,6 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
   launch.merge_capacity = merge_capacity;
   launch.grid_work = grid_work;
   launch.grid_merge = grid_merge;
-  launch.chunk_tokens = chunk_tokens;
   launch.window_left = window_left;
   launch.pdl = enable_pdl;
   CudaDeviceGuard guard(q.device().device_id);

@@ -45,20 +45,23 @@ def _check_state(v_name: str, v: Any, s_name: str, s: Any, rank: int, layout: st
         raise ValueError(f"{v_name} has head_dim {v.shape[-1]} > {_MAX_HEAD_DIM}")
 
 
-def _check_pair(v_a: Any, s_a: Any, v_b: Any, s_b: Any) -> None:
+def _check_pair(names: tuple[str, str, str, str], v_a: Any, s_a: Any, v_b: Any,
+                s_b: Any) -> None:
+    """Two states of the same shape; ``names`` are the caller's parameter names."""
     layout = "[seq_len, num_heads, head_dim]"
-    _check_state("v_a", v_a, "s_a", s_a, 3, layout)
-    _check_state("v_b", v_b, "s_b", s_b, 3, layout)
+    _check_state(names[0], v_a, names[1], s_a, 3, layout)
+    _check_state(names[2], v_b, names[3], s_b, 3, layout)
     if v_b.shape != v_a.shape:
-        raise ValueError(f"v_b has shape {tuple(v_b.shape)}, v_a has {tuple(v_a.shape)}")
-    checks.check_same_dtype("v_b", v_b, "v_a", v_a)
+        raise ValueError(f"{names[2]} has shape {tuple(v_b.shape)}, {names[0]} has "
+                         f"{tuple(v_a.shape)}")
+    checks.check_same_dtype(names[2], v_b, names[0], v_a)
 
 
-def _check_pair_devices(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor,
-                        s_b: torch.Tensor) -> None:
-    checks.check_cuda("v_a", v_a)
-    for name, t in (("s_a", s_a), ("v_b", v_b), ("s_b", s_b)):
-        checks.check_cuda(name, t, like=v_a)
+def _check_devices(names: tuple[str, ...], *tensors: torch.Tensor) -> None:
+    """All on one CUDA device (after every shape check, so each mistake has its message)."""
+    checks.check_cuda(names[0], tensors[0])
+    for name, t in zip(names[1:], tensors[1:]):
+        checks.check_cuda(name, t, like=tensors[0])
 
 
 @flashinfer_api
@@ -67,8 +70,9 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor,
     """Merge two states: ``v`` ``[seq_len, num_heads, head_dim]`` (fp16/bf16/fp32) and
     ``s`` ``[seq_len, num_heads]`` (base-2 LSE). Returns the merged ``(v, s)``, ``s``
     float32."""
-    _check_pair(v_a, s_a, v_b, s_b)
-    _check_pair_devices(v_a, s_a, v_b, s_b)
+    names = ("v_a", "s_a", "v_b", "s_b")
+    _check_pair(names, v_a, s_a, v_b, s_b)
+    _check_devices(names, v_a, s_a, v_b, s_b)
     v_out = torch.empty(v_a.shape, dtype=v_a.dtype, device=v_a.device)
     s_out = torch.empty(s_a.shape, dtype=torch.float32, device=v_a.device)
     get_cascade_module(v_a.dtype).merge_state(v_a.contiguous(), _as_lse(s_a), v_b.contiguous(),
@@ -83,7 +87,8 @@ def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor
     ``mask`` (``[seq_len]`` bool) is true (everywhere without a mask). ``v`` and ``s``
     must be contiguous; an ``s`` that is not float32 is merged in float32 and written back
     in its own dtype."""
-    _check_pair(v, s, v_other, s_other)
+    names = ("v", "s", "v_other", "s_other")
+    _check_pair(names, v, s, v_other, s_other)
     if not (v.is_contiguous() and s.is_contiguous()):
         raise ValueError("v and s are updated in place and must be contiguous")
     if mask is not None:
@@ -92,7 +97,7 @@ def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor
         checks.check_dtype("mask", mask, (torch.bool, torch.uint8))
         if mask.shape[0] != v.shape[0]:
             raise ValueError(f"mask has {mask.shape[0]} elements, v has {v.shape[0]} positions")
-    _check_pair_devices(v, s, v_other, s_other)
+    _check_devices(names, v, s, v_other, s_other)
     if mask is not None:
         checks.check_cuda("mask", mask, like=v)
         mask = mask.contiguous()
@@ -109,8 +114,7 @@ def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.
     head_dim]``, ``s`` ``[seq_len, num_states, num_heads]``. Returns ``(v, s)`` with the
     states dim merged away."""
     _check_state("v", v, "s", s, 4, "[seq_len, num_states, num_heads, head_dim]")
-    checks.check_cuda("v", v)
-    checks.check_cuda("s", s, like=v)
+    _check_devices(("v", "s"), v, s)
     seq, _, heads, dim = v.shape
     v_out = torch.empty((seq, heads, dim), dtype=v.dtype, device=v.device)
     s_out = torch.empty((seq, heads), dtype=torch.float32, device=v.device)

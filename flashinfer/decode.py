@@ -441,8 +441,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             checks.check_int("fixed_split_size", fixed_split_size, 1)
         else:
             fixed_split_size = None
-        if data_type is not None:
-            q_data_type = data_type if q_data_type is None else q_data_type
+        if data_type is not None:  # the deprecated alias for both (q's default yields)
+            q_data_type = data_type if q_data_type in (None, "float16") else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type
         dtype = _check_dtype_name("q_data_type", "float16" if q_data_type is None else q_data_type)
         for name, value in (("kv_data_type", kv_data_type), ("o_data_type", o_data_type)):
@@ -627,8 +627,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             q, k_cache, v_cache, self._paged_kv_indptr_buf, self._paged_kv_indices_buf,
             self._paged_kv_last_page_len_buf, plan.plan_words, plan.tmp_v, plan.tmp_lse, out,
             lse, self._kv_layout == "HND", plan.work_capacity, plan.merge_capacity,
-            plan.tmp_capacity, plan.grid_work, plan.grid_merge, plan.schedule.chunk_size or 1,
-            window, scale, cap, enable_pdl)
+            plan.tmp_capacity, plan.grid_work, plan.grid_merge, window, scale, cap, enable_pdl)
         _apply_v_scale(out, v_scale)
         return (out, lse) if return_lse else out
 

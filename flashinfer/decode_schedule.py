@@ -114,12 +114,13 @@ def plan_decode_schedule(kv_lens: Sequence[int], num_kv_heads: int, max_ctas: in
 
 
 # -- the device layout -------------------------------------------------------------------------
-# int32: [num_work, request[W], chunk[W], chunks[W], tmp_row[W], num_merge, merge_request[M],
-#         merge_indptr[M + 1]]   (W, M: the capacities)
+# int32: [num_work, chunk_tokens, request[W], chunk[W], chunks[W], tmp_row[W], num_merge,
+#         merge_request[M], merge_indptr[M + 1]]   (W, M: the capacities)
+# All of it lives on the device, so a CUDA graph captured under one plan runs a later one.
 
 
 def plan_length(work_capacity: int, merge_capacity: int) -> int:
-    return 3 + 4 * work_capacity + 2 * merge_capacity
+    return 4 + 4 * work_capacity + 2 * merge_capacity
 
 
 def pack_schedule(schedule: DecodeSchedule, work_capacity: int,
@@ -130,7 +131,7 @@ def pack_schedule(schedule: DecodeSchedule, work_capacity: int,
                          f"merges) exceeds the capacity ({work_capacity}, {merge_capacity})")
     pad_w = [0] * (work_capacity - schedule.num_work)
     pad_m = [0] * (merge_capacity - schedule.num_merge)
-    words = [schedule.num_work]
+    words = [schedule.num_work, schedule.chunk_size or 1]
     for column in (schedule.work_request, schedule.work_chunk, schedule.work_chunks,
                    schedule.work_tmp_row):
         words += list(column) + pad_w

@@ -60,14 +60,14 @@ struct PageTable {
   int64_t num_pages;    // a page id outside [0, num_pages) is skipped, never read
 };
 
-// The schedule. Batch mode: plan points at [num_work, request[cap], chunk[cap],
-// num_chunks[cap], tmp_row[cap]] on the device (tmp_row -1: write the output directly).
-// Single mode (plan null): request 0 of length `single_len`, chunk c = blockIdx.x of
-// gridDim.x, written to tmp row c when split.
+// The schedule. Batch mode: plan points at [num_work, chunk_tokens, request[cap],
+// chunk[cap], num_chunks[cap], tmp_row[cap]] on the device (tmp_row -1: write the output
+// directly). Single mode (plan null): request 0 of length `single_len` in gridDim.x chunks of
+// `chunk_tokens`, chunk c = blockIdx.x written to tmp row c when split.
 struct WorkList {
   const int32_t* plan;
   int64_t capacity;
-  int64_t chunk_tokens;  // tokens per chunk of a split request
+  int64_t chunk_tokens;  // single mode: tokens per chunk of a split request
   int64_t window_left;   // >= 0: attend to the last window_left + 1 tokens only
   int64_t single_len;
   bool single_split;
@@ -90,10 +90,11 @@ __device__ __forceinline__ int64_t request_length(const PageTable& pt, int64_t r
 __device__ __forceinline__ bool work_item(const WorkList& w, const PageTable& pt, int64_t i,
                                           WorkItem* item) {
   int64_t request = 0, chunk = i, chunks = gridDim.x, tmp_row = w.single_split ? i : -1;
-  int64_t length = w.single_len;
+  int64_t length = w.single_len, chunk_tokens = w.chunk_tokens;
   if (w.plan) {
     if (i >= w.plan[0]) return false;
-    const int32_t* a = w.plan + 1;
+    chunk_tokens = max(w.plan[1], 1);
+    const int32_t* a = w.plan + 2;
     request = a[i];
     chunk = a[w.capacity + i];
     chunks = a[2 * w.capacity + i];
@@ -101,8 +102,8 @@ __device__ __forceinline__ bool work_item(const WorkList& w, const PageTable& pt
     length = request_length(pt, request);
   }
   const int64_t begin = w.window_left >= 0 ? max(int64_t{0}, length - w.window_left - 1) : 0;
-  const int64_t start = min(begin + chunk * w.chunk_tokens, length);
-  const int64_t end = chunk + 1 >= chunks ? length : min(start + w.chunk_tokens, length);
+  const int64_t start = min(begin + chunk * chunk_tokens, length);
+  const int64_t end = chunk + 1 >= chunks ? length : min(start + chunk_tokens, length);
   *item = {request, start, end, tmp_row};
   return true;
 }

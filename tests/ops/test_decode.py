@@ -106,13 +106,13 @@ def test_kv_lengths_and_packed_layout() -> None:
     assert schedule.chunk_size == 256 and schedule.num_work == 5
     words = pack_schedule(schedule, 6, 2)
     assert len(words) == plan_length(6, 2)
-    assert words[0] == 5
-    assert words[1:7] == [0, 0, 0, 0, 1, 0]  # request
-    assert words[7:13] == [0, 1, 2, 3, 0, 0]  # chunk index
-    assert words[13:19] == [4, 4, 4, 4, 1, 0]  # chunks of the request
-    assert words[19:25] == [0, 1, 2, 3, -1, 0]  # tmp row
-    assert words[25:28] == [1, 0, 0]  # num_merge, merge_request
-    assert words[28:] == [0, 4, 0]  # merge_indptr (padded)
+    assert words[:2] == [5, 256]  # num_work, chunk_tokens
+    assert words[2:8] == [0, 0, 0, 0, 1, 0]  # request
+    assert words[8:14] == [0, 1, 2, 3, 0, 0]  # chunk index
+    assert words[14:20] == [4, 4, 4, 4, 1, 0]  # chunks of the request
+    assert words[20:26] == [0, 1, 2, 3, -1, 0]  # tmp row
+    assert words[26:29] == [1, 0, 0]  # num_merge, merge_request
+    assert words[29:] == [0, 4, 0]  # merge_indptr (padded)
     with pytest.raises(ValueError, match="exceeds the capacity"):
         pack_schedule(schedule, 4, 2)
 
@@ -387,7 +387,8 @@ def test_every_cascade_specialization_compiles(dtype: str) -> None:
 def reference_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float,
                      soft_cap: float | None = None, window_left: int = -1
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 attention of q [H, D] over k, v [L, Hk, D]; returns (out [H, D], lse [H])."""
+    """float32 attention of q [H, D] over k, v [L, Hk, D]; returns (out [H, D], lse [H]), the
+    LSE in base 2 as the library (and the reference library) defines it."""
     heads, kv_heads = q.shape[0], k.shape[1]
     kf = k.float().repeat_interleave(heads // kv_heads, dim=1)  # qo head h uses kv head h // g
     vf = v.float().repeat_interleave(heads // kv_heads, dim=1)
@@ -397,7 +398,7 @@ def reference_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale
     length = k.shape[0]
     if window_left >= 0:
         scores[:, : max(0, length - 1 - window_left)] = float("-inf")
-    lse = torch.logsumexp(scores, dim=-1)
+    lse = torch.logsumexp(scores, dim=-1) / math.log(2)
     out = torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1), vf)
     return out, lse
 
@@ -467,8 +468,9 @@ def _paged_batch(lens: list[int], page_size: int, kv_heads: int, head_dim: int,
                                      dtype=torch.int32, device="cuda")
         seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
         batch, positions = flashinfer.get_batch_indices_positions(append_indptr, seq_lens, nnz)
-        flashinfer.append_paged_kv_cache(torch.cat(ks), torch.cat(vs), batch, positions, k_cache,
-                                         v_cache, indices, indptr, last, kv_layout=layout)
+        flashinfer.append_paged_kv_cache(torch.cat(ks), torch.cat(vs), batch, positions,
+                                         (k_cache, v_cache), indices, indptr, last,
+                                         kv_layout=layout)
     last = torch.where(last == 0, torch.ones_like(last), last)  # empty requests: any valid value
     return ks, vs, k_cache, v_cache, indptr, indices, last
 
@@ -585,6 +587,183 @@ def test_cuda_graph_capture_and_replay_with_new_data_and_plans() -> None:
         torch.testing.assert_close(out.float(), expected(pages, new_lens), atol=5e-3, rtol=5e-3)
 
 
+def _page_table(lens: list[int], page_size: int, num_pages: int, seed: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(indptr, indices, last_page_len) on the CPU over shuffled pages of [0, num_pages)."""
+    gen = torch.Generator().manual_seed(seed)
+    pages = [math.ceil(n / page_size) for n in lens]
+    ids = torch.randperm(num_pages, generator=gen)[: sum(pages)].to(torch.int32)
+    indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)
+    last = torch.tensor([n - (p - 1) * page_size for n, p in zip(lens, pages)],
+                        dtype=torch.int32)
+    return indptr, ids, last
+
+
+def _expected_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    indptr: torch.Tensor, ids: torch.Tensor, lens: list[int],
+                    sm_scale: float | None = None) -> torch.Tensor:
+    """The float32 reference over an NHD paged cache, request by request."""
+    rows = []
+    heads, dim = k_cache.shape[2], k_cache.shape[3]
+    for b, n in enumerate(lens):
+        pages = ids[indptr[b]: indptr[b + 1]].long().to(k_cache.device)
+        k = k_cache[pages].reshape(-1, heads, dim)[:n]
+        v = v_cache[pages].reshape(-1, heads, dim)[:n]
+        rows.append(reference_decode(q[b], k, v, sm_scale or 1 / math.sqrt(dim))[0])
+    return torch.stack(rows)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_after_writing_the_buffers_directly() -> None:
+    """An engine writes new page tables into the constructor's buffers and replays, with
+    plan(), with fast_decode_plan (as begin_forward), or with no plan at all: the kernel
+    reads each request's length from the buffers, so all three give correct attention."""
+    dtype, page_size, qo_heads, kv_heads, head_dim, batch = torch.bfloat16, 16, 32, 8, 128, 3
+    num_pages = 4000
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    indptr_buf = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")
+    indices_buf = torch.zeros(num_pages, dtype=torch.int32, device="cuda")
+    last_buf = torch.zeros(batch, dtype=torch.int32, device="cuda")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        workspace, use_cuda_graph=True, paged_kv_indptr_buffer=indptr_buf,
+        paged_kv_indices_buffer=indices_buf, paged_kv_last_page_len_buffer=last_buf)
+    k_cache = torch.randn(num_pages, page_size, kv_heads, head_dim, dtype=dtype, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(batch, qo_heads, head_dim, dtype=dtype, device="cuda")
+    out = torch.empty_like(q)
+    indptr, ids, last = _page_table([40, 3000, 7], page_size, num_pages, 0)
+    wrapper.plan(indptr, ids, last, qo_heads, kv_heads, head_dim, page_size, q_data_type=dtype)
+    assert torch.equal(indptr_buf.cpu(), indptr) and torch.equal(last_buf.cpu(), last)
+    assert torch.equal(indices_buf[: ids.numel()].cpu(), ids)
+    wrapper.run(q, (k_cache, v_cache), out=out)  # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        wrapper.run(q, (k_cache, v_cache), out=out)
+
+    def write_buffers(lens: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        indptr, ids, last = _page_table(lens, page_size, num_pages, seed)
+        indptr_buf.copy_(indptr)
+        indices_buf[: ids.numel()].copy_(ids)
+        last_buf.copy_(last)
+        return indptr, ids
+
+    for step, (lens, how) in enumerate((([5000, 1, 33], "none"), ([17, 20000, 300], "fast"),
+                                        ([100, 100, 100], "plan"))):
+        table = write_buffers(lens, step + 1)
+        if how == "fast":
+            wrapper.begin_forward = flashinfer.decode.fast_decode_plan.__get__(wrapper)
+            wrapper.begin_forward(indptr_buf, indices_buf, last_buf, qo_heads, kv_heads,
+                                  head_dim, page_size, q_data_type=dtype,
+                                  global_override_indptr_cpu=table[0])
+        elif how == "plan":
+            wrapper.plan(table[0], table[1], last_buf.cpu(), qo_heads, kv_heads, head_dim,
+                         page_size, q_data_type=dtype)
+        q.copy_(torch.randn_like(q))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.testing.assert_close(out.float(), _expected_batch(q, k_cache, v_cache, *table, lens),
+                                   atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_two_wrappers_sharing_a_float_workspace_keep_their_own_schedules() -> None:
+    dtype, page_size, heads, kv_heads, dim = torch.float16, 16, 32, 8, 128
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+    a = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace)
+    b = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace)
+    num_pages = 1200
+    k_cache = torch.randn(num_pages, page_size, kv_heads, dim, dtype=dtype, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    lens_a, lens_b = [3000] * 4, [10] * 16
+    table_a = _page_table(lens_a, page_size, num_pages, 1)
+    table_b = _page_table(lens_b, page_size, num_pages, 2)
+    a.plan(*table_a, heads, kv_heads, dim, page_size, q_data_type=dtype)
+    b.plan(*table_b, heads, kv_heads, dim, page_size, q_data_type=dtype)
+    q_a = torch.randn(4, heads, dim, dtype=dtype, device="cuda")
+    out = a.run(q_a, (k_cache, v_cache))
+    torch.testing.assert_close(out.float(), _expected_batch(q_a, k_cache, v_cache, table_a[0],
+                                                            table_a[1], lens_a),
+                               atol=5e-3, rtol=5e-3)
+
+
+@pytest.mark.gpu
+def test_scales_lse_and_pdl() -> None:
+    """q_scale and k_scale multiply sm_scale, v_scale the output (as the reference applies
+    them); the LSE is base 2; PDL on and off give identical bits, also right behind a kernel
+    that writes q on the same stream."""
+    dtype, page_size, heads, kv_heads, dim = torch.bfloat16, 16, 16, 4, 128
+    num_pages = 600
+    k_cache = torch.randn(num_pages, page_size, kv_heads, dim, dtype=dtype, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    lens = [5000, 3, 900]
+    indptr, ids, last = _page_table(lens, page_size, num_pages, 5)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
+    wrapper.plan(indptr, ids, last, heads, kv_heads, dim, page_size, q_data_type=dtype,
+                 sm_scale=0.05)
+    q = torch.randn(3, heads, dim, dtype=dtype, device="cuda")
+    out, lse = wrapper.run(q, (k_cache, v_cache), q_scale=0.5, k_scale=2.5, v_scale=0.25,
+                           return_lse=True)
+    want = _expected_batch(q, k_cache, v_cache, indptr, ids, lens, sm_scale=0.05 * 0.5 * 2.5)
+    torch.testing.assert_close(out.float(), want * 0.25, atol=1e-2, rtol=2e-2)
+    for b, n in enumerate(lens):
+        pages = ids[indptr[b]: indptr[b + 1]].long().cuda()
+        k = k_cache[pages].reshape(-1, kv_heads, dim)[:n].float()
+        scores = torch.einsum("hd,lhd->hl", q[b].float(),
+                              k.repeat_interleave(heads // kv_heads, 1)) * (0.05 * 1.25)
+        torch.testing.assert_close(lse[b], torch.logsumexp(scores, -1) / math.log(2),
+                                   atol=1e-3, rtol=1e-3)
+    source = torch.randn_like(q)
+    results = []
+    for pdl in (False, True, None):
+        q.zero_()
+        q.add_(source)  # the kernel right before decode writes q
+        results.append(wrapper.run(q, (k_cache, v_cache), enable_pdl=pdl))
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
+    single_q = q[0]
+    k0 = k_cache[ids[: indptr[1]].long().cuda()].reshape(-1, kv_heads, dim)[: lens[0]]
+    v0 = v_cache[ids[: indptr[1]].long().cuda()].reshape(-1, kv_heads, dim)[: lens[0]]
+    got = flashinfer.single_decode_with_kv_cache(single_q, k0, v0, q_scale=2.0, k_scale=0.5,
+                                                 v_scale=3.0, sm_scale=0.1)
+    torch.testing.assert_close(got.float(), reference_decode(single_q, k0, v0, 0.1)[0] * 3.0,
+                               atol=6e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+def test_out_of_range_page_ids_are_skipped_not_scored() -> None:
+    dtype, page_size, heads, dim = torch.float16, 16, 8, 128
+    k_cache = torch.randn(8, page_size, heads, dim, dtype=dtype, device="cuda")
+    v_cache = torch.randn_like(k_cache)
+    indptr = torch.tensor([0, 3], dtype=torch.int32)
+    ids = torch.tensor([2, 99, 5], dtype=torch.int32)  # 99: no such page
+    last = torch.tensor([16], dtype=torch.int32)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(16 << 20, dtype=torch.uint8, device="cuda"))
+    wrapper.plan(indptr, ids, last, heads, heads, dim, page_size, q_data_type=dtype)
+    q = torch.randn(1, heads, dim, dtype=dtype, device="cuda")
+    out = wrapper.run(q, (k_cache, v_cache))
+    kept = torch.tensor([2, 5], device="cuda")
+    k = k_cache[kept].reshape(-1, heads, dim)
+    v = v_cache[kept].reshape(-1, heads, dim)
+    torch.testing.assert_close(out[0].float(), reference_decode(q[0], k, v, dim ** -0.5)[0],
+                               atol=5e-3, rtol=5e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group,head_dim", [(33, 128), (35, 64), (64, 128), (127, 64), (7, 256)])
+def test_odd_and_large_gqa_groups_launch(group: int, head_dim: int) -> None:
+    """Blocks of group * head_dim / 8 threads that are not whole warps (see row_mask)."""
+    dtype, kv_heads = torch.bfloat16, 2
+    q = torch.randn(group * kv_heads, head_dim, dtype=dtype, device="cuda")
+    k = torch.randn(700, kv_heads, head_dim, dtype=dtype, device="cuda")
+    v = torch.randn_like(k)
+    want, want_lse = reference_decode(q, k, v, head_dim ** -0.5)
+    out, lse = flashinfer.single_decode_with_kv_cache(q, k, v, return_lse=True)
+    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_merge_state_matches_the_softmax_merge_formula(dtype) -> None:
@@ -594,13 +773,18 @@ def test_merge_state_matches_the_softmax_merge_formula(dtype) -> None:
     s_a = torch.randn(seq, heads, device="cuda") * 5
     s_b = torch.randn(seq, heads, device="cuda") * 5
     s_b[0, 0] = float("-inf")  # an empty state contributes nothing
-    s_want = torch.logaddexp(s_a.double(), s_b.double())
-    v_want = (torch.exp(s_a.double() - s_want)[..., None] * v_a.double()
-              + torch.exp(s_b.double() - s_want)[..., None] * v_b.double())
+    s_want = torch.logaddexp2(s_a.double(), s_b.double())  # base-2 LSEs
+    v_want = (torch.exp2(s_a.double() - s_want)[..., None] * v_a.double()
+              + torch.exp2(s_b.double() - s_want)[..., None] * v_b.double())
     tol = dict(atol=1e-2, rtol=1e-2) if dtype != torch.float32 else dict(atol=1e-5, rtol=1e-5)
     v, s = flashinfer.merge_state(v_a, s_a, v_b, s_b)
     torch.testing.assert_close(v.double(), v_want, **tol)
     torch.testing.assert_close(s.double(), s_want, atol=1e-5, rtol=1e-5)
+    v16, s16 = flashinfer.merge_state(v_a, s_a.half(), v_b, s_b.half())  # cast to float32
+    assert s16.dtype == torch.float32
+    torch.testing.assert_close(s16.double(), torch.logaddexp2(s_a.half().double(),
+                                                              s_b.half().double()),
+                               atol=1e-5, rtol=1e-5)
     mask = torch.rand(seq, device="cuda") > 0.5
     v_in, s_in = v_a.clone(), s_a.clone()
     flashinfer.merge_state_in_place(v_in, s_in, v_b, s_b, mask=mask)
@@ -611,10 +795,10 @@ def test_merge_state_matches_the_softmax_merge_formula(dtype) -> None:
     states = torch.randn(seq, 5, heads, dim, device="cuda").to(dtype)
     lses = torch.randn(seq, 5, heads, device="cuda") * 3
     v_all, s_all = flashinfer.merge_states(states, lses)
-    weights = torch.softmax(lses.double(), dim=1)
+    weights = torch.softmax(lses.double() * math.log(2), dim=1)
     torch.testing.assert_close(v_all.double(), (weights[..., None] * states.double()).sum(1), **tol)
-    torch.testing.assert_close(s_all.double(), torch.logsumexp(lses.double(), 1), atol=1e-5,
-                               rtol=1e-5)
+    torch.testing.assert_close(s_all.double(), torch.logsumexp(lses.double() * math.log(2), 1)
+                               / math.log(2), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.gpu
