@@ -9,7 +9,7 @@ using namespace flashinfer_binding;
 
 namespace {
 
-void ActAndMul(int act, const char* what, TensorView out, TensorView input) {
+void ActAndMul(int act, const char* what, TensorView out, TensorView input, bool enable_pdl) {
   FLASHINFER_CHECK(input.ndim() == 2, ValueError)
       << "input must be 2-D [rows, 2 * d], got " << input.ndim() << "-D";
   FLASHINFER_CHECK(out.ndim() == 2, ValueError)
@@ -33,18 +33,19 @@ void ActAndMul(int act, const char* what, TensorView out, TensorView input) {
   CudaDeviceGuard guard(device.device_id);
   CheckCudaError(act_and_mul_launch(act, DataPtr(out), DataPtr(input), rows, d,
                                     rows > 1 ? input.stride(0) : 2 * d,
-                                    rows > 1 ? out.stride(0) : d, CurrentStream(device)),
+                                    rows > 1 ? out.stride(0) : d, enable_pdl,
+                                    CurrentStream(device)),
                  what);
 }
 
-void SiluAndMul(TensorView out, TensorView input) {
-  ActAndMul(0, "silu_and_mul launch", out, input);
+void SiluAndMul(TensorView out, TensorView input, bool enable_pdl) {
+  ActAndMul(0, "silu_and_mul launch", out, input, enable_pdl);
 }
-void GeluAndMul(TensorView out, TensorView input) {
-  ActAndMul(1, "gelu_and_mul launch", out, input);
+void GeluAndMul(TensorView out, TensorView input, bool enable_pdl) {
+  ActAndMul(1, "gelu_and_mul launch", out, input, enable_pdl);
 }
-void GeluTanhAndMul(TensorView out, TensorView input) {
-  ActAndMul(2, "gelu_tanh_and_mul launch", out, input);
+void GeluTanhAndMul(TensorView out, TensorView input, bool enable_pdl) {
+  ActAndMul(2, "gelu_tanh_and_mul launch", out, input, enable_pdl);
 }
 
 tvm::ffi::String DTypeOfModule() { return kDTypeName; }

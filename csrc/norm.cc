@@ -2,8 +2,7 @@
 // calls the launchers from norm_kernel.cu, and exports functions through tvm-ffi.
 #include <tvm/ffi/function.h>
 
-#include <limits>
-
+#include "norm_binding.h"
 #include "norm_config.h"
 #include "norm_launcher.h"
 #include "tvm_ffi_utils.h"
@@ -12,47 +11,10 @@ using namespace flashinfer_binding;
 
 namespace {
 
-// [tokens, hidden] or [tokens, heads, head_dim] with a contiguous last dim.
-NormLayout RowsOf(const TensorView& t, const char* name) {
-  FLASHINFER_CHECK(t.ndim() == 2 || t.ndim() == 3, ValueError)
-      << name << " must be 2-D [tokens, hidden] or 3-D [tokens, heads, head_dim], got "
-      << t.ndim() << "-D";
-  const int64_t last = t.ndim() - 1;
-  FLASHINFER_CHECK(t.size(last) <= 1 || t.stride(last) == 1, ValueError)
-      << name << "'s last dim must be contiguous (stride " << t.stride(last) << ")";
-  // Strides of size-1 dims are never used; zero keeps them out of the alignment test.
-  const int64_t token_stride = t.size(0) > 1 ? t.stride(0) : 0;
-  if (t.ndim() == 2) return {1, token_stride, 0};
-  return {t.size(1), token_stride, t.size(1) > 1 ? t.stride(1) : 0};
-}
-
-int64_t RowCount(const TensorView& t) {
-  const int64_t rows = t.ndim() == 2 ? t.size(0) : t.size(0) * t.size(1);
-  FLASHINFER_CHECK(rows <= std::numeric_limits<int32_t>::max(), ValueError)
-      << "at most 2^31 - 1 rows are supported, got " << rows;
-  return rows;
-}
-
-void CheckSameShape(const TensorView& a, const TensorView& b, const char* a_name,
-                    const char* b_name) {
-  bool same = a.ndim() == b.ndim();
-  for (int i = 0; same && i < a.ndim(); ++i) same = a.size(i) == b.size(i);
-  FLASHINFER_CHECK(same, ValueError) << a_name << " and " << b_name << " differ in shape";
-}
-
-void CheckVector(const TensorView& v, const char* name, int64_t hidden) {
-  FLASHINFER_CHECK(v.ndim() == 1, ValueError)
-      << name << " must be 1-D [hidden], got " << v.ndim() << "-D";
-  FLASHINFER_CHECK(v.size(0) == hidden, ValueError)
-      << name << " has " << v.size(0) << " elements, the input's last dim is " << hidden;
-  FLASHINFER_CHECK(hidden <= 1 || v.stride(0) == 1, ValueError)
-      << name << " must be contiguous (stride " << v.stride(0) << ")";
-}
-
 // Shapes, dtypes and strides are checked before the device, so each mistake gets its own
 // message; the kernels rely on every check here.
 void RMSNormImpl(TensorView out, TensorView input, TensorView weight, double eps,
-                 float weight_offset) {
+                 bool enable_pdl, float weight_offset) {
   const NormLayout in_layout = RowsOf(input, "input");
   const NormLayout out_layout = RowsOf(out, "out");
   CheckSameShape(out, input, "out", "input");
@@ -69,22 +31,20 @@ void RMSNormImpl(TensorView out, TensorView input, TensorView weight, double eps
   CudaDeviceGuard guard(device.device_id);
   CheckCudaError(rmsnorm_launch(DataPtr(out), DataPtr(input), DataPtr(weight), rows, hidden,
                                 in_layout, out_layout, static_cast<float>(eps), weight_offset,
-                                CurrentStream(device)),
+                                enable_pdl, CurrentStream(device)),
                  "rmsnorm kernel launch");
 }
 
 void FusedAddRMSNormImpl(TensorView input, TensorView residual, TensorView weight, double eps,
-                         float weight_offset) {
+                         bool enable_pdl, float weight_offset) {
   const NormLayout in_layout = RowsOf(input, "input");
   const NormLayout res_layout = RowsOf(residual, "residual");
-  CheckSameShape(residual, input, "residual", "input");
+  CheckResidual(residual, input);
   const int64_t hidden = input.size(input.ndim() - 1);
   CheckVector(weight, "weight", hidden);
   CheckDType(input, "input", kDTypeCode, kDTypeBits);
   CheckDType(residual, "residual", kDTypeCode, kDTypeBits);
   CheckDType(weight, "weight", kDTypeCode, kDTypeBits);
-  FLASHINFER_CHECK(DataPtr(input) != DataPtr(residual) || input.numel() == 0, ValueError)
-      << "input and residual must be different tensors";
   const int64_t rows = RowCount(input);
   CheckCuda(input, "input");
   CheckSameDevice(input, residual, "input", "residual");
@@ -93,49 +53,54 @@ void FusedAddRMSNormImpl(TensorView input, TensorView residual, TensorView weigh
   CudaDeviceGuard guard(device.device_id);
   CheckCudaError(fused_add_rmsnorm_launch(DataPtr(input), DataPtr(residual), DataPtr(weight),
                                           rows, hidden, in_layout, res_layout,
-                                          static_cast<float>(eps), weight_offset,
+                                          static_cast<float>(eps), weight_offset, enable_pdl,
                                           CurrentStream(device)),
                  "fused_add_rmsnorm kernel launch");
 }
 
-void RMSNorm(TensorView out, TensorView input, TensorView weight, double eps) {
-  RMSNormImpl(out, input, weight, eps, 0.f);
+void RMSNorm(TensorView out, TensorView input, TensorView weight, double eps, bool enable_pdl) {
+  RMSNormImpl(out, input, weight, eps, enable_pdl, 0.f);
 }
 
-void GemmaRMSNorm(TensorView out, TensorView input, TensorView weight, double eps) {
-  RMSNormImpl(out, input, weight, eps, 1.f);
+void GemmaRMSNorm(TensorView out, TensorView input, TensorView weight, double eps,
+                  bool enable_pdl) {
+  RMSNormImpl(out, input, weight, eps, enable_pdl, 1.f);
 }
 
-void FusedAddRMSNorm(TensorView input, TensorView residual, TensorView weight, double eps) {
-  FusedAddRMSNormImpl(input, residual, weight, eps, 0.f);
+void FusedAddRMSNorm(TensorView input, TensorView residual, TensorView weight, double eps,
+                     bool enable_pdl) {
+  FusedAddRMSNormImpl(input, residual, weight, eps, enable_pdl, 0.f);
 }
 
-void GemmaFusedAddRMSNorm(TensorView input, TensorView residual, TensorView weight, double eps) {
-  FusedAddRMSNormImpl(input, residual, weight, eps, 1.f);
+void GemmaFusedAddRMSNorm(TensorView input, TensorView residual, TensorView weight, double eps,
+                          bool enable_pdl) {
+  FusedAddRMSNormImpl(input, residual, weight, eps, enable_pdl, 1.f);
 }
 
-void LayerNorm(TensorView out, TensorView input, TensorView gamma, TensorView beta, double eps) {
+// `gemma` and `beta` (float32) are named as the reference library's layernorm names them.
+void LayerNorm(TensorView out, TensorView input, TensorView gemma, TensorView beta, double eps,
+               bool enable_pdl) {
   const NormLayout in_layout = RowsOf(input, "input");
   const NormLayout out_layout = RowsOf(out, "out");
   CheckSameShape(out, input, "out", "input");
   const int64_t hidden = input.size(input.ndim() - 1);
-  CheckVector(gamma, "gamma", hidden);
+  CheckVector(gemma, "gemma", hidden);
   CheckVector(beta, "beta", hidden);
   CheckDType(input, "input", kDTypeCode, kDTypeBits);
   CheckDType(out, "out", kDTypeCode, kDTypeBits);
-  CheckDType(gamma, "gamma", kDLFloat, 32);
+  CheckDType(gemma, "gemma", kDLFloat, 32);
   CheckDType(beta, "beta", kDLFloat, 32);
   const int64_t rows = RowCount(input);
   CheckCuda(input, "input");
   CheckSameDevice(input, out, "input", "out");
-  CheckSameDevice(input, gamma, "input", "gamma");
+  CheckSameDevice(input, gemma, "input", "gemma");
   CheckSameDevice(input, beta, "input", "beta");
   const DLDevice device = input.device();
   CudaDeviceGuard guard(device.device_id);
   CheckCudaError(layernorm_launch(DataPtr(out), DataPtr(input),
-                                  static_cast<const float*>(DataPtr(gamma)),
+                                  static_cast<const float*>(DataPtr(gemma)),
                                   static_cast<const float*>(DataPtr(beta)), rows, hidden,
-                                  in_layout, out_layout, static_cast<float>(eps),
+                                  in_layout, out_layout, static_cast<float>(eps), enable_pdl,
                                   CurrentStream(device)),
                  "layernorm kernel launch");
 }

@@ -14,15 +14,17 @@ struct NormLayout {
 };
 
 // Pointers are to the module's DType (gamma and beta: float32); the last dim is contiguous.
+// `pdl`: launch with programmatic dependent launch (sm90+).
 cudaError_t rmsnorm_launch(void* out, const void* input, const void* weight, int64_t rows,
                            int64_t hidden, NormLayout input_layout, NormLayout out_layout,
-                           float eps, float weight_offset, cudaStream_t stream);
+                           float eps, float weight_offset, bool pdl, cudaStream_t stream);
 
+// In place: residual = DType(input + residual); input = rmsnorm of the float32 sum.
 cudaError_t fused_add_rmsnorm_launch(void* input, void* residual, const void* weight,
                                      int64_t rows, int64_t hidden, NormLayout input_layout,
                                      NormLayout residual_layout, float eps, float weight_offset,
-                                     cudaStream_t stream);
+                                     bool pdl, cudaStream_t stream);
 
 cudaError_t layernorm_launch(void* out, const void* input, const float* gamma, const float* beta,
                              int64_t rows, int64_t hidden, NormLayout input_layout,
-                             NormLayout out_layout, float eps, cudaStream_t stream);
+                             NormLayout out_layout, float eps, bool pdl, cudaStream_t stream);

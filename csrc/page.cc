@@ -81,9 +81,9 @@ void AppendPagedKVCache(TensorView append_key, TensorView append_value,
                              DataPtr(append_value),
                              static_cast<const int32_t*>(DataPtr(batch_indices)),
                              static_cast<const int32_t*>(DataPtr(positions)),
-                             static_cast<const int32_t*>(DataPtr(kv_indices)),
-                             static_cast<const int32_t*>(DataPtr(kv_indptr)), nnz, heads,
-                             batch_size, dim, k_in, v_in, kc, vc, CurrentStream(device)),
+                             static_cast<const int32_t*>(DataPtr(kv_indices)), kv_indices.size(0),
+                             static_cast<const int32_t*>(DataPtr(kv_indptr)), batch_size, nnz,
+                             heads, dim, k_in, v_in, kc, vc, CurrentStream(device)),
       "append_paged_kv_cache kernel launch");
 }
 

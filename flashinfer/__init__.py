@@ -22,18 +22,20 @@ from .api_logging import flashinfer_api  # noqa: E402
 _API_MODULES: dict[str, tuple[str, ...]] = {
     "activation": ("gelu_and_mul", "gelu_tanh_and_mul", "silu_and_mul"),
     "cascade": ("merge_state", "merge_state_in_place", "merge_states"),
-    "decode": ("BatchDecodeWithPagedKVCacheWrapper", "single_decode_with_kv_cache"),
-    "norm": ("fused_add_rmsnorm", "gemma_fused_add_rmsnorm", "gemma_rmsnorm", "get_norm_module",
-             "layernorm", "rmsnorm"),
-    "page": ("append_paged_kv_cache", "get_batch_indices_positions"),
+    "decode": ("BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+               "single_decode_with_kv_cache"),
+    "norm": ("fused_add_rmsnorm", "fused_add_rmsnorm_quant", "gemma_fused_add_rmsnorm",
+             "gemma_rmsnorm", "get_norm_module", "layernorm", "rmsnorm", "rmsnorm_quant"),
+    "page": ("append_paged_kv_cache", "get_batch_indices_positions", "get_seq_lens"),
     "rope": ("apply_llama31_rope", "apply_llama31_rope_inplace", "apply_llama31_rope_pos_ids",
              "apply_llama31_rope_pos_ids_inplace", "apply_rope", "apply_rope_inplace",
              "apply_rope_pos_ids", "apply_rope_pos_ids_inplace", "apply_rope_with_cos_sin_cache",
              "apply_rope_with_cos_sin_cache_inplace"),
     "sampling": ("min_p_sampling_from_probs", "sampling_from_logits", "sampling_from_probs",
-                 "softmax", "top_k_mask_logits", "top_k_renorm_probs", "top_k_sampling_from_probs",
-                 "top_k_top_p_sampling_from_logits", "top_k_top_p_sampling_from_probs",
-                 "top_p_renorm_probs", "top_p_sampling_from_probs"),
+                 "softmax", "top_k_mask_logits", "top_k_renorm_prob", "top_k_renorm_probs",
+                 "top_k_sampling_from_probs", "top_k_top_p_sampling_from_logits",
+                 "top_k_top_p_sampling_from_probs", "top_p_renorm_prob", "top_p_renorm_probs",
+                 "top_p_sampling_from_probs"),
 }
 _LAZY = {name: module for module, names in _API_MODULES.items() for name in names}
 

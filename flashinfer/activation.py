@@ -1,4 +1,6 @@
-"""Gated activations: ``act(input[..., :d]) * input[..., d:]`` for input ``[..., 2 * d]``."""
+"""Gated activations: ``act(input[..., :d]) * input[..., d:]`` for input ``[..., 2 * d]``,
+with the reference library's signatures. ``enable_pdl=None`` turns programmatic dependent
+launch on for sm90+ devices."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import torch
 from . import checks
 from .api_logging import flashinfer_api
 from .jit.activation import gen_act_and_mul_module
+from .pdl import resolve_enable_pdl
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -29,7 +32,7 @@ def _rows(name: str, tensor: torch.Tensor, width: int) -> torch.Tensor:
                          f"{tuple(tensor.stride())}); call .contiguous() first") from None
 
 
-def _act_and_mul(function: str, input: Any, out: Any) -> torch.Tensor:
+def _act_and_mul(function: str, input: Any, out: Any, enable_pdl: Any) -> torch.Tensor:
     checks.check_tensor("input", input)
     if input.dim() < 1:
         raise ValueError("input must have at least 1 dim [..., 2 * d]")
@@ -48,6 +51,7 @@ def _act_and_mul(function: str, input: Any, out: Any) -> torch.Tensor:
         checks.check_last_dim_contiguous("out", out)
     rows_in = _rows("input", input, 2 * d) if d else input
     rows_out = _rows("out", out, d) if out is not None and d else None
+    enable_pdl = resolve_enable_pdl(enable_pdl, input.device)
     checks.check_cuda("input", input)
     if out is None:
         out = torch.empty(expected, dtype=input.dtype, device=input.device)
@@ -55,28 +59,35 @@ def _act_and_mul(function: str, input: Any, out: Any) -> torch.Tensor:
     else:
         checks.check_cuda("out", out, like=input)
     if input.numel():
-        getattr(get_act_and_mul_module(input.dtype), function)(rows_out, rows_in)
+        getattr(get_act_and_mul_module(input.dtype), function)(rows_out, rows_in, enable_pdl)
     return out
 
 
 @flashinfer_api
-def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None,
+                 enable_pdl: bool | None = None) -> torch.Tensor:
     """``silu(input[..., :d]) * input[..., d:]`` (SwiGLU), math in float32.
 
     Args:
-        input: ``[..., 2 * d]``, float16, bfloat16 or float32, last dim contiguous.
+        input: ``[..., 2 * d]``, float16, bfloat16 or float32, last dim contiguous (any
+            ``d``: unlike the reference library, no 16-byte multiple is required).
         out: optional ``[..., d]`` output of the same dtype.
+        enable_pdl: programmatic dependent launch; ``None``: on for sm90+.
     """
-    return _act_and_mul("silu_and_mul", input, out)
+    return _act_and_mul("silu_and_mul", input, out, enable_pdl)
 
 
 @flashinfer_api
-def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``gelu(input[..., :d]) * input[..., d:]`` with the exact (erf) GELU (GeGLU)."""
-    return _act_and_mul("gelu_and_mul", input, out)
+def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None,
+                 enable_pdl: bool | None = None) -> torch.Tensor:
+    """``gelu(input[..., :d]) * input[..., d:]`` with the exact (erf) GELU (GeGLU).
+    Arguments as :func:`silu_and_mul`."""
+    return _act_and_mul("gelu_and_mul", input, out, enable_pdl)
 
 
 @flashinfer_api
-def gelu_tanh_and_mul(input: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``gelu(input[..., :d], approximate="tanh") * input[..., d:]``."""
-    return _act_and_mul("gelu_tanh_and_mul", input, out)
+def gelu_tanh_and_mul(input: torch.Tensor, out: torch.Tensor | None = None,
+                      enable_pdl: bool | None = None) -> torch.Tensor:
+    """``gelu(input[..., :d], approximate="tanh") * input[..., d:]``.
+    Arguments as :func:`silu_and_mul`."""
+    return _act_and_mul("gelu_tanh_and_mul", input, out, enable_pdl)

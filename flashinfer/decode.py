@@ -674,10 +674,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
         """Deprecated; does nothing (as in the reference)."""
 
     def _check_cache(self, cache: Any, plan: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
-        k_cache, v_cache = unpack_paged_kv_cache(cache, self._kv_layout)
+        parts = unpack_paged_kv_cache(cache, self._kv_layout)
         expected = ((plan.num_kv_heads, plan.page_size) if self._kv_layout == "HND"
                     else (plan.page_size, plan.num_kv_heads)) + (plan.head_dim,)
-        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        (_, k_cache), (_, v_cache) = parts
+        for name, t in parts:
             if tuple(t.shape[1:]) != expected:
                 raise ValueError(f"{name} has shape {tuple(t.shape)}; plan() was for pages of "
                                  f"{expected} ({self._kv_layout})")
@@ -685,7 +686,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 raise TypeError(f"{name} has dtype {t.dtype}; plan() was for {plan.dtype}")
             checks.check_last_dim_contiguous(name, t)
         if k_cache.shape[0] != v_cache.shape[0]:
-            raise ValueError("k_cache and v_cache differ in num_pages")
+            raise ValueError("the key and value caches of paged_kv_cache differ in num_pages")
         return k_cache, v_cache
 
 

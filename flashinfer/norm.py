@@ -1,7 +1,9 @@
-"""Normalization APIs: RMSNorm (and Gemma's), fused residual-add RMSNorm, LayerNorm.
+"""Normalization APIs: RMSNorm (and Gemma's), fused residual-add RMSNorm, their fp8 e4m3
+quantized variants, and LayerNorm, with the reference library's signatures.
 
 Inputs are ``[tokens, hidden]`` or ``[tokens, heads, head_dim]`` (normalized over the last
 dim, e.g. per-head QK norm), any strides with a contiguous last dim; math in float32.
+``enable_pdl=None`` turns programmatic dependent launch on for sm90+ devices.
 """
 
 from __future__ import annotations
@@ -13,16 +15,24 @@ import torch
 
 from . import checks
 from .api_logging import flashinfer_api
-from .jit.norm import gen_norm_module
+from .jit.norm import gen_norm_module, gen_norm_quant_module
+from .pdl import resolve_enable_pdl
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LAYOUT = "[tokens, hidden] or 3-D [tokens, heads, head_dim]"
+_FP8 = torch.float8_e4m3fn
 
 
 @functools.cache
 def get_norm_module(dtype: Any):  # noqa: ANN201 - a tvm_ffi.Module
     """The norm module for ``dtype`` (torch.dtype or name), compiled on first use."""
     return gen_norm_module(dtype).build_and_load()
+
+
+@functools.cache
+def get_norm_quant_module(dtype: Any):  # noqa: ANN201 - a tvm_ffi.Module
+    """The fp8-output norm module for input ``dtype``, compiled on first use."""
+    return gen_norm_quant_module(dtype).build_and_load()
 
 
 def _check_rows(name: str, tensor: Any) -> torch.Tensor:
@@ -43,39 +53,94 @@ def _check_vector(name: str, vector: Any, input: torch.Tensor) -> None:
         raise ValueError(f"{name} must be contiguous; call .contiguous() first")
 
 
-def _check_like(name: str, tensor: Any, input: torch.Tensor) -> None:
-    """Same shape and dtype as ``input``, contiguous last dim (an out= or residual)."""
+def _check_shaped_like(name: str, tensor: Any, input: torch.Tensor) -> None:
+    """Shaped like ``input`` with a contiguous last dim (an out= or residual)."""
     checks.check_tensor(name, tensor)
     if tensor.shape != input.shape:
         raise ValueError(f"{name} has shape {tuple(tensor.shape)}, input has {tuple(input.shape)}")
-    checks.check_same_dtype(name, tensor, "input", input)
     checks.check_last_dim_contiguous(name, tensor)
 
 
-def _rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None,
-             function: str) -> torch.Tensor:
+def _check_like(name: str, tensor: Any, input: torch.Tensor) -> None:
+    """Shaped like ``input``, of its dtype, contiguous last dim."""
+    _check_shaped_like(name, tensor, input)
+    checks.check_same_dtype(name, tensor, "input", input)
+
+
+def _check_input_and_weight(input: Any, weight: Any, eps: Any) -> float:
+    """The checks every RMSNorm shares; returns ``eps`` as a float."""
     _check_rows("input", input)
     eps = checks.check_eps(eps)
     _check_vector("weight", weight, input)
     checks.check_dtype("input", input, _DTYPES)
     checks.check_same_dtype("weight", weight, "input", input)
     checks.check_last_dim_contiguous("input", input)
+    return eps
+
+
+def _check_residual(residual: Any, input: torch.Tensor) -> None:
+    _check_like("residual", residual, input)
+    if input.numel() and input.data_ptr() == residual.data_ptr():
+        raise ValueError("input and residual must be different tensors")
+
+
+def _check_fp8_out(out: Any, input: torch.Tensor) -> None:
+    _check_shaped_like("out", out, input)
+    if out.dtype != _FP8:
+        raise TypeError(f"out has dtype {out.dtype}; supported: float8_e4m3fn")
+
+
+def _check_scale(scale: Any) -> tuple[torch.Tensor | None, float]:
+    """``scale`` as (tensor, None) or (None, value): a float tensor of shape () or (1,), or a
+    finite positive number. The output is ``out / scale`` before the fp8 cast."""
+    if isinstance(scale, torch.Tensor):
+        if not (scale.dim() == 0 or (scale.dim() == 1 and scale.shape[0] == 1)):
+            raise ValueError(f"scale must be a scalar tensor or have shape (1,), got shape "
+                             f"{tuple(scale.shape)}")
+        if not scale.is_floating_point():
+            raise TypeError(f"scale has dtype {scale.dtype}; expected a floating dtype "
+                            "(float32 is used as is)")
+        return scale, 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"scale must be a float or a torch.Tensor, got {type(scale).__name__}")
+    return None, checks.check_number("scale", scale, 0.0, low_open=True)
+
+
+def _scale_on(scale: torch.Tensor | None, input: torch.Tensor) -> torch.Tensor | None:
+    """The scale tensor as the kernel reads it: float32 on ``input``'s device (moved or
+    converted like the reference library does, which costs a copy)."""
+    if scale is None:
+        return None
+    return scale.to(device=input.device, dtype=torch.float32)
+
+
+def _launch_options(enable_pdl: Any, input: torch.Tensor, **operands: torch.Tensor) -> bool:
+    """Type-checks ``enable_pdl``, then the devices (``input`` first); returns the PDL flag."""
+    enable_pdl = resolve_enable_pdl(enable_pdl, input.device)
+    checks.check_cuda("input", input)
+    for name, tensor in operands.items():
+        checks.check_cuda(name, tensor, like=input)
+    return enable_pdl
+
+
+def _rmsnorm(input: Any, weight: Any, eps: Any, out: Any, enable_pdl: Any,
+             function: str) -> torch.Tensor:
+    eps = _check_input_and_weight(input, weight, eps)
     if out is not None:
         _check_like("out", out, input)
-    checks.check_cuda("input", input)
-    checks.check_cuda("weight", weight, like=input)
+    enable_pdl = _launch_options(enable_pdl, input, weight=weight)
     if out is None:
         out = torch.empty_like(input, memory_format=torch.contiguous_format)
     else:
         checks.check_cuda("out", out, like=input)
     if input.numel():
-        getattr(get_norm_module(input.dtype), function)(out, input, weight, eps)
+        getattr(get_norm_module(input.dtype), function)(out, input, weight, eps, enable_pdl)
     return out
 
 
 @flashinfer_api
 def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+            out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
     """``out = input / sqrt(mean(input ** 2, -1) + eps) * weight``, computed in float32.
 
     Args:
@@ -84,80 +149,117 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
         weight: ``[hidden]`` (or ``[head_dim]``), same dtype, contiguous.
         eps: added to the mean square before the square root.
         out: optional output shaped like ``input`` (may be ``input`` itself).
+        enable_pdl: programmatic dependent launch; ``None``: on for sm90+.
 
     Returns:
         ``out``, or a new tensor like ``input``.
     """
-    return _rmsnorm(input, weight, eps, out, "rmsnorm")
+    return _rmsnorm(input, weight, eps, out, enable_pdl, "rmsnorm")
 
 
 @flashinfer_api
 def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None,
+                  enable_pdl: bool | None = None) -> torch.Tensor:
     """Gemma's RMSNorm: ``input / sqrt(mean(input ** 2, -1) + eps) * (weight + 1)``.
     Arguments as :func:`rmsnorm`."""
-    return _rmsnorm(input, weight, eps, out, "gemma_rmsnorm")
+    return _rmsnorm(input, weight, eps, out, enable_pdl, "gemma_rmsnorm")
 
 
-def _fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                       eps: float, function: str) -> None:
-    _check_rows("input", input)
-    eps = checks.check_eps(eps)
-    _check_like("residual", residual, input)
-    _check_vector("weight", weight, input)
-    checks.check_dtype("input", input, _DTYPES)
-    checks.check_same_dtype("weight", weight, "input", input)
-    checks.check_last_dim_contiguous("input", input)
-    if input.numel() and input.data_ptr() == residual.data_ptr():
-        raise ValueError("input and residual must be different tensors")
-    checks.check_cuda("input", input)
-    checks.check_cuda("residual", residual, like=input)
-    checks.check_cuda("weight", weight, like=input)
+def _fused_add_rmsnorm(input: Any, residual: Any, weight: Any, eps: Any, enable_pdl: Any,
+                       function: str) -> None:
+    eps = _check_input_and_weight(input, weight, eps)
+    _check_residual(residual, input)
+    enable_pdl = _launch_options(enable_pdl, input, residual=residual, weight=weight)
     if input.numel():
-        getattr(get_norm_module(input.dtype), function)(input, residual, weight, eps)
+        getattr(get_norm_module(input.dtype), function)(input, residual, weight, eps, enable_pdl)
 
 
 @flashinfer_api
 def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                      eps: float = 1e-6) -> None:
+                      eps: float = 1e-6, enable_pdl: bool | None = None) -> None:
     """In place: ``residual += input``, then ``input = rmsnorm(residual, weight, eps)``.
 
-    ``residual`` is updated in its own dtype (rounded) and the norm is taken of that.
-    Shapes and dtypes as :func:`rmsnorm`; ``residual`` is shaped like ``input``.
+    The sum is formed in float32; ``residual`` stores it rounded to its dtype, and the norm
+    is taken of the unrounded float32 sum (as the reference library does). Shapes and dtypes
+    as :func:`rmsnorm`; ``residual`` is shaped like ``input``.
     """
-    _fused_add_rmsnorm(input, residual, weight, eps, "fused_add_rmsnorm")
+    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, "fused_add_rmsnorm")
 
 
 @flashinfer_api
 def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                            eps: float = 1e-6) -> None:
+                            eps: float = 1e-6, enable_pdl: bool | None = None) -> None:
     """:func:`fused_add_rmsnorm` with Gemma's ``weight + 1``."""
-    _fused_add_rmsnorm(input, residual, weight, eps, "gemma_fused_add_rmsnorm")
+    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, "gemma_fused_add_rmsnorm")
 
 
 @flashinfer_api
-def layernorm(input: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
+def rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                  scale: float | torch.Tensor, eps: float = 1e-6,
+                  enable_pdl: bool | None = None) -> None:
+    """:func:`rmsnorm` quantized to fp8: ``out = fp8_e4m3(clamp(rmsnorm(input) / scale,
+    -448, 448))``, rounded to nearest even (the reference library's quantization).
+
+    Args:
+        out: ``float8_e4m3fn`` output shaped like ``input``, last dim contiguous.
+        input, weight, eps, enable_pdl: as :func:`rmsnorm`.
+        scale: the dequantization scale, a float tensor of shape ``()`` or ``(1,)`` (read on
+            the device, so it may be produced by a previous kernel; converted to float32 on
+            ``input``'s device first if it is not already) or a positive float.
+    """
+    eps = _check_input_and_weight(input, weight, eps)
+    _check_fp8_out(out, input)
+    scale, scale_value = _check_scale(scale)
+    enable_pdl = _launch_options(enable_pdl, input, weight=weight, out=out)
+    if input.numel():
+        get_norm_quant_module(input.dtype).rmsnorm_quant(
+            out, input, weight, _scale_on(scale, input), scale_value, eps, enable_pdl)
+
+
+@flashinfer_api
+def fused_add_rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, residual: torch.Tensor,
+                            weight: torch.Tensor, scale: float | torch.Tensor, eps: float = 1e-6,
+                            enable_pdl: bool | None = None) -> None:
+    """``residual += input`` (float32 sum, stored rounded to its dtype), then ``out`` = the
+    fp8 quantized RMSNorm of the float32 sum as in :func:`rmsnorm_quant`. ``input`` is left
+    unchanged. Arguments as :func:`fused_add_rmsnorm` and :func:`rmsnorm_quant`."""
+    eps = _check_input_and_weight(input, weight, eps)
+    _check_residual(residual, input)
+    _check_fp8_out(out, input)
+    scale, scale_value = _check_scale(scale)
+    enable_pdl = _launch_options(enable_pdl, input, residual=residual, weight=weight, out=out)
+    if input.numel():
+        get_norm_quant_module(input.dtype).fused_add_rmsnorm_quant(
+            out, input, residual, weight, _scale_on(scale, input), scale_value, eps, enable_pdl)
+
+
+@flashinfer_api
+def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor,
               eps: float = 1e-6) -> torch.Tensor:
-    """``(input - mean) / sqrt(var + eps) * gamma + beta`` over the last dim, in float32.
+    """``(input - mean) / sqrt(var + eps) * gemma + beta`` over the last dim, in float32.
 
     Args:
         input: ``[tokens, hidden]`` or ``[tokens, heads, head_dim]``; float16, bfloat16 or
             float32; last dim contiguous.
-        gamma, beta: ``[hidden]`` float32 (as the reference library takes them), contiguous.
+        gemma: the scale (usually called gamma; named as in the reference library),
+            ``[hidden]`` float32, contiguous.
+        beta: the shift, ``[hidden]`` float32, contiguous.
         eps: added to the variance.
+
+    Launched with programmatic dependent launch on sm90+ (the reference takes no
+    ``enable_pdl`` here).
     """
     _check_rows("input", input)
     eps = checks.check_eps(eps)
-    _check_vector("gamma", gamma, input)
+    _check_vector("gemma", gemma, input)
     _check_vector("beta", beta, input)
     checks.check_dtype("input", input, _DTYPES)
-    checks.check_dtype("gamma", gamma, (torch.float32,))
+    checks.check_dtype("gemma", gemma, (torch.float32,))
     checks.check_dtype("beta", beta, (torch.float32,))
     checks.check_last_dim_contiguous("input", input)
-    checks.check_cuda("input", input)
-    checks.check_cuda("gamma", gamma, like=input)
-    checks.check_cuda("beta", beta, like=input)
+    enable_pdl = _launch_options(None, input, gemma=gemma, beta=beta)
     out = torch.empty_like(input, memory_format=torch.contiguous_format)
     if input.numel():
-        get_norm_module(input.dtype).layernorm(out, input, gamma, beta, eps)
+        get_norm_module(input.dtype).layernorm(out, input, gemma, beta, eps, enable_pdl)
     return out

@@ -13,12 +13,11 @@ import torch
 
 
 def resolve_enable_pdl(enable_pdl: Any, device: torch.device) -> bool:
-    """``enable_pdl`` as the reference takes it: ``None`` means on for sm90+ devices."""
+    """``enable_pdl`` as the reference takes it: ``None`` means on where the device has PDL
+    (sm90+); ``True`` on an older device is off, as in the reference."""
     if enable_pdl is not None and not isinstance(enable_pdl, bool):
         raise TypeError(f"enable_pdl must be a bool or None, got {type(enable_pdl).__name__}")
-    if enable_pdl is not None:
-        return enable_pdl
-    if device.type != "cuda":
+    if enable_pdl is False or device.type != "cuda":
         return False
     from .utils import get_compute_capability
 

@@ -14,11 +14,9 @@ from typing import Any
 
 import torch
 
-from . import checks
+from . import checks, ragged
 from .api_logging import flashinfer_api
 from .jit.rope import gen_rope_module
-from .ragged import token_requests
-from .tensor_format import graph_capture_in_progress
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _IDS = (torch.int32, torch.int64)
@@ -30,27 +28,28 @@ def get_rope_module(dtype: Any):  # noqa: ANN201 - a tvm_ffi.Module
     return gen_rope_module(dtype).build_and_load()
 
 
-def _check_qk(q: Any, k: Any) -> None:
-    for name, t in (("q", q), ("k", k)):
+def _check_qk(q: Any, k: Any, q_name: str = "q", k_name: str = "k") -> None:
+    """q and k ``[nnz, heads, head_dim]``, named as the API calls them."""
+    for name, t in ((q_name, q), (k_name, k)):
         checks.check_tensor(name, t)
         checks.check_ndim(name, t, 3, "[nnz, heads, head_dim]")
     if q.shape[0] != k.shape[0]:
-        raise ValueError(f"q has {q.shape[0]} tokens, k has {k.shape[0]}")
+        raise ValueError(f"{q_name} has {q.shape[0]} tokens, {k_name} has {k.shape[0]}")
     if q.shape[2] != k.shape[2]:
-        raise ValueError(f"q's head_dim is {q.shape[2]}, k's is {k.shape[2]}")
-    checks.check_dtype("q", q, _DTYPES)
-    checks.check_same_dtype("k", k, "q", q)
-    checks.check_last_dim_contiguous("q", q)
-    checks.check_last_dim_contiguous("k", k)
+        raise ValueError(f"{q_name}'s head_dim is {q.shape[2]}, {k_name}'s is {k.shape[2]}")
+    checks.check_dtype(q_name, q, _DTYPES)
+    checks.check_same_dtype(k_name, k, q_name, q)
+    checks.check_last_dim_contiguous(q_name, q)
+    checks.check_last_dim_contiguous(k_name, k)
 
 
-def _rotary_dim(rotary_dim: Any, head_dim: int) -> int:
+def _rotary_dim(rotary_dim: Any, head_dim: int, name: str = "rotary_dim") -> int:
     if rotary_dim is None:
         rotary_dim = head_dim
     if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
-        raise TypeError(f"rotary_dim must be an int, got {type(rotary_dim).__name__}")
+        raise TypeError(f"{name} must be an int, got {type(rotary_dim).__name__}")
     if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
-        raise ValueError(f"rotary_dim must be even and in (0, head_dim={head_dim}], "
+        raise ValueError(f"{name} must be even and in (0, head_dim={head_dim}], "
                          f"got {rotary_dim}")
     return rotary_dim
 
@@ -63,26 +62,28 @@ def _positive(name: str, value: Any) -> float:
     return float(value)
 
 
-def _pos_ids_from_indptr(indptr: Any, offsets: Any, nnz: int) -> torch.Tensor:
+def _ragged_pos_ids(q: torch.Tensor, indptr: Any, offsets: Any) -> torch.Tensor:
+    """Per-token positions of a ragged batch. ``indptr`` values are checked on the host only
+    for a CPU tensor (which the device check then rejects, after a more precise error); a
+    CUDA one is not read (that would synchronize), and a token it assigns to no request gets
+    position 0, i.e. is copied unrotated, as the reference leaves such tokens alone."""
     checks.check_index_tensor("indptr", indptr, None, _IDS)
     if indptr.shape[0] < 1:
-        raise ValueError("indptr must have batch_size + 1 elements")
+        raise ValueError("indptr needs batch_size + 1 elements, got 0")
     checks.check_index_tensor("offsets", offsets, indptr.shape[0] - 1, _IDS)
-    if indptr.device != offsets.device:
-        raise ValueError(f"offsets is on {offsets.device}, indptr on {indptr.device}")
-    # One small copy to the host proves the ragged layout covers exactly the nnz tokens;
-    # it cannot happen during graph capture, where the caller vouches for indptr.
-    if not graph_capture_in_progress() and int(indptr[-1]) != nnz:
-        raise ValueError(f"indptr[-1] is {int(indptr[-1])}, but q and k have {nnz} tokens")
-    request, within, _ = token_requests(indptr, nnz)
-    return (offsets.long()[request] + within).to(torch.int32)
+    ragged.check_indptr("indptr", indptr, "the number of tokens in q", q.shape[0])
+    checks.check_cuda("q", q)
+    checks.check_cuda("indptr", indptr, like=q)
+    checks.check_cuda("offsets", offsets, like=q)
+    tokens = ragged.token_requests(indptr, q.shape[0])
+    return (tokens.per_token(offsets, 0) + tokens.within).to(offsets.dtype)
 
 
-def _resolve_pos_ids(q: torch.Tensor, pos_ids: Any, indptr: Any, offsets: Any) -> torch.Tensor:
-    """``pos_ids`` as given, or derived from a ragged ``indptr``/``offsets``; checked."""
-    if pos_ids is None:
-        checks.check_cuda("q", q)
-        pos_ids = _pos_ids_from_indptr(indptr, offsets, q.shape[0])
+def _positions(q: torch.Tensor, pos_ids: Any, ragged_batch: tuple[Any, Any] | None
+               ) -> torch.Tensor:
+    """``pos_ids`` checked, or the positions of the ragged batch ``(indptr, offsets)``."""
+    if ragged_batch is not None:
+        return _ragged_pos_ids(q, *ragged_batch)
     checks.check_index_tensor("pos_ids", pos_ids, q.shape[0], _IDS)
     return pos_ids
 
@@ -103,17 +104,18 @@ def _run(function: str, q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
 
 
 def _rope(q: Any, k: Any, pos_ids: Any, rotary_dim: Any, interleave: bool, rope_scale: Any,
-          rope_theta: Any, inplace: bool, indptr: Any = None, offsets: Any = None):  # noqa: ANN202
+          rope_theta: Any, inplace: bool,
+          ragged_batch: tuple[Any, Any] | None = None):  # noqa: ANN202
     _check_qk(q, k)
     dim = _rotary_dim(rotary_dim, q.shape[2])
     scale, theta = _positive("rope_scale", rope_scale), _positive("rope_theta", rope_theta)
-    pos_ids = _resolve_pos_ids(q, pos_ids, indptr, offsets)
+    pos_ids = _positions(q, pos_ids, ragged_batch)
     return _run("apply_rope_pos_ids", q, k, pos_ids, inplace, dim, bool(interleave), scale, theta)
 
 
 def _llama31(q: Any, k: Any, pos_ids: Any, rotary_dim: Any, interleave: bool, rope_scale: Any,
              rope_theta: Any, low_freq_factor: Any, high_freq_factor: Any, old_context_len: Any,
-             inplace: bool, indptr: Any = None, offsets: Any = None):  # noqa: ANN202
+             inplace: bool, ragged_batch: tuple[Any, Any] | None = None):  # noqa: ANN202
     _check_qk(q, k)
     dim = _rotary_dim(rotary_dim, q.shape[2])
     values = [_positive(n, v) for n, v in (
@@ -123,7 +125,7 @@ def _llama31(q: Any, k: Any, pos_ids: Any, rotary_dim: Any, interleave: bool, ro
     if values[3] <= values[2]:
         raise ValueError(f"high_freq_factor ({values[3]}) must exceed low_freq_factor "
                          f"({values[2]})")
-    pos_ids = _resolve_pos_ids(q, pos_ids, indptr, offsets)
+    pos_ids = _positions(q, pos_ids, ragged_batch)
     return _run("apply_llama31_rope_pos_ids", q, k, pos_ids, inplace, dim, bool(interleave),
                 *values)
 
@@ -131,7 +133,7 @@ def _llama31(q: Any, k: Any, pos_ids: Any, rotary_dim: Any, interleave: bool, ro
 @flashinfer_api
 def apply_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
                        rotary_dim: int | None = None, interleave: bool = False,
-                       rope_scale: float = 1.0, rope_theta: float = 1e4
+                       rope_scale: float = 1, rope_theta: float = 1e4
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE at ``pos_ids`` (int32/int64 ``[nnz]``): frequency ``theta^(-2i/rotary_dim)``,
     positions divided by ``rope_scale``. Returns new ``(q, k)``."""
@@ -141,35 +143,38 @@ def apply_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
 @flashinfer_api
 def apply_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
                                rotary_dim: int | None = None, interleave: bool = False,
-                               rope_scale: float = 1.0, rope_theta: float = 1e4) -> None:
+                               rope_scale: float = 1, rope_theta: float = 1e4) -> None:
     """:func:`apply_rope_pos_ids`, writing into ``q`` and ``k``."""
     _rope(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, True)
 
 
 @flashinfer_api
 def apply_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: torch.Tensor,
-               rotary_dim: int | None = None, interleave: bool = False, rope_scale: float = 1.0,
+               rotary_dim: int | None = None, interleave: bool = False, rope_scale: float = 1,
                rope_theta: float = 1e4) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE for ragged batches: request ``b`` owns tokens ``indptr[b]:indptr[b+1]``, the
-    first at position ``offsets[b]``. Returns new ``(q, k)``."""
-    return _rope(q, k, None, rotary_dim, interleave, rope_scale, rope_theta, False, indptr,
-                 offsets)
+    first at position ``offsets[b]``. Returns new ``(q, k)``. A CUDA ``indptr`` is not read on
+    the host (no synchronization): a bad one causes no out-of-bounds access, and tokens it
+    leaves to no request are copied unrotated."""
+    return _rope(q, k, None, rotary_dim, interleave, rope_scale, rope_theta, False,
+                 (indptr, offsets))
 
 
 @flashinfer_api
 def apply_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
                        offsets: torch.Tensor, rotary_dim: int | None = None,
-                       interleave: bool = False, rope_scale: float = 1.0,
+                       interleave: bool = False, rope_scale: float = 1,
                        rope_theta: float = 1e4) -> None:
     """:func:`apply_rope`, writing into ``q`` and ``k``."""
-    _rope(q, k, None, rotary_dim, interleave, rope_scale, rope_theta, True, indptr, offsets)
+    _rope(q, k, None, rotary_dim, interleave, rope_scale, rope_theta, True,
+          (indptr, offsets))
 
 
 @flashinfer_api
 def apply_llama31_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
                                rotary_dim: int | None = None, interleave: bool = False,
-                               rope_scale: float = 8.0, rope_theta: float = 5e5,
-                               low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                               rope_scale: float = 8, rope_theta: float = 5e5,
+                               low_freq_factor: float = 1, high_freq_factor: float = 4,
                                old_context_len: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
     """Llama 3.1 RoPE: frequencies with wavelength above ``old_context_len /
     low_freq_factor`` are divided by ``rope_scale``, those below ``old_context_len /
@@ -181,9 +186,9 @@ def apply_llama31_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.
 @flashinfer_api
 def apply_llama31_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
                                        rotary_dim: int | None = None, interleave: bool = False,
-                                       rope_scale: float = 8.0, rope_theta: float = 5e5,
-                                       low_freq_factor: float = 1.0,
-                                       high_freq_factor: float = 4.0,
+                                       rope_scale: float = 8, rope_theta: float = 5e5,
+                                       low_freq_factor: float = 1,
+                                       high_freq_factor: float = 4,
                                        old_context_len: int = 8192) -> None:
     """:func:`apply_llama31_rope_pos_ids`, writing into ``q`` and ``k``."""
     _llama31(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor,
@@ -193,48 +198,59 @@ def apply_llama31_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids
 @flashinfer_api
 def apply_llama31_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
                        offsets: torch.Tensor, rotary_dim: int | None = None,
-                       interleave: bool = False, rope_scale: float = 8.0,
-                       rope_theta: float = 5e5, low_freq_factor: float = 1.0,
-                       high_freq_factor: float = 4.0, old_context_len: int = 8192
+                       interleave: bool = False, rope_scale: float = 8,
+                       rope_theta: float = 5e5, low_freq_factor: float = 1,
+                       high_freq_factor: float = 4, old_context_len: int = 8192
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """Llama 3.1 RoPE for ragged batches (see :func:`apply_rope`)."""
     return _llama31(q, k, None, rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor,
-                    high_freq_factor, old_context_len, False, indptr, offsets)
+                    high_freq_factor, old_context_len, False, (indptr, offsets))
 
 
 @flashinfer_api
 def apply_llama31_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
                                offsets: torch.Tensor, rotary_dim: int | None = None,
-                               interleave: bool = False, rope_scale: float = 8.0,
-                               rope_theta: float = 5e5, low_freq_factor: float = 1.0,
-                               high_freq_factor: float = 4.0, old_context_len: int = 8192) -> None:
+                               interleave: bool = False, rope_scale: float = 8,
+                               rope_theta: float = 5e5, low_freq_factor: float = 1,
+                               high_freq_factor: float = 4, old_context_len: int = 8192) -> None:
     """:func:`apply_llama31_rope`, writing into ``q`` and ``k``."""
     _llama31(q, k, None, rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor,
-             high_freq_factor, old_context_len, True, indptr, offsets)
+             high_freq_factor, old_context_len, True, (indptr, offsets))
+
+
+def _heads_view(name: str, t: Any, head_size: int) -> torch.Tensor:
+    """``t`` ([nnz, heads * head_size] or any [nnz, ...] of whole heads) as [nnz, heads,
+    head_size], without a copy."""
+    checks.check_tensor(name, t)
+    if t.dim() < 2:
+        raise ValueError(f"{name} must be [nnz, num_heads * head_size], got {t.dim()}-D with "
+                         f"shape {tuple(t.shape)}")
+    per_token = math.prod(t.shape[1:])
+    if per_token % head_size:
+        raise ValueError(f"{name} has {per_token} elements per token, not a multiple of "
+                         f"head_size={head_size}")
+    checks.check_last_dim_contiguous(name, t)
+    try:
+        return t.view(t.shape[0], per_token // head_size, head_size)
+    except RuntimeError:
+        raise ValueError(f"{name}'s strides do not allow a [nnz, heads, head_size] view; call "
+                         ".contiguous() first") from None
 
 
 def _cos_sin_cache(positions: Any, query: Any, key: Any, head_size: Any, cos_sin_cache: Any,
                    is_neox: bool, inplace: bool):  # noqa: ANN202
-    if isinstance(head_size, bool) or not isinstance(head_size, int) or head_size <= 0:
-        raise ValueError(f"head_size must be a positive int, got {head_size!r}")
-    views = []
-    for name, t in (("query", query), ("key", key)):
-        checks.check_tensor(name, t)
-        checks.check_ndim(name, t, 2, "[nnz, heads * head_size]")
-        if t.shape[1] % head_size:
-            raise ValueError(f"{name}'s last dim {t.shape[1]} is not a multiple of "
-                             f"head_size={head_size}")
-        checks.check_last_dim_contiguous(name, t)
-        views.append(t.view(t.shape[0], t.shape[1] // head_size, head_size))
-    q, k = views
-    _check_qk(q, k)
+    checks.check_int("head_size", head_size, low=1)
+    q, k = _heads_view("query", query, head_size), _heads_view("key", key, head_size)
+    _check_qk(q, k, "query", "key")
     checks.check_tensor("cos_sin_cache", cos_sin_cache)
     checks.check_ndim("cos_sin_cache", cos_sin_cache, 2, "[max_position, rotary_dim]")
     checks.check_dtype("cos_sin_cache", cos_sin_cache, (torch.float32,))
-    _rotary_dim(cos_sin_cache.shape[1], head_size)
+    _rotary_dim(cos_sin_cache.shape[1], head_size, "cos_sin_cache's rotary_dim (dim 1)")
     checks.check_last_dim_contiguous("cos_sin_cache", cos_sin_cache)
     checks.check_index_tensor("positions", positions, q.shape[0], _IDS)
     checks.check_cuda("query", query)
+    checks.check_cuda("key", key, like=query)
+    checks.check_cuda("positions", positions, like=query)
     checks.check_cuda("cos_sin_cache", cos_sin_cache, like=query)
     result = _run("apply_rope_cos_sin_cache", q, k, positions, inplace, cos_sin_cache,
                   not is_neox)
@@ -249,7 +265,8 @@ def apply_rope_with_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor,
                                   is_neox: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE with precomputed ``cos_sin_cache`` (float32 ``[max_position, rotary_dim]``, cos in
     the first half of each row, sin in the second), on ``query``/``key`` flattened to
-    ``[nnz, heads * head_size]``. A position outside the cache gives NaN, never a bad read.
+    ``[nnz, heads * head_size]`` (or any ``[nnz, ...]`` viewable so); outputs keep their
+    shapes. A position outside the cache gives NaN, never a bad read.
     ``is_neox=False`` selects GPT-J pairs."""
     return _cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox, False)
 

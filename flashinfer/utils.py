@@ -1,4 +1,5 @@
-"""Arch helpers (what this device and this nvcc can run) and ``@backend_requirement``."""
+"""Device and arch helpers (what this device and this CUDA toolkit can run) and
+``@backend_requirement``."""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ import torch
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Arch-specific targets, the compute capability they run on, and the first nvcc release
-# that can compile for them.
-_ARCH_SPECIFIC = {
-    "sm90a": ((9, 0), (12, 0)),
-    "sm100a": ((10, 0), (12, 8)),
-    "sm103a": ((10, 3), (12, 9)),
-    "sm110a": ((11, 0), (13, 0)),
-    "sm120a": ((12, 0), (12, 8)),
-    "sm121a": ((12, 1), (12, 9)),
+# The reference's table: target -> (compute capability major, minor or None for any minor
+# of that major, first CUDA toolkit release its kernels need). sm103a is ours.
+_ARCH_SPECIFIC: dict[str, tuple[int, int | None, tuple[int, int]]] = {
+    "sm90a": (9, None, (12, 3)),
+    "sm100a": (10, None, (12, 8)),
+    "sm100f": (10, None, (12, 9)),
+    "sm103a": (10, 3, (12, 9)),
+    "sm110a": (11, None, (13, 0)),
+    "sm120a": (12, 0, (12, 8)),
+    "sm120f": (12, None, (12, 9)),
+    "sm121a": (12, 1, (12, 9)),
 }
 
 
@@ -37,14 +40,26 @@ def _device_index(device: torch.device | str | int | None) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def get_compute_capability(device: torch.device | str | int | None = None) -> tuple[int, int]:
-    """(major, minor) of a CUDA device (default: the current one)."""
+def get_compute_capability(device: torch.device | str | int) -> tuple[int, int]:
+    """(major, minor) of a CUDA device (``torch.device``, ``"cuda:1"`` or an index; a device
+    without an index is the current one)."""
     return _capability(_device_index(device))
 
 
 @functools.cache
 def _capability(index: int) -> tuple[int, int]:
     return tuple(torch.cuda.get_device_capability(index))  # type: ignore[return-value]
+
+
+def get_device_sm_count(device: torch.device | str | int) -> int:
+    """Number of streaming multiprocessors of a CUDA device (forms as for
+    :func:`get_compute_capability`)."""
+    return _sm_count(_device_index(device))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def get_nvcc_version() -> tuple[int, int] | None:
@@ -59,37 +74,64 @@ def get_nvcc_version() -> tuple[int, int] | None:
     return (int(match[1]), int(match[2])) if match else None
 
 
+def _toolkit_version() -> tuple[int, int] | None:
+    """The CUDA toolkit our kernels are built with: the JIT's nvcc, else (an AOT-only
+    install without a compiler) the one torch was built with, else None."""
+    nvcc = get_nvcc_version()
+    if nvcc is not None:
+        return nvcc
+    match = re.match(r"(\d+)\.(\d+)", torch.version.cuda or "")
+    return (int(match[1]), int(match[2])) if match else None
+
+
 def is_arch_supported(arch: str, device: torch.device | str | int | None = None) -> bool:
-    """True when the device is that arch and nvcc can compile for it (e.g. "sm90a")."""
-    capability, min_nvcc = _ARCH_SPECIFIC[arch]
+    """True when the device belongs to ``arch`` (e.g. "sm90a", "sm120f"; see the table
+    above) and the CUDA toolkit is recent enough for it."""
+    major, minor, min_toolkit = _ARCH_SPECIFIC[arch]
     if not torch.cuda.is_available():
         return False
-    nvcc = get_nvcc_version()
-    return get_compute_capability(device) == capability and nvcc is not None and nvcc >= min_nvcc
+    device_major, device_minor = get_compute_capability(device)
+    if device_major != major or (minor is not None and device_minor != minor):
+        return False
+    toolkit = _toolkit_version()
+    return toolkit is not None and toolkit >= min_toolkit
 
 
-def is_sm90a_supported(device: torch.device | str | int | None = None) -> bool:
+def is_sm90a_supported(device: torch.device | str | int) -> bool:
     return is_arch_supported("sm90a", device)
 
 
-def is_sm100a_supported(device: torch.device | str | int | None = None) -> bool:
+def is_sm100a_supported(device: torch.device | str | int) -> bool:
     return is_arch_supported("sm100a", device)
 
 
-def is_sm103a_supported(device: torch.device | str | int | None = None) -> bool:
+def is_sm100f_supported(device: torch.device | str | int) -> bool:
+    return is_arch_supported("sm100f", device)
+
+
+def is_sm103a_supported(device: torch.device | str | int) -> bool:
     return is_arch_supported("sm103a", device)
 
 
-def is_sm110a_supported(device: torch.device | str | int | None = None) -> bool:
+def is_sm110a_supported(device: torch.device | str | int) -> bool:
     return is_arch_supported("sm110a", device)
 
 
-def is_sm120a_supported(device: torch.device | str | int | None = None) -> bool:
+def is_sm120a_supported(device: torch.device | str | int) -> bool:
     return is_arch_supported("sm120a", device)
 
 
-def is_sm121a_supported(device: torch.device | str | int | None = None) -> bool:
+def is_sm120f_supported(device: torch.device | str | int) -> bool:
+    return is_arch_supported("sm120f", device)
+
+
+def is_sm121a_supported(device: torch.device | str | int) -> bool:
     return is_arch_supported("sm121a", device)
+
+
+def is_sm12x_supported(device: torch.device | str | int) -> bool:
+    """sm120a or sm121a."""
+    return is_sm120a_supported(device) or is_sm121a_supported(device)
 
 
 def _as_cc(cc: int | tuple[int, int]) -> int:

@@ -1,4 +1,4 @@
-"""Norm routines: rmsnorm, fused_add_rmsnorm, layernorm."""
+"""Norm routines: rmsnorm, fused_add_rmsnorm, rmsnorm_quant (fp8 e4m3 output), layernorm."""
 
 from __future__ import annotations
 
@@ -94,6 +94,37 @@ def _layernorm_case(args: argparse.Namespace, device: torch.device) -> Case:
     )
 
 
+_QUANT_SCALE = 1 / 16  # |rmsnorm| / scale of randn data stays mostly inside +-448
+
+
+def _rmsnorm_quant_case(args: argparse.Namespace, device: torch.device) -> Case:
+    import flashinfer
+
+    x = torch.randn(args.batch_size, args.hidden_size, dtype=args.dtype, device=device)
+    w = torch.randn(args.hidden_size, dtype=args.dtype, device=device)
+    out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=device)
+    scale = torch.tensor([_QUANT_SCALE], device=device)
+
+    def torch_run() -> torch.Tensor:
+        y = torch.nn.functional.rms_norm(x, (args.hidden_size,), w, args.eps)
+        return (y.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+    return Case(
+        label=f"{args.batch_size}x{args.hidden_size} {str(args.dtype).removeprefix('torch.')}",
+        run=lambda: flashinfer.rmsnorm_quant(out, x, w, scale, args.eps),
+        torch_run=torch_run,
+        reference=lambda: reference.rmsnorm(x, w, args.eps).clamp(-448 * _QUANT_SCALE,
+                                                                  448 * _QUANT_SCALE),
+        output=lambda: out.double() * _QUANT_SCALE,  # dequantized
+        bytes=x.numel() * (x.element_size() + 1) + w.numel() * w.element_size(),
+        # e4m3 keeps 3 mantissa bits: half a step is 2^-4 relative; subnormals 2^-10 absolute
+        atol=_QUANT_SCALE * 2.0 ** -9,
+        rtol=0.07,
+    )
+
+
+register(Routine("rmsnorm_quant", "flashinfer.rmsnorm_quant vs rms_norm + fp8 cast",
+                 _add_rmsnorm_arguments, _rmsnorm_quant_case))
 register(Routine("fused_add_rmsnorm", "flashinfer.fused_add_rmsnorm vs residual add + rms_norm",
                  _add_rmsnorm_arguments, _fused_add_rmsnorm_case))
 register(Routine("layernorm", "flashinfer.layernorm vs torch layer_norm", _add_rmsnorm_arguments,

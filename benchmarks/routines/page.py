@@ -22,9 +22,9 @@ def _case(args: argparse.Namespace, device: torch.device) -> Case:
 
     nnz, heads, dim, page_size = args.batch_size, args.num_kv_heads, args.hidden_size, args.page_size
     pages = (nnz + page_size - 1) // page_size
-    cache_shape = (pages, page_size, heads, dim)
-    k_cache = torch.zeros(cache_shape, dtype=args.dtype, device=device)
-    v_cache = torch.zeros_like(k_cache)
+    # the reference's single-tensor cache; the torch side writes through its key/value views
+    kv_cache = torch.zeros(pages, 2, page_size, heads, dim, dtype=args.dtype, device=device)
+    k_cache, v_cache = kv_cache[:, 0], kv_cache[:, 1]
     key = torch.randn(nnz, heads, dim, dtype=args.dtype, device=device)
     value = torch.randn_like(key)
     # one request appending all tokens into a shuffled page table
@@ -45,8 +45,8 @@ def _case(args: argparse.Namespace, device: torch.device) -> Case:
 
     return Case(
         label=f"{nnz}x{heads}x{dim} page {page_size} {str(args.dtype).removeprefix('torch.')}",
-        run=lambda: flashinfer.append_paged_kv_cache(key, value, batch, positions, k_cache,
-                                                     v_cache, kv_indices, kv_indptr, last),
+        run=lambda: flashinfer.append_paged_kv_cache(key, value, batch, positions, kv_cache,
+                                                     kv_indices, kv_indptr, last),
         torch_run=torch_run,
         reference=expected,
         output=lambda: k_cache[page_of, slot_of],

@@ -16,7 +16,7 @@ def gen_act_and_mul_module(dtype: Any) -> JitSpec:
         dtype,
         ["activation_kernel.cu", "activation.cc"],
         {
-            name: ("out", "input")
+            name: ("out", "input", "enable_pdl")
             for name in ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul")
         },
     )

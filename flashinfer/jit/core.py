@@ -41,6 +41,13 @@ class JitDisabledError(RuntimeError):
     """A module is needed but not built, and FLASHINFER_DISABLE_JIT forbids compiling."""
 
 
+def check_cuda_arch() -> None:
+    """Raise RuntimeError unless some target arch (FLASHINFER_CUDA_ARCH_LIST, else the
+    visible GPUs) is sm75 or newer, as the reference does before building a module."""
+    if not any((arch.major, arch.minor) >= (7, 5) for arch in target_archs()):
+        raise RuntimeError("FlashInfer requires GPUs with sm75 or higher")
+
+
 @dataclass(frozen=True)
 class BuildPlan:
     """Everything derived from a spec and the environment before anything is written."""

@@ -21,10 +21,11 @@ def gemma_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> t
 def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                       eps: float = 1e-6, weight_offset: float = 0.0
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(normalized, new residual). The residual sum is a float32 add rounded to the
-    residual's dtype, as the kernel does it, so the new residual can be compared exactly."""
-    new_residual = (x.float() + residual.float()).to(residual.dtype)
-    return rmsnorm(new_residual, weight.double() + weight_offset, eps), new_residual
+    """(normalized, new residual). The sum is a float32 add, as the kernel forms it: the new
+    residual is that sum rounded to the residual's dtype (so it compares exactly), and the
+    norm is taken of the unrounded float32 sum."""
+    total = x.float() + residual.float()
+    return rmsnorm(total, weight.double() + weight_offset, eps), total.to(residual.dtype)
 
 
 def layernorm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
@@ -121,3 +122,79 @@ def renormalize(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """probs restricted to ``keep``, each row divided by its kept mass (float64)."""
     kept = torch.where(keep, probs.double(), 0.0)
     return kept / kept.sum(-1, keepdim=True)
+
+
+def fp8_e4m3_quantize(values: torch.Tensor, scale: float) -> torch.Tensor:
+    """``values / scale`` clamped to +-448 (the e4m3 range) and cast by torch to
+    float8_e4m3fn (round to nearest even): the fp8 output of the quantized norms."""
+    return (values.double() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+# -- sampling randomness: Philox4x32-10 in the curand/torch counter layout ------------------
+
+_PHILOX_MUL = (0xD2511F53, 0xCD9E8D57)
+_PHILOX_WEYL = (0x9E3779B9, 0xBB67AE85)
+_MASK32 = 0xFFFFFFFF
+
+
+def philox4x32_10(counter: tuple[int, int, int, int], key: tuple[int, int]) -> tuple[int, ...]:
+    """Philox4x32-10 of Salmon et al. on a counter of four 32-bit words and a 64-bit key."""
+    x, y, z, w = counter
+    k0, k1 = key
+    for _ in range(10):
+        p0, p1 = _PHILOX_MUL[0] * x, _PHILOX_MUL[1] * z
+        x, y, z, w = ((p1 >> 32) ^ y ^ k0, p1 & _MASK32, (p0 >> 32) ^ w ^ k1, p0 & _MASK32)
+        k0, k1 = (k0 + _PHILOX_WEYL[0]) & _MASK32, (k1 + _PHILOX_WEYL[1]) & _MASK32
+    return x, y, z, w
+
+
+def philox_words(seed: int, subsequence: int, offset: int, count: int) -> list[int]:
+    """Words offset .. offset + count - 1 of a subsequence, as curand_init(seed, subsequence,
+    offset) and successive curand() calls return them: word p is lane p % 4 of block p // 4,
+    the block index in the counter's low 64 bits, the subsequence in its high 64 bits."""
+    key = (seed & _MASK32, seed >> 32)
+    blocks: dict[int, tuple[int, ...]] = {}
+    words = []
+    for position in range(offset, offset + count):
+        block, lane = divmod(position, 4)
+        if block not in blocks:
+            blocks[block] = philox4x32_10((block & _MASK32, (block >> 32) & _MASK32,
+                                           subsequence & _MASK32, subsequence >> 32), key)
+        words.append(blocks[block][lane])
+    return words
+
+
+def _float32(value: float) -> float:
+    return torch.tensor(value, dtype=torch.float64).to(torch.float32).item()
+
+
+def uniform_open01(bits: int) -> float:
+    """The sampling kernels' uniform: bits rounded toward zero to float32, times 2^-32, plus
+    2^-33, rounded once to float32 (in (0, 1), never 1)."""
+    shift = max(bits.bit_length() - 24, 0)
+    return _float32(((bits >> shift) << shift) * 2.0**-32 + 2.0**-33)
+
+
+def curand_uniform(bits: int) -> float:
+    """curand_uniform's (and so torch.rand's) mapping: float32(bits) * 2^-32 + 2^-33, in
+    float32 (torch maps a resulting 1.0 to 0.0)."""
+    value = _float32(_float32(float(bits)) * 2.0**-32 + 2.0**-33)
+    return 0.0 if value == 1.0 else value
+
+
+def exponential_race(probs: torch.Tensor, seed: int, offset: int, row: int,
+                     keep: torch.Tensor | None = None) -> tuple[int, float]:
+    """The token the sampling kernels draw from one row of float32 ``probs`` (elements
+    outside ``keep`` excluded) for output row ``row``: argmax of p / E with
+    E = -log1p(-u), u from word offset + j of subsequence ``row``; and the winner's score
+    margin over the runner-up (relative), which tells a near-tie."""
+    p = probs.detach().cpu().float()
+    u = torch.tensor([uniform_open01(b) for b in philox_words(seed, row, offset, p.numel())],
+                     dtype=torch.float32)
+    score = p / -torch.log1p(-u)
+    runs = p > 0 if keep is None else (p > 0) & keep.cpu()
+    score = torch.where(runs, score, torch.tensor(float("-inf")))
+    top = score.double().topk(min(2, p.numel()))
+    margin = 1.0 if p.numel() < 2 or top.values[1] <= 0 else float(
+        (top.values[0] - top.values[1]) / top.values[0])
+    return int(score.argmax()), margin

@@ -1,5 +1,7 @@
 // Gated activations: out[r, i] = act(in[r, i]) * in[r, d + i] for input [rows, 2d].
-// act is SiLU, GELU (erf) or GELU (tanh approximation); math in float32.
+// act is SiLU, GELU (erf) or GELU (tanh approximation); math in float32. The kernel calls
+// pdl_wait() before its first global access, so it may be launched with programmatic
+// dependent launch (see pdl.cuh).
 // Framework-agnostic: raw pointers, sizes, strides and a cudaStream_t.
 #pragma once
 
@@ -7,6 +9,7 @@
 
 #include <cstdint>
 
+#include "flashinfer/pdl.cuh"
 #include "flashinfer/vec.cuh"
 
 namespace flashinfer {
@@ -39,8 +42,9 @@ template <typename T, Act A, int VEC>
 __global__ void ActAndMulKernel(T* __restrict__ out, const T* __restrict__ in, int64_t rows,
                                 int64_t d, int64_t in_stride, int64_t out_stride) {
   using V = Vec<T, VEC>;
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;  // vector index
-  if (i >= d / VEC) return;
+  if (i >= d / VEC) return;  // an exited thread counts as having triggered its dependents
   for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
     const T* x = in + row * in_stride;
     const V gate = reinterpret_cast<const V*>(x)[i];
@@ -52,11 +56,12 @@ __global__ void ActAndMulKernel(T* __restrict__ out, const T* __restrict__ in, i
     }
     reinterpret_cast<V*>(out + row * out_stride)[i] = o;
   }
+  pdl_launch_dependents();
 }
 
 template <typename T, Act A>
 cudaError_t ActAndMul(T* out, const T* in, int64_t rows, int64_t d, int64_t in_stride,
-                      int64_t out_stride, cudaStream_t stream) {
+                      int64_t out_stride, bool pdl, cudaStream_t stream) {
   if (rows == 0 || d == 0) return cudaSuccess;
   constexpr int kVec = 16 / sizeof(T);
   const bool vectorized = d % kVec == 0 && in_stride % kVec == 0 && out_stride % kVec == 0 &&
@@ -65,13 +70,9 @@ cudaError_t ActAndMul(T* out, const T* in, int64_t rows, int64_t d, int64_t in_s
   const int64_t vecs = vectorized ? d / kVec : d;
   const dim3 grid(static_cast<unsigned>((vecs + kThreads - 1) / kThreads),
                   static_cast<unsigned>(rows < kMaxGridY ? rows : kMaxGridY));
-  if (vectorized) {
-    ActAndMulKernel<T, A, kVec>
-        <<<grid, kThreads, 0, stream>>>(out, in, rows, d, in_stride, out_stride);
-  } else {
-    ActAndMulKernel<T, A, 1><<<grid, kThreads, 0, stream>>>(out, in, rows, d, in_stride, out_stride);
-  }
-  return cudaGetLastError();
+  // Both instantiations share one signature, so `vectorized` picks the pointer.
+  return launch_kernel(vectorized ? ActAndMulKernel<T, A, kVec> : ActAndMulKernel<T, A, 1>, grid,
+                       dim3(kThreads), 0, stream, pdl, out, in, rows, d, in_stride, out_stride);
 }
 
 }  // namespace activation

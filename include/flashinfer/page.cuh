@@ -4,7 +4,10 @@
 // p % page_size. The caches' strides say where a (page, slot, head) starts, so NHD
 // ([pages, page_size, heads, dim]) and HND ([pages, heads, page_size, dim]) are one kernel.
 // Indices live on the device and cannot be checked on the host: a token whose request,
-// page slot or page id is out of range is skipped, never written out of bounds.
+// position, page table entry (kv_indptr may hold anything, so the entry is bounded by both
+// the request's range and the length of kv_indices) or page id is out of range is skipped.
+// Every index is bounded before it is read, so no input makes the kernel read or write out
+// of bounds.
 // Framework-agnostic: raw pointers, sizes, strides and a cudaStream_t.
 #pragma once
 
@@ -27,20 +30,27 @@ struct AppendLayout {
   int64_t token_stride, head_stride;  // elements
 };
 
+// The page table: request b's pages are indices[indptr[b]:indptr[b+1]].
+struct PageTable {
+  const int32_t* __restrict__ indices;
+  const int32_t* __restrict__ indptr;
+  int64_t num_indices;  // length of indices
+  int64_t batch_size;   // indptr has batch_size + 1 elements
+};
+
 // The offset of token `token`'s (page, slot) in a cache of layout `l`, or -1 when its
-// request, page slot or page id is out of range (the token is skipped).
+// request, position, page table entry or page id is out of range (the token is skipped).
 __device__ __forceinline__ int64_t slot_offset(const CacheLayout& l, int64_t token,
                                                const int32_t* __restrict__ batch_indices,
                                                const int32_t* __restrict__ positions,
-                                               const int32_t* __restrict__ kv_indices,
-                                               const int32_t* __restrict__ kv_indptr,
-                                               int64_t batch_size) {
+                                               const PageTable& t) {
   const int64_t b = batch_indices[token];
   const int64_t pos = positions[token];
-  if (b < 0 || b >= batch_size || pos < 0) return -1;
-  const int64_t page_iter = kv_indptr[b] + pos / l.page_size;
-  if (page_iter >= kv_indptr[b + 1]) return -1;
-  const int64_t page = kv_indices[page_iter];
+  if (b < 0 || b >= t.batch_size || pos < 0) return -1;
+  const int64_t begin = t.indptr[b];
+  const int64_t page_iter = begin + pos / l.page_size;
+  if (begin < 0 || page_iter >= t.indptr[b + 1] || page_iter >= t.num_indices) return -1;
+  const int64_t page = t.indices[page_iter];
   if (page < 0 || page >= l.num_pages) return -1;
   return page * l.page_stride + (pos % l.page_size) * l.slot_stride;
 }
@@ -51,9 +61,7 @@ template <typename T, int VEC>
 __global__ void AppendPagedKVKernel(T* __restrict__ k_cache, T* __restrict__ v_cache,
                                     const T* __restrict__ key, const T* __restrict__ value,
                                     const int32_t* __restrict__ batch_indices,
-                                    const int32_t* __restrict__ positions,
-                                    const int32_t* __restrict__ kv_indices,
-                                    const int32_t* __restrict__ kv_indptr, int64_t batch_size,
+                                    const int32_t* __restrict__ positions, PageTable table,
                                     int64_t heads, int64_t head_dim, AppendLayout k_in,
                                     AppendLayout v_in, CacheLayout k_cache_l,
                                     CacheLayout v_cache_l) {
@@ -61,11 +69,10 @@ __global__ void AppendPagedKVKernel(T* __restrict__ k_cache, T* __restrict__ v_c
   const int64_t token = blockIdx.x;
   const int64_t head = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y;
   if (head >= heads) return;
-  const int64_t k_at =
-      slot_offset(k_cache_l, token, batch_indices, positions, kv_indices, kv_indptr, batch_size);
+  const int64_t k_at = slot_offset(k_cache_l, token, batch_indices, positions, table);
   if (k_at < 0) return;
-  const int64_t v_at =
-      slot_offset(v_cache_l, token, batch_indices, positions, kv_indices, kv_indptr, batch_size);
+  const int64_t v_at = slot_offset(v_cache_l, token, batch_indices, positions, table);
+  if (v_at < 0) return;
   const T* ks = key + token * k_in.token_stride + head * k_in.head_stride;
   const T* vs = value + token * v_in.token_stride + head * v_in.head_stride;
   T* kd = k_cache + k_at + head * k_cache_l.head_stride;
@@ -79,10 +86,9 @@ __global__ void AppendPagedKVKernel(T* __restrict__ k_cache, T* __restrict__ v_c
 template <typename T, int VEC>
 cudaError_t LaunchAppend(T* k_cache, T* v_cache, const T* key, const T* value,
                          const int32_t* batch_indices, const int32_t* positions,
-                         const int32_t* kv_indices, const int32_t* kv_indptr, int64_t nnz,
-                         int64_t heads, int64_t batch_size, int64_t head_dim, AppendLayout k_in,
-                         AppendLayout v_in, CacheLayout k_cache_l, CacheLayout v_cache_l,
-                         cudaStream_t stream) {
+                         const PageTable& table, int64_t nnz, int64_t heads, int64_t head_dim,
+                         AppendLayout k_in, AppendLayout v_in, CacheLayout k_cache_l,
+                         CacheLayout v_cache_l, cudaStream_t stream) {
   const int64_t vectors = (head_dim + VEC - 1) / VEC;
   const unsigned lanes = vectors >= 128 ? 128u : (vectors >= 64 ? 64u : 32u);
   const int64_t per_block = heads < 128 / lanes ? heads : 128 / lanes;  // >= 1
@@ -90,8 +96,8 @@ cudaError_t LaunchAppend(T* k_cache, T* v_cache, const T* key, const T* value,
   const dim3 grid(static_cast<unsigned>(nnz),
                   static_cast<unsigned>((heads + per_block - 1) / per_block));
   AppendPagedKVKernel<T, VEC><<<grid, block, 0, stream>>>(
-      k_cache, v_cache, key, value, batch_indices, positions, kv_indices, kv_indptr, batch_size,
-      heads, head_dim, k_in, v_in, k_cache_l, v_cache_l);
+      k_cache, v_cache, key, value, batch_indices, positions, table, heads, head_dim, k_in, v_in,
+      k_cache_l, v_cache_l);
   return cudaGetLastError();
 }
 
@@ -112,8 +118,7 @@ bool VectorAligned(const void* const* pointers, const int64_t* counts, int num_p
 template <typename T>
 cudaError_t AppendPagedKV(T* k_cache, T* v_cache, const T* key, const T* value,
                           const int32_t* batch_indices, const int32_t* positions,
-                          const int32_t* kv_indices, const int32_t* kv_indptr, int64_t nnz,
-                          int64_t heads, int64_t batch_size, int64_t head_dim,
+                          const PageTable& table, int64_t nnz, int64_t heads, int64_t head_dim,
                           AppendLayout k_in, AppendLayout v_in, CacheLayout k_cache_l,
                           CacheLayout v_cache_l, cudaStream_t stream) {
   if (nnz == 0 || heads == 0 || head_dim == 0) return cudaSuccess;
@@ -124,13 +129,11 @@ cudaError_t AppendPagedKV(T* k_cache, T* v_cache, const T* key, const T* value,
                             v_cache_l.head_stride};
   if (VectorAligned<T>(pointers, counts, 4, 11)) {
     return LaunchAppend<T, 16 / sizeof(T)>(k_cache, v_cache, key, value, batch_indices,
-                                          positions, kv_indices, kv_indptr, nnz, heads,
-                                          batch_size, head_dim, k_in, v_in, k_cache_l, v_cache_l,
-                                          stream);
+                                          positions, table, nnz, heads, head_dim, k_in, v_in,
+                                          k_cache_l, v_cache_l, stream);
   }
-  return LaunchAppend<T, 1>(k_cache, v_cache, key, value, batch_indices, positions, kv_indices,
-                            kv_indptr, nnz, heads, batch_size, head_dim, k_in, v_in, k_cache_l,
-                            v_cache_l, stream);
+  return LaunchAppend<T, 1>(k_cache, v_cache, key, value, batch_indices, positions, table, nnz,
+                            heads, head_dim, k_in, v_in, k_cache_l, v_cache_l, stream);
 }
 
 }  // namespace page

@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 namespace flashinfer {
 
@@ -30,6 +31,14 @@ __device__ __forceinline__ __half from_float<__half>(float x) {
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
+}
+// fp8 e4m3 (OCP "fn": no infinities): round to nearest even, saturating finite values
+// beyond +-448 to +-448; NaN stays NaN.
+template <>
+__device__ __forceinline__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(float x) {
+  __nv_fp8_e4m3 r;
+  r.__x = __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+  return r;
 }
 
 struct Sum {

@@ -174,7 +174,7 @@ def test_norm_module_names_its_arguments(load, monkeypatch: pytest.MonkeyPatch,
     module = gen_norm_module(torch.float16).build_and_load()
     x = torch.ones(2, 4, dtype=torch.float16)
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
-        module.rmsnorm(torch.empty_like(x), x, torch.ones(4, dtype=torch.float16), 1e-6)
+        module.rmsnorm(torch.empty_like(x), x, torch.ones(4, dtype=torch.float16), 1e-6, False)
     text = (tmp_path / "log").read_text()
     for name in ("out", "input", "weight"):
         assert f"[ before_launch: norm_dtype_f16.rmsnorm ] {name}: numel=" in text

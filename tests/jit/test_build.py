@@ -72,15 +72,15 @@ def test_binding_checks_raise_python_exceptions_on_the_cpu() -> None:
     x = torch.randn(4, 8, dtype=torch.bfloat16)
     w = torch.randn(8, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="input must be a CUDA tensor"):
-        module.rmsnorm(torch.empty_like(x), x, w, 1e-6)
+        module.rmsnorm(torch.empty_like(x), x, w, 1e-6, False)
     with pytest.raises(ValueError, match="weight has 7 elements"):
-        module.rmsnorm(torch.empty_like(x), x, w[:7], 1e-6)
+        module.rmsnorm(torch.empty_like(x), x, w[:7], 1e-6, False)
     with pytest.raises(TypeError, match="weight has dtype float32"):
-        module.rmsnorm(torch.empty_like(x), x, w.float(), 1e-6)
+        module.rmsnorm(torch.empty_like(x), x, w.float(), 1e-6, False)
     with pytest.raises(ValueError, match="input must be 2-D"):
-        module.rmsnorm(torch.empty_like(x), x[0], w, 1e-6)
+        module.rmsnorm(torch.empty_like(x), x[0], w, 1e-6, False)
     with pytest.raises(ValueError, match="last dim must be contiguous"):
-        module.rmsnorm(torch.empty(8, 4, dtype=torch.bfloat16).t(), x, w, 1e-6)
+        module.rmsnorm(torch.empty(8, 4, dtype=torch.bfloat16).t(), x, w, 1e-6, False)
 
 
 def test_fresh_process_loads_from_disk_without_any_subprocess() -> None:

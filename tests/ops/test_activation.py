@@ -7,7 +7,10 @@ import torch
 
 import flashinfer
 from flashinfer import activation as activation_api
+from flashinfer.jit.activation import gen_act_and_mul_module
 from flashinfer.testing import reference
+
+from .test_norm import build_with_ptxas_report
 
 APIS = {
     "silu": flashinfer.silu_and_mul,
@@ -51,6 +54,20 @@ def test_bad_arguments_raise_before_launch(no_launch, act, message, error, make)
         APIS[act](x, out=out)
 
 
+@pytest.mark.parametrize("act", list(APIS))
+@pytest.mark.parametrize("enable_pdl", ["yes", 1, 0.0])
+def test_enable_pdl_must_be_a_bool_or_none(no_launch, act, enable_pdl) -> None:
+    with pytest.raises(TypeError, match="enable_pdl must be a bool or None"):
+        APIS[act](_x(4, 8), enable_pdl=enable_pdl)
+
+
+@pytest.mark.parametrize("act", list(APIS))
+@pytest.mark.parametrize("enable_pdl", [None, True, False])
+def test_valid_enable_pdl_reaches_the_device_check(no_launch, act, enable_pdl) -> None:
+    with pytest.raises(ValueError, match="input must be a CUDA tensor"):
+        APIS[act](_x(4, 8), None, enable_pdl)
+
+
 def test_the_module_exports_every_activation_and_checks_in_the_binding() -> None:
     module = activation_api.get_act_and_mul_module(torch.bfloat16)
     assert module.dtype() == "bfloat16"
@@ -58,11 +75,17 @@ def test_the_module_exports_every_activation_and_checks_in_the_binding() -> None
     out = torch.empty(4, 8, dtype=torch.bfloat16)
     for name in ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"):
         with pytest.raises(ValueError, match="input must be a CUDA tensor"):
-            getattr(module, name)(out, x)
+            getattr(module, name)(out, x, True)
     with pytest.raises(ValueError, match="input's last dim must be even"):
-        module.silu_and_mul(out, x[:, :15])
+        module.silu_and_mul(out, x[:, :15], False)
     with pytest.raises(TypeError, match="input has dtype float16, expected bfloat16"):
-        module.silu_and_mul(out, x.half())
+        module.silu_and_mul(out, x.half(), True)
+
+
+@pytest.mark.compile_matrix
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_no_activation_kernel_spills(dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    build_with_ptxas_report(gen_act_and_mul_module(dtype), monkeypatch)
 
 
 # -- numerics on a GPU ----------------------------------------------------------------------
@@ -108,3 +131,24 @@ def test_more_rows_than_one_grid_dimension_holds() -> None:
     out = flashinfer.silu_and_mul(x)
     torch.testing.assert_close(out.double(), reference.act_and_mul(x, "silu"),
                                **TOLERANCE[torch.float16])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("act", list(APIS))
+def test_pdl_on_and_off_give_bitwise_identical_results(act: str) -> None:
+    """Each kernel reads what the one just before it wrote, on one stream: with PDL a kernel
+    that read before its griddepcontrol.wait would see stale data."""
+    torch.manual_seed(3)
+    src = torch.randn(4096, 2 * 8192, dtype=torch.bfloat16, device="cuda")
+
+    def chain(enable_pdl: bool) -> list[torch.Tensor]:
+        x = torch.mul(src, 0.5)  # a torch kernel writes the input right before the launch
+        y = APIS[act](x, enable_pdl=enable_pdl)  # [4096, 8192]
+        z = APIS[act](y, enable_pdl=enable_pdl)  # reads y, written by the kernel before
+        return [y, z, APIS[act](z, out=torch.empty(4096, 2048, dtype=z.dtype, device="cuda"),
+                                enable_pdl=enable_pdl)]
+
+    expected = chain(False)
+    for _ in range(3):
+        for a, b in zip(chain(True), expected):
+            assert torch.equal(a, b)

@@ -262,11 +262,13 @@ def test_plan_uploads_the_schedule_and_run_checks_against_it(cpu_plan) -> None:
          (_bf16(3, 8, 128), cache)),
         ("q has dtype torch.float16; plan\\(\\) was for torch.bfloat16", TypeError,
          (torch.randn(2, 8, 128, dtype=torch.float16), cache)),
-        ("k_cache has shape \\(5, 2, 16, 128\\); plan\\(\\) was for pages of \\(16, 2, 128\\)",
+        ("paged_kv_cache\\[0\\] has shape \\(5, 2, 16, 128\\); plan\\(\\) was for pages of "
+         "\\(16, 2, 128\\)",
          ValueError, (_bf16(2, 8, 128), (_bf16(5, 2, 16, 128), _bf16(5, 2, 16, 128)))),
-        ("v_cache has dtype torch.float16", TypeError,
+        ("paged_kv_cache\\[1\\] has dtype torch.float16", TypeError,
          (_bf16(2, 8, 128), (cache[0], torch.zeros(5, 16, 2, 128, dtype=torch.float16)))),
-        ("paged_kv_cache's dim 1 must be 2", ValueError, (_bf16(2, 8, 128), _bf16(5, 3, 16, 2, 128))),
+        ("paged_kv_cache must hold keys and values in dim 1", ValueError,
+         (_bf16(2, 8, 128), _bf16(5, 3, 16, 2, 128))),
         ("paged_kv_cache must be a \\(k_cache, v_cache\\) pair", ValueError,
          (_bf16(2, 8, 128), (cache[0],))),
     ]

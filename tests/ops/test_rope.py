@@ -8,6 +8,7 @@ import torch
 import flashinfer
 from flashinfer import rope as rope_api
 from flashinfer.testing import reference
+from tests.conftest import run_python
 
 
 @pytest.fixture
@@ -75,6 +76,58 @@ def test_indptr_variants_check_arguments(no_launch, api) -> None:
         api(q, k, torch.tensor([0, 4]), torch.zeros(1, dtype=torch.int64), rotary_dim=32.0)
 
 
+INDPTR_BAD = [
+    (r"indptr must be non-decreasing, but indptr\[2\] = 1 < indptr\[1\] = 3", ValueError,
+     [0, 3, 1, 4], [0, 0, 0]),
+    (r"indptr must start at 0, got indptr\[0\] = 1", ValueError, [1, 4], [0]),
+    (r"indptr\[-1\] must be at most the number of tokens in q = 4, got 5", ValueError, [0, 5],
+     [0]),
+    ("indptr needs batch_size \\+ 1 elements", ValueError, [], []),
+    ("offsets has 2 elements, expected 1", ValueError, [0, 4], [0, 0]),
+    ("indptr must be a torch.Tensor", TypeError, None, [0]),
+]
+
+
+@pytest.mark.parametrize("api", [flashinfer.apply_rope, flashinfer.apply_rope_inplace,
+                                 flashinfer.apply_llama31_rope,
+                                 flashinfer.apply_llama31_rope_inplace])
+@pytest.mark.parametrize("message,error,indptr,offsets", INDPTR_BAD,
+                         ids=[c[0][:40] for c in INDPTR_BAD])
+def test_indptr_values_are_checked_on_the_host(no_launch, api, message, error, indptr,
+                                               offsets) -> None:
+    q, k = _qk()
+    indptr = None if indptr is None else torch.tensor(indptr, dtype=torch.int32)
+    with pytest.raises(error, match=message):
+        api(q, k, indptr, torch.tensor(offsets, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("api", [flashinfer.apply_rope_pos_ids,
+                                 flashinfer.apply_rope_pos_ids_inplace,
+                                 flashinfer.apply_llama31_rope_pos_ids,
+                                 flashinfer.apply_llama31_rope_pos_ids_inplace])
+def test_errors_name_a_parameter_of_the_function_called(no_launch, api) -> None:
+    q, k = _qk()
+    with pytest.raises(TypeError, match="^pos_ids must be a torch.Tensor"):
+        api(q, k, None)
+
+
+def test_decreasing_indptr_no_longer_corrupts_the_heap() -> None:
+    """Issue 16: apply_rope with a decreasing indptr reached repeat_interleave with an
+    output_size its counts exceed. In a fresh process it must now raise cleanly."""
+    code = (
+        "import torch, flashinfer\n"
+        "q, k = torch.randn(2, 4, 64, dtype=torch.half), torch.randn(2, 1, 64, dtype=torch.half)\n"
+        "indptr = torch.tensor([0, 4096, 2], dtype=torch.int32)\n"
+        "for api in (flashinfer.apply_rope, flashinfer.apply_llama31_rope_inplace):\n"
+        "    try:\n"
+        "        api(q, k, indptr, torch.zeros(2, dtype=torch.int32))\n"
+        "    except ValueError as e:\n"
+        "        print('raised:', e)\n"
+    )
+    proc = run_python(code)
+    assert proc.stdout.count("raised: indptr must be non-decreasing") == 2, proc.stdout
+
+
 def test_llama31_frequency_factors_are_checked(no_launch) -> None:
     q, k = _qk()
     with pytest.raises(ValueError, match="high_freq_factor .* must exceed low_freq_factor"):
@@ -83,16 +136,25 @@ def test_llama31_frequency_factors_are_checked(no_launch) -> None:
 
 
 COS_SIN_BAD = [
-    ("query must be 2-D", ValueError, lambda: dict(query=_qk()[0])),
-    ("query's last dim 512 is not a multiple of head_size=60", ValueError,
+    ("query must be \\[nnz, num_heads \\* head_size\\], got 1-D", ValueError,
+     lambda: dict(query=torch.randn(512, dtype=torch.float16))),
+    ("query has 512 elements per token, not a multiple of head_size=60", ValueError,
      lambda: dict(head_size=60)),
-    ("head_size must be a positive int", ValueError, lambda: dict(head_size=0)),
+    ("head_size must be >= 1", ValueError, lambda: dict(head_size=0)),
+    ("head_size must be an int", TypeError, lambda: dict(head_size=64.0)),
+    ("query has 4 tokens, key has 3", ValueError, lambda: dict(key=_qk(3)[1].reshape(3, -1))),
+    ("key has dtype torch.bfloat16, but query has torch.float16", TypeError,
+     lambda: dict(key=_qk(dtype=torch.bfloat16)[1].reshape(4, -1))),
+    ("key's strides do not allow", ValueError,
+     lambda: dict(head_size=32, cos_sin_cache=torch.ones(16, 32),
+                  key=torch.randn(2, 4, 64, dtype=torch.float16).transpose(0, 1))),
     ("cos_sin_cache has dtype torch.float16", TypeError,
      lambda: dict(cos_sin_cache=torch.ones(16, 64, dtype=torch.float16))),
-    (r"rotary_dim must be even and in \(0, head_dim=64\], got 80", ValueError,
-     lambda: dict(cos_sin_cache=torch.ones(16, 80))),
+    (r"cos_sin_cache's rotary_dim \(dim 1\) must be even and in \(0, head_dim=64\], got 80",
+     ValueError, lambda: dict(cos_sin_cache=torch.ones(16, 80))),
     ("positions has 3 elements, expected 4", ValueError, lambda: dict(positions=_ids(3))),
     ("query must be a CUDA tensor", ValueError, lambda: dict()),
+    ("query must be a CUDA tensor", ValueError, lambda: dict(query=_qk()[0])),  # 3-D: accepted
 ]
 
 
@@ -186,8 +248,31 @@ def test_ragged_batches_and_llama31(interleave: bool) -> None:
     torch.testing.assert_close(k_l.double().cpu(),
                                reference.rope(k.cpu(), _angles(pos, llama_freq), interleave),
                                **TOLERANCE[torch.bfloat16])
-    with pytest.raises(ValueError, match="indptr\\[-1\\] is 18, but q and k have 17 tokens"):
-        flashinfer.apply_rope(q[:17], k[:17], indptr, offs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_cuda_indptr_is_not_validated_but_is_harmless(index_dtype: torch.dtype) -> None:
+    """A CUDA indptr is not read on the host (that would sync). A bad one (decreasing, ending
+    before the last token) may leave tokens to no request: those are copied unrotated, as the
+    reference leaves them alone; every other token is rotated at a position a request whose
+    range holds it gives it."""
+    indptr, offsets, nnz = [0, 5, 3, 15], [10, 200, 3000], 17
+    q, k = _gpu_qk(nnz, 4, 1, 64, torch.float16, 9)
+    q_out, _ = flashinfer.apply_rope(q, k, torch.tensor(indptr, dtype=index_dtype, device="cuda"),
+                                     torch.tensor(offsets, dtype=index_dtype, device="cuda"))
+    q_cpu, out = q.cpu(), q_out.cpu()
+    freq = reference.rope_frequencies(64, rope_theta=1e4)
+    for t in range(nnz):
+        candidates = [offsets[b] + t - indptr[b] for b in range(3)
+                      if indptr[b] <= t < indptr[b + 1]]
+        if not candidates or torch.equal(out[t], q_cpu[t]):
+            assert torch.equal(out[t], q_cpu[t]), t  # e.g. tokens 15, 16: in no request
+            continue
+        matches = [torch.allclose(out[t].double(), reference.rope(
+            q_cpu[t:t + 1], _angles(torch.tensor([p]), freq), False)[0],
+            **TOLERANCE[torch.float16]) for p in candidates]
+        assert any(matches), (t, candidates)
 
 
 @pytest.mark.gpu
@@ -207,6 +292,8 @@ def test_cos_sin_cache_and_out_of_range_positions(is_neox: bool) -> None:
     torch.testing.assert_close(q_out.view(nnz, heads, head_size).double().cpu(),
                                reference.rope(q.cpu(), angles, not is_neox),
                                **TOLERANCE[torch.float16])
+    q3, _ = flashinfer.apply_rope_with_cos_sin_cache(pos, q, k, head_size, cache, is_neox)
+    assert q3.shape == q.shape and torch.equal(q3.reshape(nnz, -1), q_out)  # [nnz, heads, d]
     flashinfer.apply_rope_with_cos_sin_cache_inplace(pos, query, key, head_size, cache,
                                                      is_neox=is_neox)
     assert torch.equal(key, k_out)

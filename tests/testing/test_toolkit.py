@@ -77,11 +77,11 @@ def test_cupti_is_used_when_importable_and_falls_back_with_a_message(
 
 @pytest.fixture
 def fake_gpu(monkeypatch: pytest.MonkeyPatch):
-    def set_gpu(capability: tuple[int, int], nvcc: tuple[int, int] | None) -> None:
+    def set_gpu(capability: tuple[int, int], toolkit: tuple[int, int] | None) -> None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(utils, "_device_index", lambda device: 0)
         monkeypatch.setattr(utils, "_capability", lambda index: capability)
-        monkeypatch.setattr(utils, "get_nvcc_version", lambda: nvcc)
+        monkeypatch.setattr(utils, "_toolkit_version", lambda: toolkit)
 
     return set_gpu
 
@@ -91,31 +91,79 @@ def test_nvcc_version_is_read_from_the_toolchain() -> None:
     assert version is not None and version >= (12, 0)
 
 
+def test_toolkit_version_falls_back_to_torchs_without_nvcc(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert utils._toolkit_version() == utils.get_nvcc_version()
+    monkeypatch.setattr(utils, "get_nvcc_version", lambda: None)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    assert utils._toolkit_version() == (12, 4)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    assert utils._toolkit_version() is None
+
+
+ARCH_HELPERS = ("sm90a", "sm100a", "sm100f", "sm103a", "sm110a", "sm120a", "sm120f", "sm121a",
+                "sm12x")
+
+
 @pytest.mark.parametrize(
-    "capability,nvcc,expected",
+    "capability,toolkit,expected",
     [
         ((9, 0), (13, 0), {"sm90a"}),
-        ((9, 0), (11, 8), set()),  # the device is there, the compiler is too old
+        ((9, 0), (12, 3), {"sm90a"}),
+        ((9, 0), (12, 2), set()),  # the device is there, the toolkit is too old
         ((10, 0), (12, 8), {"sm100a"}),
+        ((10, 0), (12, 9), {"sm100a", "sm100f"}),
         ((10, 0), (12, 6), set()),
-        ((10, 3), (12, 9), {"sm103a"}),
-        ((12, 0), (13, 0), {"sm120a"}),
+        ((10, 3), (12, 8), {"sm100a"}),
+        ((10, 3), (12, 9), {"sm100a", "sm100f", "sm103a"}),
+        ((11, 0), (13, 0), {"sm110a"}),
+        ((11, 0), (12, 9), set()),
+        ((12, 0), (12, 8), {"sm120a", "sm12x"}),
+        ((12, 0), (13, 0), {"sm120a", "sm120f", "sm12x"}),
+        ((12, 1), (12, 8), set()),
+        ((12, 1), (12, 9), {"sm121a", "sm120f", "sm12x"}),
         ((8, 0), (13, 0), set()),
-        ((9, 0), None, set()),  # no nvcc at all
+        ((9, 0), None, set()),  # no toolkit at all
     ],
 )
-def test_arch_helpers(fake_gpu, capability, nvcc, expected) -> None:
-    fake_gpu(capability, nvcc)
-    helpers = {"sm90a": utils.is_sm90a_supported, "sm100a": utils.is_sm100a_supported,
-               "sm103a": utils.is_sm103a_supported, "sm110a": utils.is_sm110a_supported,
-               "sm120a": utils.is_sm120a_supported, "sm121a": utils.is_sm121a_supported}
-    assert {name for name, helper in helpers.items() if helper("cuda:0")} == expected
+def test_arch_helpers(fake_gpu, capability, toolkit, expected) -> None:
+    fake_gpu(capability, toolkit)
+    supported = {name for name in ARCH_HELPERS
+                 if getattr(utils, f"is_{name}_supported")(torch.device("cuda:0"))}
+    assert supported == expected
     assert utils.get_compute_capability(0) == capability
 
 
 def test_arch_helpers_without_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert not utils.is_sm90a_supported() and not utils.is_sm100a_supported()
+    assert not utils.is_sm90a_supported("cuda") and not utils.is_sm100a_supported("cuda")
+
+
+def test_device_helpers_take_a_device_in_any_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+
+    class Properties:
+        multi_processor_count = 132
+
+    def properties(index: int) -> Properties:
+        seen.append(index)
+        return Properties()
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    utils._sm_count.cache_clear()
+    try:
+        assert utils.get_device_sm_count(torch.device("cuda", 1)) == 132
+        assert utils.get_device_sm_count("cuda:2") == 132
+        assert utils.get_device_sm_count("cuda") == 132
+        assert utils.get_device_sm_count(1) == 132  # cached
+    finally:
+        utils._sm_count.cache_clear()
+    assert seen == [1, 2, 3]
+    with pytest.raises(ValueError, match="cpu is not a CUDA device"):
+        utils.get_compute_capability(torch.device("cpu"))
+    with pytest.raises(ValueError, match="cpu is not a CUDA device"):
+        utils.get_device_sm_count("cpu")
 
 
 def _api():  # noqa: ANN202
