@@ -1,17 +1,22 @@
 """Seeds and offsets for the counter-based (Philox) kernels.
 
 A kernel's random numbers are a pure function of ``(seed, offset)`` and the position they
-are drawn for, so the same pair gives the same result on any run. Callers pass the pair
-explicitly, or a ``torch.Generator`` that supplies it:
+are drawn for, so the same pair gives the same result on any run. Draws are laid out as
+curand and torch lay out theirs: subsequence ``row``, words ``offset, offset + 1, ...``
+(see include/flashinfer/philox.h). Callers pass the pair explicitly, as ints or as int64 /
+uint64 device tensors (one entry, or one per output row, read when the kernel runs: a
+CUDA graph replays with whatever they hold then), or a ``torch.Generator`` supplies it:
 
-- a CUDA generator gives its own Philox seed and offset, and its offset is advanced so
-  the next call (ours or torch's) draws fresh numbers; reading it costs no device sync;
+- a CUDA generator gives its own Philox seed and offset, and its offset is advanced by the
+  words a call consumes per row, so the next call (ours or torch's) draws fresh numbers;
+  reading it costs no device sync;
 - a CPU generator draws a 64-bit seed (offset 0);
 - neither: the default CUDA generator of the tensor's device, as torch's samplers do.
 
-A generator is read on the host when the call is made, so a call captured in a CUDA graph
-replays with the numbers of the capture; pass a fresh ``offset`` per call (and re-capture)
-when replays must differ.
+When both ``seed`` and ``offset`` are given they win over ``generator``, which is left
+untouched (as in the reference). A generator is read on the host when the call is made, so a
+call captured in a CUDA graph replays with the numbers of the capture; pass seed and offset
+tensors when replays must differ.
 """
 
 from __future__ import annotations
@@ -21,34 +26,57 @@ from typing import Any
 import torch
 
 _UINT64 = 1 << 64
-# What one call advances a CUDA generator's offset by (torch's offsets move in steps of 4).
+_SEED_DTYPES = (torch.int64, torch.uint64)
+# The least a call advances a CUDA generator's offset by (torch's offsets move in steps of 4).
 OFFSET_INCREMENT = 4
+
+Seed = int | torch.Tensor
 
 
 def _check_uint64(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise TypeError(f"{name} must be an int or an int64/uint64 tensor, "
+                        f"got {type(value).__name__}")
     if not 0 <= value < _UINT64:
         raise ValueError(f"{name} must be in [0, 2^64), got {value}")
     return value
 
 
+def _check_seed_tensor(name: str, value: torch.Tensor) -> None:
+    if value.dtype not in _SEED_DTYPES:
+        raise TypeError(f"{name} has dtype {value.dtype}; expected int64 or uint64")
+    if value.dim() != 1:
+        raise ValueError(f"{name} must be a 1-D tensor, got {value.dim()}-D")
+    if value.shape[0] > 1 and value.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous")
+
+
 def check_seed_args(generator: Any, seed: Any, offset: Any) -> None:
     """Raises for a bad combination or value without drawing anything."""
-    if seed is not None or offset is not None:
-        if generator is not None:
-            raise ValueError("pass either generator or seed/offset, not both")
-        if seed is None:
-            raise ValueError("offset needs a seed")
-        _check_uint64("seed", seed)
-        _check_uint64("offset", 0 if offset is None else offset)
-    elif generator is not None and not isinstance(generator, torch.Generator):
+    if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if seed is None and offset is None:
+        return
+    if seed is None:
+        raise ValueError("offset needs a seed")
+    if isinstance(seed, torch.Tensor) or isinstance(offset, torch.Tensor):
+        if not (isinstance(seed, torch.Tensor) and isinstance(offset, torch.Tensor)):
+            raise ValueError("seed and offset must both be tensors or both be ints")
+        _check_seed_tensor("seed", seed)
+        _check_seed_tensor("offset", offset)
+        return
+    if offset is None and generator is not None:
+        raise ValueError("pass either generator or seed (with offset, it wins), not a lone seed "
+                         "and a generator")
+    _check_uint64("seed", seed)
+    _check_uint64("offset", 0 if offset is None else offset)
 
 
 def philox_seed_offset(device: torch.device, generator: torch.Generator | None = None,
-                       seed: int | None = None, offset: int | None = None) -> tuple[int, int]:
-    """The ``(seed, offset)`` a call on ``device`` draws with (see the module docstring)."""
+                       seed: Seed | None = None, offset: Seed | None = None,
+                       increment: int = OFFSET_INCREMENT) -> tuple[Seed, Seed]:
+    """The ``(seed, offset)`` a call on ``device`` draws with (see the module docstring);
+    ``increment`` (a multiple of 4): the generator offsets the call consumes."""
     check_seed_args(generator, seed, offset)
     if seed is not None:
         return seed, 0 if offset is None else offset
@@ -67,7 +95,7 @@ def philox_seed_offset(device: torch.device, generator: torch.Generator | None =
                            "(expected seed and offset, 8 bytes each); pass seed= instead")
     gen_seed, gen_offset = (int(v) % _UINT64 for v in state.view(torch.int64).tolist())
     advanced = state.clone()
-    advanced.view(torch.int64)[1] = gen_offset + OFFSET_INCREMENT
+    advanced.view(torch.int64)[1] = as_int64((gen_offset + increment) % _UINT64)
     generator.set_state(advanced)
     return gen_seed, gen_offset
 

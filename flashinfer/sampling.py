@@ -2,31 +2,39 @@
 
 Filters keep an upper set of each row: top-k (the k most likely tokens, ties with the k-th
 kept), top-p (token j is kept iff the tokens strictly more likely than j hold less than
-``top_p`` of the mass), min-p (``p >= min_p * max(p)``). Kernels find the set's pivot by
-radix select and draw with an exponential race, without sorting the vocabulary; see
+``top_p`` of the row's mass), min-p (``p >= min_p * max(p)``). Kernels find the set's pivot
+by radix select and draw with an exponential race, without sorting the vocabulary; see
 include/flashinfer/sampling.cuh.
 
 Every per-request parameter (``top_k``, ``top_p``, ``min_p``, ``temperature``) is a Python
 scalar, checked here, or a ``[batch]`` tensor on the input's device, whose values stay on
-the device (no sync): there ``top_k < 1`` acts as 1, ``top_k >= vocab`` and ``top_p >= 1``
-keep everything, ``min_p <= 0`` keeps everything.
+the device (no sync). Scalars: ``top_k >= 1`` (values >= vocab keep everything),
+``top_p > 0`` (values >= 1 keep everything), ``min_p <= 1`` (values <= 0 keep everything),
+any temperature but NaN (0 and inf give the uniform distribution, as in the reference).
+Tensor values out of those ranges: ``top_k`` < 0 or >= vocab keeps everything and 0 acts as
+1 (the reference reads k as unsigned), ``top_p <= 0`` and ``min_p >= 1`` keep only the most
+likely tokens.
 
-Randomness: ``seed``/``offset``, or a ``generator``, or the device's default CUDA
-generator (see :mod:`flashinfer.rng`). The same seed and offset give the same tokens in
-any process. Every kernel is deterministic, so ``deterministic`` is accepted for API
+Randomness: ``seed``/``offset`` (ints, or int64/uint64 device tensors read when the kernel
+runs), or a ``generator``, or the device's default CUDA generator (see
+:mod:`flashinfer.rng`). The same seed and offset give the same tokens in any process. Every
+kernel is deterministic, so ``deterministic`` and ``is_deterministic`` are accepted for API
 compatibility and both values run the same deterministic algorithm.
 
 ``indices`` (``[batch]``, int32 or int64) maps output row i to input row ``indices[i]``,
-so one distribution can be sampled several times; an index outside the input's rows
+so one distribution can be sampled several times; the tokens then have the dtype of
+``indices`` (int32 without). An index outside the input's rows (64-bit indices included)
 yields token -1 (device values are not read on the host). A row without any positive
-probability yields token 0. Tokens are int32.
+probability left after filtering yields token 0; ``return_valid=True`` also returns a bool
+``[batch]`` tensor that is False for such rows and for out-of-range indices.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -36,16 +44,21 @@ from .jit.sampling import gen_sampling_module
 from .pdl import resolve_enable_pdl
 from .rng import as_int64, check_seed_args, philox_seed_offset
 
-_LOGIT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_PROB_DTYPES = (torch.float32,)
+_NATIVE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # one module each
+# Inputs the reference converts to float32 first (float64 included).
+_FLOAT_INPUTS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_TOP_K_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 _FILTER_ORDERS = ("top_k_first", "joint")
 # Filter bits understood by csrc/sampling.cc.
 _TOP_K, _TOP_P, _MIN_P = 1, 2, 4
+_FILTER_BITS = {"top_k": _TOP_K, "top_p": _TOP_P, "min_p": _MIN_P}
+# Tokens, or (tokens, valid) with return_valid=True.
+Samples = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
 @functools.cache
 def get_sampling_module(dtype: Any):  # noqa: ANN201 - a tvm_ffi.Module
-    """The sampling module for logits of ``dtype`` (float32 serves probabilities too)."""
+    """The sampling module for inputs of ``dtype`` (float32 serves probabilities too)."""
     return gen_sampling_module(dtype).build_and_load()
 
 
@@ -61,93 +74,144 @@ def _check_rows(name: str, tensor: Any, dtypes: tuple[torch.dtype, ...]) -> torc
     return tensor
 
 
+def _native(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in a dtype with a module (float64 becomes float32, as the reference does)."""
+    return tensor if tensor.dtype in _NATIVE_DTYPES else tensor.float()
 
-def _check_indices(indices: Any, like: torch.Tensor) -> tuple[torch.Tensor | None, int]:
-    """The int32 indices (or None) and the output batch size."""
+
+def _check_indices(indices: Any, like: torch.Tensor) -> int:
+    """The output batch size (``indices`` int32 or int64, values unchecked: no sync)."""
     if indices is None:
-        return None, like.shape[0]
+        return like.shape[0]
     checks.check_index_tensor("indices", indices, None, (torch.int32, torch.int64))
     checks.check_same_device("indices", indices, like)
     if indices.shape[0] >= 1 << 31:
         raise ValueError("indices has too many elements")
-    return indices.to(torch.int32), indices.shape[0]
+    return indices.shape[0]
 
 
-def _per_request(name: str, value: Any, batch: int, like: torch.Tensor, integer: bool,
-                 low: float, high: float, low_open: bool) -> tuple[torch.Tensor | None, float]:
-    """A scalar checked against [low, high] (or (low, high]) or a [batch] tensor.
-    Returns (tensor or None, scalar)."""
-    if isinstance(value, torch.Tensor):
-        checks.check_ndim(name, value, 1, "[batch] per-request tensor")
-        if value.shape[0] != batch:
-            raise ValueError(f"{name} has {value.shape[0]} elements, the batch has {batch}")
-        if value.dtype == torch.bool or (value.dtype.is_floating_point and integer):
-            raise TypeError(f"{name} has dtype {value.dtype}; expected an integer tensor")
-        if value.is_complex():
-            raise TypeError(f"{name} has dtype {value.dtype}; expected a real tensor")
-        checks.check_same_device(name, value, like)
-        return value.to(torch.int32 if integer else torch.float32).contiguous(), low
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        expected = "an int" if integer else "a float"
+def _check_flags(**flags: Any) -> None:
+    for name, flag in flags.items():
+        checks.check_bool(name, flag)
+
+
+def _real(name: str, value: Any, expected: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be {expected} or a [batch] tensor, "
                         f"got {type(value).__name__}")
-    bad_low = value <= low if low_open else value < low
-    if not math.isfinite(value) or bad_low or value > high:
-        interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high == math.inf else ']'}"
-        raise ValueError(f"{name} must be in {interval}, got {value}")
-    return None, value
+    if math.isnan(value):
+        raise ValueError(f"{name} must not be NaN")
+    return float(value)
 
 
-def _check_flags(deterministic: Any, check_nan: Any) -> None:
-    for name, flag in (("deterministic", deterministic), ("check_nan", check_nan)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+def _scalar_top_k(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"top_k must be an int or a [batch] tensor, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"top_k must be >= 1 (values >= vocab_size keep every token), "
+                         f"got {value}")
+    return value
+
+
+def _scalar_top_p(value: Any) -> float:
+    top_p = _real("top_p", value, "a float")
+    if top_p <= 0:
+        raise ValueError(f"top_p must be > 0 (values >= 1 keep every token), got {value}")
+    return top_p
+
+
+def _scalar_min_p(value: Any) -> float:
+    min_p = _real("min_p", value, "a float")
+    if min_p > 1:
+        raise ValueError(f"min_p must be <= 1 (values <= 0 keep every token), got {value}")
+    return min_p
+
+
+def _scalar_temperature(value: Any) -> float:
+    return _real("temperature", value, "a float")
+
+
+@dataclass(frozen=True)
+class _Param:
+    """A checked per-request parameter: a [batch] tensor (converted for the kernel once the
+    call goes ahead), else the scalar. ``vocab``: the row length, which bounds top_k."""
+
+    tensor: torch.Tensor | None
+    scalar: float
+    vocab: int = 1
+
+    def kernel_tensor(self) -> torch.Tensor | None:
+        if self.tensor is None:
+            return None
+        if self.tensor.dtype.is_floating_point:
+            return self.tensor.to(torch.float32).contiguous()
+        if self.tensor.dtype == torch.int64:  # narrowed without wrapping: k < 0 and k >= vocab
+            return self.tensor.clamp(-1, self.vocab).to(torch.int32).contiguous()  # keep all
+        return self.tensor.to(torch.int32).contiguous()
+
+    def top_k(self) -> int:
+        """The scalar as the kernel's k (at most the row length)."""
+        return int(min(self.scalar, self.vocab))
+
+
+_SCALAR_CHECKS: dict[str, Callable[[Any], float]] = {
+    "top_k": _scalar_top_k, "top_p": _scalar_top_p, "min_p": _scalar_min_p,
+    "temperature": _scalar_temperature,
+}
+
+
+def _per_request(name: str, value: Any, batch: int, like: torch.Tensor) -> _Param:
+    """A scalar (checked) or a [batch] tensor; ``None`` is refused, never "no filter"."""
+    vocab = like.shape[1]
+    if not isinstance(value, torch.Tensor):
+        return _Param(None, _SCALAR_CHECKS[name](value), vocab)
+    checks.check_ndim(name, value, 1, "[batch] per-request tensor")
+    if value.shape[0] != batch:
+        raise ValueError(f"{name} has {value.shape[0]} elements, the batch has {batch}")
+    if name == "top_k":
+        checks.check_dtype(name, value, _TOP_K_DTYPES)
+    elif not value.dtype.is_floating_point:
+        raise TypeError(f"{name} has dtype {value.dtype}; expected a floating-point tensor")
+    checks.check_same_device(name, value, like)
+    return _Param(value, 1 if name == "top_k" else 0.0, vocab)
+
+
+def _check_seed_tensors(seed: Any, offset: Any, batch: int, like: torch.Tensor) -> None:
+    """Length and device of seed/offset tensors (their dtype and rank: rng.check_seed_args)."""
+    for name, value in (("seed", seed), ("offset", offset)):
+        if isinstance(value, torch.Tensor):
+            if value.shape[0] not in (1, batch):
+                raise ValueError(f"{name} has {value.shape[0]} elements; expected 1 or {batch}")
+            checks.check_same_device(name, value, like)
+
+
+def _words_per_row(vocab: int) -> int:
+    """Philox words (generator offsets) one row draws: one per element, in blocks of 4."""
+    return 4 * ((vocab + 3) // 4)
+
+
+def _random_args(x: torch.Tensor, generator: Any, seed: Any, offset: Any) -> tuple[Any, ...]:
+    """(seed_values, offset_values, seed, offset) for the binding; draws from the generator
+    when no seed is given."""
+    if isinstance(seed, torch.Tensor):
+        return seed, offset, 0, 0
+    seed, offset = philox_seed_offset(x.device, generator, seed, offset,
+                                      _words_per_row(x.shape[1]))
+    return None, None, as_int64(seed), as_int64(offset)
+
+
+def _outputs(batch: int, indices: torch.Tensor | None, device: torch.device,
+             return_valid: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    out = torch.empty(batch, dtype=torch.int32 if indices is None else indices.dtype,
+                      device=device)
+    valid = torch.empty(batch, dtype=torch.bool, device=device) if return_valid else None
+    return out, valid
 
 
 def _check_no_nan(name: str, tensor: torch.Tensor) -> None:
     """Host-synchronizing NaN check, only when the caller asked for it."""
     if bool(torch.isnan(tensor).any()):
         raise ValueError(f"{name} contains NaN")
-
-
-def _sample_probs(probs: torch.Tensor, indices: Any, *, top_k: Any = None, top_p: Any = None,
-                  min_p: Any = None, top_k_first: bool = True, deterministic: Any = True,
-                  generator: torch.Generator | None = None, check_nan: Any = False,
-                  seed: int | None = None, offset: int | None = None,
-                  from_logits: bool = False) -> torch.Tensor:
-    """The one filtered sampling path: validate everything once, then one sampling launch
-    (``from_logits``: ``probs`` holds logits, turned into probabilities by :func:`softmax`
-    first)."""
-    name = "logits" if from_logits else "probs"
-    _check_rows(name, probs, _LOGIT_DTYPES if from_logits else _PROB_DTYPES)
-    _check_flags(deterministic, check_nan)
-    index, batch = _check_indices(indices, probs)
-    vocab = probs.shape[1]
-    which, k_values, p_values, m_values = 0, None, None, None
-    k, p, m = 1, 1.0, 0.0
-    if top_k is not None:
-        which |= _TOP_K
-        k_values, k = _per_request("top_k", top_k, batch, probs, True, 1, vocab, False)
-    if top_p is not None:
-        which |= _TOP_P
-        p_values, p = _per_request("top_p", top_p, batch, probs, False, 0.0, 1.0, True)
-    if min_p is not None:
-        which |= _MIN_P
-        m_values, m = _per_request("min_p", min_p, batch, probs, False, 0.0, 1.0, False)
-    check_seed_args(generator, seed, offset)
-    checks.check_cuda(name, probs)
-    if check_nan:
-        _check_no_nan(name, probs)
-    seed, offset = philox_seed_offset(probs.device, generator, seed, offset)
-    if from_logits:
-        probs = softmax(probs)
-    out = torch.empty(batch, dtype=torch.int32, device=probs.device)
-    if batch:
-        get_sampling_module(torch.float32).sampling_from_probs(
-            out, probs, index, k_values, p_values, m_values, int(k), float(p), float(m), which,
-            top_k_first, as_int64(seed), as_int64(offset))
-    return out
 
 
 def _filter_order(filter_apply_order: Any) -> bool:
@@ -157,85 +221,134 @@ def _filter_order(filter_apply_order: Any) -> bool:
     return filter_apply_order == "top_k_first"
 
 
+def _sample_probs(probs: torch.Tensor, indices: Any, filters: dict[str, Any], *,
+                  top_k_first: bool = True, deterministic: Any = True,
+                  generator: Any = None, check_nan: Any = False, seed: Any = None,
+                  offset: Any = None, return_valid: Any = False,
+                  from_logits: bool = False) -> Any:
+    """The one filtered sampling path: validate everything, then one sampling launch
+    (``from_logits``: ``probs`` holds logits, turned into probabilities by :func:`softmax`
+    first). ``filters``: the function's filters by name (top_k, top_p, min_p), as passed."""
+    name = "logits" if from_logits else "probs"
+    _check_rows(name, probs, _FLOAT_INPUTS)
+    _check_flags(deterministic=deterministic, check_nan=check_nan, return_valid=return_valid)
+    batch = _check_indices(indices, probs)
+    params = {key: _per_request(key, value, batch, probs) for key, value in filters.items()}
+    check_seed_args(generator, seed, offset)
+    _check_seed_tensors(seed, offset, batch, probs)
+    checks.check_cuda(name, probs)
+    if check_nan:
+        _check_no_nan(name, probs)
+    probs = softmax(probs) if from_logits else probs.float()
+    seed_values, offset_values, seed, offset = _random_args(probs, generator, seed, offset)
+    out, valid = _outputs(batch, indices, probs.device, return_valid)
+    top_k = params.get("top_k", _Param(None, 1))
+    top_p = params.get("top_p", _Param(None, 1.0))
+    min_p = params.get("min_p", _Param(None, 0.0))
+    which = sum(bit for key, bit in _FILTER_BITS.items() if key in params)
+    if batch:
+        get_sampling_module(torch.float32).sampling_from_probs(
+            out, valid, probs, indices, top_k.kernel_tensor(), top_p.kernel_tensor(),
+            min_p.kernel_tensor(), top_k.top_k(), float(top_p.scalar), float(min_p.scalar), which,
+            top_k_first, seed_values, offset_values, seed, offset)
+    return (out, valid) if return_valid else out
+
+
 @flashinfer_api
 def softmax(logits: torch.Tensor, temperature: float | torch.Tensor | None = None,
             enable_pdl: bool | None = None) -> torch.Tensor:
-    """``softmax(logits / temperature)`` over each row, as float32 ``[batch, vocab]``.
-    ``enable_pdl`` (default: on sm90+) lets the kernel launch while the previous one drains
-    (programmatic dependent launch)."""
-    _check_rows("logits", logits, _LOGIT_DTYPES)
-    values, scalar = (None, 1.0) if temperature is None else _per_request(
-        "temperature", temperature, logits.shape[0], logits, False, 0.0, math.inf, True)
+    """``softmax(logits / temperature)`` over each row, as float32 ``[batch, vocab]``
+    (temperature 0, like inf, gives the uniform distribution over the finite logits, as the
+    reference does). ``enable_pdl`` (default: on sm90+) lets the kernel launch while the
+    previous one drains (programmatic dependent launch)."""
+    _check_rows("logits", logits, _FLOAT_INPUTS)
+    temp = _Param(None, 1.0) if temperature is None else _per_request(
+        "temperature", temperature, logits.shape[0], logits)
     enable_pdl = resolve_enable_pdl(enable_pdl, logits.device)
     checks.check_cuda("logits", logits)
+    logits = _native(logits)
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     if logits.shape[0]:
-        get_sampling_module(logits.dtype).softmax(out, logits, values, float(scalar), enable_pdl)
+        get_sampling_module(logits.dtype).softmax(out, logits, temp.kernel_tensor(),
+                                                  float(temp.scalar), enable_pdl)
+    return out
+
+
+@flashinfer_api
+def sampling_from_logits(logits: torch.Tensor, indices: torch.Tensor | None = None,
+                         deterministic: bool = True, generator: torch.Generator | None = None,
+                         check_nan: bool = False, seed: int | torch.Tensor | None = None,
+                         offset: int | torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row drawn from ``softmax(logits)`` in a single pass (Gumbel-max: no
+    softmax is materialized). ``-inf`` logits are never drawn."""
+    _check_rows("logits", logits, _FLOAT_INPUTS)
+    _check_flags(deterministic=deterministic, check_nan=check_nan)
+    batch = _check_indices(indices, logits)
+    check_seed_args(generator, seed, offset)
+    _check_seed_tensors(seed, offset, batch, logits)
+    checks.check_cuda("logits", logits)
+    if check_nan:
+        _check_no_nan("logits", logits)
+    logits = _native(logits)
+    seed_values, offset_values, seed, offset = _random_args(logits, generator, seed, offset)
+    out, _ = _outputs(batch, indices, logits.device, False)
+    if batch:
+        get_sampling_module(logits.dtype).sampling_from_logits(
+            out, logits, indices, seed_values, offset_values, seed, offset)
     return out
 
 
 @flashinfer_api
 def sampling_from_probs(probs: torch.Tensor, indices: torch.Tensor | None = None,
                         deterministic: bool = True, generator: torch.Generator | None = None,
-                        check_nan: bool = False, seed: int | None = None,
-                        offset: int | None = None) -> torch.Tensor:
-    """One token per row of ``probs`` (float32 ``[batch, vocab]``, non-negative; rows need
-    not be normalized), drawn with probability ``p / sum(p)``."""
-    return _sample_probs(probs, indices, deterministic=deterministic, generator=generator,
-                         check_nan=check_nan, seed=seed, offset=offset)
-
-
-@flashinfer_api
-def sampling_from_logits(logits: torch.Tensor, indices: torch.Tensor | None = None,
-                         deterministic: bool = True, generator: torch.Generator | None = None,
-                         check_nan: bool = False, seed: int | None = None,
-                         offset: int | None = None) -> torch.Tensor:
-    """One token per row drawn from ``softmax(logits)`` in a single pass (Gumbel-max: no
-    softmax is materialized). ``-inf`` logits are never drawn."""
-    _check_rows("logits", logits, _LOGIT_DTYPES)
-    _check_flags(deterministic, check_nan)
-    index, batch = _check_indices(indices, logits)
-    check_seed_args(generator, seed, offset)
-    checks.check_cuda("logits", logits)
-    if check_nan:
-        _check_no_nan("logits", logits)
-    seed, offset = philox_seed_offset(logits.device, generator, seed, offset)
-    out = torch.empty(batch, dtype=torch.int32, device=logits.device)
-    if batch:
-        get_sampling_module(logits.dtype).sampling_from_logits(out, logits, index,
-                                                               as_int64(seed), as_int64(offset))
-    return out
+                        check_nan: bool = False, seed: int | torch.Tensor | None = None,
+                        offset: int | torch.Tensor | None = None,
+                        return_valid: bool = False) -> Samples:
+    """One token per row of ``probs`` (``[batch, vocab]``, non-negative; rows need not be
+    normalized), drawn with probability ``p / sum(p)``."""
+    return _sample_probs(probs, indices, {}, deterministic=deterministic, generator=generator,
+                         check_nan=check_nan, seed=seed, offset=offset,
+                         return_valid=return_valid)
 
 
 @flashinfer_api
 def top_p_sampling_from_probs(probs: torch.Tensor, top_p: float | torch.Tensor,
                               indices: torch.Tensor | None = None, deterministic: bool = True,
                               generator: torch.Generator | None = None, check_nan: bool = False,
-                              seed: int | None = None, offset: int | None = None) -> torch.Tensor:
+                              seed: int | torch.Tensor | None = None,
+                              offset: int | torch.Tensor | None = None,
+                              return_valid: bool = False) -> Samples:
     """Nucleus sampling: draw from the smallest set of most likely tokens holding ``top_p``
-    of the mass, renormalized. ``top_p`` in (0, 1]."""
-    return _sample_probs(probs, indices, top_p=top_p, deterministic=deterministic,
-                         generator=generator, check_nan=check_nan, seed=seed, offset=offset)
+    of the mass, renormalized."""
+    return _sample_probs(probs, indices, {"top_p": top_p}, deterministic=deterministic,
+                         generator=generator, check_nan=check_nan, seed=seed, offset=offset,
+                         return_valid=return_valid)
 
 
 @flashinfer_api
 def top_k_sampling_from_probs(probs: torch.Tensor, top_k: int | torch.Tensor,
                               indices: torch.Tensor | None = None, deterministic: bool = True,
                               generator: torch.Generator | None = None, check_nan: bool = False,
-                              seed: int | None = None, offset: int | None = None) -> torch.Tensor:
-    """Draw from the ``top_k`` most likely tokens, renormalized. ``top_k`` in [1, vocab]."""
-    return _sample_probs(probs, indices, top_k=top_k, deterministic=deterministic,
-                         generator=generator, check_nan=check_nan, seed=seed, offset=offset)
+                              seed: int | torch.Tensor | None = None,
+                              offset: int | torch.Tensor | None = None,
+                              return_valid: bool = False) -> Samples:
+    """Draw from the ``top_k`` most likely tokens, renormalized."""
+    return _sample_probs(probs, indices, {"top_k": top_k}, deterministic=deterministic,
+                         generator=generator, check_nan=check_nan, seed=seed, offset=offset,
+                         return_valid=return_valid)
 
 
 @flashinfer_api
 def min_p_sampling_from_probs(probs: torch.Tensor, min_p: float | torch.Tensor,
                               indices: torch.Tensor | None = None, deterministic: bool = True,
                               generator: torch.Generator | None = None, check_nan: bool = False,
-                              seed: int | None = None, offset: int | None = None) -> torch.Tensor:
-    """Draw from the tokens with ``p >= min_p * max(p)``, renormalized. ``min_p`` in [0, 1]."""
-    return _sample_probs(probs, indices, min_p=min_p, deterministic=deterministic,
-                         generator=generator, check_nan=check_nan, seed=seed, offset=offset)
+                              seed: int | torch.Tensor | None = None,
+                              offset: int | torch.Tensor | None = None,
+                              return_valid: bool = False) -> Samples:
+    """Draw from the tokens with ``p >= min_p * max(p)``, renormalized."""
+    return _sample_probs(probs, indices, {"min_p": min_p}, deterministic=deterministic,
+                         generator=generator, check_nan=check_nan, seed=seed, offset=offset,
+                         return_valid=return_valid)
 
 
 @flashinfer_api
@@ -245,15 +358,18 @@ def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k: int | torch.Tens
                                     filter_apply_order: str = "top_k_first",
                                     deterministic: bool = True,
                                     generator: torch.Generator | None = None,
-                                    check_nan: bool = False, seed: int | None = None,
-                                    offset: int | None = None) -> torch.Tensor:
+                                    check_nan: bool = False,
+                                    seed: int | torch.Tensor | None = None,
+                                    offset: int | torch.Tensor | None = None,
+                                    return_valid: bool = False
+                                    ) -> Samples:
     """Top-k and top-p together, in one launch. ``"top_k_first"``: top-p over the
     renormalized top-k set; ``"joint"``: tokens in both the top-k and the top-p set of the
     original distribution."""
-    return _sample_probs(probs, indices, top_k=top_k, top_p=top_p,
+    return _sample_probs(probs, indices, {"top_k": top_k, "top_p": top_p},
                          top_k_first=_filter_order(filter_apply_order),
                          deterministic=deterministic, generator=generator, check_nan=check_nan,
-                         seed=seed, offset=offset)
+                         seed=seed, offset=offset, return_valid=return_valid)
 
 
 @flashinfer_api
@@ -263,52 +379,62 @@ def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: int | torch.Te
                                      filter_apply_order: str = "top_k_first",
                                      deterministic: bool = True,
                                      generator: torch.Generator | None = None,
-                                     check_nan: bool = False, seed: int | None = None,
-                                     offset: int | None = None) -> torch.Tensor:
+                                     check_nan: bool = False,
+                                     seed: int | torch.Tensor | None = None,
+                                     offset: int | torch.Tensor | None = None) -> torch.Tensor:
     """:func:`softmax` then :func:`top_k_top_p_sampling_from_probs` (two launches)."""
-    return _sample_probs(logits, indices, top_k=top_k, top_p=top_p,
+    return _sample_probs(logits, indices, {"top_k": top_k, "top_p": top_p},
                          top_k_first=_filter_order(filter_apply_order),
                          deterministic=deterministic, generator=generator, check_nan=check_nan,
                          seed=seed, offset=offset, from_logits=True)
 
 
-@flashinfer_api
-def top_p_renorm_probs(probs: torch.Tensor, top_p: float | torch.Tensor) -> torch.Tensor:
-    """``probs`` with the tokens outside each row's top-p set zeroed, rows renormalized."""
-    _check_rows("probs", probs, _PROB_DTYPES)
-    values, p = _per_request("top_p", top_p, probs.shape[0], probs, False, 0.0, 1.0, True)
-    checks.check_cuda("probs", probs)
-    out = torch.empty(probs.shape, dtype=torch.float32, device=probs.device)
-    if probs.shape[0]:
-        get_sampling_module(torch.float32).renorm_probs(out, probs, None, values, 1, float(p),
-                                                        _TOP_P)
+def _row_op(name: str, x: torch.Tensor, dtype: torch.dtype,
+           launch: Callable[[Any, torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
+    """A [batch, vocab] op of the renorm/mask kind, after its checks: ``x`` as ``dtype``,
+    ``launch(module, out, x)`` into a new ``dtype`` output."""
+    checks.check_cuda(name, x)
+    x = x.to(dtype)
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    if x.shape[0]:
+        launch(get_sampling_module(dtype), out, x)
     return out
 
 
 @flashinfer_api
-def top_k_renorm_probs(probs: torch.Tensor, top_k: int | torch.Tensor) -> torch.Tensor:
+def top_p_renorm_probs(probs: torch.Tensor, top_p: float | torch.Tensor,
+                       is_deterministic: bool = False) -> torch.Tensor:
+    """``probs`` with the tokens outside each row's top-p set zeroed, rows renormalized
+    (float32, as the reference returns)."""
+    _check_rows("probs", probs, _FLOAT_INPUTS)
+    param = _per_request("top_p", top_p, probs.shape[0], probs)
+    _check_flags(is_deterministic=is_deterministic)
+    return _row_op("probs", probs, torch.float32, lambda module, out, x: (
+        module.renorm_probs(out, x, None, param.kernel_tensor(), 1, float(param.scalar), _TOP_P)))
+
+
+@flashinfer_api
+def top_k_renorm_probs(probs: torch.Tensor, top_k: int | torch.Tensor,
+                       is_deterministic: bool = False) -> torch.Tensor:
     """``probs`` with all but each row's ``top_k`` most likely tokens zeroed (ties with
-    the k-th kept), rows renormalized."""
-    _check_rows("probs", probs, _PROB_DTYPES)
-    values, k = _per_request("top_k", top_k, probs.shape[0], probs, True, 1, probs.shape[1],
-                             False)
-    checks.check_cuda("probs", probs)
-    out = torch.empty(probs.shape, dtype=torch.float32, device=probs.device)
-    if probs.shape[0]:
-        get_sampling_module(torch.float32).renorm_probs(out, probs, values, None, int(k), 1.0,
-                                                        _TOP_K)
-    return out
+    the k-th kept), rows renormalized; same dtype."""
+    _check_rows("probs", probs, _NATIVE_DTYPES)
+    param = _per_request("top_k", top_k, probs.shape[0], probs)
+    _check_flags(is_deterministic=is_deterministic)
+    return _row_op("probs", probs, probs.dtype, lambda module, out, x: (
+        module.renorm_probs(out, x, param.kernel_tensor(), None, param.top_k(), 1.0, _TOP_K)))
 
 
 @flashinfer_api
 def top_k_mask_logits(logits: torch.Tensor, top_k: int | torch.Tensor) -> torch.Tensor:
     """``logits`` with all but each row's ``top_k`` largest set to ``-inf`` (ties with the
     k-th kept); same dtype."""
-    _check_rows("logits", logits, _LOGIT_DTYPES)
-    values, k = _per_request("top_k", top_k, logits.shape[0], logits, True, 1, logits.shape[1],
-                             False)
-    checks.check_cuda("logits", logits)
-    out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-    if logits.shape[0]:
-        get_sampling_module(logits.dtype).top_k_mask_logits(out, logits, values, int(k))
-    return out
+    _check_rows("logits", logits, _NATIVE_DTYPES)
+    param = _per_request("top_k", top_k, logits.shape[0], logits)
+    return _row_op("logits", logits, logits.dtype, lambda module, out, x: (
+        module.top_k_mask_logits(out, x, param.kernel_tensor(), param.top_k())))
+
+
+# Deprecated names the reference keeps.
+top_p_renorm_prob = top_p_renorm_probs
+top_k_renorm_prob = top_k_renorm_probs

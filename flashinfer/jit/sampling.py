@@ -1,5 +1,5 @@
-"""JIT spec of the sampling module: one module per logits dtype (probabilities are float32
-in every module)."""
+"""JIT spec of the sampling module: one module per input dtype (logits, and the
+probabilities of renorm_probs; sampled probabilities are float32 in every module)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ def gen_sampling_module(dtype: Any) -> JitSpec:
         ["sampling_kernel.cu", "sampling.cc"],
         {
             "softmax": ("out", "logits", "temperatures", "temperature", "pdl"),
-            "sampling_from_probs": ("out", "probs", "indices", "top_k_values", "top_p_values",
-                                    "min_p_values", "top_k", "top_p", "min_p", "which",
-                                    "top_k_first", "seed", "offset"),
-            "sampling_from_logits": ("out", "logits", "indices", "seed", "offset"),
+            "sampling_from_probs": ("out", "valid", "probs", "indices", "top_k_values",
+                                    "top_p_values", "min_p_values", "top_k", "top_p", "min_p",
+                                    "which", "top_k_first", "seed_values", "offset_values",
+                                    "seed", "offset"),
+            "sampling_from_logits": ("out", "logits", "indices", "seed_values", "offset_values",
+                                     "seed", "offset"),
             "renorm_probs": ("out", "probs", "top_k_values", "top_p_values", "top_k", "top_p",
                              "which"),
             "top_k_mask_logits": ("out", "logits", "top_k_values", "top_k"),

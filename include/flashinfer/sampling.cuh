@@ -6,21 +6,24 @@
 //
 // 1. Pivot search by radix select. Top-k, top-p and min-p all keep an *upper set* of the
 //    row: every element whose value is >= a pivot. Values map to 32-bit keys whose unsigned
-//    order is the float order (ordered_key). The pivot's key is found one byte at a time,
-//    most significant first: a pass builds a 256-bin histogram of the next byte over the
-//    elements that match the bytes fixed so far, and one warp scans the bins from the top
-//    until the cumulative weight reaches the target. Four passes give the exact pivot.
-//    Top-k weighs each element 1 (target k); top-p weighs it by its probability in 2^-40
-//    fixed point (target ceil(top_p * total)), so the histograms use integer atomics and
-//    the result does not depend on the order threads add in. Ties with the pivot are kept.
-//    Top-p keeps token j iff the mass of tokens strictly more likely than j is < top_p.
+//    order is the float order (ordered_key, -0.0 tying +0.0). The pivot's key is found one
+//    byte at a time, most significant first: a pass builds a 256-bin histogram of the next
+//    byte over the elements that match the bytes fixed so far, and one warp scans the bins
+//    from the top until the cumulative weight reaches the target. Four passes give the
+//    exact pivot. Top-k weighs each element 1 (target k); top-p weighs it by its share of
+//    the row's total in fixed point (the row scaled by a power of two that brings its total
+//    to [2^39, 2^40), target ceil(top_p * total)), so the histograms use integer atomics,
+//    the result does not depend on the order threads add in, and it is the same for a row
+//    and the row times any power of two. Ties with the pivot are kept. Top-p keeps token j
+//    iff the mass of tokens strictly more likely than j is < top_p of the row's mass.
 //
 // 2. Exponential race. Drawing j with probability p_j / sum(p) over a kept set S equals
 //    taking argmax_{j in S} p_j / E_j with E_j ~ Exp(1) i.i.d. (for logits: argmax of
 //    logit_j + Gumbel_j, Gumbel = -log E). One pass, no prefix sums, no normalization.
-//    E_j comes from Philox4x32-10 keyed by the seed, with counter (j / 4, output row,
-//    offset): one Philox block per 4 elements, so a draw is a pure function of (seed,
-//    offset, row, inputs) whatever the launch shape. Ties go to the lowest index.
+//    E_j comes from word offset + j of Philox4x32-10 subsequence `output row` (the counter
+//    layout of curand and torch, see philox.h), so a draw is a pure function of (seed,
+//    offset, row, inputs) whatever the launch shape, and a call consumes offsets
+//    [offset, offset + 4 * ceil(n / 4)) of a torch generator. Ties go to the lowest index.
 //
 // Every reduction runs in a fixed order, so every kernel here is deterministic.
 #pragma once
@@ -37,21 +40,25 @@ namespace flashinfer {
 namespace sampling {
 
 constexpr int kThreads = 1024;
-constexpr int kVec = 4;  // elements per thread per tile; also uniforms per Philox block
-constexpr float kFixedPointScale = 1099511627776.0f;  // 2^40: probability -> integer mass
+constexpr int kVec = 4;                // elements per thread per tile; also words per Philox block
+constexpr int kFixedPointBits = 40;    // a row's total mass lies in [2^39, 2^40) fixed point
 
-// Unsigned order of the keys is the order of the floats (-0.0 sorts just below +0.0).
-__device__ __forceinline__ uint32_t ordered_key(float x) {
-  const uint32_t bits = __float_as_uint(x);
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+// The power of two that brings a row's total into [2^39, 2^40) (2^127 at most, for rows
+// whose total is below about 2^-87); 0 for a row without finite positive mass.
+__device__ __forceinline__ float mass_scale(float total) {
+  if (!(total > 0.f) || !isfinite(total)) return 0.f;
+  int exponent;
+  frexpf(total, &exponent);  // total = m * 2^exponent, m in [0.5, 1)
+  return ldexpf(1.f, min(kFixedPointBits - exponent, 127));
 }
 
-__device__ __forceinline__ uint64_t fixed_point_mass(float p) {
-  return p > 0.f ? __float2ull_rz(p * kFixedPointScale) : 0ull;
+__device__ __forceinline__ unsigned long long fixed_point_mass(float p, float scale) {
+  return p > 0.f ? __float2ull_rz(p * scale) : 0ull;
 }
 
 // Loads the 4 elements of group g (elements 4g .. 4g+3) as floats; the count of those
-// inside the row is returned (the rest are left unset).
+// inside the row is returned (the rest read 0). Loops over a group's lanes are unrolled
+// with a guard, so x stays in registers.
 template <bool kAligned, typename T>
 __device__ __forceinline__ int load_group(const T* row, int64_t n, int64_t g, float (&x)[kVec]) {
   const int64_t first = g * kVec;
@@ -61,9 +68,18 @@ __device__ __forceinline__ int load_group(const T* row, int64_t n, int64_t g, fl
     for (int j = 0; j < kVec; ++j) x[j] = to_float(v.data[j]);
     return kVec;
   }
-  const int valid = static_cast<int>(n - first < kVec ? n - first : kVec);
-  for (int j = 0; j < valid; ++j) x[j] = to_float(row[first + j]);
-  return valid;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) x[j] = first + j < n ? to_float(row[first + j]) : 0.f;
+  return static_cast<int>(n - first < kVec ? n - first : kVec);
+}
+
+// Calls f(j) for the lanes j < valid of a group.
+template <typename F>
+__device__ __forceinline__ void for_lanes(int valid, F&& f) {
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    if (j < valid) f(j);
+  }
 }
 
 // Calls f(g, x, valid) for every group of the row this thread owns.
@@ -74,6 +90,14 @@ __device__ __forceinline__ void for_each_group(const T* row, int64_t n, F&& f) {
     const int valid = load_group<kAligned>(row, n, g, x);
     f(g, x, valid);
   }
+}
+
+// Calls f(i, x) for every element i (value x) of the row this thread owns.
+template <bool kAligned, typename T, typename F>
+__device__ __forceinline__ void for_each_element(const T* row, int64_t n, F&& f) {
+  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
+    for_lanes(valid, [&](int j) { f(g * kVec + j, x[j]); });
+  });
 }
 
 // The best (score, index) of the block: higher score wins, then lower index. index -1
@@ -111,23 +135,37 @@ __device__ __forceinline__ Best block_best(Best value) {
   return value;
 }
 
-// Four Exp(1) variates for elements 4g .. 4g+3 of output row `row`.
+// A per-request parameter: entry row * stride of the array when given (stride 0: one value
+// for every row), else the scalar.
+template <typename V>
+struct Param {
+  const V* values;
+  V scalar;
+  int64_t stride = 1;
+  __device__ __forceinline__ V at(int64_t row) const {
+    return values ? values[row * stride] : scalar;
+  }
+};
+
+// Four Exp(1) variates for elements 4g .. 4g+3 of one output row: words offset + 4g ..
+// offset + 4g + 3 of Philox subsequence `row` under `seed`.
 struct RandomStream {
-  uint64_t seed, offset;
-  int64_t row;
+  uint64_t seed, offset, row;
 
   __device__ __forceinline__ void exponentials(int64_t g, float (&e)[kVec]) const {
-    const PhiloxBlock r = philox4x32_10(
-        {static_cast<uint32_t>(g), static_cast<uint32_t>(row), static_cast<uint32_t>(offset),
-         static_cast<uint32_t>(offset >> 32)},
-        static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
-    const uint32_t bits[kVec] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      // v in (0, 1]; 1 - v is uniform, so -log(1 - v) ~ Exp(1), accurate for small v.
-      const float v = (static_cast<float>(bits[j]) + 0.5f) * 2.3283064365386963e-10f;
-      e[j] = -log1pf(-v);
-    }
+    const PhiloxBlock r = philox_words(seed, row, offset, static_cast<uint64_t>(g));
+    e[0] = exponential_from_uniform(uniform_open01(r.x));
+    e[1] = exponential_from_uniform(uniform_open01(r.y));
+    e[2] = exponential_from_uniform(uniform_open01(r.z));
+    e[3] = exponential_from_uniform(uniform_open01(r.w));
+  }
+};
+
+// Seeds and offsets, per output row (device arrays, read when the kernel runs) or scalars.
+struct RandomSource {
+  Param<uint64_t> seed, offset;
+  __device__ __forceinline__ RandomStream stream(int64_t row) const {
+    return {seed.at(row), offset.at(row), static_cast<uint64_t>(row)};
   }
 };
 
@@ -150,12 +188,10 @@ __device__ uint32_t radix_select(const T* row, int64_t n, unsigned long long tar
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int b = threadIdx.x; b < 256; b += blockDim.x) sh.hist[b] = 0;
     __syncthreads();
-    for_each_group<kAligned>(row, n, [&](int64_t, const float(&x)[kVec], int valid) {
-      for (int j = 0; j < valid; ++j) {
-        uint32_t key;
-        const unsigned long long w = weigh(x[j], &key);
-        if (w != 0 && (key & mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], w);
-      }
+    for_each_element<kAligned>(row, n, [&](int64_t, float x) {
+      uint32_t key;
+      const unsigned long long w = weigh(x, &key);
+      if (w != 0 && (key & mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], w);
     });
     __syncthreads();
     if (threadIdx.x < 32) {
@@ -194,26 +230,26 @@ __device__ uint32_t radix_select(const T* row, int64_t n, unsigned long long tar
   return prefix;
 }
 
-// A per-request parameter: the tensor's entry for the output row when given, else the scalar.
-template <typename V>
-struct Param {
-  const V* values;
-  V scalar;
-  __device__ __forceinline__ V at(int64_t row) const { return values ? values[row] : scalar; }
-};
-
 struct Filters {
-  Param<int32_t> top_k;  // k >= vocab (or the filter off) keeps everything; k < 1 acts as 1
-  Param<float> top_p;    // >= 1 keeps everything
-  Param<float> min_p;    // <= 0 keeps everything
+  Param<int32_t> top_k;  // k >= vocab or k < 0 (or the filter off) keeps everything; 0 acts as 1
+  Param<float> top_p;    // >= 1 keeps everything; <= 0 keeps the most likely tokens only
+  Param<float> min_p;    // <= 0 keeps everything; >= 1 keeps the most likely tokens only
   bool use_top_k, use_top_p, use_min_p;
   bool top_k_first;  // top-p over the renormalized top-k set, else over the whole row (joint)
 };
 
+// The k to select for a requested top_k over n elements, or 0 when the filter keeps the whole
+// row (k >= n, or a negative k: the reference reads k as unsigned).
+__device__ __forceinline__ int64_t top_k_target(int32_t k, int64_t n) {
+  if (k < 0 || k >= n) return 0;
+  return k < 1 ? 1 : k;
+}
+
+template <typename I>
 struct RowSource {
-  const int32_t* indices;  // output row -> input row; null: the identity
-  int64_t row_stride;      // elements
-  int64_t rows;            // input rows: an index outside [0, rows) reads nothing
+  const I* indices;    // output row -> input row; null: the identity
+  int64_t row_stride;  // elements
+  int64_t rows;        // input rows: an index outside [0, rows) reads nothing
   // The input row of output row `out_row`, or -1 when its index is out of range.
   __device__ __forceinline__ int64_t row(int64_t out_row) const {
     const int64_t r = indices ? static_cast<int64_t>(indices[out_row]) : out_row;
@@ -221,7 +257,7 @@ struct RowSource {
   }
 };
 
-// Weights for radix_select: top-k counts elements, top-p adds up their probability.
+// Weights for radix_select: top-k counts elements, top-p adds up their fixed-point mass.
 struct CountWeight {
   __device__ __forceinline__ unsigned long long operator()(float x, uint32_t* key) const {
     *key = ordered_key(x);
@@ -229,57 +265,66 @@ struct CountWeight {
   }
 };
 struct MassWeight {
+  float scale;
   __device__ __forceinline__ unsigned long long operator()(float x, uint32_t* key) const {
     *key = ordered_key(x);
-    return fixed_point_mass(x);
+    return fixed_point_mass(x, scale);
   }
 };
 
 // The pivot key of one row of probabilities under `f`: elements with key >= pivot are kept.
-template <bool kAligned>
-__device__ uint32_t filter_pivot(const float* row, int64_t n, const Filters& f, int64_t out_row,
+template <bool kAligned, typename T>
+__device__ uint32_t filter_pivot(const T* row, int64_t n, const Filters& f, int64_t out_row,
                                  SelectShared& sh) {
   uint32_t pivot = 0;
   uint32_t top_k_pivot = 0;
   if (f.use_top_k) {
-    const int64_t k = max(f.top_k.at(out_row), 1);
-    if (k < n) {
+    const int64_t k = top_k_target(f.top_k.at(out_row), n);
+    if (k > 0) {
       top_k_pivot = radix_select<kAligned>(row, n, k, CountWeight(), sh);
       pivot = top_k_pivot;
     }
   }
-  if (f.use_top_p || f.use_min_p) {
-    unsigned long long mass = 0, top_k_mass = 0;
-    float largest = 0.f;
-    for_each_group<kAligned>(row, n, [&](int64_t, const float(&x)[kVec], int valid) {
-      for (int j = 0; j < valid; ++j) {
-        const unsigned long long q = fixed_point_mass(x[j]);
-        mass += q;
-        if (ordered_key(x[j]) >= top_k_pivot) top_k_mass += q;
-        largest = fmaxf(largest, x[j]);
-      }
+  const float top_p = f.use_top_p ? f.top_p.at(out_row) : 1.f;
+  const float min_p = f.use_min_p ? f.min_p.at(out_row) : 0.f;
+  if (top_p < 1.f || min_p > 0.f) {
+    float total = 0.f, largest = 0.f;
+    for_each_element<kAligned>(row, n, [&](int64_t, float x) {
+      total += x > 0.f ? x : 0.f;
+      largest = fmaxf(largest, x);
     });
-    mass = block_reduce<kThreads / 32>(mass, Sum(), 0ull);
-    top_k_mass = block_reduce<kThreads / 32>(top_k_mass, Sum(), 0ull);
-    largest = block_reduce<kThreads / 32>(largest, Max(), -INFINITY);
-    const float top_p = f.use_top_p ? f.top_p.at(out_row) : 1.f;
-    const unsigned long long base = f.top_k_first ? top_k_mass : mass;
-    if (top_p < 1.f && base > 0) {
-      const double wanted =
-          ceil(static_cast<double>(fmaxf(top_p, 0.f)) * static_cast<double>(base));
-      const unsigned long long target =
-          wanted < 1.0 ? 1ull : static_cast<unsigned long long>(wanted);
-      pivot = max(pivot, radix_select<kAligned>(row, n, target, MassWeight(), sh));
+    total = block_reduce<kThreads / 32>(total, Sum(), 0.f);
+    largest = block_reduce<kThreads / 32>(largest, Max(), 0.f);
+    if (top_p < 1.f) {
+      // the mass top-p is measured against: the top-k set's when top-k applies first
+      const uint32_t floor_key = f.top_k_first ? top_k_pivot : 0u;
+      const MassWeight weigh{mass_scale(total)};
+      unsigned long long base = 0;
+      for_each_element<kAligned>(row, n, [&](int64_t, float x) {
+        uint32_t key;
+        const unsigned long long q = weigh(x, &key);
+        if (key >= floor_key) base += q;
+      });
+      base = block_reduce<kThreads / 32>(base, Sum(), 0ull);
+      if (base > 0) {
+        const double wanted =
+            ceil(static_cast<double>(fmaxf(top_p, 0.f)) * static_cast<double>(base));
+        const unsigned long long target =
+            wanted < 1.0 ? 1ull : static_cast<unsigned long long>(wanted);
+        pivot = max(pivot, radix_select<kAligned>(row, n, target, weigh, sh));
+      }
     }
-    const float min_p = f.use_min_p ? f.min_p.at(out_row) : 0.f;
-    if (min_p > 0.f) pivot = max(pivot, ordered_key(min_p * largest));
+    if (min_p > 0.f) pivot = max(pivot, ordered_key(fminf(min_p, 1.f) * largest));
   }
   return pivot;
 }
 
 // ---------------------------------------------------------------------------------------
-// Kernels: one block of kThreads per output row.
+// Kernels: one block of kThreads per output row. Those that search a pivot declare one
+// block per SM, so ptxas may use the 64 registers a thread can have instead of spilling
+// to fit two blocks.
 
+// softmax(x / t); t = 0 (like t = inf) gives the uniform distribution over the finite logits.
 template <bool kAligned, typename T>
 __global__ void __launch_bounds__(kThreads)
     SoftmaxKernel(float* __restrict__ out, const T* __restrict__ logits, int64_t n,
@@ -290,103 +335,110 @@ __global__ void __launch_bounds__(kThreads)
   }
   const T* row = logits + blockIdx.x * in_stride;
   float* dst = out + blockIdx.x * out_stride;
-  const float inv_t = 1.f / temperature.at(blockIdx.x);
+  const float t = temperature.at(blockIdx.x);
+  const float inv_t = t == 0.f ? 0.f : 1.f / t;
+  const auto scaled = [inv_t](float x) {
+    return inv_t != 0.f ? x * inv_t : (x > -INFINITY ? 0.f : -INFINITY);
+  };
   float largest = -INFINITY;
-  for_each_group<kAligned>(row, n, [&](int64_t, const float(&x)[kVec], int valid) {
-    for (int j = 0; j < valid; ++j) largest = fmaxf(largest, x[j] * inv_t);
-  });
+  for_each_element<kAligned>(row, n,
+                             [&](int64_t, float x) { largest = fmaxf(largest, scaled(x)); });
   largest = block_reduce<kThreads / 32>(largest, Max(), -INFINITY);
   float total = 0.f;
-  for_each_group<kAligned>(row, n, [&](int64_t, const float(&x)[kVec], int valid) {
-    for (int j = 0; j < valid; ++j) total += __expf(x[j] * inv_t - largest);
-  });
+  for_each_element<kAligned>(row, n,
+                             [&](int64_t, float x) { total += __expf(scaled(x) - largest); });
   const float inv_total = 1.f / block_reduce<kThreads / 32>(total, Sum(), 0.f);
-  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
-    for (int j = 0; j < valid; ++j) dst[g * kVec + j] = __expf(x[j] * inv_t - largest) * inv_total;
+  for_each_element<kAligned>(row, n, [&](int64_t i, float x) {
+    dst[i] = __expf(scaled(x) - largest) * inv_total;
   });
 }
 
-// The input row of this block's output row, or null (and token -1 written, as documented)
-// when its index is out of range.
-template <typename T>
-__device__ __forceinline__ const T* source_row(const T* base, const RowSource& source,
-                                               int32_t* out) {
+// The input row of this block's output row, or null (and token -1, not valid, written) when
+// its index is out of range.
+template <typename T, typename I>
+__device__ __forceinline__ const T* source_row(const T* base, const RowSource<I>& source,
+                                               I* out, bool* valid) {
   const int64_t src = source.row(blockIdx.x);
   if (src >= 0) return base + src * source.row_stride;
-  if (threadIdx.x == 0) out[blockIdx.x] = -1;
+  if (threadIdx.x == 0) {
+    out[blockIdx.x] = static_cast<I>(-1);
+    if (valid) valid[blockIdx.x] = false;
+  }
   return nullptr;
 }
 
 // The exponential race over a row: score(x, e, &s) says whether element x (with its Exp(1)
-// variate e) runs and sets its score s; the winner's index (0 if none ran) goes to *out.
-template <bool kAligned, typename T, typename Score>
+// variate e) runs and sets its score s. The winner's index goes to out[blockIdx.x] (0 if
+// none ran) and whether one ran to valid[blockIdx.x] (when valid is set).
+template <bool kAligned, typename T, typename I, typename Score>
 __device__ __forceinline__ void exponential_race(const T* row, int64_t n, const RandomStream& rng,
-                                                 Score score, int32_t* out) {
+                                                 Score score, I* out, bool* valid) {
   Best best{0.f, -1};
-  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
+  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int count) {
     float e[kVec];
     rng.exponentials(g, e);
-    for (int j = 0; j < valid; ++j) {
+    for_lanes(count, [&](int j) {
       float s;
       if (score(x[j], e[j], &s)) best = better(best, {s, g * kVec + j});
-    }
+    });
   });
   best = block_best(best);
-  if (threadIdx.x == 0) *out = best.index < 0 ? 0 : static_cast<int32_t>(best.index);
+  if (threadIdx.x == 0) {
+    out[blockIdx.x] = static_cast<I>(best.index < 0 ? 0 : best.index);
+    if (valid) valid[blockIdx.x] = best.index >= 0;
+  }
 }
 
 // Sampling from probabilities, optionally filtered: pivot search, then one race pass.
-template <bool kAligned>
-__global__ void __launch_bounds__(kThreads)
-    FilteredSamplingKernel(int32_t* __restrict__ out, const float* __restrict__ probs, int64_t n,
-                           RowSource source, Filters filters, uint64_t seed, uint64_t offset) {
+template <bool kAligned, typename I>
+__global__ void __launch_bounds__(kThreads, 1)
+    FilteredSamplingKernel(I* __restrict__ out, bool* __restrict__ valid,
+                           const float* __restrict__ probs, int64_t n, RowSource<I> source,
+                           Filters filters, RandomSource random) {
   __shared__ SelectShared sh;
-  const float* row = source_row(probs, source, out);
+  const float* row = source_row(probs, source, out, valid);
   if (!row) return;
   const uint32_t pivot = filter_pivot<kAligned>(row, n, filters, blockIdx.x, sh);
   const auto score = [pivot](float x, float e, float* s) {
     *s = x / e;
     return x > 0.f && ordered_key(x) >= pivot;
   };
-  exponential_race<kAligned>(row, n, RandomStream{seed, offset, blockIdx.x}, score,
-                             out + blockIdx.x);
+  exponential_race<kAligned>(row, n, random.stream(blockIdx.x), score, out, valid);
 }
 
 // Sampling from logits: argmax of logit + Gumbel noise, Gumbel = -log(E) (a row of -inf
 // logits yields 0).
-template <bool kAligned, typename T>
+template <bool kAligned, typename T, typename I>
 __global__ void __launch_bounds__(kThreads)
-    LogitsSamplingKernel(int32_t* __restrict__ out, const T* __restrict__ logits, int64_t n,
-                         RowSource source, uint64_t seed, uint64_t offset) {
-  const T* row = source_row(logits, source, out);
+    LogitsSamplingKernel(I* __restrict__ out, const T* __restrict__ logits, int64_t n,
+                         RowSource<I> source, RandomSource random) {
+  const T* row = source_row(logits, source, out, static_cast<bool*>(nullptr));
   if (!row) return;
   const auto score = [](float x, float e, float* s) {
     *s = x - __logf(e);
     return x > -INFINITY;
   };
-  exponential_race<kAligned>(row, n, RandomStream{seed, offset, blockIdx.x}, score,
-                             out + blockIdx.x);
+  exponential_race<kAligned>(row, n, random.stream(blockIdx.x), score, out,
+                             static_cast<bool*>(nullptr));
 }
 
 // top_k_renorm_probs / top_p_renorm_probs: kept probabilities over their sum, others 0.
-template <bool kAligned>
-__global__ void __launch_bounds__(kThreads)
-    RenormProbsKernel(float* __restrict__ out, const float* __restrict__ probs, int64_t n,
+template <bool kAligned, typename T>
+__global__ void __launch_bounds__(kThreads, 1)
+    RenormProbsKernel(T* __restrict__ out, const T* __restrict__ probs, int64_t n,
                       int64_t in_stride, int64_t out_stride, Filters filters) {
   __shared__ SelectShared sh;
-  const float* row = probs + blockIdx.x * in_stride;
-  float* dst = out + blockIdx.x * out_stride;
+  const T* row = probs + blockIdx.x * in_stride;
+  T* dst = out + blockIdx.x * out_stride;
   const uint32_t pivot = filter_pivot<kAligned>(row, n, filters, blockIdx.x, sh);
   float kept = 0.f;
-  for_each_group<kAligned>(row, n, [&](int64_t, const float(&x)[kVec], int valid) {
-    for (int j = 0; j < valid; ++j) kept += ordered_key(x[j]) >= pivot ? x[j] : 0.f;
+  for_each_element<kAligned>(row, n, [&](int64_t, float x) {
+    kept += ordered_key(x) >= pivot ? x : 0.f;
   });
   kept = block_reduce<kThreads / 32>(kept, Sum(), 0.f);
   const float scale = kept > 0.f ? 1.f / kept : 0.f;
-  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
-    for (int j = 0; j < valid; ++j) {
-      dst[g * kVec + j] = ordered_key(x[j]) >= pivot ? x[j] * scale : 0.f;
-    }
+  for_each_element<kAligned>(row, n, [&](int64_t i, float x) {
+    dst[i] = from_float<T>(ordered_key(x) >= pivot ? x * scale : 0.f);
   });
 }
 
@@ -398,12 +450,10 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ SelectShared sh;
   const T* row = logits + blockIdx.x * in_stride;
   T* dst = out + blockIdx.x * out_stride;
-  const int64_t k = max(top_k.at(blockIdx.x), 1);
-  const uint32_t pivot = k < n ? radix_select<kAligned>(row, n, k, CountWeight(), sh) : 0u;
-  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
-    for (int j = 0; j < valid; ++j) {
-      dst[g * kVec + j] = from_float<T>(ordered_key(x[j]) >= pivot ? x[j] : -INFINITY);
-    }
+  const int64_t k = top_k_target(top_k.at(blockIdx.x), n);
+  const uint32_t pivot = k > 0 ? radix_select<kAligned>(row, n, k, CountWeight(), sh) : 0u;
+  for_each_element<kAligned>(row, n, [&](int64_t i, float x) {
+    dst[i] = from_float<T>(ordered_key(x) >= pivot ? x : -INFINITY);
   });
 }
 
@@ -429,26 +479,29 @@ cudaError_t Softmax(float* out, const T* logits, int64_t rows, int64_t n, int64_
                      pdl, out, logits, n, in_stride, out_stride, temperature, pdl);
 }
 
-inline cudaError_t FilteredSampling(int32_t* out, const float* probs, int64_t rows, int64_t n,
-                                    RowSource source, Filters filters, uint64_t seed,
-                                    uint64_t offset, bool aligned, cudaStream_t stream) {
-  return launch_rows(aligned ? FilteredSamplingKernel<true> : FilteredSamplingKernel<false>,
-                     rows, stream, false, out, probs, n, source, filters, seed, offset);
+// Tokens (and `valid`, when set) of type I, the type of the indices.
+template <typename I>
+cudaError_t FilteredSampling(I* out, bool* valid, const float* probs, int64_t rows, int64_t n,
+                             RowSource<I> source, Filters filters, RandomSource random,
+                             bool aligned, cudaStream_t stream) {
+  return launch_rows(aligned ? FilteredSamplingKernel<true, I> : FilteredSamplingKernel<false, I>,
+                     rows, stream, false, out, valid, probs, n, source, filters, random);
+}
+
+template <typename T, typename I>
+cudaError_t LogitsSampling(I* out, const T* logits, int64_t rows, int64_t n,
+                           RowSource<I> source, RandomSource random, bool aligned,
+                           cudaStream_t stream) {
+  return launch_rows(
+      aligned ? LogitsSamplingKernel<true, T, I> : LogitsSamplingKernel<false, T, I>, rows,
+      stream, false, out, logits, n, source, random);
 }
 
 template <typename T>
-cudaError_t LogitsSampling(int32_t* out, const T* logits, int64_t rows, int64_t n,
-                           RowSource source, uint64_t seed, uint64_t offset, bool aligned,
-                           cudaStream_t stream) {
-  return launch_rows(aligned ? LogitsSamplingKernel<true, T> : LogitsSamplingKernel<false, T>,
-                     rows, stream, false, out, logits, n, source, seed, offset);
-}
-
-inline cudaError_t RenormProbs(float* out, const float* probs, int64_t rows, int64_t n,
-                               int64_t in_stride, int64_t out_stride, Filters filters,
-                               bool aligned, cudaStream_t stream) {
-  return launch_rows(aligned ? RenormProbsKernel<true> : RenormProbsKernel<false>, rows, stream,
-                     false, out, probs, n, in_stride, out_stride, filters);
+cudaError_t RenormProbs(T* out, const T* probs, int64_t rows, int64_t n, int64_t in_stride,
+                        int64_t out_stride, Filters filters, bool aligned, cudaStream_t stream) {
+  return launch_rows(aligned ? RenormProbsKernel<true, T> : RenormProbsKernel<false, T>, rows,
+                     stream, false, out, probs, n, in_stride, out_stride, filters);
 }
 
 template <typename T>

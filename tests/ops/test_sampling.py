@@ -1,9 +1,11 @@
 """Sampling: argument checks, seeds and the Philox generator (CPU); renorm and mask ops
-against exact references, sampled tokens' sets, distributions and determinism (GPU)."""
+against exact references, sampled tokens' sets, distributions, determinism and the random
+streams' layout (GPU)."""
 
 from __future__ import annotations
 
 import math
+import struct
 import subprocess
 
 import pytest
@@ -31,13 +33,16 @@ def _probs(batch: int = 4, vocab: int = 50) -> torch.Tensor:
 
 
 P = _probs()
+L = torch.randn(2, 5)
 I32 = torch.int32
+I64 = torch.int64
+NOT_CUDA = ("must be a CUDA tensor", ValueError)
 BAD_CALLS = [
     # (message, error, api, args, kwargs)
     ("probs must be a torch.Tensor", TypeError, flashinfer.sampling_from_probs, ([0.5, 0.5],), {}),
     ("probs must be 2-D", ValueError, flashinfer.sampling_from_probs, (torch.rand(8),), {}),
-    ("probs has dtype torch.float16; supported: float32", TypeError,
-     flashinfer.sampling_from_probs, (P.half(),), {}),
+    ("probs has dtype torch.int64; supported: float16, bfloat16, float32, float64", TypeError,
+     flashinfer.sampling_from_probs, (P.long(),), {}),
     ("probs must be contiguous in its last dim", ValueError, flashinfer.sampling_from_probs,
      (_probs(50, 4).t(),), {}),
     ("probs has vocab_size 0", ValueError, flashinfer.sampling_from_probs,
@@ -47,69 +52,86 @@ BAD_CALLS = [
      dict(indices=torch.zeros(3))),
     ("indices must be 1-D", ValueError, flashinfer.sampling_from_probs, (P,),
      dict(indices=torch.zeros(2, 2, dtype=I32))),
-    ("pass either generator or seed/offset", ValueError, flashinfer.sampling_from_probs, (P,),
+    ("pass either generator or seed", ValueError, flashinfer.sampling_from_probs, (P,),
      dict(seed=1, generator=torch.Generator())),
     ("offset needs a seed", ValueError, flashinfer.sampling_from_probs, (P,), dict(offset=3)),
     ("seed must be in \\[0, 2\\^64\\)", ValueError, flashinfer.sampling_from_probs, (P,),
      dict(seed=-1)),
+    ("offset must be in \\[0, 2\\^64\\)", ValueError, flashinfer.sampling_from_probs, (P,),
+     dict(seed=1, offset=2**64)),
     ("generator must be a torch.Generator", TypeError, flashinfer.sampling_from_probs, (P,),
      dict(generator=7)),
+    ("generator must be a torch.Generator", TypeError, flashinfer.sampling_from_probs, (P,),
+     dict(generator=7, seed=1, offset=2)),
+    ("seed and offset must both be tensors or both be ints", ValueError,
+     flashinfer.sampling_from_probs, (P,), dict(seed=torch.tensor([1]))),
+    ("seed and offset must both be tensors or both be ints", ValueError,
+     flashinfer.sampling_from_probs, (P,), dict(seed=torch.tensor([1]), offset=0)),
+    ("seed has dtype torch.int32; expected int64 or uint64", TypeError,
+     flashinfer.sampling_from_probs, (P,),
+     dict(seed=torch.tensor([1], dtype=I32), offset=torch.tensor([0]))),
+    ("offset must be a 1-D tensor, got 0-D", ValueError, flashinfer.sampling_from_probs, (P,),
+     dict(seed=torch.tensor([1]), offset=torch.tensor(0))),
+    ("offset has 3 elements; expected 1 or 4", ValueError, flashinfer.sampling_from_probs,
+     (P,), dict(seed=torch.tensor([1]), offset=torch.zeros(3, dtype=I64))),
     ("deterministic must be a bool", TypeError, flashinfer.sampling_from_probs, (P,),
      dict(deterministic=None)),
-    ("top_p must be in \\(0, 1\\], got 0.0", ValueError, flashinfer.top_p_sampling_from_probs,
-     (P, 0.0), {}),
-    ("top_p must be in \\(0, 1\\], got 1.5", ValueError, flashinfer.top_p_sampling_from_probs,
-     (P, 1.5), {}),
+    ("return_valid must be a bool", TypeError, flashinfer.top_k_sampling_from_probs, (P, 3),
+     dict(return_valid=1)),
+    ("top_p must be > 0 \\(values >= 1 keep every token\\), got 0.0", ValueError,
+     flashinfer.top_p_sampling_from_probs, (P, 0.0), {}),
+    ("top_p must be > 0", ValueError, flashinfer.top_p_sampling_from_probs, (P, -0.5), {}),
+    ("top_p must not be NaN", ValueError, flashinfer.top_p_sampling_from_probs, (P, math.nan), {}),
     ("top_p must be a float or a \\[batch\\] tensor", TypeError,
      flashinfer.top_p_sampling_from_probs, (P, "0.9"), {}),
     ("top_p has 3 elements, the batch has 4", ValueError, flashinfer.top_p_sampling_from_probs,
      (P, torch.full((3,), 0.9)), {}),
-    ("top_k must be in \\[1, 50\\], got 0", ValueError, flashinfer.top_k_sampling_from_probs,
-     (P, 0), {}),
-    ("top_k must be in \\[1, 50\\], got 51", ValueError, flashinfer.top_k_sampling_from_probs,
-     (P, 51), {}),
+    ("top_p has dtype torch.int64; expected a floating-point tensor", TypeError,
+     flashinfer.top_p_sampling_from_probs, (P, torch.ones(4, dtype=I64)), {}),
+    ("top_k must be >= 1 \\(values >= vocab_size keep every token\\), got 0", ValueError,
+     flashinfer.top_k_sampling_from_probs, (P, 0), {}),
+    ("top_k must be >= 1", ValueError, flashinfer.top_k_sampling_from_probs, (P, -1), {}),
     ("top_k must be an int", TypeError, flashinfer.top_k_sampling_from_probs, (P, 2.0), {}),
-    ("top_k has dtype torch.float32; expected an integer", TypeError,
-     flashinfer.top_k_sampling_from_probs, (P, torch.ones(4)), {}),
+    ("top_k has dtype torch.float32", TypeError, flashinfer.top_k_sampling_from_probs,
+     (P, torch.ones(4)), {}),
+    ("top_k has dtype torch.bool", TypeError, flashinfer.top_k_sampling_from_probs,
+     (P, torch.ones(4, dtype=torch.bool)), {}),
     ("top_k has 2 elements, the batch has 6", ValueError, flashinfer.top_k_sampling_from_probs,
      (P, torch.ones(2, dtype=I32)), dict(indices=torch.zeros(6, dtype=I32))),
-    ("min_p must be in \\[0, 1\\], got -0.1", ValueError, flashinfer.min_p_sampling_from_probs,
-     (P, -0.1), {}),
-    ("min_p must be in \\[0, 1\\], got nan", ValueError, flashinfer.min_p_sampling_from_probs,
-     (P, math.nan), {}),
+    ("min_p must be <= 1 \\(values <= 0 keep every token\\), got 1.5", ValueError,
+     flashinfer.min_p_sampling_from_probs, (P, 1.5), {}),
+    ("min_p must not be NaN", ValueError, flashinfer.min_p_sampling_from_probs, (P, math.nan), {}),
     ("filter_apply_order must be one of top_k_first, joint", ValueError,
      flashinfer.top_k_top_p_sampling_from_probs, (P, 3, 0.5), dict(filter_apply_order="k")),
-    ("top_k must be in \\[1, 50\\], got 99", ValueError, flashinfer.top_k_top_p_sampling_from_probs,
-     (P, 99, 0.5), {}),
+    ("top_k must be >= 1", ValueError, flashinfer.top_k_top_p_sampling_from_probs,
+     (P, 0, 0.5), {}),
     ("logits has dtype torch.int64", TypeError, flashinfer.sampling_from_logits,
-     (torch.ones(2, 5, dtype=torch.int64),), {}),
-    ("logits must be a CUDA tensor", ValueError, flashinfer.sampling_from_logits,
-     (torch.randn(2, 5),), {}),
-    ("top_p must be in \\(0, 1\\], got 2", ValueError, flashinfer.top_k_top_p_sampling_from_logits,
-     (torch.randn(2, 5), 2, 2), {}),
+     (torch.ones(2, 5, dtype=I64),), {}),
+    ("logits must be a CUDA tensor", ValueError, flashinfer.sampling_from_logits, (L,), {}),
+    ("top_p must be > 0", ValueError, flashinfer.top_k_top_p_sampling_from_logits,
+     (L, 2, 0), {}),
     ("seed must be an int", TypeError, flashinfer.top_k_top_p_sampling_from_logits,
-     (torch.randn(2, 5), 2, 0.5), dict(seed=1.5)),
+     (L, 2, 0.5), dict(seed=1.5)),
     ("logits must be a CUDA tensor", ValueError, flashinfer.top_k_top_p_sampling_from_logits,
-     (torch.randn(2, 5), 2, 0.5), {}),
-    ("temperature must be in \\(0, inf\\), got 0", ValueError, flashinfer.softmax,
-     (torch.randn(2, 5), 0), {}),
-    ("temperature must be in \\(0, inf\\), got inf", ValueError, flashinfer.softmax,
-     (torch.randn(2, 5), math.inf), {}),
-    ("enable_pdl must be a bool or None", TypeError, flashinfer.softmax, (torch.randn(2, 5),),
+     (L, 2, 0.5), {}),
+    ("temperature must not be NaN", ValueError, flashinfer.softmax, (L, math.nan), {}),
+    ("temperature has dtype torch.int32", TypeError, flashinfer.softmax,
+     (L, torch.ones(2, dtype=I32)), {}),
+    ("enable_pdl must be a bool or None", TypeError, flashinfer.softmax, (L,),
      dict(enable_pdl=1)),
     ("logits must be 2-D", ValueError, flashinfer.softmax, (torch.randn(5),), {}),
-    ("top_p must be in \\(0, 1\\], got -1", ValueError, flashinfer.top_p_renorm_probs,
-     (P, -1), {}),
+    ("top_p must be > 0", ValueError, flashinfer.top_p_renorm_probs, (P, -1), {}),
+    ("is_deterministic must be a bool", TypeError, flashinfer.top_p_renorm_probs, (P, 0.5),
+     dict(is_deterministic="yes")),
     ("probs must be a CUDA tensor", ValueError, flashinfer.top_p_renorm_probs, (P, 0.5), {}),
-    ("top_k must be in \\[1, 50\\], got 0", ValueError, flashinfer.top_k_renorm_probs, (P, 0), {}),
-    ("probs has dtype torch.bfloat16", TypeError, flashinfer.top_k_renorm_probs,
-     (P.bfloat16(), 3), {}),
-    ("top_k must be in \\[1, 5\\], got 6", ValueError, flashinfer.top_k_mask_logits,
-     (torch.randn(2, 5), 6), {}),
+    ("top_k must be >= 1", ValueError, flashinfer.top_k_renorm_probs, (P, 0), {}),
+    ("probs has dtype torch.float64; supported: float16, bfloat16, float32", TypeError,
+     flashinfer.top_k_renorm_probs, (P.double(), 3), {}),
+    ("top_k must be >= 1", ValueError, flashinfer.top_k_mask_logits, (L, -1), {}),
     ("top_k has 3 elements, the batch has 2", ValueError, flashinfer.top_k_mask_logits,
-     (torch.randn(2, 5), torch.ones(3, dtype=I32)), {}),
+     (L, torch.ones(3, dtype=I32)), {}),
     ("logits must be a CUDA tensor", ValueError, flashinfer.top_k_mask_logits,
-     (torch.randn(2, 5, dtype=torch.bfloat16), 2), {}),
+     (L.bfloat16(), 2), {}),
 ]
 
 
@@ -120,16 +142,83 @@ def test_bad_arguments_raise_before_launch(no_launch, message, error, api, args,
         api(*args, **kwargs)
 
 
+# A required filter given as None names the argument; it never samples without the filter.
+NONE_FILTERS = [
+    ("top_p", flashinfer.top_p_sampling_from_probs, (P, None)),
+    ("top_k", flashinfer.top_k_sampling_from_probs, (P, None)),
+    ("min_p", flashinfer.min_p_sampling_from_probs, (P, None)),
+    ("top_k", flashinfer.top_k_top_p_sampling_from_probs, (P, None, 0.5)),
+    ("top_p", flashinfer.top_k_top_p_sampling_from_probs, (P, 5, None)),
+    ("top_k", flashinfer.top_k_top_p_sampling_from_logits, (L, None, 0.5)),
+    ("top_p", flashinfer.top_k_top_p_sampling_from_logits, (L, 2, None)),
+    ("top_p", flashinfer.top_p_renorm_probs, (P, None)),
+    ("top_k", flashinfer.top_k_renorm_probs, (P, None)),
+    ("top_k", flashinfer.top_k_mask_logits, (L, None)),
+]
+
+
+@pytest.mark.parametrize("name,api,args", NONE_FILTERS,
+                         ids=[f"{f[1].__name__}:{f[0]}" for f in NONE_FILTERS])
+def test_a_required_filter_of_none_is_a_type_error(no_launch, name, api, args) -> None:
+    with pytest.raises(TypeError, match=f"^{name} must be an? (int|float) or a \\[batch\\] "
+                                        "tensor, got NoneType$"):
+        api(*args)
+
+
+# Scalars the reference accepts and gives a meaning: accepted here (they reach the device check).
+ACCEPTED_SCALARS = [
+    (flashinfer.top_k_sampling_from_probs, (P, 10**9)),
+    (flashinfer.top_k_top_p_sampling_from_probs, (P, 51, 1.0)),
+    (flashinfer.top_p_sampling_from_probs, (P, 1.5)),
+    (flashinfer.top_p_sampling_from_probs, (P, math.inf)),
+    (flashinfer.min_p_sampling_from_probs, (P, -0.5)),
+    (flashinfer.min_p_sampling_from_probs, (P, 1)),
+    (flashinfer.top_k_mask_logits, (L, 6)),
+    (flashinfer.top_k_renorm_probs, (P.bfloat16(), 2**40)),
+    (flashinfer.softmax, (L, 0.0)),
+    (flashinfer.softmax, (L, -2.0)),
+    (flashinfer.softmax, (L, math.inf)),
+    (flashinfer.sampling_from_probs, (P.half(),)),
+    (flashinfer.sampling_from_probs, (P.double(),)),
+    (flashinfer.sampling_from_logits, (L.double(),)),
+]
+
+
+@pytest.mark.parametrize("api,args", ACCEPTED_SCALARS,
+                         ids=[f"{a[0].__name__}:{a[1][1:]}" for a in ACCEPTED_SCALARS])
+def test_out_of_range_scalars_the_reference_accepts_are_accepted(no_launch, api, args) -> None:
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        api(*args)
+
+
 def test_the_binding_checks_too() -> None:
     module = sampling_api.get_sampling_module(torch.float32)
     out = torch.empty(4, dtype=I32)
-    call = [out, P, None, None, None, None, 1, 1.0, 0.0, 0, True, 1, 0]
+    call = [out, None, P, None, None, None, None, 1, 1.0, 0.0, 0, True, None, None, 1, 0]
     with pytest.raises(ValueError, match="probs must be a CUDA tensor"):
         module.sampling_from_probs(*call)
     with pytest.raises(TypeError, match="probs has dtype float64, expected float32"):
-        module.sampling_from_probs(out, P.double(), *call[2:])
+        module.sampling_from_probs(*call[:2], P.double(), *call[3:])
     with pytest.raises(ValueError, match="out has 3 rows, probs 4 \\(and no indices\\)"):
         module.sampling_from_probs(torch.empty(3, dtype=I32), *call[1:])
+    with pytest.raises(TypeError, match="out has dtype int64, expected int32"):
+        module.sampling_from_probs(torch.empty(4, dtype=I64), *call[1:])
+    wide = [torch.empty(2, dtype=I64), None, P, torch.zeros(2, dtype=I64)]
+    with pytest.raises(ValueError, match="probs must be a CUDA tensor"):  # int64 out and indices
+        module.sampling_from_probs(*wide, *call[4:])
+    with pytest.raises(TypeError, match="valid has dtype int32, expected bool"):
+        module.sampling_from_probs(out, torch.empty(4, dtype=I32), *call[2:])
+    with pytest.raises(ValueError, match="seed and offset must both be tensors or both be ints"):
+        module.sampling_from_probs(*call[:12], torch.ones(1, dtype=I64), None, 1, 0)
+    with pytest.raises(ValueError, match="offset must be 1-D with 1 or 4 elements"):
+        module.sampling_from_probs(*call[:12], torch.ones(4, dtype=I64),
+                                   torch.ones(2, dtype=I64), 1, 0)
+    with pytest.raises(TypeError, match="seed has dtype int32, expected int64 or uint64"):
+        module.sampling_from_logits(out, P, None, torch.ones(1, dtype=I32),
+                                    torch.ones(1, dtype=I64), 1, 0)
+    with pytest.raises(ValueError, match="logits must be a CUDA tensor"):  # uint64 seeds pass
+        module.sampling_from_logits(out, P, None, torch.ones(1, dtype=torch.uint64),
+                                    torch.ones(4, dtype=torch.uint64), 1, 0)
     with pytest.raises(ValueError, match="out has the wrong shape"):
         module.softmax(torch.empty(4, 49), P, None, 1.0, False)
     with pytest.raises(ValueError, match="renorm takes top_k or top_p"):
@@ -141,6 +230,14 @@ def test_seed_and_offset_sources() -> None:
     cpu = torch.device("cpu")
     assert rng.philox_seed_offset(cpu, seed=5) == (5, 0)
     assert rng.philox_seed_offset(cpu, seed=2**64 - 1, offset=9) == (2**64 - 1, 9)
+    # both given: they win over a generator, which is left untouched (as in the reference)
+    g = torch.Generator().manual_seed(3)
+    state = g.get_state()
+    assert rng.philox_seed_offset(cpu, g, seed=5, offset=6) == (5, 6)
+    assert torch.equal(g.get_state(), state)
+    seeds, offsets = torch.ones(1, dtype=I64), torch.zeros(4, dtype=torch.uint64)
+    got = rng.philox_seed_offset(cpu, seed=seeds, offset=offsets)
+    assert got[0] is seeds and got[1] is offsets
     a = rng.philox_seed_offset(cpu, torch.Generator().manual_seed(3))
     b = rng.philox_seed_offset(cpu, torch.Generator().manual_seed(3))
     c = rng.philox_seed_offset(cpu, torch.Generator().manual_seed(4))
@@ -148,6 +245,10 @@ def test_seed_and_offset_sources() -> None:
     assert rng.as_int64(2**64 - 1) == -1 and rng.as_int64(5) == 5
     with pytest.raises(ValueError, match="offset must be in"):
         rng.philox_seed_offset(cpu, seed=1, offset=2**64)
+
+
+def test_a_call_consumes_whole_philox_blocks_of_words_per_row() -> None:
+    assert [sampling_api._words_per_row(v) for v in (1, 4, 5, 128256)] == [4, 4, 8, 128256]
 
 
 def test_philox_matches_the_published_known_answers(tmp_path) -> None:
@@ -163,16 +264,60 @@ def test_philox_matches_the_published_known_answers(tmp_path) -> None:
         "                  0xa4093822u, 0x299f31d0u)};\n"
         '  for (const auto& b : r) std::printf("%08x %08x %08x %08x\\n", b.x, b.y, b.z, b.w);\n'
         "}\n")
+    lines = _run_host_program(source, tmp_path / "kat")
+    assert lines[:3] == [" ".join(f"{w:08x}" for w in block) for block in KNOWN_ANSWERS]
+
+
+KNOWN_ANSWERS = [(0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8),
+                 (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD),
+                 (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)]
+
+
+def test_the_python_philox_model_matches_the_known_answers() -> None:
+    m = 0xFFFFFFFF
+    got = [reference.philox4x32_10((0, 0, 0, 0), (0, 0)),
+           reference.philox4x32_10((m, m, m, m), (m, m)),
+           reference.philox4x32_10((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
+                                   (0xA4093822, 0x299F31D0))]
+    assert got == KNOWN_ANSWERS
+
+
+def _run_host_program(source, binary) -> list[str]:  # noqa: ANN001
     from flashinfer.jit.toolchain import current_toolchain
 
-    binary = tmp_path / "kat"
-    subprocess.run([str(current_toolchain().cxx), "-std=c++17", f"-I{REPO_ROOT / 'include'}", str(source),
-                    "-o", str(binary)], check=True)
-    lines = subprocess.run([str(binary)], capture_output=True, text=True,
-                           check=True).stdout.split("\n")
-    assert lines[:3] == ["6627e8d5 e169c58d bc57ac4c 9b00dbd8",
-                         "408f276d 41c83b0e a20bc7c6 6d5451fd",
-                         "d16cfe09 94fdcceb 5001e420 24126ea1"]
+    subprocess.run([str(current_toolchain().cxx), "-O2", "-std=c++17",
+                    f"-I{REPO_ROOT / 'include'}", str(source), "-o", str(binary)], check=True)
+    return subprocess.run([str(binary)], capture_output=True, text=True,
+                          check=True).stdout.split("\n")
+
+
+def _float_bits(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+def test_host_harness_counter_layout_uniforms_and_key_order(tmp_path) -> None:
+    """tests/ops/sampling_harness.cc runs philox.h on the host. Its Philox words must be
+    those of an independent model of the curand/torch layout (word p of a subsequence is lane
+    p % 4 of block p // 4), its uniforms lie in (0, 1) (never 1.0f, over a sweep of the
+    32-bit inputs), and -0.0 ties +0.0 in the key order."""
+    lines = _run_host_program(REPO_ROOT / "tests" / "ops" / "sampling_harness.cc",
+                              tmp_path / "harness")
+    rows = [line.split() for line in lines if line]
+    words = [list(map(int, r[1:])) for r in rows if r[0] == "words"]
+    assert len(words) == 8
+    for seed, subsequence, offset, group, *got in words:
+        assert got == reference.philox_words(seed, subsequence, offset + 4 * group, 4)
+    uniforms = {int(r[1]): int(r[2]) for r in rows if r[0] == "uniform"}
+    for bits, got in uniforms.items():
+        assert got == _float_bits(reference.uniform_open01(bits)), bits
+    assert uniforms[0] == _float_bits(2.0**-33)
+    assert uniforms[0xFFFFFFFF] == _float_bits(1 - 2.0**-24)  # the largest float below 1
+    assert reference.curand_uniform(0xFFFFFFFF) == 0.0  # curand's mapping reached 1.0 there
+    keys = [int(r[2]) for r in rows if r[0] == "key"]  # -inf -1 -tiny -0 +0 tiny 1 inf
+    assert keys[3] == keys[4]
+    distinct = keys[:4] + keys[5:]
+    assert all(a < b for a, b in zip(distinct, distinct[1:]))
+    assert any(line.startswith("sweep ok") for line in lines), [r for r in lines if "sweep" in r]
 
 
 # -- GPU ---------------------------------------------------------------------------------------
@@ -214,10 +359,12 @@ def _random_probs(batch: int, vocab: int, seed: int, spread: float = 2.0) -> tor
 
 
 def _near_boundary(probs: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tensor:
-    """Elements whose top-p membership is within fixed-point/rounding reach (1e-5 of mass)."""
+    """Elements whose top-p membership is within fixed-point/rounding reach (1e-5 of the
+    row's mass)."""
     p = probs.double()
     top = torch.as_tensor(top_p, device=p.device, dtype=torch.float64).reshape(-1, 1)
-    return (reference.mass_above(p) - top * p.sum(-1, keepdim=True)).abs() < 1e-5
+    total = p.sum(-1, keepdim=True)
+    return (reference.mass_above(p) - top * total).abs() < 1e-5 * total
 
 
 @pytest.mark.gpu
@@ -453,6 +600,237 @@ def test_softmax_with_pdl_after_another_kernel() -> None:
         logits.mul_(1.01)  # a kernel right before: PDL must still see its result
         got = flashinfer.softmax(logits, enable_pdl=True)
         torch.testing.assert_close(got, torch.softmax(logits, -1), atol=1e-6, rtol=1e-4)
+
+
+def _race_checks(tokens: torch.Tensor, probs: torch.Tensor, seeds: list[int],
+                 offsets: list[int], keep: torch.Tensor | None = None) -> int:
+    """Compares each row's token with the host model of the kernel's race (subsequence =
+    output row); rows whose winner is within 1e-4 of the runner-up (where float rounding of
+    log1p may differ between host and device) are skipped. Returns the rows compared."""
+    compared = 0
+    for row, (seed, offset) in enumerate(zip(seeds, offsets)):
+        want, margin = reference.exponential_race(
+            probs[row], seed % 2**64, offset % 2**64, row, None if keep is None else keep[row])
+        if margin > 1e-4:
+            assert int(tokens[row]) == want, (row, seed, offset)
+            compared += 1
+    return compared
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("offset", [0, 1, 2, 3, 4, 7, 2**40 + 5, 2**64 - 3])
+def test_tokens_follow_the_documented_counter_layout(offset) -> None:
+    """Element j of output row r races with E = -log1p(-u), u from word offset + j of Philox
+    subsequence r (the curand/torch layout), for offsets in and across Philox blocks."""
+    probs = _random_probs(16, 100, 3, spread=1.0)
+    seed = 0x123456789ABCDEF0
+    tokens = flashinfer.sampling_from_probs(probs, seed=seed, offset=offset)
+    assert _race_checks(tokens, probs, [seed] * 16, [offset] * 16) >= 12
+    keep = reference.top_k_set(probs, 10)
+    tokens = flashinfer.top_k_sampling_from_probs(probs, 10, seed=seed, offset=offset)
+    assert _race_checks(tokens, probs, [seed] * 16, [offset] * 16, keep) >= 12
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint64])
+def test_seed_and_offset_tensors_per_row_and_shared(dtype) -> None:
+    probs = _random_probs(8, 300, 12, spread=1.0)
+    seeds = [2**63 + 11 * r for r in range(8)]  # beyond int64: stored in two's complement
+    offsets = [4 * r + (r % 3) for r in range(8)]
+    as_tensor = [s if dtype == torch.uint64 else rng.as_int64(s) for s in seeds]
+    seed_t = torch.tensor(as_tensor, dtype=dtype, device="cuda")
+    offset_t = torch.tensor(offsets, dtype=dtype, device="cuda")
+    tokens = flashinfer.sampling_from_probs(probs, seed=seed_t, offset=offset_t)
+    assert _race_checks(tokens, probs, seeds, offsets) >= 6
+    one_seed, one_offset = seed_t[:1].clone(), offset_t[:1].clone()
+    shared = flashinfer.top_p_sampling_from_probs(probs, 0.9, seed=one_seed, offset=one_offset)
+    assert torch.equal(shared, flashinfer.top_p_sampling_from_probs(probs, 0.9, seed=seeds[0],
+                                                                    offset=offsets[0]))
+    logits = torch.log(probs)
+    assert torch.equal(flashinfer.sampling_from_logits(logits, seed=one_seed, offset=one_offset),
+                       flashinfer.sampling_from_logits(logits, seed=seeds[0], offset=offsets[0]))
+
+
+@pytest.mark.gpu
+def test_seed_tensors_make_cuda_graph_replays_draw_fresh_tokens() -> None:
+    probs = _random_probs(32, 4000, 13)
+    seed = torch.tensor([7], dtype=torch.int64, device="cuda")
+    offset = torch.tensor([0], dtype=torch.int64, device="cuda")
+    flashinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=seed, offset=offset)  # warm
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tokens = flashinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=seed,
+                                                            offset=offset)
+    replays = []
+    for step in (1, 2):
+        offset.fill_(4000 * step)
+        graph.replay()
+        torch.cuda.synchronize()
+        want = flashinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=7,
+                                                          offset=4000 * step)
+        assert torch.equal(tokens, want)
+        replays.append(tokens.clone())
+    assert not torch.equal(replays[0], replays[1])
+
+
+@pytest.mark.gpu
+def test_generator_draws_do_not_overlap_torch_streams() -> None:
+    """A call with a generator draws words [offset, offset + 4 * ceil(vocab / 4)) of
+    subsequences 0 .. batch - 1 (what torch.rand would have drawn there) and advances the
+    generator past them, so torch's next draw is fresh."""
+    vocab = 1001  # 251 Philox blocks per row: the call consumes 1004 offsets
+    probs = _random_probs(4, vocab, 5, spread=1.0)
+    g = torch.Generator(device="cuda").manual_seed(2024)
+    start = g.get_state()
+    seed, offset = (int(v) % 2**64 for v in start.view(torch.int64).tolist())
+    twin = torch.Generator(device="cuda")
+    twin.set_state(start)
+    at_start = torch.rand(4, generator=twin, device="cuda").cpu()
+    # torch's layout: element i of torch.rand(4) is word `offset` of subsequence i
+    model = [reference.curand_uniform(reference.philox_words(seed, i, offset, 1)[0])
+             for i in range(4)]
+    assert at_start.tolist() == model
+    tokens = flashinfer.sampling_from_probs(probs, generator=g)
+    assert _race_checks(tokens, probs, [seed] * 4, [offset] * 4) >= 3
+    assert int(g.get_state().view(torch.int64)[1]) == offset + 1004
+    after = torch.rand(4, generator=g, device="cuda").cpu()
+    assert after.tolist() != at_start.tolist()
+    assert after.tolist() == [
+        reference.curand_uniform(reference.philox_words(seed, i, offset + 1004, 1)[0])
+        for i in range(4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale", [2.0**-23, 2.0**-10, 2.0**10, 2.0**27])
+def test_top_p_set_does_not_depend_on_the_rows_scale(scale) -> None:
+    """Top-p's fixed point is relative to the row's total: p * 2^a (1.2e-7 .. 1.3e8) keeps
+    the same set, with the same renormalized values, as p."""
+    probs = _random_probs(8, 32000, 9)
+    base = flashinfer.top_p_renorm_probs(probs, 0.5)
+    got = flashinfer.top_p_renorm_probs(probs * scale, 0.5)
+    assert torch.equal(got > 0, base > 0)
+    assert torch.equal(got, base)
+    tokens = flashinfer.top_p_sampling_from_probs(probs * scale, 0.5, seed=1)
+    assert torch.equal(tokens, flashinfer.top_p_sampling_from_probs(probs, 0.5, seed=1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scale", [1e-7, 1e-3, 1e4, 1e8])
+def test_top_p_matches_the_reference_at_any_row_scale(scale) -> None:
+    q = _random_probs(8, 32000, 10) * scale
+    for top_p in (0.3, 0.9):
+        keep = reference.top_p_set(q, top_p)
+        got = flashinfer.top_p_renorm_probs(q, top_p)
+        free = _near_boundary(q, top_p)
+        assert torch.equal((got > 0)[~free], keep[~free])
+        torch.testing.assert_close(got.double(), reference.renormalize(q, got > 0), atol=1e-6,
+                                   rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_wide_indices_and_top_k_are_not_narrowed() -> None:
+    probs = _random_probs(3, 500, 8)
+    indices = torch.tensor([0, 2**32, 2**31, -(2**32) + 1, 2, 1], dtype=I64, device="cuda")
+    tokens, valid = flashinfer.top_k_sampling_from_probs(probs, 3, indices=indices, seed=4,
+                                                         return_valid=True)
+    assert tokens.dtype == I64 and valid.dtype == torch.bool
+    assert tokens[1:4].tolist() == [-1, -1, -1]
+    assert valid.tolist() == [True, False, False, False, True, True]
+    keep = reference.top_k_set(probs, 3)
+    for out_row, row in ((0, 0), (4, 2), (5, 1)):
+        assert keep[row, tokens[out_row]]
+    top_k = torch.tensor([2**32 + 1, 2**40, -(2**33)], dtype=I64, device="cuda")
+    plain = flashinfer.sampling_from_probs(probs, seed=11, offset=0)
+    assert torch.equal(flashinfer.top_k_sampling_from_probs(probs, top_k, seed=11, offset=0),
+                       plain)
+    logits = torch.log(probs)
+    assert torch.equal(flashinfer.top_k_mask_logits(logits, top_k), logits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_signed_zeros_tie_in_the_key_order(dtype) -> None:
+    logits = torch.tensor([[0.0, -0.0, -1.0], [-0.0, 0.0, -1.0], [-1.0, -0.0, 0.0]],
+                          dtype=dtype, device="cuda")
+    got = flashinfer.top_k_mask_logits(logits, 1)
+    assert torch.isinf(got).cpu().tolist() == [[False, False, True]] * 2 + [[True, False, False]]
+    probs = torch.tensor([[0.5, 0.0, -0.0, 0.5]], device="cuda")
+    assert flashinfer.top_k_renorm_probs(probs, 2).cpu().tolist() == [[0.5, 0.0, 0.0, 0.5]]
+
+
+@pytest.mark.gpu
+def test_return_valid_flags_rows_with_nothing_to_draw() -> None:
+    probs = _random_probs(4, 100, 1)
+    probs[2] = 0
+    for api, kwargs in ((flashinfer.sampling_from_probs, {}),
+                        (flashinfer.top_p_sampling_from_probs, dict(top_p=0.5)),
+                        (flashinfer.top_k_sampling_from_probs, dict(top_k=5)),
+                        (flashinfer.min_p_sampling_from_probs, dict(min_p=0.5)),
+                        (flashinfer.top_k_top_p_sampling_from_probs, dict(top_k=5, top_p=0.5))):
+        tokens, valid = api(probs, seed=1, return_valid=True, **kwargs)
+        assert tokens.dtype == I32 and valid.dtype == torch.bool
+        assert valid.tolist() == [True, True, False, True] and tokens[2] == 0
+        assert torch.equal(tokens, api(probs, seed=1, **kwargs))
+
+
+@pytest.mark.gpu
+def test_16_and_64_bit_inputs() -> None:
+    probs = _random_probs(8, 1000, 6)
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):
+        x = probs.to(dtype)
+        assert torch.equal(flashinfer.top_p_sampling_from_probs(x, 0.8, seed=3),
+                           flashinfer.top_p_sampling_from_probs(x.float(), 0.8, seed=3))
+        renormed = flashinfer.top_p_renorm_probs(x, 0.8)
+        assert renormed.dtype == torch.float32
+        assert torch.equal(renormed, flashinfer.top_p_renorm_probs(x.float(), 0.8))
+        logits = torch.log(probs).to(dtype)
+        assert flashinfer.softmax(logits).dtype == torch.float32
+        assert torch.equal(flashinfer.sampling_from_logits(logits, seed=2),  # exact widening
+                           flashinfer.sampling_from_logits(logits.float(), seed=2))
+    for dtype in (torch.float16, torch.bfloat16):
+        x = probs.to(dtype)
+        got = flashinfer.top_k_renorm_probs(x, 10)
+        assert got.dtype == dtype
+        want = reference.renormalize(x.float(), reference.top_k_set(x.float(), 10))
+        torch.testing.assert_close(got.double(), want, atol=1e-3, rtol=1e-2)
+
+
+@pytest.mark.gpu
+def test_softmax_temperature_zero_or_inf_is_uniform_over_finite_logits() -> None:
+    logits = torch.randn(3, 10, device="cuda") * 4
+    logits[1, 3] = float("-inf")
+    want = torch.full((3, 10), 0.1, device="cuda", dtype=torch.float64)
+    want[1] = 1 / 9
+    want[1, 3] = 0
+    for temperature in (0.0, math.inf, torch.tensor([0.0, 0.0, math.inf], device="cuda")):
+        got = flashinfer.softmax(logits, temperature)
+        torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-5)
+    finite = logits[[0, 2]]
+    got = flashinfer.softmax(finite, -2.0)  # softmax(logits / -2), as in the reference
+    torch.testing.assert_close(got.double(), torch.softmax(finite.double() / -2, -1), atol=1e-6,
+                               rtol=1e-4)
+
+
+@pytest.mark.gpu
+def test_out_of_range_parameters_follow_the_documented_meaning() -> None:
+    probs = _random_probs(4, 700, 14)
+    plain = flashinfer.sampling_from_probs(probs, seed=9, offset=4)
+    argmax = probs.argmax(-1).int()
+    p, a = plain.tolist(), argmax.tolist()
+    same = dict(seed=9, offset=4)
+    assert torch.equal(flashinfer.top_k_sampling_from_probs(probs, 10**6, **same), plain)
+    assert torch.equal(flashinfer.top_p_sampling_from_probs(probs, 1.5, **same), plain)
+    assert torch.equal(flashinfer.min_p_sampling_from_probs(probs, -0.5, **same), plain)
+    assert torch.equal(flashinfer.min_p_sampling_from_probs(probs, 1.0, **same), argmax)
+    per_row_k = torch.tensor([-1, 0, 700, 10**6], dtype=I32, device="cuda")
+    got = flashinfer.top_k_sampling_from_probs(probs, per_row_k, **same)
+    assert got.tolist() == [p[0], a[1], p[2], p[3]]
+    per_row_p = torch.tensor([0.0, -1.0, 1.0, 2.0], device="cuda")
+    got = flashinfer.top_p_sampling_from_probs(probs, per_row_p, **same)
+    assert got.tolist() == [a[0], a[1], p[2], p[3]]
+    per_row_min_p = torch.tensor([2.0, 1.0, 0.0, -1.0], device="cuda")
+    got = flashinfer.min_p_sampling_from_probs(probs, per_row_min_p, **same)
+    assert got.tolist() == [a[0], a[1], p[2], p[3]]
 
 
 @pytest.mark.compile_matrix
