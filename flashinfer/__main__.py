@@ -71,13 +71,16 @@ def _precompile(args: argparse.Namespace) -> int:
 
     ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
     try:
-        published = precompile(Path(args.out), args.arch, ops)
+        result = precompile(Path(args.out), args.arch, ops)
     except (ValueError, JitCompileError) as err:
         print(f"precompile: {err}", file=sys.stderr)
         return 1
-    for library in published:
+    for library in result.published:
         print(library)
-    print(f"{len(published)} module(s) in {args.out}; use it with FLASHINFER_AOT_DIR={args.out}")
+    for name, reason in result.skipped.items():
+        print(f"skipped {name}: {reason}", file=sys.stderr)
+    print(f"{len(result.published)} module(s) in {args.out}; use it with "
+          f"FLASHINFER_AOT_DIR={args.out}")
     return 0
 
 

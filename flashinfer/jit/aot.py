@@ -20,12 +20,13 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..config import config
 from ..version import __version__
-from .arch import CudaArch, parse_arch_list
+from .arch import CudaArch, NoTargetArchError, parse_arch_list
 from .builder import record_manifest, run_ninja
 from .manifest import FileRecord, Manifest
 
@@ -117,13 +118,31 @@ def _changed_source(inputs: dict[str, list[Any]]) -> str | None:
     return f"{changed[0]} changed" if changed else None
 
 
+@dataclass(frozen=True)
+class PrecompileResult:
+    published: list[Path]  # the libraries now in the layer
+    skipped: dict[str, str]  # module -> why it cannot target any of the requested archs
+
+
 def precompile(out_dir: Path, archs: str | Iterable[CudaArch], ops: Iterable[str] | None = None
-               ) -> list[Path]:
-    """Build every specialization of ``ops`` for ``archs`` into the layer ``out_dir``."""
+               ) -> PrecompileResult:
+    """Build every specialization of ``ops`` for ``archs`` into the layer ``out_dir``. A
+    module that supports none of ``archs`` (decode needs sm_80+) is skipped and reported;
+    one that supports some of them is built for those."""
     from .registry import specs_for
 
     arch_list = parse_arch_list(archs) if isinstance(archs, str) else tuple(archs)
     specs = specs_for(ops)
+    supported = []
+    skipped: dict[str, str] = {}
+    for spec in specs:
+        try:
+            supported.append((spec, spec.plan(arch_list)))
+        except NoTargetArchError as err:
+            skipped[spec.name] = str(err)
+    if not supported:
+        raise ValueError("no requested module can target "
+                         f"{' '.join(str(a) for a in arch_list)}: {', '.join(skipped)}")
     out_dir = Path(out_dir)
     staging = out_dir / f".precompile-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -131,8 +150,7 @@ def precompile(out_dir: Path, archs: str | Iterable[CudaArch], ops: Iterable[str
     try:
         plans = []
         top = ["ninja_required_version = 1.10"]
-        for spec in specs:
-            plan = spec.plan(arch_list)
+        for spec, plan in supported:
             plan = type(plan)(plan.archs, plan.toolchain,
                               _prefixed(plan.ninja, f"{spec.name}/"), plan.identity,
                               plan.digest, plan.build_dir)
@@ -149,7 +167,7 @@ def precompile(out_dir: Path, archs: str | Iterable[CudaArch], ops: Iterable[str
         published = [_publish(out_dir, staging, spec, plan) for spec, plan in plans]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return published
+    return PrecompileResult(published, skipped)
 
 
 def _prefixed(ninja: Any, prefix: str) -> Any:

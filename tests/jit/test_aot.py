@@ -118,3 +118,27 @@ def test_registry_and_precompile_errors(capsys: pytest.CaptureFixture[str]) -> N
         registry.specs_for(["nope"])
     assert cli(["precompile", "--arch", "9.0a", "--ops", "nope", "--out", "/tmp/x"]) == 1
     assert "unknown op(s) nope" in capsys.readouterr().err
+
+
+def test_precompile_skips_modules_that_cannot_target_the_archs(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """decode needs sm_80+ (cp.async): at 7.5 it is skipped and named, the rest is built;
+    with nothing buildable the command fails with one line, never a traceback."""
+    built: list[str] = []
+    monkeypatch.setattr(aot, "run_ninja", lambda *a, **k: None)
+    monkeypatch.setattr(aot, "_publish", lambda out, staging, spec, plan: (
+        built.append(f"{spec.name}@{' '.join(map(str, plan.archs))}") or out / spec.name))
+    result = aot.precompile(tmp_path / "layer", "7.5 9.0a", ["norm", "decode"])
+    assert sorted(built) == sorted([f"{u}@7.5 9.0a" for u in NORM_URIS] + [
+        f"decode_{d}_hd{h}@9.0a" for d in ("bf16", "f16") for h in (64, 128, 256)])
+    assert result.skipped == {}
+    built.clear()
+    assert cli(["precompile", "--arch", "7.5", "--ops", "norm,decode",
+                "--out", str(tmp_path / "layer")]) == 0
+    err = capsys.readouterr().err
+    assert sorted(built) == [f"{u}@7.5" for u in NORM_URIS]
+    assert err.count("skipped decode_") == 6 and "supports SM majors [8, 9, 10, 11, 12]" in err
+    assert cli(["precompile", "--arch", "7.5", "--ops", "decode",
+                "--out", str(tmp_path / "layer")]) == 1
+    assert "precompile: no requested module can target 7.5: decode_" in capsys.readouterr().err
