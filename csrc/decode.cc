@@ -94,8 +94,11 @@ int64_t GroupOf(int64_t qo_heads, int64_t kv_heads) {
       << "num_qo_heads (" << qo_heads << ") must be a multiple of num_kv_heads (" << kv_heads
       << ")";
   const int64_t group = qo_heads / kv_heads;
-  FLASHINFER_CHECK(group * (kHeadDim / kVec) <= 1024 && kv_heads <= 65535, ValueError)
+  FLASHINFER_CHECK(group * (kHeadDim / kVec) <= 1024, ValueError)
       << "group size " << group << " is too large for head_dim " << kHeadDim;
+  // grid.y is kv_heads for decode and qo_heads for the split-KV merge
+  FLASHINFER_CHECK(qo_heads <= 65535, ValueError)
+      << "num_qo_heads " << qo_heads << " exceeds 65535";
   return group;
 }
 

@@ -97,6 +97,8 @@ def _check_heads(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> int:
     if num_qo_heads % num_kv_heads:
         raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
                          f"({num_kv_heads}): the GQA group size must be integral")
+    if num_qo_heads > 65535:  # a grid dim of the split-KV merge
+        raise ValueError(f"num_qo_heads must be <= 65535, got {num_qo_heads}")
     group = num_qo_heads // num_kv_heads
     if group * head_dim // 8 > 1024:
         raise ValueError(f"GQA group size {group} is too large for head_dim {head_dim}: a "

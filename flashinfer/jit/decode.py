@@ -35,11 +35,14 @@ def gen_decode_module(dtype: Any, head_dim: int) -> JitSpec:
         generated_sources=[config],
         supported_major_versions=[8, 9, 10, 11, 12],  # cp.async: sm_80 and later
         function_args={
-            "batch_decode": ("q", "k_cache", "v_cache", "kv_indices", "plan", "tmp_v",
-                             "tmp_lse", "out", "lse", "hnd", "work_capacity", "merge_capacity",
-                             "tmp_capacity", "grid_work", "grid_merge", "score_scale", "score_cap"),
-            "single_decode": ("q", "k", "v", "tmp_v", "tmp_lse", "out", "lse", "hnd", "begin",
-                              "end", "chunk", "num_chunks", "score_scale", "score_cap"),
+            "batch_decode": ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices",
+                             "kv_last_page_len", "plan", "tmp_v", "tmp_lse", "out", "lse", "hnd",
+                             "work_capacity", "merge_capacity", "tmp_capacity", "grid_work",
+                             "grid_merge", "window_left", "score_scale", "score_cap",
+                             "enable_pdl"),
+            "single_decode": ("q", "k", "v", "tmp_v", "tmp_lse", "out", "lse", "hnd",
+                              "window_left", "chunk_tokens", "num_chunks", "score_scale",
+                              "score_cap", "enable_pdl"),
             "blocks_per_sm": ("group",),
         },
     )

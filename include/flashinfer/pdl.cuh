@@ -23,8 +23,9 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 }
 
 // Launches `kernel` with the programmatic-stream-serialization attribute set to `pdl` and
-// returns the launch's error (or the sticky error it left). Every kernel launched here
-// with pdl = true must call pdl_wait() before reading or writing shared global data.
+// returns this launch's own status (an earlier, unrelated error is not picked up). Every
+// kernel launched here with pdl = true must call pdl_wait() before reading or writing
+// shared global data.
 template <typename... Params, typename... Args>
 inline cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block,
                                  size_t smem_bytes, cudaStream_t stream, bool pdl,
@@ -39,8 +40,7 @@ inline cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 bloc
   attribute.val.programmaticStreamSerializationAllowed = pdl ? 1 : 0;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
-  return err == cudaSuccess ? cudaGetLastError() : err;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
 }
 
 }  // namespace flashinfer

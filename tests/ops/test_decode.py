@@ -829,3 +829,9 @@ def test_wrapper_calls_are_api_logged_with_the_plan() -> None:
     assert "BatchDecodeWithPagedKVCacheWrapper(kv_layout='NHD', use_cuda_graph=False, " \
            "not planned)" in out
     assert "raised RuntimeError: call plan() before run()" in out and "caught" in out
+
+
+def test_head_counts_past_a_grid_dimension_are_refused() -> None:
+    with pytest.raises(ValueError, match="num_qo_heads must be <= 65535, got 65536"):
+        decode_api._check_heads(65536, 65536, 128)
+    assert decode_api._check_heads(65535, 65535, 128) == 1
