@@ -521,12 +521,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             grid_merge=merge_cap if self._use_cuda_graph else schedule.num_merge,
             plan_words=plan_words, tmp_v=self._workspace[:tmp_v_bytes].view(torch.float32),
             tmp_lse=self._workspace[tmp_v_bytes:needed].view(torch.float32))
-        self._pos_encoding_mode = pos_encoding_mode
-        self._window_left = window_left
-        self._logits_soft_cap = logits_soft_cap
-        self._sm_scale = sm_scale
-        self._rope_scale = rope_scale
-        self._rope_theta = rope_theta
+        self._set_score_params(pos_encoding_mode, window_left, logits_soft_cap, sm_scale,
+                               rope_scale, rope_theta)
         self._batch_size = batch
         self._num_qo_heads = num_qo_heads
         self._num_kv_heads = num_kv_heads
@@ -665,6 +661,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
         _check_window(window_left)
         _check_score_args(sm_scale, logits_soft_cap)
         _check_rope(rope_scale, rope_theta)
+        self._set_score_params(pos_encoding_mode, window_left, logits_soft_cap, sm_scale,
+                               rope_scale, rope_theta)
+
+    def _set_score_params(self, pos_encoding_mode: str, window_left: int,
+                          logits_soft_cap: float | None, sm_scale: float | None,
+                          rope_scale: float | None, rope_theta: float | None) -> None:
+        """The attributes run() reads each time (engines read and set them too)."""
         self._pos_encoding_mode = pos_encoding_mode
         self._window_left = window_left
         self._logits_soft_cap = logits_soft_cap

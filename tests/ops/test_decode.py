@@ -550,27 +550,13 @@ def test_cuda_graph_capture_and_replay_with_new_data_and_plans() -> None:
     q = torch.randn(batch, qo_heads, head_dim, dtype=dtype, device="cuda")
     out = torch.empty_like(q)
 
-    def plan(lens: list[int], seed: int) -> list[torch.Tensor]:
-        gen = torch.Generator().manual_seed(seed)
-        pages = [math.ceil(n / page_size) for n in lens]
-        ids = torch.randperm(num_pages, generator=gen)[: sum(pages)].to(torch.int32)
-        indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)
-        last = torch.tensor([n - (p - 1) * page_size for n, p in zip(lens, pages)],
-                            dtype=torch.int32)
+    def plan(lens: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        indptr, ids, last = _page_table(lens, page_size, num_pages, seed)
         wrapper.plan(indptr, ids, last, qo_heads, kv_heads, head_dim, page_size,
                      q_data_type=dtype)
-        return [ids[indptr[b]: indptr[b + 1]].cuda().long() for b in range(batch)]
+        return indptr, ids
 
-    def expected(page_lists: list[torch.Tensor], lens: list[int]) -> torch.Tensor:
-        rows = []
-        for b, (ids, n) in enumerate(zip(page_lists, lens)):
-            k = k_cache[ids].reshape(-1, kv_heads, head_dim)[:n]
-            v = v_cache[ids].reshape(-1, kv_heads, head_dim)[:n]
-            rows.append(reference_decode(q[b], k, v, 1 / math.sqrt(head_dim))[0])
-        return torch.stack(rows)
-
-    lens = [100, 5000, 1, 20000]
-    pages = plan(lens, 0)
+    table = plan([100, 5000, 1, 20000], 0)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -581,12 +567,14 @@ def test_cuda_graph_capture_and_replay_with_new_data_and_plans() -> None:
         wrapper.run(q, (k_cache, v_cache), out=out)
     for step, new_lens in enumerate(([100, 5000, 1, 20000], [3000, 2, 64, 100000], [1, 1, 1, 1])):
         if step:
-            pages = plan(new_lens, step)
+            table = plan(new_lens, step)
         q.copy_(torch.randn_like(q))
         k_cache.copy_(torch.randn_like(k_cache))
         out.fill_(float("nan"))
         graph.replay()
-        torch.testing.assert_close(out.float(), expected(pages, new_lens), atol=5e-3, rtol=5e-3)
+        torch.testing.assert_close(out.float(), _expected_batch(q, k_cache, v_cache, *table,
+                                                                new_lens),
+                                   atol=5e-3, rtol=5e-3)
 
 
 def _page_table(lens: list[int], page_size: int, num_pages: int, seed: int
