@@ -730,8 +730,9 @@ def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: torch.Ten
         raise TypeError(f"fast_decode_plan needs a BatchDecodeWithPagedKVCacheWrapper, got "
                         f"{type(self).__name__}")
     if global_override_indptr_cpu is not None:
+        checks.check_tensor("indptr", indptr)
         checks.check_index_tensor("global_override_indptr_cpu", global_override_indptr_cpu,
-                                  None, _INDEX)
+                                  indptr.shape[0] if indptr.dim() == 1 else None, _INDEX)
     self._configure(
         indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
         pos_encoding_mode=pos_encoding_mode, window_left=window_left,

@@ -316,6 +316,8 @@ def test_fast_decode_plan_reads_only_indptr_and_copies_nothing(cpu_plan: CpuPlan
     fast_decode_plan(plain, indptr, indices, last, *SHAPE, data_type=torch.bfloat16)
     assert plain._paged_kv_indptr_buf is indptr and plain._paged_kv_indices_buf is indices
     assert plain._cached_q_data_type == torch.bfloat16
+    with pytest.raises(ValueError, match="global_override_indptr_cpu has 2 elements, expected 3"):
+        fast_decode_plan(plain, *TABLE, *SHAPE, global_override_indptr_cpu=_i32([0, 2]))
     with pytest.raises(TypeError, match="fast_decode_plan needs a BatchDecodeWithPagedKV"):
         fast_decode_plan(object(), *TABLE, *SHAPE)
 
