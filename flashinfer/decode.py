@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import checks
+from . import checks, ragged
 from .api_logging import flashinfer_api
 from .decode_schedule import (
     DecodeSchedule,
@@ -402,7 +402,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if window_right != 0:
             raise ValueError(f"window_right must be 0 (only a left window is supported), got "
                              f"{window_right!r}")
-        checks.check_index_tensor("last_page_len", last_page_len, None, _INDEX)
         self._configure(
             indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
             pos_encoding_mode=pos_encoding_mode, window_left=window_left,
@@ -411,7 +410,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
             non_blocking=non_blocking, seq_lens=seq_lens, fixed_split_size=fixed_split_size,
             disable_split_kv=disable_split_kv, q_len_per_req=q_len_per_req,
-            host_indptr=None, host_last_page_len=last_page_len.to("cpu"), copy_buffers=True)
+            host_indptr=None, read_last_page_len=True, copy_buffers=True)
 
     def _configure(self, indptr: Any, indices: Any, last_page_len: Any, num_qo_heads: Any,
                    num_kv_heads: Any, head_dim: Any, page_size: Any, *, pos_encoding_mode: Any,
@@ -419,8 +418,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
                    o_data_type: Any, data_type: Any, sm_scale: Any, rope_scale: Any,
                    rope_theta: Any, non_blocking: Any, seq_lens: Any, fixed_split_size: Any,
                    disable_split_kv: Any, q_len_per_req: Any, host_indptr: Any,
-                   host_last_page_len: torch.Tensor | None, copy_buffers: bool) -> None:
-        """What plan() and fast_decode_plan() share. ``host_last_page_len`` None: schedule
+                   read_last_page_len: bool, copy_buffers: bool) -> None:
+        """What plan() and fast_decode_plan() share. ``read_last_page_len`` False: schedule
         by whole pages (no device-to-host copy; the kernel reads the real lengths)."""
         checks.check_index_tensor("indptr", indptr, None, _INDEX)
         if indptr.shape[0] < 1:
@@ -459,14 +458,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
             if indices.shape[0] > self._paged_kv_indices_buf.shape[0]:
                 raise ValueError(f"{indices.shape[0]} page indices exceed the CUDA-graph "
                                  f"buffer's {self._paged_kv_indices_buf.shape[0]}")
-        ptr = (indptr if host_indptr is None else host_indptr).to("cpu").tolist()
-        if ptr[0] != 0 or any(b < a for a, b in zip(ptr, ptr[1:])):
-            raise ValueError("indptr must start at 0 and be non-decreasing")
-        if ptr[-1] > indices.shape[0]:
-            raise ValueError(f"indptr ends at {ptr[-1]} but indices has {indices.shape[0]} "
-                             "elements")
-        if host_last_page_len is not None:
-            last = host_last_page_len.tolist()
+        host = (indptr if host_indptr is None else host_indptr).to("cpu")
+        ragged.check_indptr("indptr" if host_indptr is None else "global_override_indptr_cpu",
+                            host, "len(indices)", indices.shape[0])
+        ptr = host.tolist()
+        if read_last_page_len:
+            last = last_page_len.to("cpu").tolist()
             for b, n in enumerate(last):
                 if ptr[b + 1] > ptr[b] and not 1 <= n <= page_size:
                     raise ValueError(f"last_page_len[{b}] is {n}, must be in [1, page_size="
@@ -741,7 +738,7 @@ def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: torch.Ten
         rope_theta=rope_theta, non_blocking=non_blocking, seq_lens=None,
         fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
         q_len_per_req=q_len_per_req, host_indptr=global_override_indptr_cpu,
-        host_last_page_len=None, copy_buffers=False)
+        read_last_page_len=False, copy_buffers=False)
 
 
 def _round_up(n: int) -> int:

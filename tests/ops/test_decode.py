@@ -221,8 +221,11 @@ def _plan_args(**overrides):  # noqa: ANN202
 
 
 PLAN_BAD = [
-    ("indptr must start at 0 and be non-decreasing", ValueError, dict(indptr=_i32([0, 3, 2]))),
-    ("indptr ends at 3 but indices has 2 elements", ValueError, dict(indices=_i32([0, 1]))),
+    ("indptr must be non-decreasing, but indptr\\[2\\] = 2 < indptr\\[1\\] = 3", ValueError,
+     dict(indptr=_i32([0, 3, 2]))),
+    ("indptr must start at 0, got indptr\\[0\\] = 1", ValueError, dict(indptr=_i32([1, 2, 3]))),
+    ("indptr\\[-1\\] must be at most len\\(indices\\) = 2, got 3", ValueError,
+     dict(indices=_i32([0, 1]))),
     ("last_page_len\\[0\\] is 17, must be in \\[1, page_size=16\\]", ValueError,
      dict(last_page_len=_i32([17, 1]))),
     ("last_page_len\\[1\\] is 0", ValueError, dict(last_page_len=_i32([1, 0]))),
