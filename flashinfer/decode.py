@@ -34,6 +34,7 @@ from .jit.decode import HEAD_DIMS, gen_decode_module
 from .jit.dtypes import dtype_info
 from .paged_kv import unpack_paged_kv_cache
 from .pdl import resolve_enable_pdl
+from .utils import get_device_sm_count
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _INDEX = (torch.int32, torch.int64)
@@ -59,20 +60,12 @@ def get_decode_module(dtype: Any, head_dim: int):  # noqa: ANN201 - a tvm_ffi.Mo
     return gen_decode_module(dtype, head_dim).build_and_load()
 
 
-def _device_index(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(_device_index(device)).multi_processor_count
-
-
 @functools.cache
 def _max_ctas(dtype: torch.dtype, head_dim: int, group: int, device: torch.device) -> int:
     """CTAs of the decode kernel the device holds at once for this group size."""
-    with torch.cuda.device(_device_index(device)):
+    with torch.cuda.device(device):
         per_sm = get_decode_module(dtype, head_dim).blocks_per_sm(group)
-    return _sm_count(device) * max(1, int(per_sm))
+    return get_device_sm_count(device) * max(1, int(per_sm))
 
 
 def _check_dtype_name(name: str, value: Any) -> torch.dtype:
@@ -485,7 +478,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             fixed_chunk=None if fixed_split_size is None else fixed_split_size * page_size,
             allow_split=not disable_split_kv)
         if self._use_cuda_graph:
-            bound = _sm_count(device) * _MAX_CTAS_PER_SM // num_kv_heads
+            bound = get_device_sm_count(device) * _MAX_CTAS_PER_SM // num_kv_heads
             work_cap, merge_cap, tmp_cap = batch + bound, min(batch, bound), bound
             if schedule.num_work > work_cap or schedule.num_tmp_rows > tmp_cap:
                 raise ValueError(f"this split (fixed_split_size={fixed_split_size}) needs "

@@ -200,7 +200,7 @@ class CpuPlan:
 def cpu_plan(monkeypatch: pytest.MonkeyPatch) -> CpuPlan:
     record = CpuPlan()
     monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: 64)
-    monkeypatch.setattr(decode_api, "_sm_count", lambda device: 2)
+    monkeypatch.setattr(decode_api, "get_device_sm_count", lambda device: 2)
     monkeypatch.setattr(decode_api, "get_decode_module", record.get_decode_module)
     monkeypatch.setattr(decode_api.BatchDecodeWithPagedKVCacheWrapper, "_upload",
                         lambda self, words, target: record.uploads.append(list(words)))
