@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from .utils import cuda_device_index
+
 _UINT64 = 1 << 64
 _SEED_DTYPES = (torch.int64, torch.uint64)
 # The least a call advances a CUDA generator's offset by (torch's offsets move in steps of 4).
@@ -81,13 +83,14 @@ def philox_seed_offset(device: torch.device, generator: torch.Generator | None =
     if seed is not None:
         return seed, 0 if offset is None else offset
     if generator is None:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        generator = torch.cuda.default_generators[index]
+        generator = torch.cuda.default_generators[cuda_device_index(device)]
     if generator.device.type == "cpu":
         drawn = torch.randint(-(1 << 63), (1 << 63) - 1, (1,), dtype=torch.int64,
                               generator=generator)
         return int(drawn) % _UINT64, 0
-    if generator.device != device:
+    # torch.Generator(device="cuda") carries no index: it is the current device's.
+    if (generator.device.type != device.type
+            or cuda_device_index(generator.device) != cuda_device_index(device)):
         raise ValueError(f"generator is on {generator.device}, the input on {device}")
     state = generator.get_state()
     if state.numel() != 16:

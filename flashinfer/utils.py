@@ -29,7 +29,8 @@ class BackendNotSupportedError(RuntimeError):
     """An API was called with a backend or on a device it does not support."""
 
 
-def _device_index(device: torch.device | str | int | None) -> int:
+def cuda_device_index(device: torch.device | str | int | None) -> int:
+    """The index of a CUDA device; None or an index-less device means the current one."""
     if device is None:
         return torch.cuda.current_device()
     if isinstance(device, int):
@@ -43,7 +44,7 @@ def _device_index(device: torch.device | str | int | None) -> int:
 def get_compute_capability(device: torch.device | str | int) -> tuple[int, int]:
     """(major, minor) of a CUDA device (``torch.device``, ``"cuda:1"`` or an index; a device
     without an index is the current one)."""
-    return _capability(_device_index(device))
+    return _capability(cuda_device_index(device))
 
 
 @functools.cache
@@ -54,7 +55,7 @@ def _capability(index: int) -> tuple[int, int]:
 def get_device_sm_count(device: torch.device | str | int) -> int:
     """Number of streaming multiprocessors of a CUDA device (forms as for
     :func:`get_compute_capability`)."""
-    return _sm_count(_device_index(device))
+    return _sm_count(cuda_device_index(device))
 
 
 @functools.cache

@@ -247,6 +247,42 @@ def test_seed_and_offset_sources() -> None:
         rng.philox_seed_offset(cpu, seed=1, offset=2**64)
 
 
+class _StandInCudaGenerator(torch.Generator):
+    """A torch.Generator reporting a CUDA device, its state a CUDA generator's (seed and
+    offset), so the device match runs without a GPU."""
+
+    def __new__(cls, device: str, seed: int, offset: int) -> "_StandInCudaGenerator":
+        return super().__new__(cls)
+
+    def __init__(self, device: str, seed: int, offset: int) -> None:
+        self._device = torch.device(device)
+        self.state = torch.tensor([seed, offset], dtype=I64).view(torch.uint8)
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def get_state(self) -> torch.Tensor:
+        return self.state.clone()
+
+    def set_state(self, state: torch.Tensor) -> None:
+        self.state = state.clone()
+
+
+def test_an_index_less_cuda_generator_is_the_current_devices(monkeypatch) -> None:
+    """torch.Generator(device="cuda") reports device "cuda": it matches an input on the
+    current device and no other."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    g = _StandInCudaGenerator("cuda", seed=11, offset=8)
+    assert rng.philox_seed_offset(torch.device("cuda:1"), g) == (11, 8)
+    assert g.get_state().view(I64).tolist() == [11, 8 + rng.OFFSET_INCREMENT]
+    assert rng.philox_seed_offset(torch.device("cuda"), g) == (11, 12)
+    with pytest.raises(ValueError, match="generator is on cuda, the input on cuda:0"):
+        rng.philox_seed_offset(torch.device("cuda:0"), g)
+    with pytest.raises(ValueError, match="generator is on cuda:0, the input on cuda:1"):
+        rng.philox_seed_offset(torch.device("cuda:1"), _StandInCudaGenerator("cuda:0", 1, 0))
+
+
 def test_a_call_consumes_whole_philox_blocks_of_words_per_row() -> None:
     assert [sampling_api._words_per_row(v) for v in (1, 4, 5, 128256)] == [4, 4, 8, 128256]
 

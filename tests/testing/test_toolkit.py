@@ -79,7 +79,7 @@ def test_cupti_is_used_when_importable_and_falls_back_with_a_message(
 def fake_gpu(monkeypatch: pytest.MonkeyPatch):
     def set_gpu(capability: tuple[int, int], toolkit: tuple[int, int] | None) -> None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-        monkeypatch.setattr(utils, "_device_index", lambda device: 0)
+        monkeypatch.setattr(utils, "cuda_device_index", lambda device: 0)
         monkeypatch.setattr(utils, "_capability", lambda index: capability)
         monkeypatch.setattr(utils, "_toolkit_version", lambda: toolkit)
 
