@@ -1,5 +1,5 @@
 // Kernel TU of the decode module (nvcc). No tvm-ffi headers here: see docs/jit.md.
-#include "decode_config.h"
+#include "attention_config.h"
 #include "decode_launcher.h"
 #include "flashinfer/decode.cuh"
 

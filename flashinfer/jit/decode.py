@@ -26,7 +26,7 @@ def gen_decode_module(dtype: Any, head_dim: int) -> JitSpec:
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
     uri = decode_uri(dtype, head_dim)
-    config = render_template("decode_config.jinja", uri, "decode_config.h", uri=uri,
+    config = render_template("attention_config.jinja", uri, "attention_config.h", uri=uri,
                              dtype_name=info.name, cuda_type=info.cuda_type,
                              dlpack_code=info.dlpack_code, bits=info.bits, head_dim=head_dim)
     return gen_jit_spec(

@@ -18,6 +18,7 @@ _OP_MODULES = (
     "flashinfer.jit.page",
     "flashinfer.jit.sampling",
     "flashinfer.jit.decode",
+    "flashinfer.jit.prefill",
 )
 _OPS: dict[str, Callable[[], Iterable[JitSpec]]] = {}
 

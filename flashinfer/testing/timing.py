@@ -4,7 +4,8 @@
 the timed region) by a write to a scratch buffer larger than the L2 cache so every
 iteration starts cold. Timers:
 
-- CUDA events around each iteration (default);
+- CUDA events around each iteration (default), queued behind a short GPU busy-wait so
+  host overhead does not count;
 - CUPTI kernel records (``enable_cupti=True`` with the ``cupti`` package importable):
   the span from the first kernel's start to the last kernel's end, which leaves out
   launch overhead before the first kernel; without the package it logs and uses events;
@@ -33,12 +34,21 @@ class IterationTimer(Protocol):
                 iterations: int) -> list[float]: ...
 
 
+# GPU cycles of busy-wait queued ahead of each timed iteration (~100 us at 2 GHz).
+_HOLD_CYCLES = 200_000
+
+
 class CudaEventTimer:
+    """Events around each iteration. A short GPU busy-wait is queued before the start event
+    so the host's Python and launch overhead is hidden behind it: without it a small
+    kernel's figure is the host's time between the two events, not the kernel's."""
+
     def measure(self, run: Callable[[], Any], prepare: Callable[[], Any],
                 iterations: int) -> list[float]:
         pairs = []
         for _ in range(iterations):
             prepare()
+            torch.cuda._sleep(_HOLD_CYCLES)
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()

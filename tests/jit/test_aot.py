@@ -114,7 +114,7 @@ def test_registry_and_precompile_errors(capsys: pytest.CaptureFixture[str]) -> N
     names = [spec.name for spec in registry.specs_for(["norm"])]
     assert sorted(names) == NORM_URIS
     assert {"norm", "activation"} <= set(registry.registered_ops())
-    with pytest.raises(ValueError, match="unknown op.*nope.*registered: activation, cascade, decode, norm, norm_quant, page, rope, sampling"):
+    with pytest.raises(ValueError, match="unknown op.*nope.*registered: activation, cascade, decode, norm, norm_quant, page, prefill, rope, sampling"):
         registry.specs_for(["nope"])
     assert cli(["precompile", "--arch", "9.0a", "--ops", "nope", "--out", "/tmp/x"]) == 1
     assert "unknown op(s) nope" in capsys.readouterr().err

@@ -1,0 +1,56 @@
+// Kernel TU of the prefill module (nvcc). No tvm-ffi headers here: see docs/jit.md.
+#include "attention_config.h"
+#include "flashinfer/prefill.cuh"
+#include "prefill_launcher.h"
+
+namespace fp = flashinfer::prefill;
+namespace fc = flashinfer::cascade;
+
+cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
+  fp::PrefillParams<DType> p;
+  p.q = static_cast<const DType*>(l.q);
+  p.q_row_stride = l.q_row_stride;
+  p.q_head_stride = l.q_head_stride;
+  p.qo_indptr = l.qo_indptr;
+  p.k = {static_cast<const DType*>(l.k), l.k_page_stride, l.k_slot_stride, l.k_head_stride};
+  p.v = {static_cast<const DType*>(l.v), l.v_page_stride, l.v_slot_stride, l.v_head_stride};
+  p.pages = {l.kv_indices, l.kv_indptr, l.kv_last_page_len, l.page_size, l.num_indices,
+             l.num_pages};
+  p.mask = l.mask;
+  p.mask_indptr = l.mask_indptr;
+  p.out = static_cast<DType*>(l.out);
+  p.out_row_stride = l.out_row_stride;
+  p.out_head_stride = l.out_head_stride;
+  p.lse = l.lse;
+  p.tmp_v = l.tmp_v;
+  p.tmp_lse = l.tmp_lse;
+  p.num_qo_heads = l.num_qo_heads;
+  p.group = l.num_qo_heads / l.num_kv_heads;
+  p.scale = l.score_scale;
+  p.cap = l.score_cap;
+  p.causal = l.causal;
+  p.window_left = l.window_left;
+  p.single_qo_len = l.single_qo_len;
+  p.single_kv_len = l.single_kv_len;
+  const fp::WorkList work{l.plan, l.work_capacity, l.chunk_tokens, l.single_chunks};
+  fc::MergeSchedule merge{};
+  int64_t merge_positions = 0;
+  if (l.plan) {
+    // after [num_work, chunk_tokens, 5 x work_capacity]:
+    // [num_merge, merge_row[cap], merge_indptr[cap + 1]]
+    const int32_t* m = l.plan + 2 + 5 * l.work_capacity;
+    merge = {m, m + 1 + l.merge_capacity, m + 1, 0};
+    merge_positions = l.grid_merge;
+  } else if (l.single_chunks > 1) {
+    merge = {nullptr, nullptr, nullptr, l.single_chunks};
+    merge_positions = l.single_qo_len;
+  }
+  return fp::Prefill<DType, kHeadDim>(p, work, l.grid_work, l.num_kv_heads, merge,
+                                      merge_positions, l.pdl, stream);
+}
+
+cudaError_t prefill_blocks_per_sm(int* blocks) {
+  return fp::PrefillBlocksPerSM<DType, kHeadDim>(blocks);
+}
+
+int prefill_tile_rows() { return fp::kTileRows; }

@@ -1,0 +1,70 @@
+// The KV cache as attention kernels read it (paged, or contiguous as one page) and the
+// cp.async copies that stage it in shared memory. Shared by decode and prefill.
+// Framework-agnostic: raw pointers and strides.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace flashinfer {
+
+// K or V of a paged cache: token t of request b is slot t % page_size of page
+// indices[indptr[b] + t / page_size]. A contiguous cache is one page (indices null) of
+// page_size = kv_len. Strides in elements, every one a multiple of 8 (16 bytes; checked on
+// the host).
+template <typename T>
+struct KVCache {
+  const T* data;
+  int64_t page_stride, slot_stride, head_stride;
+};
+
+struct PageTable {
+  const int32_t* indices;  // null: contiguous
+  const int32_t* indptr;
+  const int32_t* last_page_len;
+  int64_t page_size;
+  int64_t num_indices;  // entries of `indices`; a position past them is skipped, never read
+  int64_t num_pages;    // a page id outside [0, num_pages) is skipped, never read
+};
+
+// The request's KV length from the page table: full pages plus the filled part of the last
+// one (clamped to [0, page_size], so a bad length never reaches past the request's pages).
+__device__ __forceinline__ int64_t request_length(const PageTable& pt, int64_t request) {
+  const int64_t pages = static_cast<int64_t>(pt.indptr[request + 1]) - pt.indptr[request];
+  if (pages <= 0) return 0;
+  const int64_t last = min(max(static_cast<int64_t>(pt.last_page_len[request]), int64_t{0}),
+                           pt.page_size);
+  return (pages - 1) * pt.page_size + last;
+}
+
+// The page and slot of the request's token `token` (page -1 when its page id or its
+// position in the page table is out of range). 32-bit division: KV lengths and page sizes are
+// < 2^31 (checked on the host).
+__device__ __forceinline__ void locate(const PageTable& pt, int64_t page_base, int64_t token,
+                                       int64_t* page, int64_t* slot) {
+  if (!pt.indices) {
+    *page = 0;
+    *slot = token;
+    return;
+  }
+  const uint32_t t = static_cast<uint32_t>(token), size = static_cast<uint32_t>(pt.page_size);
+  const int64_t at = page_base + t / size;
+  *page = at >= 0 && at < pt.num_indices ? pt.indices[at] : -1;
+  if (*page >= pt.num_pages) *page = -1;
+  *slot = t % size;
+}
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool fill) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const int src_bytes = fill ? 16 : 0;  // 0: write zeros, read nothing
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+}  // namespace flashinfer

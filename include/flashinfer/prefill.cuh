@@ -1,0 +1,418 @@
+// Prefill attention on tensor cores, FlashAttention-2 style: many query tokens per request
+// against its KV (ragged: contiguous per request; paged: a page table; single: one request).
+// Framework-agnostic: raw pointers, strides and a cudaStream_t.
+//
+// Work decomposition. A request's query rows are packed with its GQA group: packed row
+// p = t * group + g is query token t of query head kv_head * group + g, so every query head
+// of a KV head shares each K/V tile (and decode, one token per request, fills a tile with its
+// group). A CTA computes one work item -- (request, tile of kTileRows packed rows, KV chunk c
+// of n) -- for one KV head; grid = (work items, kv heads). flashinfer/prefill_schedule.py
+// decides the chunks; the kernel reads query and KV lengths from the device (indptr,
+// last_page_len) when it runs, chunk c covering [c * chunk_tokens, ...) and the last chunk
+// running to the request's end. Split requests write float32 partial states (v, base-2 LSE)
+// to tmp row tmp_base + t * n + c, and cascade::MergeStatesKernel merges each token's n rows.
+//
+// Inside a CTA. Four warps each own 16 packed rows. Q (kTileRows x head_dim) is staged once;
+// K and V arrive in tiles of kTileKV tokens through a two-stage cp.async pipeline (tile i + 1
+// in flight while tile i is computed). Shared memory rows are swizzled (16-byte chunk c of
+// row r stored at chunk c ^ (r % 8)) so that ldmatrix reads are free of bank conflicts. S =
+// Q K^T and O += P V run on mma.sync m16n8k16 with float32 accumulators; the softmax is
+// online in log2 units (running row max m, running sum d, O rescaled by 2^(m_old - m_new)).
+// Only tiles that reach a mask boundary (causal diagonal, window edge, chunk end, custom
+// mask) evaluate the mask per element; KV tiles wholly outside the causal or window range
+// are never loaded.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "flashinfer/cascade.cuh"
+#include "flashinfer/kv_table.cuh"
+#include "flashinfer/mma.cuh"
+#include "flashinfer/pdl.cuh"
+
+namespace flashinfer {
+namespace prefill {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTileRows = kWarps * 16;  // packed query rows per CTA
+
+template <int kHeadDim>
+struct Tiling {
+  static_assert(kHeadDim % 64 == 0, "the swizzle needs at least 8 chunks of 16 bytes per row");
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kTileKV = kHeadDim <= 128 ? 64 : 16;  // tokens per K/V tile (registers)
+  static constexpr int kQElems = kTileRows * kHeadDim;
+  static constexpr int kKVElems = kTileKV * kHeadDim;
+  // Q, then two stages of K, then two stages of V (16-bit elements)
+  static constexpr size_t kSharedBytes = (kQElems + 4 * kKVElems) * 2;
+};
+
+template <typename T>
+struct PrefillParams {
+  const T* q;
+  int64_t q_row_stride, q_head_stride;
+  // [batch + 1] query row offsets; null: one request of single_qo_len rows (single prefill)
+  const int32_t* qo_indptr;
+  KVCache<T> k, v;
+  // Paged: indices, indptr (page offsets) and last_page_len. Ragged: indices null, indptr the
+  // token offsets. Single: indptr null too, kv_len = single_kv_len.
+  PageTable pages;
+  // Bit-packed boolean masks (little bit order): request b's [qo_len, kv_len] mask, row-major,
+  // starts at byte mask_indptr[b] (at 0 when mask_indptr is null). Null: no custom mask.
+  const uint8_t* mask;
+  const int32_t* mask_indptr;
+  T* out;
+  int64_t out_row_stride, out_head_stride;
+  float* lse;      // [rows, qo_heads] base-2 LSE, may be null
+  float* tmp_v;    // [tmp rows, qo_heads, head_dim]
+  float* tmp_lse;  // [tmp rows, qo_heads]
+  int64_t num_qo_heads, group;
+  float scale;  // applied to q.k: sm_scale * log2e, or sm_scale / cap with a soft cap
+  float cap;    // > 0: score = cap * log2e * tanh(scaled q.k)
+  bool causal;  // ignored with a custom mask, as in the reference
+  // >= 0: token t sees key j only if j >= t + kv_len - qo_len - window_left
+  int64_t window_left;
+  int64_t single_qo_len, single_kv_len;
+};
+
+// Batch mode: plan points at [num_work, chunk_tokens, request[cap], q_tile[cap], chunk[cap],
+// chunks[cap], tmp_base[cap], num_merge, merge_row[mcap], merge_indptr[mcap + 1]] (see
+// prefill_schedule.py). Single mode (plan null): item i is q tile i / single_chunks, chunk
+// i % single_chunks.
+struct WorkList {
+  const int32_t* plan;
+  int64_t capacity;
+  int64_t chunk_tokens;   // single mode
+  int64_t single_chunks;  // single mode
+};
+
+struct Item {
+  int64_t request, q_tile, chunk, chunks, tmp_base, chunk_tokens;
+};
+
+__device__ __forceinline__ bool work_item(const WorkList& w, int64_t i, Item* item) {
+  if (w.plan) {
+    if (i >= w.plan[0]) return false;
+    const int32_t* a = w.plan + 2;
+    *item = {a[i], a[w.capacity + i], a[2 * w.capacity + i], a[3 * w.capacity + i],
+             a[4 * w.capacity + i], max(w.plan[1], 1)};
+    return true;
+  }
+  const int64_t chunks = w.single_chunks;
+  *item = {0, i / chunks, i % chunks, chunks, chunks > 1 ? 0 : -1, w.chunk_tokens};
+  return true;
+}
+
+// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][kHeadDim] tile.
+template <int kHeadDim>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+}
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, WorkList w) {
+  using Tl = Tiling<kHeadDim>;
+  constexpr int kTileKV = Tl::kTileKV, kChunks = Tl::kChunks;
+  constexpr int kScoreTiles = kTileKV / 8, kDimTiles = kHeadDim / 8;
+  extern __shared__ __align__(16) uint8_t shared_bytes[];
+  T* const sq = reinterpret_cast<T*>(shared_bytes);
+  T* const sk = sq + Tl::kQElems;
+  T* const sv = sk + 2 * Tl::kKVElems;
+
+  pdl_wait();
+  Item item;
+  if (!work_item(w, blockIdx.x, &item)) return;
+  const int64_t kv_head = blockIdx.y, group = p.group;
+  int64_t q_start = 0, qo_len = p.single_qo_len, kv_len = p.single_kv_len;
+  int64_t kv_offset = 0, page_base = 0;
+  if (p.qo_indptr) {
+    q_start = p.qo_indptr[item.request];
+    qo_len = p.qo_indptr[item.request + 1] - q_start;
+    if (p.pages.indices) {
+      page_base = p.pages.indptr[item.request];
+      kv_len = request_length(p.pages, item.request);
+    } else {
+      kv_offset = p.pages.indptr[item.request];
+      kv_len = p.pages.indptr[item.request + 1] - kv_offset;
+    }
+  }
+  qo_len = max(qo_len, int64_t{0});
+  kv_len = max(kv_len, int64_t{0});
+  const int64_t row0 = item.q_tile * kTileRows, rows = qo_len * group;
+  if (row0 >= rows) return;  // no query token of this tile (lengths shrank since the plan)
+  const int64_t t_first = row0 / group, t_last = min(row0 + kTileRows - 1, rows - 1) / group;
+  const int64_t delta = kv_len - qo_len;  // bottom-right alignment of causal and window masks
+  const bool causal = p.causal && !p.mask;
+
+  // The KV range this tile attends in its chunk: [lo, hi).
+  int64_t lo = min(item.chunk * item.chunk_tokens, kv_len);
+  int64_t hi = item.chunk + 1 >= item.chunks ? kv_len : min(lo + item.chunk_tokens, kv_len);
+  if (causal) hi = min(hi, t_last + delta + 1);
+  if (p.window_left >= 0) lo = max(lo, t_first + delta - p.window_left);
+  const int64_t num_tiles = hi > lo ? (hi - lo + kTileKV - 1) / kTileKV : 0;
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  // Q: packed rows past the request's end are zero-filled (their results are never stored).
+  for (int c = tid; c < kTileRows * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = c % kChunks;
+    const int64_t packed = row0 + r;
+    const bool valid = packed < rows;
+    const int64_t t = packed / group, head = kv_head * group + packed % group;
+    const T* src = p.q + (q_start + t) * p.q_row_stride + head * p.q_head_stride + col * 8;
+    cp_async_16(sq + swizzle<kHeadDim>(r, col), valid ? src : p.q, valid);
+  }
+  // A K/V tile: tokens at or past `hi`, and tokens on pages outside the cache, read as zeros
+  // (never memory another request owns) and are masked.
+  auto load_kv = [&](int stage, int64_t kv0) {
+    T* const k_tile = sk + stage * Tl::kKVElems;
+    T* const v_tile = sv + stage * Tl::kKVElems;
+#pragma unroll 1
+    for (int c = tid; c < kTileKV * kChunks; c += kThreads) {
+      const int token = c / kChunks, col = c % kChunks;
+      const int64_t j = kv0 + token;
+      int64_t page = 0, slot = 0;
+      bool valid = j < hi;
+      if (valid) {
+        locate(p.pages, page_base, kv_offset + j, &page, &slot);
+        valid = page >= 0;
+      }
+      const int64_t k_at = page * p.k.page_stride + slot * p.k.slot_stride +
+                           kv_head * p.k.head_stride + col * 8;
+      const int64_t v_at = page * p.v.page_stride + slot * p.v.slot_stride +
+                           kv_head * p.v.head_stride + col * 8;
+      cp_async_16(k_tile + swizzle<kHeadDim>(token, col), p.k.data + (valid ? k_at : 0), valid);
+      cp_async_16(v_tile + swizzle<kHeadDim>(token, col), p.v.data + (valid ? v_at : 0), valid);
+    }
+  };
+  if (num_tiles > 0) load_kv(0, lo);
+  cp_async_commit();
+
+  // This thread's two rows of its warp's 16: tile rows r[h] = warp * 16 + lane / 4 + 8h.
+  int64_t token[2];
+  bool row_valid[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t packed = row0 + warp * 16 + lane / 4 + 8 * h;
+    token[h] = packed / group;
+    row_valid[h] = packed < rows;
+  }
+  int64_t mask_base[2] = {0, 0};
+  if (p.mask) {
+    const int64_t offset = p.mask_indptr ? p.mask_indptr[item.request] : 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) mask_base[h] = offset * 8 + token[h] * kv_len;
+  }
+  // 32-bit shared-window byte addresses of the tiles, for ldmatrix
+  const uint32_t q_base = mma::smem_address(sq), k_base = mma::smem_address(sk);
+  const uint32_t v_base = mma::smem_address(sv);
+  float o[kDimTiles][4];
+#pragma unroll
+  for (int i = 0; i < kDimTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.f, 0.f};
+
+  for (int64_t it = 0; it < num_tiles; ++it) {
+    const int64_t kv0 = lo + it * kTileKV;
+    if (it + 1 < num_tiles) {
+      load_kv((it + 1) & 1, kv0 + kTileKV);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const uint32_t k_tile = k_base + (it & 1) * Tl::kKVElems * 2;
+    const uint32_t v_tile = v_base + (it & 1) * Tl::kKVElems * 2;
+    float s[kScoreTiles][4];
+#pragma unroll
+    for (int i = 0; i < kScoreTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      uint32_t a[4];
+      mma::ldmatrix_x4(a, q_base + 2 * swizzle<kHeadDim>(warp * 16 + lane % 16,
+                                                         ks * 2 + lane / 16));
+#pragma unroll
+      for (int n2 = 0; n2 < kTileKV / 16; ++n2) {
+        uint32_t b[4];
+        mma::ldmatrix_x4(b, k_tile + 2 * swizzle<kHeadDim>(n2 * 16 + lane % 8 + (lane / 16) * 8,
+                                                           ks * 2 + (lane / 8) % 2));
+        mma::mma_16816<T>(s[2 * n2], a, b[0], b[1]);
+        mma::mma_16816<T>(s[2 * n2 + 1], a, b[2], b[3]);
+      }
+    }
+
+    const bool needs_mask = kv0 + kTileKV > hi || p.mask ||
+                            (causal && kv0 + kTileKV - 1 > t_first + delta) ||
+                            (p.window_left >= 0 && kv0 < t_last + delta - p.window_left);
+    if (needs_mask) {
+      // Per row, the visible columns of this tile are [first, last) in 32-bit tile offsets.
+      int first[2], last[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int64_t end = hi - kv0, begin = 0;
+        if (causal) end = min(end, token[h] + delta + 1 - kv0);
+        if (p.window_left >= 0) begin = max(begin, token[h] + delta - p.window_left - kv0);
+        last[h] = static_cast<int>(max(min(end, int64_t{kTileKV}), int64_t{0}));
+        first[h] = static_cast<int>(min(begin, int64_t{kTileKV}));
+      }
+#pragma unroll
+      for (int i = 0; i < kScoreTiles; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2, col = i * 8 + 2 * (lane % 4) + (e % 2);
+          bool visible = col >= first[h] && col < last[h];
+          if (p.mask && visible && row_valid[h]) {  // a padding row has no mask bits
+            const int64_t bit = mask_base[h] + kv0 + col;
+            visible = (p.mask[bit >> 3] >> (bit & 7)) & 1;
+          }
+          if (!visible) s[i][e] = -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kScoreTiles; ++i) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (s[i][e] == -INFINITY) continue;
+        float x = s[i][e] * p.scale;
+        if (p.cap > 0.f) x = p.cap * tanhf(x);
+        s[i][e] = x;
+      }
+    }
+
+    // Online softmax, per row; a row's four lanes (lane % 4) share its max.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float row_max = m[h];
+#pragma unroll
+      for (int i = 0; i < kScoreTiles; ++i) {
+        row_max = fmaxf(row_max, fmaxf(s[i][2 * h], s[i][2 * h + 1]));
+      }
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+      const float base = row_max == -INFINITY ? 0.f : row_max;  // nothing visible yet
+      const float rescale = exp2f(m[h] - base);
+      m[h] = row_max;
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < kScoreTiles; ++i) {
+        s[i][2 * h] = exp2f(s[i][2 * h] - base);
+        s[i][2 * h + 1] = exp2f(s[i][2 * h + 1] - base);
+        sum += s[i][2 * h] + s[i][2 * h + 1];
+      }
+      d[h] = d[h] * rescale + sum;  // this lane's columns; the row's lanes add up at the end
+#pragma unroll
+      for (int i = 0; i < kDimTiles; ++i) {
+        o[i][2 * h] *= rescale;
+        o[i][2 * h + 1] *= rescale;
+      }
+    }
+
+    // O += P V: P's accumulator fragments are the A operand of the next mma, 16 keys a step.
+#pragma unroll
+    for (int kk = 0; kk < kTileKV / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = mma::pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = mma::pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = mma::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = mma::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int n2 = 0; n2 < kHeadDim / 16; ++n2) {
+        uint32_t b[4];
+        mma::ldmatrix_x4_trans(
+            b, v_tile + 2 * swizzle<kHeadDim>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
+                                              n2 * 2 + lane / 16));
+        mma::mma_16816<T>(o[2 * n2], a, b[0], b[1]);
+        mma::mma_16816<T>(o[2 * n2 + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // the stage just read is the next iteration's load target
+  }
+  cp_async_wait<0>();
+  pdl_launch_dependents();
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
+    d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
+    if (!row_valid[h]) continue;
+    const int64_t packed = row0 + warp * 16 + lane / 4 + 8 * h;
+    const float inv = d[h] > 0.f ? 1.f / d[h] : 0.f;
+    const float lse = d[h] > 0.f ? m[h] + log2f(d[h]) : -INFINITY;
+    const int64_t t = token[h], head = kv_head * group + packed % group;
+    const int dim = 2 * (lane % 4);
+    if (item.tmp_base < 0) {
+      T* dst = p.out + (q_start + t) * p.out_row_stride + head * p.out_head_stride + dim;
+#pragma unroll
+      for (int i = 0; i < kDimTiles; ++i) {
+        *reinterpret_cast<uint32_t*>(dst + i * 8) =
+            mma::pack2<T>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+      }
+      if (p.lse && lane % 4 == 0) p.lse[(q_start + t) * p.num_qo_heads + head] = lse;
+    } else {
+      const int64_t row = (item.tmp_base + t * item.chunks + item.chunk) * p.num_qo_heads + head;
+      float* dst = p.tmp_v + row * kHeadDim + dim;
+#pragma unroll
+      for (int i = 0; i < kDimTiles; ++i) {
+        *reinterpret_cast<float2*>(dst + i * 8) =
+            make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+      }
+      if (lane % 4 == 0) p.tmp_lse[row] = lse;
+    }
+  }
+}
+
+// Raising the kernel's dynamic shared memory limit happens once per device and never again,
+// so launches captured in a CUDA graph (after a warm-up run) make no attribute calls.
+template <typename T, int kHeadDim>
+cudaError_t PreparePrefillKernel() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> configured[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < kMaxDevices && configured[device].load()) return cudaSuccess;
+  err = cudaFuncSetAttribute(PrefillKernel<T, kHeadDim>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(Tiling<kHeadDim>::kSharedBytes));
+  if (err == cudaSuccess && device < kMaxDevices) configured[device].store(true);
+  return err;
+}
+
+// CTAs of PrefillKernel resident per SM (the scheduler's unit of fill).
+template <typename T, int kHeadDim>
+cudaError_t PrefillBlocksPerSM(int* blocks) {
+  cudaError_t err = PreparePrefillKernel<T, kHeadDim>();
+  if (err != cudaSuccess) return err;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, PrefillKernel<T, kHeadDim>,
+                                                       kThreads, Tiling<kHeadDim>::kSharedBytes);
+}
+
+// Launches the prefill kernel over `grid_work` work items, then (when merge_positions > 0)
+// the merge of split requests' tmp rows into the output. `pdl`: both launch with
+// programmatic dependent launch (see pdl.cuh).
+template <typename T, int kHeadDim>
+cudaError_t Prefill(const PrefillParams<T>& p, const WorkList& work, int64_t grid_work,
+                    int64_t num_kv_heads, const cascade::MergeSchedule& merge,
+                    int64_t merge_positions, bool pdl, cudaStream_t stream) {
+  if (grid_work == 0 || num_kv_heads == 0) return cudaSuccess;
+  cudaError_t err = PreparePrefillKernel<T, kHeadDim>();
+  if (err != cudaSuccess) return err;
+  err = launch_kernel(PrefillKernel<T, kHeadDim>,
+                      dim3(static_cast<unsigned>(grid_work), static_cast<unsigned>(num_kv_heads)),
+                      dim3(kThreads), Tiling<kHeadDim>::kSharedBytes, stream, pdl, p, work);
+  if (err != cudaSuccess || merge_positions == 0) return err;
+  const int64_t h = p.num_qo_heads;
+  return cascade::MergeStates<float, T>(
+      {p.out, p.lse, p.out_row_stride, p.out_head_stride, h, 1},
+      {p.tmp_v, p.tmp_lse, h * kHeadDim, kHeadDim, h, 1}, merge, merge_positions, h, kHeadDim,
+      stream, pdl);
+}
+
+}  // namespace prefill
+}  // namespace flashinfer
