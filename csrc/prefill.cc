@@ -101,6 +101,14 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
   const Strides vs = CacheOf(v, "v", rank, hnd, kv_heads, &v_page_size);
   FLASHINFER_CHECK(page_size == v_page_size && k.size(0) == v.size(0), ValueError)
       << "k and v differ in " << (paged ? "pages or page_size" : "tokens");
+  FLASHINFER_CHECK(custom_mask.has_value() == mask_indptr.has_value(), ValueError)
+      << "custom_mask and mask_indptr go together";
+  FLASHINFER_CHECK(work_capacity >= grid_work && merge_capacity >= grid_merge && grid_work >= 0 &&
+                       grid_merge >= 0 && tmp_capacity >= 0 && window_left >= -1,
+                   ValueError) << "the launch does not match the schedule";
+  FLASHINFER_CHECK(grid_work <= std::numeric_limits<int32_t>::max() &&
+                       grid_merge <= std::numeric_limits<int32_t>::max(),
+                   ValueError) << "the schedule exceeds the grid limit";
   CheckCuda(q, "q");
   FLASHINFER_CHECK(qo_indptr.ndim() == 1 && qo_indptr.size(0) >= 1, ValueError)
       << "qo_indptr must be 1-D with batch_size + 1 elements";
@@ -122,18 +130,10 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
     l.num_pages = k.size(0);
     l.page_size = page_size;
   }
-  FLASHINFER_CHECK(custom_mask.has_value() == mask_indptr.has_value(), ValueError)
-      << "custom_mask and mask_indptr go together";
   l.mask = MaskOf(custom_mask, 0, q);
   if (mask_indptr.has_value()) {
     l.mask_indptr = IndexArray(mask_indptr.value(), "mask_indptr", batch + 1, q);
   }
-  FLASHINFER_CHECK(work_capacity >= grid_work && merge_capacity >= grid_merge && grid_work >= 0 &&
-                       grid_merge >= 0 && tmp_capacity >= 0 && window_left >= -1,
-                   ValueError) << "the launch does not match the schedule";
-  FLASHINFER_CHECK(grid_work <= std::numeric_limits<int32_t>::max() &&
-                       grid_merge <= std::numeric_limits<int32_t>::max(),
-                   ValueError) << "the schedule exceeds the grid limit";
   l.plan = IndexArray(plan, "plan", 4 + 5 * work_capacity + 2 * merge_capacity, q);
   // the plan's tmp rows are < tmp_capacity
   CheckFloatBuffer(tmp_v, "tmp_v", tmp_capacity * qo_heads * kHeadDim);
@@ -170,11 +170,12 @@ void SinglePrefill(TensorView q, TensorView k, TensorView v, Optional<TensorView
   const int64_t tmp_rows = num_chunks > 1 ? qo_len * num_chunks : 0;
   CheckFloatBuffer(tmp_v, "tmp_v", tmp_rows * qo_heads * kHeadDim);
   CheckFloatBuffer(tmp_lse, "tmp_lse", tmp_rows * qo_heads);
+  const uint8_t* mask = MaskOf(custom_mask, (qo_len * kv_len + 7) / 8, q);
   CheckCuda(q, "q");
   PrefillLaunch l = LaunchOf(q, k, v, ks, vs, out, LseOf(lse, qo_len, qo_heads, q), tmp_v,
                              tmp_lse, kv_heads, causal, window_left, score_scale, score_cap,
                              enable_pdl);
-  l.mask = MaskOf(custom_mask, (qo_len * kv_len + 7) / 8, q);
+  l.mask = mask;
   CheckDevices(q, {{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"}, {&out, "out"}});
   l.page_size = std::max<int64_t>(kv_len, 1);
   l.num_pages = 1;

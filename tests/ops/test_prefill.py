@@ -833,3 +833,67 @@ def test_head_counts_past_a_grid_dimension_are_refused() -> None:
     with pytest.raises(ValueError, match="num_qo_heads must be <= 65535, got 65536"):
         prefill_api._check_heads(65536, 4096, 128)
     assert prefill_api._check_heads(65535, 13107, 64) == 5
+
+
+# -- the real module: compiles here, its binding re-checks --------------------------------------
+
+
+def _bf16_cpu(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape).to(torch.bfloat16)
+
+
+def test_prefill_binding_checks_too() -> None:
+    """The representative specialization (bf16, head_dim 128) compiles for this machine's
+    target; its binding refuses bad arguments with Python exceptions before any launch."""
+    module = prefill_api.get_prefill_module(torch.bfloat16, 128)
+    assert (module.dtype(), module.head_dim(), module.tile_rows()) == ("bfloat16", 128, 64)
+    q, k, out = _bf16_cpu(8, 4, 128), _bf16_cpu(10, 2, 128), _bf16_cpu(8, 4, 128)
+    tmp = torch.empty(1)
+
+    def single(q=q, k=k, out=out, mask=None, chunks=1, window=-1):  # noqa: ANN001, ANN202
+        return module.single_prefill(q, k, k, mask, tmp, tmp, out, None, False, True, window,
+                                     10, chunks, 1.0, 0.0, False)
+
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        single()
+    with pytest.raises(ValueError, match="q has head_dim 64, this module is for 128"):
+        single(q=_bf16_cpu(8, 4, 64))
+    with pytest.raises(ValueError, match="num_qo_heads \\(3\\) must be a multiple of num_kv"):
+        single(q=_bf16_cpu(8, 3, 128), out=_bf16_cpu(8, 3, 128))
+    with pytest.raises(ValueError, match="k's strides must be multiples of 8"):
+        single(k=_bf16_cpu(10, 2, 130)[..., :128])
+    with pytest.raises(TypeError, match="q has dtype float16, expected bfloat16"):
+        single(q=q.half())
+    with pytest.raises(ValueError, match="tmp_v has 1 elements, needs 8192"):
+        single(chunks=2)
+    with pytest.raises(ValueError, match="window_left, chunk_tokens and num_chunks"):
+        single(window=-2)
+    with pytest.raises(ValueError, match="custom_mask has 1 bytes, needs 10"):
+        single(mask=torch.zeros(1, dtype=torch.uint8))
+
+    indptr = torch.tensor([0, 8], dtype=torch.int32)
+    plan = torch.zeros(plan_length(1, 0), dtype=torch.int32)
+
+    def batch(k=k, work_capacity=1, grid_work=1, plan=plan, mask=None):  # noqa: ANN001, ANN202
+        return module.batch_prefill(q, k, k, indptr, indptr, None, None, mask, None, plan, tmp,
+                                    tmp, out, None, False, work_capacity, 0, 0, grid_work, 0,
+                                    True, -1, 1.0, 0.0, False)
+
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        batch()
+    with pytest.raises(ValueError, match="k must be 4-D \\(paged\\) or 3-D \\(ragged\\)"):
+        batch(k=_bf16_cpu(2, 10, 2, 128)[None])
+    with pytest.raises(ValueError, match="the launch does not match the schedule"):
+        batch(grid_work=2)
+    with pytest.raises(ValueError, match="custom_mask and mask_indptr go together"):
+        batch(mask=torch.zeros(4, dtype=torch.uint8))
+
+
+@pytest.mark.compile_matrix
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_every_prefill_specialization_compiles(dtype: str, head_dim: int) -> None:
+    from flashinfer.jit.prefill import gen_prefill_module
+
+    module = gen_prefill_module(dtype, head_dim).build_and_load()
+    assert module.head_dim() == head_dim and module.dtype() == dtype
