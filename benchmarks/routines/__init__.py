@@ -56,4 +56,4 @@ def dtype_arg(text: str) -> torch.dtype:
             f"unknown dtype {text!r}; use one of {', '.join(names)}") from None
 
 
-from . import activation, norm, page, rope  # noqa: E402,F401  (register their routines)
+from . import activation, norm, page, prefill, rope  # noqa: E402,F401  (register their routines)

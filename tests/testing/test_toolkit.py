@@ -229,6 +229,8 @@ def test_benchmark_arguments() -> None:
 @pytest.mark.parametrize("argv,message", [
     (["--routine", "nope"], "invalid choice"),
     (["--routine", "rmsnorm", "--dtype", "int3"], "unknown dtype 'int3'"),
+    (["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--head-dim", "96"],
+     "--head-dim: invalid choice"),
     ([], "--routine"),
 ])
 def test_benchmark_argument_errors(argv, message, capsys) -> None:
@@ -282,7 +284,7 @@ def test_copy_bandwidth_is_positive_and_below_the_nominal_peak() -> None:
 
 
 GPU_BENCH_SCRIPTS = ["bench_norm.py", "bench_activation.py", "bench_rope.py", "bench_page.py",
-                     "bench_sampling.py", "bench_decode.py"]
+                     "bench_sampling.py", "bench_decode.py", "bench_prefill.py"]
 
 
 def _run_bench(script: str, *args: str):  # noqa: ANN202 - CompletedProcess

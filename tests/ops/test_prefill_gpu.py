@@ -1,0 +1,519 @@
+"""Prefill attention on the GPU against a float64 torch reference: single prefill, batch
+prefill over ragged and paged KV (empty requests, shuffled pages, NaN in every cache slot
+no request owns), custom masks, long KV that the schedule splits and merges, and CUDA-graph
+replay after re-planning. Outputs are poisoned with NaN before each call, so a row the
+kernel fails to write shows up as NaN."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import math
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+NAN = float("nan")
+LSE_TOLERANCE = dict(atol=1e-2, rtol=1e-3)  # base-2 LSE, float32 from fp16/bf16 inputs
+
+
+@pytest.fixture
+def prefill() -> ModuleType:
+    """flashinfer.prefill, imported only when a GPU test runs (collection must not need it)."""
+    return importlib.import_module("flashinfer.prefill")
+
+
+# -- the reference ------------------------------------------------------------------------------
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                        window_left: int = -1, soft_cap: float | None = None,
+                        sm_scale: float | None = None, mask: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 attention of one request: q ``[qo_len, Hq, D]`` over k, v ``[kv_len, Hk, D]``.
+
+    Query i sees key j where ``mask[i, j]`` (a custom mask overrides ``causal``), else iff
+    ``j <= i + kv_len - qo_len`` when causal (bottom-right aligned); ``window_left >= 0``
+    also requires ``j >= i + kv_len - qo_len - window_left``. Qo head h uses KV head
+    ``h // (Hq // Hk)``. Returns (out ``[qo_len, Hq, D]``, base-2 lse ``[qo_len, Hq]``); a
+    row that sees no key has out 0 and lse -inf. Query rows go in chunks so the float64
+    scores stay near 1 GB."""
+    qo_len, heads, dim = q.shape
+    kv_len, kv_heads = k.shape[0], k.shape[1]
+    scale = dim ** -0.5 if sm_scale is None else sm_scale
+    kd = k.double().repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1)  # [Hq, kv, D]
+    vd = v.double().repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1)
+    out = torch.zeros(qo_len, heads, dim, dtype=torch.float64, device=q.device)
+    lse = torch.full((qo_len, heads), -math.inf, dtype=torch.float64, device=q.device)
+    cols = torch.arange(kv_len, device=q.device)
+    step = max(1, (1 << 27) // max(1, heads * kv_len))
+    for start in range(0, qo_len, step):
+        rows = torch.arange(start, min(qo_len, start + step), device=q.device)
+        scores = q[rows].double().transpose(0, 1) @ kd.transpose(1, 2) * scale  # [Hq, r, kv]
+        if soft_cap:
+            scores = soft_cap * torch.tanh(scores / soft_cap)
+        diagonal = rows[:, None] + (kv_len - qo_len)
+        if mask is not None:
+            visible = mask[rows].bool()
+        elif causal:
+            visible = cols[None, :] <= diagonal
+        else:
+            visible = torch.ones(rows.numel(), kv_len, dtype=torch.bool, device=q.device)
+        if window_left >= 0:
+            visible = visible & (cols[None, :] >= diagonal - window_left)
+        scores = scores.masked_fill(~visible, -math.inf)
+        row_lse = torch.logsumexp(scores, dim=-1)  # -inf where no key is visible
+        probs = torch.exp(scores - row_lse[..., None]).nan_to_num(0.0)  # such rows: 0
+        out[rows] = (probs @ vd).transpose(0, 1)
+        lse[rows] = (row_lse / math.log(2)).transpose(0, 1)
+    return out, lse
+
+
+def _tolerance(dtype: torch.dtype) -> dict[str, float]:
+    return dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-2, rtol=1e-2)
+
+
+def _check(out: torch.Tensor, lse: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor]) -> None:
+    torch.testing.assert_close(out.double(), want[0], **_tolerance(out.dtype))
+    torch.testing.assert_close(lse.double(), want[1], **LSE_TOLERANCE)
+
+
+def _randn(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(*shape, dtype=dtype, device="cuda")
+
+
+def _nan_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.full_like(t, NAN)
+
+
+def _leave_nan_in_freed_blocks(*shapes_and_dtypes: tuple[tuple[int, ...], torch.dtype]) -> None:
+    """single_prefill allocates its own outputs: free NaN-filled blocks of their sizes first,
+    so torch's caching allocator (best effort) hands them out and an unwritten row reads NaN."""
+    blocks = [torch.full(shape, NAN, dtype=dtype, device="cuda") for shape, dtype in
+              shapes_and_dtypes]
+    del blocks
+
+
+def _to_layout(t: torch.Tensor, layout: str) -> torch.Tensor:
+    """[tokens, Hk, D] (NHD) as the kernel takes it for ``layout``: HND is [Hk, tokens, D]."""
+    return t.transpose(0, 1).contiguous() if layout == "HND" else t
+
+
+def _indptr(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+
+
+def pack_bits_little(bits: torch.Tensor) -> torch.Tensor:
+    """``bits`` flattened and packed 8 to a byte, the first in the least significant bit
+    (numpy's packbits with bitorder="little"), the last byte zero-padded."""
+    flat = bits.flatten().to(torch.int32)
+    flat = torch.cat([flat, flat.new_zeros(-flat.numel() % 8)]).view(-1, 8)
+    weights = 1 << torch.arange(8, dtype=torch.int32, device=bits.device)
+    return (flat * weights).sum(dim=1).to(torch.uint8)
+
+
+def _expected_batch(q: torch.Tensor, qo_lens: list[int], ks: list[torch.Tensor],
+                    vs: list[torch.Tensor], masks: list[torch.Tensor] | None = None,
+                    **options: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference of each request (q rows by qo_lens), concatenated."""
+    outs, lses = [], []
+    starts = itertools.accumulate([0, *qo_lens])
+    for b, (start, n) in enumerate(zip(starts, qo_lens)):
+        mask = None if masks is None else masks[b]
+        out, lse = reference_attention(q[start:start + n], ks[b], vs[b], mask=mask, **options)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+# -- paged caches ----------------------------------------------------------------------------------
+
+
+def _new_cache(num_pages: int, page_size: int, kv_heads: int, head_dim: int, layout: str,
+               dtype: torch.dtype) -> torch.Tensor:
+    """The 5-D form, [num_pages, 2, page_size, Hk, D] (NHD) or [num_pages, 2, Hk, page_size, D]."""
+    page = (page_size, kv_heads, head_dim) if layout == "NHD" else (kv_heads, page_size, head_dim)
+    return torch.empty(num_pages, 2, *page, dtype=dtype, device="cuda")
+
+
+def _page_table(kv_lens: list[int], page_size: int, num_pages: int, generator: torch.Generator
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(indptr, indices, last_page_len), int32 on the host, over shuffled pages of
+    [0, num_pages); a request with no KV has no pages and last_page_len 1."""
+    pages = [-(-n // page_size) for n in kv_lens]
+    indices = torch.randperm(num_pages, generator=generator)[: sum(pages)].to(torch.int32)
+    last = torch.tensor([n - (p - 1) * page_size if p else 1 for n, p in zip(kv_lens, pages)],
+                        dtype=torch.int32)
+    return _indptr(pages), indices, last
+
+
+def _write_pages(cache: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor],
+                 indptr: torch.Tensor, indices: torch.Tensor, page_size: int, layout: str) -> None:
+    """NaN everywhere, then request b's token t at slot t % page_size of its page t // page_size."""
+    cache.fill_(NAN)
+    for b, (k, v) in enumerate(zip(ks, vs)):
+        position = torch.arange(k.shape[0], device="cuda")
+        pages = indices[indptr[b]: indptr[b + 1]].to("cuda").long()[position // page_size]
+        slots = position % page_size
+        for part, values in ((cache[:, 0], k), (cache[:, 1], v)):
+            if layout == "NHD":
+                part[pages, slots] = values
+            else:
+                part[pages, :, slots] = values
+
+
+def _paged_kv(ks: list[torch.Tensor], vs: list[torch.Tensor], page_size: int, layout: str,
+              seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(5-D cache, indptr, indices, last_page_len) holding ks/vs, with 5 spare pages."""
+    kv_lens = [k.shape[0] for k in ks]
+    num_pages = sum(-(-n // page_size) for n in kv_lens) + 5
+    indptr, indices, last = _page_table(kv_lens, page_size, num_pages,
+                                        torch.Generator().manual_seed(seed))
+    cache = _new_cache(num_pages, page_size, ks[0].shape[1], ks[0].shape[2], layout, ks[0].dtype)
+    _write_pages(cache, ks, vs, indptr, indices, page_size, layout)
+    return cache, indptr, indices, last
+
+
+def _kv_data(kv_lens: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype
+             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each request's keys and values, [kv_len, Hk, D]."""
+    ks = [_randn(n, kv_heads, head_dim, dtype=dtype) for n in kv_lens]
+    vs = [_randn(n, kv_heads, head_dim, dtype=dtype) for n in kv_lens]
+    return ks, vs
+
+
+def _batch_data(qo_lens: list[int], kv_lens: list[int], qo_heads: int, kv_heads: int,
+                head_dim: int, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """q [sum(qo_lens), Hq, D] and each request's keys and values."""
+    return (_randn(sum(qo_lens), qo_heads, head_dim, dtype=dtype),
+            *_kv_data(kv_lens, kv_heads, head_dim, dtype))
+
+
+def _workspace() -> torch.Tensor:
+    return torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+
+
+# -- single prefill ----------------------------------------------------------------------------
+
+SINGLE_CASES = [  # (qo_len, kv_len, qo_heads, kv_heads, head_dim, layout, dtype)
+    (1, 1, 8, 8, 128, "NHD", torch.float16),
+    (1, 777, 32, 8, 128, "HND", torch.bfloat16),
+    (7, 7, 4, 4, 64, "NHD", torch.bfloat16),
+    (63, 200, 32, 4, 64, "HND", torch.float16),
+    (64, 64, 16, 2, 256, "NHD", torch.bfloat16),
+    (65, 1000, 8, 1, 128, "NHD", torch.float16),
+    (300, 128, 8, 8, 128, "HND", torch.bfloat16),  # causal: rows 0..171 see no key
+    (1000, 1000, 32, 8, 128, "NHD", torch.bfloat16),
+    (517, 2049, 16, 4, 256, "HND", torch.float16),
+    (2048, 2048, 16, 16, 64, "NHD", torch.float16),
+    (4000, 4096, 32, 8, 128, "HND", torch.float16),
+    (4096, 4096, 8, 1, 256, "NHD", torch.bfloat16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qo_len,kv_len,qo_heads,kv_heads,head_dim,layout,dtype", SINGLE_CASES)
+def test_single_prefill_matches_the_reference(prefill, qo_len, kv_len, qo_heads, kv_heads,
+                                              head_dim, layout, dtype) -> None:
+    torch.manual_seed(qo_len * 7919 + kv_len)
+    q = _randn(qo_len, qo_heads, head_dim, dtype=dtype)
+    k = _randn(kv_len, kv_heads, head_dim, dtype=dtype)
+    v = _randn(kv_len, kv_heads, head_dim, dtype=dtype)
+    for causal in (False, True):
+        _leave_nan_in_freed_blocks((q.shape, dtype), (q.shape[:2], torch.float32))
+        out, lse = prefill.single_prefill_with_kv_cache(
+            q, _to_layout(k, layout), _to_layout(v, layout), causal=causal, kv_layout=layout,
+            return_lse=True)
+        assert out.shape == q.shape and out.dtype == dtype
+        assert lse.shape == (qo_len, qo_heads) and lse.dtype == torch.float32
+        _check(out, lse, reference_attention(q, k, v, causal=causal))
+
+
+VARIANTS = [  # (causal, sm_scale, logits_soft_cap, window_left)
+    (True, None, None, 0),  # each query sees its diagonal key only
+    (True, None, None, 127),
+    (False, None, None, 50),  # no upper bound: keys from diagonal - 50 to the end
+    (True, 0.05, 30.0, -1),
+    (False, 0.3, 5.0, 300),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qo_len,kv_len,qo_heads,kv_heads,head_dim,layout,dtype", [
+    (100, 900, 32, 8, 128, "NHD", torch.bfloat16),
+    (513, 513, 8, 2, 64, "HND", torch.float16),
+    (37, 2000, 16, 16, 256, "NHD", torch.bfloat16),
+])
+def test_single_prefill_window_soft_cap_scale_and_lse(prefill, qo_len, kv_len, qo_heads,
+                                                      kv_heads, head_dim, layout, dtype) -> None:
+    torch.manual_seed(kv_len)
+    q = _randn(qo_len, qo_heads, head_dim, dtype=dtype)
+    k = _randn(kv_len, kv_heads, head_dim, dtype=dtype)
+    v = _randn(kv_len, kv_heads, head_dim, dtype=dtype)
+    kk, vv = _to_layout(k, layout), _to_layout(v, layout)
+    for causal, sm_scale, cap, window in VARIANTS:
+        options = dict(causal=causal, kv_layout=layout, sm_scale=sm_scale, logits_soft_cap=cap,
+                       window_left=window)
+        out, lse = prefill.single_prefill_with_kv_cache(q, kk, vv, return_lse=True, **options)
+        _check(out, lse, reference_attention(q, k, v, causal=causal, window_left=window,
+                                             soft_cap=cap, sm_scale=sm_scale))
+        plain = prefill.single_prefill_with_kv_cache(q, kk, vv, **options)
+        assert isinstance(plain, torch.Tensor) and torch.equal(plain, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qo_len,kv_len,qo_heads,kv_heads,head_dim,layout,dtype", [
+    (77, 301, 16, 4, 128, "NHD", torch.bfloat16),
+    (128, 128, 8, 8, 64, "HND", torch.float16),
+    (3, 1000, 32, 8, 256, "NHD", torch.float16),
+])
+def test_single_prefill_custom_mask_bool_and_packed(prefill, qo_len, kv_len, qo_heads, kv_heads,
+                                                    head_dim, layout, dtype) -> None:
+    """A custom mask replaces causal (passed True here and ignored, as in the reference);
+    window_left still applies; a row masked out whole gives 0 and lse -inf."""
+    from flashinfer import quantization
+
+    torch.manual_seed(qo_len)
+    q = _randn(qo_len, qo_heads, head_dim, dtype=dtype)
+    k = _randn(kv_len, kv_heads, head_dim, dtype=dtype)
+    v = _randn(kv_len, kv_heads, head_dim, dtype=dtype)
+    kk, vv = _to_layout(k, layout), _to_layout(v, layout)
+    mask = torch.rand(qo_len, kv_len, device="cuda") > 0.5
+    mask[qo_len // 2] = False
+    packed = pack_bits_little(mask)
+    assert torch.equal(quantization.packbits(mask.flatten(), bitorder="little"), packed)
+    for form, window in itertools.product(("bool", "packed"), (-1, 40)):
+        given = dict(custom_mask=mask) if form == "bool" else dict(packed_custom_mask=packed)
+        _leave_nan_in_freed_blocks((q.shape, dtype), (q.shape[:2], torch.float32))
+        out, lse = prefill.single_prefill_with_kv_cache(
+            q, kk, vv, causal=True, kv_layout=layout, window_left=window, return_lse=True,
+            **given)
+        _check(out, lse, reference_attention(q, k, v, window_left=window, mask=mask))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qo_len,kv_len,causal", [(16384, 16384, True), (128, 16384, False)])
+def test_single_prefill_long_sequences(prefill, qo_len: int, kv_len: int, causal: bool) -> None:
+    """16k tokens; with few query rows the KV is split across CTAs and merged."""
+    dtype, qo_heads, kv_heads, head_dim = torch.bfloat16, 32, 8, 128
+    torch.manual_seed(1)
+    q = _randn(qo_len, qo_heads, head_dim, dtype=dtype)
+    k = _randn(kv_len, kv_heads, head_dim, dtype=dtype)
+    v = _randn(kv_len, kv_heads, head_dim, dtype=dtype)
+    _leave_nan_in_freed_blocks((q.shape, dtype), (q.shape[:2], torch.float32))
+    out, lse = prefill.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True)
+    _check(out, lse, reference_attention(q, k, v, causal=causal))
+
+
+# -- batch prefill: ragged KV --------------------------------------------------------------------
+
+RAGGED_CASES = [  # (qo_lens, kv_lens, qo_heads, kv_heads, head_dim, layout, dtype)
+    # qo 0 with kv 64, an empty request, qo 300 with kv 0 (rows: 0 and lse -inf)
+    ([5, 0, 100, 0, 1, 300], [5, 64, 250, 0, 1000, 0], 32, 8, 128, "NHD", torch.bfloat16),
+    ([1, 17, 64, 65, 129], [1, 17, 64, 1000, 129], 8, 8, 64, "HND", torch.float16),
+    ([512, 1024], [2048, 1024], 16, 2, 256, "NHD", torch.float16),
+    ([33, 7, 700], [900, 7, 700], 32, 4, 128, "HND", torch.bfloat16),
+    ([200, 3], [100, 3000], 16, 4, 64, "NHD", torch.bfloat16),  # qo > kv in request 0
+]
+
+BATCH_VARIANTS = [  # (causal, sm_scale, logits_soft_cap, window_left)
+    (False, None, None, -1),
+    (True, None, None, -1),
+    (True, 0.1, 20.0, 63),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qo_lens,kv_lens,qo_heads,kv_heads,head_dim,layout,dtype", RAGGED_CASES)
+def test_batch_ragged_prefill_matches_the_reference(prefill, qo_lens, kv_lens, qo_heads,
+                                                    kv_heads, head_dim, layout, dtype) -> None:
+    torch.manual_seed(len(qo_lens))
+    q, ks, vs = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype)
+    k = _to_layout(torch.cat(ks), layout)
+    v = _to_layout(torch.cat(vs), layout)
+    wrapper = prefill.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), kv_layout=layout)
+    for causal, sm_scale, cap, window in BATCH_VARIANTS:
+        wrapper.plan(_indptr(qo_lens).cuda(), _indptr(kv_lens).cuda(), qo_heads, kv_heads,
+                     head_dim, causal=causal, sm_scale=sm_scale, logits_soft_cap=cap,
+                     window_left=window, q_data_type=dtype)
+        out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
+        got, got_lse = wrapper.run(q, k, v, out=out, lse=lse, return_lse=True)
+        assert got is out and got_lse is lse
+        _check(out, lse, _expected_batch(q, qo_lens, ks, vs, causal=causal, window_left=window,
+                                         soft_cap=cap, sm_scale=sm_scale))
+
+
+# -- batch prefill: paged KV ---------------------------------------------------------------------
+
+PAGED_CASES = [  # (qo_lens, kv_lens, page_size, qo_heads, kv_heads, head_dim, layout, dtype)
+    ([3, 50, 1, 200], [40, 50, 700, 333], 16, 32, 8, 128, "NHD", torch.bfloat16),
+    ([1, 17, 30], [1, 100, 9], 1, 8, 8, 64, "HND", torch.float16),  # qo > kv in request 2
+    ([128, 0, 60], [1000, 33, 0], 16, 16, 2, 256, "HND", torch.bfloat16),
+    ([64, 513], [64, 513], 1, 32, 4, 128, "NHD", torch.float16),
+    ([100, 1, 9], [2500, 31, 16], 16, 8, 1, 64, "NHD", torch.bfloat16),
+    ([256, 40], [256, 1111], 16, 16, 4, 256, "NHD", torch.float16),
+    ([20, 1], [3000, 4095], 16, 32, 8, 128, "HND", torch.float16),
+    ([5, 90], [77, 90], 1, 8, 2, 64, "NHD", torch.bfloat16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qo_lens,kv_lens,page_size,qo_heads,kv_heads,head_dim,layout,dtype",
+                         PAGED_CASES)
+def test_batch_paged_prefill_matches_the_reference(prefill, qo_lens, kv_lens, page_size,
+                                                   qo_heads, kv_heads, head_dim, layout,
+                                                   dtype) -> None:
+    """Shuffled pages; unused pages and the tail of each last page hold NaN, which the
+    kernel must never read into a score. The 5-D cache and a (k, v) pair give the same
+    bits."""
+    torch.manual_seed(sum(kv_lens))
+    q, ks, vs = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype)
+    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, layout, seed=len(qo_lens))
+    pair = (cache[:, 0].contiguous(), cache[:, 1].contiguous())
+    wrapper = prefill.BatchPrefillWithPagedKVCacheWrapper(_workspace(), kv_layout=layout)
+    for causal, sm_scale, cap, window in BATCH_VARIANTS:
+        wrapper.plan(_indptr(qo_lens), indptr, indices, last, qo_heads, kv_heads, head_dim,
+                     page_size, causal=causal, sm_scale=sm_scale, logits_soft_cap=cap,
+                     window_left=window, q_data_type=dtype)
+        out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
+        got, got_lse = wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
+        assert got is out and got_lse is lse
+        _check(out, lse, _expected_batch(q, qo_lens, ks, vs, causal=causal, window_left=window,
+                                         soft_cap=cap, sm_scale=sm_scale))
+        assert torch.equal(wrapper.run(q, pair), out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_batch_prefill_custom_mask(prefill, kind: str) -> None:
+    """Per-request masks, flattened and concatenated (the reference's custom_mask); causal
+    is ignored with a mask, window_left still applies."""
+    dtype, qo_heads, kv_heads, head_dim, page_size = torch.float16, 8, 2, 64, 16
+    qo_lens, kv_lens = [20, 0, 64, 5], [50, 10, 64, 300]
+    torch.manual_seed(5)
+    q, ks, vs = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype)
+    masks = [torch.rand(m, n, device="cuda") > 0.3 for m, n in zip(qo_lens, kv_lens)]
+    masks[0][3] = False  # a query that sees no key
+    flat = torch.cat([m.flatten() for m in masks])
+    if kind == "ragged":
+        wrapper = prefill.BatchPrefillWithRaggedKVCacheWrapper(_workspace())
+        kv_args = (torch.cat(ks), torch.cat(vs))
+        table = (_indptr(kv_lens),)
+    else:
+        wrapper = prefill.BatchPrefillWithPagedKVCacheWrapper(_workspace())
+        cache, *table = _paged_kv(ks, vs, page_size, "NHD", seed=5)
+        kv_args = (cache,)
+    for window in (-1, 16):
+        extra = (page_size,) if kind == "paged" else ()
+        wrapper.plan(_indptr(qo_lens), *table, qo_heads, kv_heads, head_dim, *extra,
+                     custom_mask=flat, causal=True, window_left=window, q_data_type=dtype)
+        out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
+        wrapper.run(q, *kv_args, out=out, lse=lse, return_lse=True)
+        _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks, window_left=window))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_long_kv_is_split_and_merged(prefill, kind: str) -> None:
+    """Two requests with few query rows and 9k / 12k keys: too few CTAs to fill the GPU, so
+    the schedule splits the KV and merges partial states. PDL on and off give the same bits."""
+    dtype, qo_heads, kv_heads, head_dim, page_size = torch.bfloat16, 32, 8, 128, 16
+    qo_lens, kv_lens = [16, 100], [9000, 12000]
+    torch.manual_seed(9)
+    q, ks, vs = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype)
+    if kind == "ragged":
+        wrapper = prefill.BatchPrefillWithRaggedKVCacheWrapper(_workspace())
+        kv_args = (torch.cat(ks), torch.cat(vs))
+        table = (_indptr(kv_lens),)
+    else:
+        wrapper = prefill.BatchPrefillWithPagedKVCacheWrapper(_workspace())
+        cache, *table = _paged_kv(ks, vs, page_size, "NHD", seed=9)
+        kv_args = (cache,)
+    extra = (page_size,) if kind == "paged" else ()
+    for causal in (False, True):
+        wrapper.plan(_indptr(qo_lens), *table, qo_heads, kv_heads, head_dim, *extra,
+                     causal=causal, q_data_type=dtype)
+        out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
+        wrapper.run(q, *kv_args, out=out, lse=lse, return_lse=True)
+        _check(out, lse, _expected_batch(q, qo_lens, ks, vs, causal=causal))
+    without = wrapper.run(q, *kv_args, enable_pdl=False)
+    assert torch.equal(wrapper.run(q, *kv_args, enable_pdl=True), without)
+
+
+# -- CUDA graphs -----------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["ragged", "paged"])
+def test_cuda_graph_replay_after_replanning(prefill, kind: str) -> None:
+    """run() captured once; then plan() with other lengths (same batch, no more query rows
+    than the first plan), new data written into the captured tensors, replay. The second
+    plan splits a 9k KV that the first did not have; the third is decode-like."""
+    dtype, qo_heads, kv_heads, head_dim, page_size = torch.float16, 16, 4, 128, 16
+    steps = [  # (qo_lens, kv_lens); the first plan has the most query rows
+        ([64, 1, 500, 7], [64, 3000, 2000, 7]),
+        ([300, 200, 1, 71], [9000, 200, 1, 100]),
+        ([1, 1, 1, 1], [1, 5, 10000, 1]),
+    ]
+    batch = len(steps[0][0])
+    max_q = sum(steps[0][0])
+    max_kv = max(sum(kv) for _, kv in steps)
+    num_pages = 1000  # the largest step needs 628
+    generator = torch.Generator().manual_seed(11)
+    torch.manual_seed(11)
+    qo_indptr_buf = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")
+    kv_indptr_buf = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")
+    q = torch.empty(max_q, qo_heads, head_dim, dtype=dtype, device="cuda")
+    out = torch.empty_like(q)
+    if kind == "ragged":
+        wrapper = prefill.BatchPrefillWithRaggedKVCacheWrapper(
+            _workspace(), use_cuda_graph=True, qo_indptr_buf=qo_indptr_buf,
+            kv_indptr_buf=kv_indptr_buf)
+        k = torch.empty(max_kv, kv_heads, head_dim, dtype=dtype, device="cuda")
+        v = torch.empty_like(k)
+        kv_args = (k, v)
+    else:
+        wrapper = prefill.BatchPrefillWithPagedKVCacheWrapper(
+            _workspace(), use_cuda_graph=True, qo_indptr_buf=qo_indptr_buf,
+            paged_kv_indptr_buf=kv_indptr_buf,
+            paged_kv_indices_buf=torch.zeros(num_pages, dtype=torch.int32, device="cuda"),
+            paged_kv_last_page_len_buf=torch.zeros(batch, dtype=torch.int32, device="cuda"))
+        cache = _new_cache(num_pages, page_size, kv_heads, head_dim, "NHD", dtype)
+        kv_args = (cache,)
+    assert wrapper.is_cuda_graph_enabled
+
+    def load(qo_lens: list[int], kv_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """New q and KV written in place, plan() for them; returns the expected rows."""
+        q.copy_(torch.randn_like(q))
+        ks, vs = _kv_data(kv_lens, kv_heads, head_dim, dtype)
+        if kind == "ragged":
+            k[: sum(kv_lens)].copy_(torch.cat(ks))
+            v[: sum(kv_lens)].copy_(torch.cat(vs))
+            wrapper.plan(_indptr(qo_lens), _indptr(kv_lens), qo_heads, kv_heads, head_dim,
+                         causal=True, q_data_type=dtype)
+        else:
+            indptr, indices, last = _page_table(kv_lens, page_size, num_pages, generator)
+            _write_pages(cache, ks, vs, indptr, indices, page_size, "NHD")
+            wrapper.plan(_indptr(qo_lens), indptr, indices, last, qo_heads, kv_heads, head_dim,
+                         page_size, causal=True, q_data_type=dtype)
+        return _expected_batch(q, qo_lens, ks, vs, causal=True)
+
+    want = load(*steps[0])
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        wrapper.run(q, *kv_args, out=out)  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        wrapper.run(q, *kv_args, out=out)
+    for step, (qo_lens, kv_lens) in enumerate(steps):
+        if step:
+            want = load(qo_lens, kv_lens)
+        out.fill_(NAN)
+        graph.replay()
+        rows = sum(qo_lens)
+        torch.testing.assert_close(out[:rows].double(), want[0], **_tolerance(dtype))
