@@ -55,7 +55,9 @@ class LogRecorder(logging.Handler):
         return [r.getMessage() for r in self.records if r.levelno >= level]
 
     def compiles(self) -> list[str]:
-        return [m for m in self.messages() if m.startswith(("compiling ", "rebuilding "))]
+        """One message per build started (progress lines of a slow build excluded)."""
+        return [m for m in self.messages() if m.startswith(("compiling ", "rebuilding "))
+                and " steps done, " not in m]
 
 
 @pytest.fixture
