@@ -21,7 +21,8 @@ from .api_logging import flashinfer_api  # noqa: E402
 # public name -> the submodule that defines it
 _API_MODULES: dict[str, tuple[str, ...]] = {
     "activation": ("gelu_and_mul", "gelu_tanh_and_mul", "silu_and_mul"),
-    "cascade": ("merge_state", "merge_state_in_place", "merge_states"),
+    "cascade": ("MultiLevelCascadeAttentionWrapper", "merge_state", "merge_state_in_place",
+                "merge_states"),
     "decode": ("BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
                "single_decode_with_kv_cache"),
     "norm": ("fused_add_rmsnorm", "fused_add_rmsnorm_quant", "gemma_fused_add_rmsnorm",

@@ -8,7 +8,9 @@ log-sum-exp of the scores in **base 2** (``log2(sum(exp(score)))``), as in the r
 library, so states merge with theirs (see :mod:`flashinfer.cascade`). q, KV and the output
 share one dtype: float16 or bfloat16; head_dim 64, 128 or 256; ``num_qo_heads`` a multiple
 of ``num_kv_heads`` (GQA). Long requests are split across the GPU and merged (see
-:mod:`flashinfer.decode_schedule`).
+:mod:`flashinfer.decode_schedule`). With ``use_tensor_cores=True`` decode runs on the prefill
+kernel instead (see :mod:`flashinfer.prefill`): each request is one query token, and the
+tile's rows hold its GQA group, which pays off for large groups.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import functools
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -35,6 +38,10 @@ from .jit.dtypes import dtype_info
 from .paged_kv import unpack_paged_kv_cache
 from .pdl import resolve_enable_pdl
 from .utils import get_device_sm_count
+
+if TYPE_CHECKING:
+    from .prefill import BatchPrefillWithPagedKVCacheWrapper
+    from .prefill import _Plan as _PrefillPlan
 
 _DTYPES = (torch.float16, torch.bfloat16)
 _INDEX = (torch.int32, torch.int64)
@@ -58,6 +65,14 @@ _LEGACY_PLAN_ARGS = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_d
 def get_decode_module(dtype: Any, head_dim: int):  # noqa: ANN201 - a tvm_ffi.Module
     """The decode module for ``dtype`` x ``head_dim``, compiled on first use."""
     return gen_decode_module(dtype, head_dim).build_and_load()
+
+
+def _prefill_api() -> ModuleType:
+    """flashinfer.prefill, which runs tensor-core decode (imported late: it imports this
+    module)."""
+    from . import prefill
+
+    return prefill
 
 
 @functools.cache
@@ -170,7 +185,8 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     """Attention of one query ``q`` ``[num_qo_heads, head_dim]`` over ``k``/``v``
     ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]``
     (HND). Returns ``out`` like q, and ``lse`` ``[num_qo_heads]`` (base 2) with
-    ``return_lse``. ``use_tensor_cores`` is accepted and runs the same kernel."""
+    ``return_lse``. ``use_tensor_cores=True`` runs a single prefill of one query token, as
+    the reference does."""
     hnd = checks.check_kv_layout(kv_layout)
     _check_pos_encoding(pos_encoding_mode)
     checks.check_bool("use_tensor_cores", use_tensor_cores)
@@ -189,7 +205,8 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     num_qo_heads, head_dim = q.shape
     if k.shape[2] != head_dim:
         raise ValueError(f"k has head_dim {k.shape[2]}, q has {head_dim}")
-    group = _check_heads(num_qo_heads, kv_heads, head_dim)
+    group = (_prefill_api()._check_heads if use_tensor_cores else _check_heads)(
+        num_qo_heads, kv_heads, head_dim)
     scale, cap = _score_params(head_dim, sm_scale, logits_soft_cap, q_scale, k_scale)
     v_scale = _check_optional_number("v_scale", v_scale)
     _check_rope(rope_scale, rope_theta)
@@ -199,6 +216,15 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     checks.check_cuda("k", k, like=q)
     checks.check_cuda("v", v, like=q)
 
+    if use_tensor_cores:
+        # q_scale folds into sm_scale: single prefill takes no q_scale
+        prefill_scale = ((1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale)
+                         * (1.0 if q_scale is None else q_scale))
+        result = _prefill_api().single_prefill_with_kv_cache(
+            q[None], k, v, kv_layout=kv_layout, sm_scale=prefill_scale,
+            window_left=window_left, logits_soft_cap=logits_soft_cap, return_lse=return_lse,
+            k_scale=k_scale, v_scale=v_scale)
+        return (result[0][0], result[1][0]) if return_lse else result[0]
     schedule = plan_decode_schedule([kv_len], kv_heads,
                                     _max_ctas(q.dtype, head_dim, group, q.device), window_left)
     chunks = schedule.num_work
@@ -270,6 +296,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
     directly (the kernel takes each request's length from them; only the split-KV schedule
     stays the planned one). The score parameters (``_sm_scale``, ``_logits_soft_cap``,
     ``_window_left``) are read at each ``run()``, as in the reference.
+
+    With ``use_tensor_cores=True``, ``plan()`` builds a prefill schedule of one query token
+    per request (``qo_indptr = arange(batch + 1)``) and ``run()`` launches the prefill kernel,
+    as the reference does; a :class:`flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper`
+    over this wrapper's buffers does both, and everything above holds the same.
     """
 
     def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
@@ -284,15 +315,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
         checks.check_bool("use_tensor_cores", use_tensor_cores)
         if backend not in _BACKENDS:
             raise ValueError(f"backend {backend!r} is not available; this library has "
-                             f"{', '.join(map(repr, _BACKENDS))} (one CUDA-core decode kernel)")
+                             f"{', '.join(map(repr, _BACKENDS))} (the CUDA-core decode kernel, "
+                             "or the prefill kernel with use_tensor_cores=True)")
         if jit_args is not None:
             raise ValueError("jit_args (custom attention variants) are not supported")
         self._kv_layout = kv_layout
         self._float_workspace_buffer = float_workspace_buffer
         self.device = float_workspace_buffer.device
-        self._int_workspace_buffer = torch.empty(_INT_WORKSPACE_BYTES, dtype=torch.uint8,
-                                                 device=self.device)
-        self._pin_memory_int_workspace_buffer = _pinned_like(self._int_workspace_buffer)
         self._workspace = workspace
         self._use_cuda_graph = use_cuda_graph
         self._use_tensor_cores = use_tensor_cores
@@ -314,7 +343,23 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._paged_kv_indptr_buf = paged_kv_indptr_buffer
         self._paged_kv_indices_buf = paged_kv_indices_buffer
         self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
-        self._plan_info: _Plan | None = None
+        self._prefill: BatchPrefillWithPagedKVCacheWrapper | None = None
+        if use_tensor_cores:
+            # Its query indptr is fixed (one token per request); the page-table buffers and
+            # the int workspace are this wrapper's own.
+            qo_indptr = (torch.arange(self._fixed_batch_size + 1, dtype=torch.int32,
+                                      device=self.device) if use_cuda_graph else None)
+            self._prefill = _prefill_api().BatchPrefillWithPagedKVCacheWrapper(
+                float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr,
+                paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer,
+                backend=backend)
+            self._int_workspace_buffer = self._prefill._int_workspace_buffer
+            self._pin_memory_int_workspace_buffer = self._prefill._pin_memory_int_workspace_buffer
+        else:
+            self._int_workspace_buffer = torch.empty(_INT_WORKSPACE_BYTES, dtype=torch.uint8,
+                                                     device=self.device)
+            self._pin_memory_int_workspace_buffer = _pinned_like(self._int_workspace_buffer)
+        self._plan_info: _Plan | _PrefillPlan | None = None
         self._cached_module = None
         self._pos_encoding_mode = "NONE"
         self._window_left = -1
@@ -420,11 +465,12 @@ class BatchDecodeWithPagedKVCacheWrapper:
         batch = indptr.shape[0] - 1
         checks.check_index_tensor("indices", indices, None, _INDEX)
         checks.check_index_tensor("last_page_len", last_page_len, batch, _INDEX)
-        group = _check_heads(num_qo_heads, num_kv_heads, checks.check_int("head_dim", head_dim, 1))
+        check_heads = _check_heads if self._prefill is None else _prefill_api()._check_heads
+        group = check_heads(num_qo_heads, num_kv_heads, checks.check_int("head_dim", head_dim, 1))
         checks.check_int("page_size", page_size, 1)
         _check_pos_encoding(pos_encoding_mode)
         window_left = _check_window(window_left)
-        _check_score_args(sm_scale, logits_soft_cap)
+        cap = _check_score_args(sm_scale, logits_soft_cap)[1]
         _check_rope(rope_scale, rope_theta)
         checks.check_bool("non_blocking", non_blocking)
         checks.check_bool("disable_split_kv", disable_split_kv)
@@ -471,14 +517,51 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if max(lengths, default=0) >= 1 << 31:
             raise ValueError("KV lengths must be < 2^31")
 
-        device = self.device
         checks.check_cuda("float_workspace_buffer", self._float_workspace_buffer)
+        if self._prefill is None:
+            plan, words = self._build(lengths, dtype, group, num_qo_heads, num_kv_heads, head_dim,
+                                      page_size, window_left, fixed_split_size,
+                                      disable_split_kv)
+            self._set_page_table(indptr, indices, last_page_len, non_blocking, copy_buffers)
+            self._upload(words, plan.plan_words)
+            self._cached_module = get_decode_module(dtype, head_dim)
+        else:
+            prefill = self._prefill_on_workspaces()
+            opts = _prefill_api()._Options(
+                dtype=dtype, group=group, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
+                head_dim=head_dim, causal=False, pos_encoding_mode=pos_encoding_mode,
+                window_left=window_left, logits_soft_cap=cap, sm_scale=sm_scale,
+                rope_scale=rope_scale, rope_theta=rope_theta, non_blocking=non_blocking,
+                fixed_split_size=fixed_split_size, allow_split=not disable_split_kv)
+            plan, words = prefill._build(opts, list(range(batch + 1)), lengths, page_size, 0,
+                                         False)
+            self._set_page_table(indptr, indices, last_page_len, non_blocking, copy_buffers)
+            # one query token per request; CUDA-graph mode keeps the constructor's arange
+            qo_indptr = {} if self._use_cuda_graph else {
+                "_qo_indptr_buf": torch.arange(batch + 1, dtype=torch.int32)}
+            prefill._commit(opts, plan, words, None, qo_indptr)
+            self._cached_module = prefill._cached_module
+        self._plan_info = plan
+        self._set_score_params(pos_encoding_mode, window_left, logits_soft_cap, sm_scale,
+                               rope_scale, rope_theta)
+        self._batch_size = batch
+        self._num_qo_heads = num_qo_heads
+        self._num_kv_heads = num_kv_heads
+        self._cached_q_data_type = self._cached_kv_data_type = self._cached_o_data_type = dtype
+        self._q_len_per_req = 1
+
+    def _build(self, lengths: list[int], dtype: torch.dtype, group: int, num_qo_heads: int,
+               num_kv_heads: int, head_dim: int, page_size: int, window_left: int,
+               fixed_split_size: int | None, disable_split_kv: bool) -> tuple[_Plan, list[int]]:
+        """The CUDA-core plan record and the schedule's words; raises (changing nothing) when
+        a workspace is too small."""
+        batch = len(lengths)
         schedule = plan_decode_schedule(
-            lengths, num_kv_heads, _max_ctas(dtype, head_dim, group, device), window_left,
+            lengths, num_kv_heads, _max_ctas(dtype, head_dim, group, self.device), window_left,
             fixed_chunk=None if fixed_split_size is None else fixed_split_size * page_size,
             allow_split=not disable_split_kv)
         if self._use_cuda_graph:
-            bound = get_device_sm_count(device) * _MAX_CTAS_PER_SM // num_kv_heads
+            bound = get_device_sm_count(self.device) * _MAX_CTAS_PER_SM // num_kv_heads
             work_cap, merge_cap, tmp_cap = batch + bound, min(batch, bound), bound
             if schedule.num_work > work_cap or schedule.num_tmp_rows > tmp_cap:
                 raise ValueError(f"this split (fixed_split_size={fixed_split_size}) needs "
@@ -498,26 +581,26 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if needed > self._workspace.numel():
             raise ValueError(f"float_workspace_buffer has {self._workspace.numel()} bytes; this "
                              f"plan needs {needed}")
-
-        self._set_page_table(indptr, indices, last_page_len, non_blocking, copy_buffers)
-        plan_words = self._int_workspace_buffer.view(torch.uint8)[:int_bytes].view(torch.int32)
-        self._upload(words, plan_words)
-        self._cached_module = get_decode_module(dtype, head_dim)
-        self._plan_info = _Plan(
+        plan = _Plan(
             batch=batch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
             head_dim=head_dim, page_size=page_size, dtype=dtype, schedule=schedule,
             work_capacity=work_cap, merge_capacity=merge_cap, tmp_capacity=tmp_cap,
             grid_work=work_cap if self._use_cuda_graph else schedule.num_work,
             grid_merge=merge_cap if self._use_cuda_graph else schedule.num_merge,
-            plan_words=plan_words, tmp_v=self._workspace[:tmp_v_bytes].view(torch.float32),
+            plan_words=self._int_workspace_buffer.view(torch.uint8)[:int_bytes].view(torch.int32),
+            tmp_v=self._workspace[:tmp_v_bytes].view(torch.float32),
             tmp_lse=self._workspace[tmp_v_bytes:needed].view(torch.float32))
-        self._set_score_params(pos_encoding_mode, window_left, logits_soft_cap, sm_scale,
-                               rope_scale, rope_theta)
-        self._batch_size = batch
-        self._num_qo_heads = num_qo_heads
-        self._num_kv_heads = num_kv_heads
-        self._cached_q_data_type = self._cached_kv_data_type = self._cached_o_data_type = dtype
-        self._q_len_per_req = 1
+        return plan, words
+
+    def _prefill_on_workspaces(self) -> BatchPrefillWithPagedKVCacheWrapper:
+        """The tensor-core path's prefill wrapper, on this wrapper's workspaces (which
+        reset_workspace_buffer may have replaced since the last plan)."""
+        prefill = self._prefill
+        prefill._float_workspace_buffer = self._float_workspace_buffer
+        prefill._workspace = self._workspace
+        prefill._int_workspace_buffer = self._int_workspace_buffer
+        prefill._pin_memory_int_workspace_buffer = self._pin_memory_int_workspace_buffer
+        return prefill
 
     def _set_page_table(self, indptr: torch.Tensor, indices: torch.Tensor,
                         last_page_len: torch.Tensor, non_blocking: bool,
@@ -594,6 +677,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise ValueError(f"q has shape {tuple(q.shape)}; plan() was for {shape}")
         if q.dtype != plan.dtype:
             raise TypeError(f"q has dtype {q.dtype}; plan() was for {plan.dtype}")
+        if self._prefill is not None:
+            return self._run_tensor_cores(plan, q, paged_kv_cache, q_scale, k_scale, v_scale,
+                                          out, lse, return_lse, enable_pdl)
         k_cache, v_cache = self._check_cache(paged_kv_cache, plan)
         scale, cap = _score_params(plan.head_dim, self._sm_scale, self._logits_soft_cap,
                                    q_scale, k_scale)
@@ -620,6 +706,22 @@ class BatchDecodeWithPagedKVCacheWrapper:
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
+
+    def _run_tensor_cores(self, plan: _PrefillPlan, q: torch.Tensor, paged_kv_cache: Any,
+                          q_scale: Any, k_scale: Any, v_scale: Any, out: Any, lse: Any,
+                          return_lse: bool, enable_pdl: Any
+                          ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """run() on the prefill kernel, with this wrapper's page table and score parameters
+        (engines set them on this wrapper)."""
+        prefill = self._prefill
+        _prefill_api()._check_vectors("q", q)
+        kv = prefill._check_cache(paged_kv_cache, plan)
+        prefill._set_score_params(False, self._pos_encoding_mode, False, self._window_left,
+                                  self._logits_soft_cap, self._sm_scale, self._rope_scale,
+                                  self._rope_theta)
+        return prefill._launch(plan, q, kv, self._paged_kv_indptr_buf, self._paged_kv_indices_buf,
+                               self._paged_kv_last_page_len_buf, q_scale, k_scale, v_scale, out,
+                               lse, return_lse, enable_pdl, None)
 
     def forward(self, q: torch.Tensor, paged_kv_cache: Any, pos_encoding_mode: str = "NONE",
                 q_scale: float | None = None, k_scale: float | None = None,
