@@ -6,6 +6,8 @@
 #include <tvm/ffi/optional.h>
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "tvm_ffi_utils.h"
 
@@ -102,6 +104,13 @@ inline const int32_t* IndexArray(const TensorView& t, const char* name, int64_t 
       << name << " has " << t.size(0) << " elements, needs " << elements;
   CheckSameDevice(q, t, "q", name);
   return static_cast<const int32_t*>(DataPtr(t));
+}
+
+// Every tensor on q's device.
+inline void CheckDevices(
+    const TensorView& q,
+    std::initializer_list<std::pair<const TensorView*, const char*>> tensors) {
+  for (const auto& [t, name] : tensors) CheckSameDevice(q, *t, "q", name);
 }
 
 }  // namespace flashinfer_binding

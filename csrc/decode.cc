@@ -83,10 +83,8 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
   CheckFloatBuffer(tmp_v, "tmp_v", tmp_capacity * qo_heads * kHeadDim);
   CheckFloatBuffer(tmp_lse, "tmp_lse", tmp_capacity * qo_heads);
   float* lse_ptr = LseOf(lse, batch, qo_heads, q);
-  for (const auto& [t, name] : {std::pair{&k_cache, "k_cache"}, {&v_cache, "v_cache"},
-                                {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"}, {&out, "out"}}) {
-    CheckSameDevice(q, *t, "q", name);
-  }
+  CheckDevices(q, {{&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&tmp_v, "tmp_v"},
+                  {&tmp_lse, "tmp_lse"}, {&out, "out"}});
   const DecodeKV kv{DataPtr(k_cache), DataPtr(v_cache), ks.page, ks.slot, ks.head, vs.page,
                     vs.slot, vs.head, indices, indptr, last_page_len, page_size,
                     kv_indices.size(0), k_cache.size(0)};
@@ -123,10 +121,8 @@ void SingleDecode(TensorView q, TensorView k, TensorView v, TensorView tmp_v, Te
   CheckFloatBuffer(tmp_lse, "tmp_lse", num_chunks > 1 ? num_chunks * qo_heads : 0);
   float* lse_ptr = LseOf(lse, -1, qo_heads, q);
   CheckCuda(q, "q");
-  for (const auto& [t, name] : {std::pair{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"},
-                                {&tmp_lse, "tmp_lse"}, {&out, "out"}}) {
-    CheckSameDevice(q, *t, "q", name);
-  }
+  CheckDevices(q, {{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"},
+                  {&out, "out"}});
   const DecodeKV kv{DataPtr(k), DataPtr(v), 0, ks.slot, ks.head, 0, vs.slot, vs.head,
                     nullptr, nullptr, nullptr, std::max<int64_t>(kv_len, 1), 0, 1};
   DecodeLaunch launch = LaunchOf(q, out, lse_ptr, tmp_v, tmp_lse, kv_heads, score_scale,

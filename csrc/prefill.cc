@@ -4,9 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <initializer_list>
 #include <limits>
-#include <utility>
 
 #include "attention_config.h"
 #include "attention_binding.h"
@@ -74,11 +72,6 @@ PrefillLaunch LaunchOf(const TensorView& q, const TensorView& k, const TensorVie
   return l;
 }
 
-void CheckDevices(const TensorView& q,
-                  std::initializer_list<std::pair<const TensorView*, const char*>> tensors) {
-  for (const auto& [t, name] : tensors) CheckSameDevice(q, *t, "q", name);
-}
-
 void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr,
                   TensorView kv_indptr, Optional<TensorView> kv_indices,
                   Optional<TensorView> kv_last_page_len, Optional<TensorView> custom_mask,
@@ -138,7 +131,8 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
   // the plan's tmp rows are < tmp_capacity
   CheckFloatBuffer(tmp_v, "tmp_v", tmp_capacity * qo_heads * kHeadDim);
   CheckFloatBuffer(tmp_lse, "tmp_lse", tmp_capacity * qo_heads);
-  CheckDevices(q, {{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"}, {&out, "out"}});
+  CheckDevices(q, {{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"},
+                  {&out, "out"}});
   l.work_capacity = work_capacity;
   l.merge_capacity = merge_capacity;
   l.grid_work = grid_work;
@@ -176,7 +170,8 @@ void SinglePrefill(TensorView q, TensorView k, TensorView v, Optional<TensorView
                              tmp_lse, kv_heads, causal, window_left, score_scale, score_cap,
                              enable_pdl);
   l.mask = mask;
-  CheckDevices(q, {{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"}, {&out, "out"}});
+  CheckDevices(q, {{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"},
+                  {&out, "out"}});
   l.page_size = std::max<int64_t>(kv_len, 1);
   l.num_pages = 1;
   l.single_qo_len = qo_len;

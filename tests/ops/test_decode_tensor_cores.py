@@ -13,13 +13,12 @@ import pytest
 import torch
 
 import flashinfer
-from flashinfer import checks
 from flashinfer import decode as decode_api
-from flashinfer import prefill as prefill_api
 from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper, fast_decode_plan
 from flashinfer.decode_schedule import kv_lengths
 from flashinfer.prefill_schedule import pack_schedule, plan_length, plan_prefill_schedule
-from tests.ops.test_prefill import BATCH_ARGS, MAX_CTAS, CpuPrefill
+from tests.ops.test_prefill import (  # noqa: F401 - cpu_prefill is a fixture used by cpu_tc
+    BATCH_ARGS, MAX_CTAS, CpuPrefill, _bf16, _i32, cpu_prefill)
 
 LOG2E = 1.4426950408889634
 NAN = float("nan")
@@ -31,31 +30,16 @@ SHAPE = (8, 2, 128, 16)
 
 
 @pytest.fixture
-def cpu_tc(monkeypatch: pytest.MonkeyPatch) -> CpuPrefill:
-    """The prefill path on the CPU (see tests/ops/test_prefill.py); the CUDA-core decode
-    kernel must never be reached in tensor-core mode."""
-    record = CpuPrefill()
+def cpu_tc(cpu_prefill: CpuPrefill, monkeypatch: pytest.MonkeyPatch) -> CpuPrefill:
+    """The prefill path on the CPU (tests/ops/test_prefill.py's cpu_prefill); the CUDA-core
+    decode kernel must never be reached in tensor-core mode."""
 
     def refuse(*args):  # noqa: ANN002, ANN202
         raise AssertionError("tensor-core decode reached the CUDA-core decode kernel")
 
-    monkeypatch.setattr(prefill_api, "_max_ctas", lambda *a: MAX_CTAS)
-    monkeypatch.setattr(prefill_api, "get_device_sm_count", lambda device: 2)
-    monkeypatch.setattr(prefill_api, "get_prefill_module", record.get_prefill_module)
-    monkeypatch.setattr(prefill_api._BatchPrefillWrapper, "_upload",
-                        lambda self, words, target: record.uploads.append(list(words)))
     monkeypatch.setattr(decode_api, "get_decode_module", refuse)
     monkeypatch.setattr(decode_api, "_max_ctas", refuse)
-    monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
-    return record
-
-
-def _bf16(*shape: int) -> torch.Tensor:
-    return torch.randn(*shape, dtype=torch.bfloat16)
-
-
-def _i32(values: list[int]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.int32)
+    return cpu_prefill
 
 
 def _wrapper(workspace: int = 1 << 20,
