@@ -26,10 +26,7 @@ import sys
 import tempfile
 import time
 import timeit
-import warnings
 from pathlib import Path
-
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch  # noqa: E402
 from report import cpu_description, write_report  # noqa: E402

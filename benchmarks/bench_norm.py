@@ -7,10 +7,7 @@ says so and exits 0. Usage: python benchmarks/bench_norm.py [--output benchmarks
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
-
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import flashinfer_benchmark  # noqa: E402
 

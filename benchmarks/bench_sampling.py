@@ -12,10 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import sys
-import warnings
 from pathlib import Path
-
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch  # noqa: E402
 

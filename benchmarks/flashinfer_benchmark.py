@@ -14,10 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
-import warnings
 from pathlib import Path
-
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
 import torch  # noqa: E402
 

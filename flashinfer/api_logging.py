@@ -1,6 +1,7 @@
 """``@flashinfer_api``: logs every public API call at FLASHINFER_LOGLEVEL.
 
-Levels (read once, at ``import flashinfer``; an invalid value fails that import):
+Levels (read once, at ``import flashinfer``; with an invalid value every decorated API
+raises the ValueError naming the variable when called, so tools like ``doctor`` still start):
 
 - 0: off; the decorator returns the function itself (no wrapper, no overhead)
 - 1: one line per call: ``[YYYY-MM-DD HH:MM:SS] FlashInfer API Call: <qualified name>``
@@ -30,6 +31,7 @@ from .version import __version__
 F = TypeVar("F", bound=Callable[..., Any])
 
 _CAPTURE_NOTE = "[statistics skipped: CUDA graph capture in progress]"
+API_MARKER = "__flashinfer_api__"  # set to True on every @flashinfer_api function, at any level
 
 
 def system_info() -> list[str]:
@@ -156,9 +158,28 @@ class ApiLogger:
         return log_call  # type: ignore[return-value]
 
 
-_API_LOGGER = ApiLogger.from_config()
+def _refuse_calls(func: F) -> F:
+    """``func`` raising the configuration error instead of running."""
+
+    @functools.wraps(func)
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        config.validate()
+        return func(*args, **kwargs)  # the variable was fixed since the import
+
+    return refuse  # type: ignore[return-value]
+
+
+try:
+    _API_LOGGER: ApiLogger | None = ApiLogger.from_config()
+except ValueError:
+    _API_LOGGER = None
 
 
 def flashinfer_api(func: F) -> F:
-    """Decorate a public API for logging at FLASHINFER_LOGLEVEL (identity at level 0)."""
+    """Decorate a public API for logging at FLASHINFER_LOGLEVEL (identity at level 0).
+
+    Marks ``func`` (and so its wrapper) with ``API_MARKER``: replay runs only marked functions."""
+    setattr(func, API_MARKER, True)
+    if _API_LOGGER is None:
+        return _refuse_calls(func)
     return _API_LOGGER.decorate(func)

@@ -7,6 +7,7 @@ long-running programs can change them between calls. Parsing errors raise
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shlex
@@ -73,6 +74,21 @@ def _parse_name_patterns(raw: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 
 
+def _default_workspace() -> Path:
+    return Path.home() / ".cache" / "flashinfer"
+
+
+@functools.cache
+def _absolute_path(raw: str) -> Path:
+    """``raw`` made absolute against the working directory of its first use, so a later
+    ``chdir`` cannot move the workspace of a running process."""
+    return Path(os.path.abspath(Path(raw).expanduser()))
+
+
+def _parse_workspace(raw: str) -> Path:
+    return _absolute_path(raw.strip()) if raw.strip() else _default_workspace()
+
+
 def _parse_log_level(raw: str) -> int:
     name = raw.strip().upper()
     level = logging.getLevelName(name)
@@ -115,9 +131,10 @@ class Config:
 
     workspace_base = EnvVar(
         "FLASHINFER_WORKSPACE_BASE",
-        Path.home() / ".cache" / "flashinfer",
-        lambda raw: Path(raw).expanduser(),
-        "root of the JIT workspace (generated sources, cached modules, locks)",
+        _default_workspace(),
+        _parse_workspace,
+        "root of the JIT workspace (generated sources, cached modules, locks); "
+        "relative: from the first use's working dir; empty: the default",
     )
     cuda_arch_list = EnvVar(
         "FLASHINFER_CUDA_ARCH_LIST",
@@ -233,9 +250,37 @@ class Config:
         "compile the device printf helpers of flashinfer/debug.cuh in (separate build dir)",
     )
 
+    _validated: tuple[str | None, ...] | None = None
+
     @classmethod
     def variables(cls) -> list[EnvVar[Any]]:
         return [v for v in vars(cls).values() if isinstance(v, EnvVar)]
 
+    def problems(self) -> list[str]:
+        """One message per variable whose value does not parse."""
+        found = []
+        for var in _VARIABLES:
+            try:
+                var.read()
+            except ValueError as err:
+                found.append(str(err))
+        return found
 
+    def validate(self) -> None:
+        """Raise ValueError naming every invalid variable.
+
+        Called where settings are first used (module loads, the CLI), so a process that
+        only hits the cache hears of a bad value as one that builds does. The environment
+        last found valid is remembered, which keeps repeated calls to a few dict lookups.
+        """
+        snapshot = tuple(os.environ.get(var.name) for var in _VARIABLES)
+        if snapshot == self._validated:
+            return
+        found = self.problems()
+        if found:
+            raise ValueError("; ".join(found))
+        self._validated = snapshot
+
+
+_VARIABLES = Config.variables()
 config = Config()

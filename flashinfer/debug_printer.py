@@ -15,6 +15,9 @@ FLASHINFER_DEBUG_PRINTER is read when a module is loaded:
 A kernel is ``<module name>.<function>``; FLASHINFER_DEBUG_PRINTER_KERNELS (comma list,
 case-insensitive, full or bare names) selects which are instrumented. Output follows
 FLASHINFER_LOGDEST. During CUDA graph capture nothing synchronizes or copies: a note says so.
+The printer never breaks the launch it watches: a save directory that cannot be written
+is reported once and saving stops (level 3 still raises the kernel's CUDA error: that is
+its purpose).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from .config import config
-from .logdest import Destination
+from .logdest import Destination, warn_once
 from .tensor_format import dtype_name, format_value, graph_capture_in_progress, tensor_stats
 
 MAX_VALUES = 64
@@ -68,6 +71,7 @@ class LaunchPrinter:
         self.kernels = {k.lower() for k in kernels}
         self.dest = dest or Destination("stdout")
         self.directory = Path(directory)
+        self._saves_failed = False
 
     @classmethod
     def from_config(cls) -> LaunchPrinter:
@@ -121,6 +125,8 @@ class LaunchPrinter:
                arg_name: Callable[[int], str]) -> None:
         capture = graph_capture_in_progress()
         lines = [f"[ {phase}: {kernel} ] ({_CAPTURE_NOTE})"] if capture else []
+        if not args:
+            lines.append(f"[ {phase}: {kernel} ] (no arguments)")
         for index, value in enumerate(args):
             prefix = f"[ {phase}: {kernel} ] {arg_name(index)}: "
             if isinstance(value, torch.Tensor):
@@ -136,12 +142,23 @@ class LaunchPrinter:
         if graph_capture_in_progress():
             self.dest.write(f"[ {phase}: {kernel} ] not saved ({_CAPTURE_NOTE})")
             return
-        self.directory.mkdir(parents=True, exist_ok=True)
         for index, value in enumerate(args):
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor) and not self._saves_failed:
                 device = str(value.device).replace(":", "")
                 name = f"{phase}_{_safe(kernel)}_{_safe(arg_name(index))}_{device}.pt"
-                torch.save(value.detach().cpu().clone(), self.directory / name)
+                self._write(value.detach().cpu().clone(), name)
+
+    def _write(self, tensor: torch.Tensor, name: str) -> None:
+        """Save one tensor; an unwritable directory stops saving with one warning (the copy
+        to the host stays outside: a CUDA error it raises belongs to the launch)."""
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            torch.save(tensor, self.directory / name)
+        except (OSError, RuntimeError) as err:  # torch.save reports write errors as RuntimeError
+            self._saves_failed = True
+            warn_once(f"debug_printer_dir:{self.directory}",
+                      f"cannot save tensors to FLASHINFER_DEBUG_PRINTER_DIR={self.directory} "
+                      f"({type(err).__name__}: {err}); the debug printer stops saving")
 
 
 class InstrumentedModule:

@@ -9,9 +9,11 @@ One directory per call, ``<dump dir>/<call index>_<pid>_<api name>/``, holding
 - ``outputs.pt`` / ``outputs.safetensors``: returned tensors (``return``, ``return.0``...)
   and inputs the call changed in place (``mutated.<name>``).
 
-Dumping never breaks the call: past FLASHINFER_DUMP_MAX_COUNT or _MAX_SIZE_GB, or on
-any error, dumps stop (or skip) with a single warning. Calls made during CUDA graph
-capture are not dumped (copying to the host would invalidate the capture).
+Dumping never breaks the call: past FLASHINFER_DUMP_MAX_COUNT or _MAX_SIZE_GB, or when
+the dump directory cannot be written (an OS error: not a directory, no permission, disk
+full), dumps stop with a single warning; any other error skips that call's dump with a
+warning. Calls made during CUDA graph capture are not dumped (copying to the host would
+invalidate the capture).
 """
 
 from __future__ import annotations
@@ -126,6 +128,15 @@ class Dumper:
             self.stopped = reason
             logger.warning("flashinfer dumps stopped: %s", reason)
 
+    def _failed(self, err: Exception, what: str) -> None:
+        """An unwritable dump directory stops dumps (one warning, not one per call); a name
+        taken by an earlier process (pids are reused) or another error skips this dump."""
+        if isinstance(err, OSError) and not isinstance(err, FileExistsError):
+            self._stop(f"cannot write to FLASHINFER_DUMP_DIR={self.directory} "
+                       f"({type(err).__name__}: {err}); the calls run without dumps")
+        else:
+            logger.warning("flashinfer %s failed: %s", what, err)
+
     def _save(self, tensors: dict[str, torch.Tensor], path: Path) -> int:
         if self.safetensors:
             return safetensors_io.save_file(tensors, path)
@@ -199,7 +210,7 @@ class Dumper:
                 _write_manifest(directory, manifest)
                 return CallDump(directory, manifest, inputs, sources)
         except Exception as err:  # never break the user's call
-            logger.warning("flashinfer dump of %s failed: %s", func.__qualname__, err)
+            self._failed(err, f"dump of {func.__qualname__}")
             return None
 
     def dump_outputs(self, call: CallDump, result: Any) -> None:
@@ -222,7 +233,7 @@ class Dumper:
             call.manifest["status"] = "completed"
             _write_manifest(call.directory, call.manifest)
         except Exception as err:
-            logger.warning("flashinfer dump of outputs to %s failed: %s", call.directory, err)
+            self._failed(err, f"dump of outputs to {call.directory}")
 
     def dump_exception(self, call: CallDump, exc: BaseException) -> None:
         try:
@@ -230,7 +241,7 @@ class Dumper:
             call.manifest["exception"] = f"{type(exc).__name__}: {exc}"[:2000]
             _write_manifest(call.directory, call.manifest)
         except Exception as err:
-            logger.warning("flashinfer dump of an exception to %s failed: %s", call.directory, err)
+            self._failed(err, f"dump of an exception to {call.directory}")
 
 
 def _describe_return(result: Any) -> str:

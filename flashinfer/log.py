@@ -1,6 +1,7 @@
 """The ``flashinfer`` stdlib logger: INFO and above to stderr by default.
 
-The level comes from ``FLASHINFER_LOGGING_LEVEL``. Records do not propagate to the
+The level comes from ``FLASHINFER_LOGGING_LEVEL`` (INFO while it is invalid: the import
+never fails on a setting; ``config.validate`` reports it at first use). Records do not propagate to the
 root logger, so an application's own logging setup never prints them twice.
 """
 
@@ -30,6 +31,9 @@ def setup_logging() -> logging.Logger:
         handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("[flashinfer] %(message)s"))
         logger.addHandler(handler)
-    logger.setLevel(config.logging_level)
+    try:
+        logger.setLevel(config.logging_level)
+    except ValueError:
+        logger.setLevel(logging.INFO)
     logger.propagate = False
     return logger

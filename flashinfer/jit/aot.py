@@ -6,7 +6,9 @@ package's ``modules/`` dir. A module is taken from a layer without a compiler, w
 nvcc on PATH, when its record matches this process: flashinfer and tvm-ffi versions,
 the build-affecting settings (debug, lineinfo, device print, extra flags), archs that
 cover the visible GPUs (or FLASHINFER_CUDA_ARCH_LIST), and the content of any recorded
-source that exists here (an edited kernel falls through to the JIT).
+source that exists here (an edited kernel falls through to the JIT). The library itself
+must match its recorded size and sha256 (see verify.py); a damaged one is skipped with a
+warning.
 
 ``precompile`` builds every registered specialization for the given archs through one
 ninja invocation (one subninja per module) and publishes each module into the layer.
@@ -28,12 +30,15 @@ from ..config import config
 from ..version import __version__
 from .arch import CudaArch, NoTargetArchError, parse_arch_list
 from .builder import record_manifest, run_ninja
+from .fileutil import sha256_file
 from .manifest import FileRecord, Manifest
+from .toolchain import nvcc_arch_problem
+from .verify import library_problem
 
 logger = logging.getLogger("flashinfer.jit")
 
 AOT_RECORD = "aot.json"
-_FORMAT = 1
+_FORMAT = 2
 
 
 @functools.cache
@@ -95,8 +100,11 @@ def find(uri: str) -> Path | None:
             record = json.loads(record_path.read_text())
         except (OSError, ValueError):
             continue
+        if not isinstance(record, dict):
+            continue
         wanted = _wanted_archs()
         problem = (
+            "record format" if record.get("format") != _FORMAT else
             "flashinfer version" if record.get("flashinfer") != __version__ else
             "tvm-ffi version" if record.get("tvm_ffi") != tvm_ffi.__version__ else
             "build settings" if record.get("settings") != build_settings() else
@@ -107,9 +115,37 @@ def find(uri: str) -> Path | None:
             logger.debug("AOT layer %s: %s differs (%s); not used", layer, uri, problem)
             continue
         library = layer / uri / f"{uri}.so"
-        if library.is_file():
+        damage = _library_damage(library, record.get("library"))
+        if damage is None:
             return library
+        logger.warning("AOT layer %s: not using %s: %s (precompile the layer again)",
+                       layer, uri, damage)
     return None
+
+
+def _library_damage(library: Path, recorded: Any, rehash: bool = False) -> str | None:
+    try:
+        size, sha = int(recorded["size"]), str(recorded["sha256"])
+    except (TypeError, KeyError, ValueError):
+        return "its record has no library size and sha256"
+    return library_problem(library, size, sha, rehash=rehash)
+
+
+def verify_layers(layers: Iterable[Path] | None = None) -> dict[Path, str | None]:
+    """Every AOT library -> None when its bytes match the record, else the problem
+    (hashes each file, ignoring memos)."""
+    found: dict[Path, str | None] = {}
+    for layer in aot_dirs() if layers is None else layers:
+        for record_path in sorted(Path(layer).glob(f"*/{AOT_RECORD}")):
+            uri = record_path.parent.name
+            try:
+                record = json.loads(record_path.read_text())
+                recorded = record.get("library") if isinstance(record, dict) else None
+            except (OSError, ValueError):
+                recorded = None
+            library = record_path.parent / f"{uri}.so"
+            found[library] = _library_damage(library, recorded, rehash=True)
+    return found
 
 
 def _changed_source(inputs: dict[str, list[Any]]) -> str | None:
@@ -131,7 +167,11 @@ def precompile(out_dir: Path, archs: str | Iterable[CudaArch], ops: Iterable[str
     one that supports some of them is built for those."""
     from .registry import specs_for
 
-    arch_list = parse_arch_list(archs) if isinstance(archs, str) else tuple(archs)
+    arch_list = parse_arch_list(archs, "--arch") if isinstance(archs, str) else tuple(archs)
+    for arch in arch_list:
+        problem = nvcc_arch_problem(arch)
+        if problem is not None:
+            raise ValueError(f"--arch: {problem}")
     specs = specs_for(ops)
     supported = []
     skipped: dict[str, str] = {}
@@ -181,7 +221,8 @@ def _publish(out_dir: Path, staging: Path, spec: Any, plan: Any) -> Path:
     fresh = out_dir / f".{spec.name}.new"
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir()
-    os.replace(staging / plan.ninja.target, fresh / f"{spec.name}.so")
+    library = fresh / f"{spec.name}.so"
+    os.replace(staging / plan.ninja.target, library)
     record = {
         "format": _FORMAT,
         "uri": spec.name,
@@ -191,6 +232,7 @@ def _publish(out_dir: Path, staging: Path, spec: Any, plan: Any) -> Path:
         "settings": build_settings(),
         "identity": plan.identity,
         "inputs": {p: [r.size, r.mtime_ns, r.sha256] for p, r in manifest.inputs.items()},
+        "library": {"size": library.stat().st_size, "sha256": sha256_file(library)},
     }
     (fresh / AOT_RECORD).write_text(json.dumps(record, indent=1))
     target = out_dir / spec.name

@@ -23,11 +23,12 @@ class CudaArch:
     suffix: str = ""  # "a" (arch-specific) or "f" (family), as nvcc spells them
 
     @classmethod
-    def parse(cls, text: str) -> CudaArch:
+    def parse(cls, text: str, source: str = "FLASHINFER_CUDA_ARCH_LIST") -> CudaArch:
+        """``source`` names where the text came from, for the error message."""
         match = _ARCH_RE.match(text.strip())
         if not match:
             raise ValueError(
-                f"invalid CUDA arch {text!r} in FLASHINFER_CUDA_ARCH_LIST; "
+                f"invalid CUDA arch {text!r} in {source}; "
                 'expected entries like "8.0", "9.0a" or "10.0a"'
             )
         return cls(int(match[1]), int(match[2]), match[3])
@@ -44,11 +45,12 @@ class CudaArch:
         return f"{self.major}.{self.minor}{self.suffix}"
 
 
-def parse_arch_list(text: str) -> tuple[CudaArch, ...]:
+def parse_arch_list(text: str, source: str = "FLASHINFER_CUDA_ARCH_LIST"
+                    ) -> tuple[CudaArch, ...]:
     tokens = [t for t in _SEPARATORS_RE.split(text) if t]
     if not tokens:
-        raise ValueError("FLASHINFER_CUDA_ARCH_LIST is set but names no arch")
-    return tuple(sorted(set(CudaArch.parse(t) for t in tokens)))
+        raise ValueError(f"{source} names no arch")
+    return tuple(sorted(set(CudaArch.parse(t, source) for t in tokens)))
 
 
 def _visible_gpu_archs() -> tuple[CudaArch, ...]:

@@ -10,7 +10,6 @@ other users' processes cannot be seen) is never evicted, nor the one just built.
 from __future__ import annotations
 
 import fnmatch
-import json
 import logging
 import os
 import shutil
@@ -19,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import env
-from .manifest import MANIFEST_NAME
+from .fileutil import sha256_file
+from .manifest import MANIFEST_NAME, Manifest
 
 logger = logging.getLogger("flashinfer.jit")
 
@@ -34,6 +34,7 @@ class CacheEntry:
     size_bytes: int
     last_used: float
     archs: tuple[str, ...] = field(default=())
+    problem: str | None = None  # why the variant would be rebuilt on load (a stat check)
 
     @property
     def library(self) -> Path:
@@ -71,18 +72,37 @@ def entries(root: Path | None = None) -> list[CacheEntry]:
     found = []
     for manifest in sorted(root.glob(f"*/*/{MANIFEST_NAME}")):
         variant = manifest.parent
-        try:
-            identity = json.loads(manifest.read_text()).get("identity", {})
-        except (OSError, ValueError):
-            identity = {}
+        record = Manifest.load(variant)
         stamp = variant / STAMP
         try:
             last_used = (stamp if stamp.exists() else manifest).stat().st_mtime
         except OSError:
             continue
+        archs: tuple[str, ...] = ()
+        problem: str | None = "its manifest is unreadable or from an older format"
+        if record is not None and record.library_record is not None:
+            archs = tuple(str(a) for a in record.identity.get("archs", ()))
+            problem = record.library_record.check(variant / record.library)[0]
         found.append(CacheEntry(variant.parent.name, variant.name, variant, _dir_size(variant),
-                                last_used, tuple(identity.get("archs", ()))))
+                                last_used, archs, problem))
     return found
+
+
+def verify(entry: CacheEntry) -> str | None:
+    """Hash the variant's library against its manifest: None when it matches, else the
+    problem."""
+    if entry.problem is not None:
+        return entry.problem
+    record = Manifest.load(entry.path)
+    if record is None or record.library_record is None:
+        return "its manifest is unreadable"
+    try:
+        actual = sha256_file(entry.path / record.library)
+    except OSError as err:
+        return f"its library is unreadable ({err.strerror})"
+    if actual != record.library_record.sha256:
+        return "its library does not match the sha256 recorded at build time"
+    return None
 
 
 def mapped_libraries() -> set[str]:

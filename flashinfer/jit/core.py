@@ -4,9 +4,13 @@ Flow of ``build_and_load()``:
 
 1. an AOT layer with a matching record -> load its .so (no compiler needed)
 2. plan: target archs, toolchain, full flags, identity hash -> build dir (no writes)
-3. warm path: the manifest matches the files on disk -> load the .so (no subprocess, no lock)
+3. warm path: the manifest matches the files on disk -> load the .so (no subprocess, no lock);
+   with a read-only workspace, its build of the same identity is checked the same way
 4. otherwise, under the module's lock (or lock-free in a private staging dir): re-check,
    build, record the manifest, evict if the cache is over its size, load.
+
+Settings are validated first (``config.validate``), so a bad value is reported whether
+the module is built or found in a cache.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from .fileutil import sha256_file
 from .lock import module_lock
 from .manifest import Manifest
 from .ninja import NinjaBuild
-from .toolchain import Toolchain, ToolchainError, current_toolchain
+from .toolchain import Toolchain, ToolchainError, current_toolchain, nvcc_arch_problem
 
 logger = logging.getLogger("flashinfer.jit")
 
@@ -46,6 +50,16 @@ def check_cuda_arch() -> None:
     visible GPUs) is sm75 or newer, as the reference does before building a module."""
     if not any((arch.major, arch.minor) >= (7, 5) for arch in target_archs()):
         raise RuntimeError("FlashInfer requires GPUs with sm75 or higher")
+
+
+def check_buildable(plan: BuildPlan) -> None:
+    """Refuse, before compiling, archs this nvcc cannot build (FLASHINFER_CUDA_ARCH_LIST=7.0
+    under nvcc 13 would otherwise fail deep inside the compiler)."""
+    for arch in plan.archs:
+        problem = nvcc_arch_problem(arch, plan.toolchain.nvcc)
+        if problem is not None:
+            raise JitCompileError(f"{problem} (the target archs come from "
+                                  "FLASHINFER_CUDA_ARCH_LIST, else the visible GPUs)")
 
 
 @dataclass(frozen=True)
@@ -135,12 +149,13 @@ class JitSpec:
             *config.extra_ldflags,
         ]
         sources = tuple(Path(s) for s in self.sources)
+        portable = env.portable
         identity = {
             "name": self.name,
             "sources": [str(s) for s in sources],
-            "generated": {str(p): sha256_file(Path(p)) for p in self.generated_sources},
-            "cuda_cflags": cuda_cflags,
-            "cflags": cflags,
+            "generated": {portable(str(p)): sha256_file(Path(p)) for p in self.generated_sources},
+            "cuda_cflags": [portable(f) for f in cuda_cflags],
+            "cflags": [portable(f) for f in cflags],
             "ldflags": ldflags,
             "archs": [str(a) for a in archs],
             "nvcc": tc.nvcc_version(),
@@ -195,11 +210,13 @@ class JitSpec:
                 f"module {self.name} is not built for this configuration ({plan.build_dir}) "
                 "and FLASHINFER_DISABLE_JIT=1 forbids compiling it"
             )
-        with module_lock(self.name) as locked:
+        with env.writing_workspace(f"build module {self.name}"), \
+                module_lock(self.name) as locked:
             manifest = Manifest.load(plan.build_dir)
             reason = self._stale_reason(plan, manifest)
             if reason is None:
                 return plan.library_path
+            check_buildable(plan)
             archs = " ".join(f"sm_{a.sm}" for a in plan.archs)
             if manifest is None:
                 logger.info("compiling %s for %s (%s)", self.name, archs, reason)
@@ -233,6 +250,7 @@ class JitSpec:
     def build_and_load(self):  # noqa: ANN201 - returns tvm_ffi.Module
         """Load the module: from an AOT layer when one has it, else from the JIT cache,
         compiling first if it is missing or stale."""
+        config.validate()
         precompiled = aot.find(self.name)
         if precompiled is not None:
             return self._load(precompiled)
@@ -247,6 +265,10 @@ class JitSpec:
             raise
         reason = self._stale_reason(plan)
         if reason is not None:
+            shared = self._read_only_build(plan)
+            if shared is not None:
+                logger.debug("loading %s from the read-only workspace %s", self.name, shared)
+                return self._load(shared)
             if config.disable_jit and plan.library_path.is_file():
                 logger.warning("loading %s although %s (FLASHINFER_DISABLE_JIT=1)", self.name, reason)
             else:
@@ -255,6 +277,19 @@ class JitSpec:
             logger.debug("loading cached %s from %s", self.name, plan.build_dir)
             cache.touch(plan.build_dir)
         return self._load(plan.library_path)
+
+    def _read_only_build(self, plan: BuildPlan) -> Path | None:
+        """The up-to-date library of this identity in a read-only workspace, if any."""
+        workspace = env.read_only_workspace()
+        if workspace is None:
+            return None
+        build_dir = workspace / "cached_ops" / self.name / plan.digest
+        library = build_dir / plan.ninja.output
+        manifest = Manifest.load(build_dir)
+        if manifest is None or stale_reason(self.name, plan.identity, build_dir, library,
+                                             manifest) is not None:
+            return None
+        return library
 
     def _load(self, path: Path):  # noqa: ANN202
         import tvm_ffi

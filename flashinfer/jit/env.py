@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from ..config import config
 from ..version import __version__
@@ -30,26 +32,83 @@ FLASHINFER_CSRC_DIR = _data_dir("csrc")
 FLASHINFER_INCLUDE_DIR = _data_dir("include")
 
 
+class WorkspaceError(RuntimeError):
+    """A part of the JIT workspace cannot be written where a build or render needs it."""
+
+
+def _problem(base: Path) -> str | None:
+    """Why ``base`` cannot hold a workspace, or None. ``os.access`` also reports
+    read-only filesystems, for root too."""
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return err.strerror or str(err)
+    if not os.access(base, os.W_OK | os.X_OK):
+        return "read-only"
+    return None
+
+
 @functools.cache
 def _writable_base(base: Path) -> Path:
     """``base`` when it can be created and written, else a per-user temp dir (one warning
-    per process). ``os.access`` also reports read-only filesystems, for root too."""
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-        if os.access(base, os.W_OK | os.X_OK):
-            return base
-        problem = "not writable"
-    except OSError as err:
-        problem = err.strerror or str(err)
+    per process)."""
+    problem = _problem(base)
+    if problem is None:
+        return base
     fallback = Path(tempfile.gettempdir()) / f"flashinfer-{os.getuid()}"
-    logger.warning("JIT workspace %s is unusable (%s); using %s instead "
-                   "(set FLASHINFER_WORKSPACE_BASE to choose)", base, problem, fallback)
+    if (base / __version__).is_dir() and os.access(base / __version__, os.R_OK | os.X_OK):
+        logger.warning("JIT workspace %s is %s: modules built there are loaded from it, new "
+                       "ones compile into %s (set FLASHINFER_WORKSPACE_BASE to choose)",
+                       base, problem, fallback)
+    else:
+        logger.warning("JIT workspace %s is unusable (%s); using %s instead "
+                       "(set FLASHINFER_WORKSPACE_BASE to choose)", base, problem, fallback)
     return fallback
 
 
+def configured_workspace() -> Path:
+    """``$FLASHINFER_WORKSPACE_BASE/<version>`` as configured (not created, no fallback)."""
+    return config.workspace_base / __version__
+
+
 def workspace_dir() -> Path:
-    """Versioned workspace root: ``$FLASHINFER_WORKSPACE_BASE/<version>``."""
+    """Versioned workspace root, where this process writes: ``$FLASHINFER_WORKSPACE_BASE/
+    <version>``, or the fallback when that cannot be written."""
     return _writable_base(config.workspace_base) / __version__
+
+
+def read_only_workspace() -> Path | None:
+    """The configured versioned workspace when it cannot be written but can be read: its
+    built modules still load (identities do not depend on the workspace path)."""
+    base = config.workspace_base
+    if _writable_base(base) == base:
+        return None
+    versioned = base / __version__
+    return versioned if versioned.is_dir() else None
+
+
+def portable(text: str) -> str:
+    """``text`` with this process's workspace path replaced by a placeholder, so a module's
+    identity is the same in every workspace."""
+    return text.replace(str(workspace_dir()), "$WORKSPACE")
+
+
+@contextlib.contextmanager
+def writing_workspace(action: str) -> Iterator[None]:
+    """Turn an OSError on a workspace path into one WorkspaceError that names the path
+    and what to do (errors on other paths pass through)."""
+    try:
+        yield
+    except OSError as err:
+        path = str(err.filename or "")
+        base = str(config.workspace_base)
+        if not path.startswith((base, str(workspace_dir()))):
+            raise
+        reason = err.strerror or type(err).__name__
+        raise WorkspaceError(
+            f"cannot {action}: {path}: {reason}. Make the JIT workspace writable (remove "
+            f"anything in the way, fix permissions) or set FLASHINFER_WORKSPACE_BASE to "
+            f"another dir") from err
 
 
 def generated_dir(uri: str) -> Path:

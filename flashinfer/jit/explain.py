@@ -72,9 +72,8 @@ def explain_new_build(uri: str, identity: dict[str, Any], build_dir: Path) -> st
         except OSError:
             continue
     for _, manifest_path in sorted(candidates, reverse=True):
-        try:
-            previous = json.loads(manifest_path.read_text())["identity"]
-        except (OSError, ValueError, KeyError):
+        previous = _identity_of(manifest_path)
+        if previous is None:
             continue
         diffs = [f"{label} changed ({_describe(key, previous.get(key), identity.get(key))})"
                  for key, label in _ASPECTS if previous.get(key) != identity.get(key)]
@@ -83,14 +82,32 @@ def explain_new_build(uri: str, identity: dict[str, Any], build_dir: Path) -> st
     return "first build"
 
 
+def _identity_of(manifest_path: Path) -> dict[str, Any] | None:
+    """The identity recorded in any manifest format (older versions' too), if readable."""
+    try:
+        identity = json.loads(manifest_path.read_text())["identity"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return identity if isinstance(identity, dict) else None
+
+
 def stale_reason(uri: str, identity: dict[str, Any], build_dir: Path, library: Path,
                  manifest: Manifest | None) -> str | None:
     """None when the built library is up to date; else why it is not."""
-    if manifest is None or not library.is_file():
+    if manifest is None:
+        if (build_dir / MANIFEST_NAME).exists():
+            return "its manifest is unreadable or from an older format"
         return explain_new_build(uri, identity, build_dir)
+    if manifest.library_record is None:
+        return "its manifest records no library"
+    problem, record = manifest.library_record.check(library)
+    if problem is not None:
+        return problem
     changed, restat = manifest.changed_inputs()
     if changed:
         return changed_inputs_reason(changed)
+    if record is not manifest.library_record:
+        manifest.library_record, restat = record, True
     if restat:
         try:  # remember the new stats so the next process skips the re-hash
             manifest.save(build_dir)

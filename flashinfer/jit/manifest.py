@@ -1,6 +1,10 @@
-"""A built module's manifest: every file that went into it, with stat and content hash.
+"""A built module's manifest: every file that went into it, with stat and content hash,
+and the library it produced.
 
 The warm path reads the manifest and stats its files, with no subprocess and no lock.
+The library's (size, mtime, inode) are checked the same way, so a truncated, rewritten
+or replaced library is rebuilt instead of loaded; its sha256 is there for
+``flashinfer cache verify``, which hashes on request.
 A file whose (size, mtime) changed is re-hashed, and only a content change makes the
 module stale, so neither ``touch`` nor a reinstall that rewrites files with old mtimes
 fools it. Objects that depend on a changed file are named so the builder can delete
@@ -19,7 +23,7 @@ from typing import Any
 from .fileutil import atomic_write_text, sha256_file
 
 MANIFEST_NAME = "manifest.json"
-_FORMAT = 1
+_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,47 @@ class FileRecord:
         st = path.stat()
         return cls(st.st_size, st.st_mtime_ns, sha256_file(path))
 
+    @classmethod
+    def parse(cls, raw: Any) -> FileRecord:
+        size, mtime_ns, sha = raw
+        if not (isinstance(size, int) and isinstance(mtime_ns, int) and isinstance(sha, str)):
+            raise TypeError(f"bad file record {raw!r}")
+        return cls(size, mtime_ns, sha)
+
+
+@dataclass(frozen=True)
+class LibraryRecord:
+    """The published library as the build left it."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+    sha256: str
+
+    @classmethod
+    def of(cls, path: Path) -> LibraryRecord:
+        st = path.stat()
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, sha256_file(path))
+
+    def check(self, path: Path) -> tuple[str | None, LibraryRecord]:
+        """Why the file at ``path`` is not this library, or None; and the record to keep.
+
+        Size decides at once (a truncated file is never hashed). Same size with another
+        mtime or inode (a rewrite, or a copied workspace) is hashed: same bytes give a
+        refreshed record, so the next check is a stat again.
+        """
+        try:
+            st = os.stat(path)
+        except OSError:
+            return f"its library {path.name} is missing", self
+        if st.st_size != self.size:
+            return f"its library {path.name} changed size ({self.size} -> {st.st_size} bytes)", self
+        if (st.st_mtime_ns, st.st_ino) == (self.mtime_ns, self.inode):
+            return None, self
+        if sha256_file(path) != self.sha256:
+            return f"its library {path.name} was modified", self
+        return None, LibraryRecord(st.st_size, st.st_mtime_ns, st.st_ino, self.sha256)
+
 
 @dataclass
 class Manifest:
@@ -40,12 +85,16 @@ class Manifest:
     library: str
     inputs: dict[str, FileRecord]
     objects: dict[str, list[str]] = field(default_factory=dict)
+    library_record: LibraryRecord | None = None
 
     def save(self, build_dir: Path) -> None:
+        lib = self.library_record
         data = {
             "format": _FORMAT,
             "identity": self.identity,
             "library": self.library,
+            "library_record": None if lib is None else
+            [lib.size, lib.mtime_ns, lib.inode, lib.sha256],
             "inputs": {p: [r.size, r.mtime_ns, r.sha256] for p, r in sorted(self.inputs.items())},
             "objects": self.objects,
         }
@@ -53,17 +102,29 @@ class Manifest:
 
     @classmethod
     def load(cls, build_dir: Path) -> Manifest | None:
+        """The manifest in ``build_dir``; None when it is missing, from another format, or
+        does not parse (wrong JSON types included): the module is then rebuilt."""
         try:
             data = json.loads((build_dir / MANIFEST_NAME).read_text())
-            if data.get("format") != _FORMAT:
+            if not isinstance(data, dict) or data.get("format") != _FORMAT:
+                return None
+            identity, library, objects = data["identity"], data["library"], data["objects"]
+            if not (isinstance(identity, dict) and isinstance(library, str)
+                    and isinstance(objects, dict)
+                    and all(isinstance(v, list) for v in objects.values())):
+                return None
+            size, mtime_ns, inode, sha = data["library_record"]
+            if not all(isinstance(v, int) for v in (size, mtime_ns, inode)) or \
+                    not isinstance(sha, str):
                 return None
             return cls(
-                identity=data["identity"],
-                library=data["library"],
-                inputs={p: FileRecord(*r) for p, r in data["inputs"].items()},
-                objects=data["objects"],
+                identity=identity,
+                library=library,
+                inputs={str(p): FileRecord.parse(r) for p, r in data["inputs"].items()},
+                objects=objects,
+                library_record=LibraryRecord(size, mtime_ns, inode, sha),
             )
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
     def changed_inputs(self) -> tuple[list[str], bool]:

@@ -46,6 +46,7 @@ def render_template(
     except OSError:
         pass
     text = _environment().from_string(source).render(**params)
-    write_if_different(out, text)
-    atomic_write_text(key_file, key)
+    with env.writing_workspace(f"write the rendered {output_name} of {module_uri}"):
+        write_if_different(out, text)
+        atomic_write_text(key_file, key)
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from ..config import config
 from . import env
+from .arch import CudaArch
 from .fileutil import atomic_write_text
 
 
@@ -178,3 +180,84 @@ def default_max_jobs() -> int:
     except (OSError, KeyError, ValueError):
         by_memory = cores or 1
     return max(1, min(cores or 1, by_memory))
+
+
+def find_nvcc() -> Path:
+    """The CUDA compiler FLASHINFER_NVCC names, looked up on PATH as builds look it up."""
+    return _which(config.nvcc, "FLASHINFER_NVCC")
+
+
+def find_cxx() -> Path:
+    """The host compiler CXX names, on its own: judging it needs no nvcc."""
+    return _which(config.cxx, "CXX")
+
+
+def find_cuda_home(nvcc: Path) -> Path:
+    """The toolkit root builds pair with ``nvcc``: CUDA_HOME as given, else found beside it."""
+    return _cuda_home(nvcc)
+
+
+def tool_version(binary: Path) -> str:
+    """``binary --version``, condensed and cached as the cache key's probe caches it."""
+    return _probe_version(binary)
+
+
+def nvcc_release(nvcc: Path) -> tuple[int, int] | None:
+    """(major, minor) of ``nvcc``'s CUDA release, or None when its banner names none."""
+    match = re.search(r"release (\d+)\.(\d+)", tool_version(nvcc))
+    return (int(match[1]), int(match[2])) if match else None
+
+
+@functools.cache
+def _listed_gpu_archs(real: Path, size: int, mtime_ns: int) -> frozenset[tuple[int, int]]:
+    del size, mtime_ns  # cache key only: a reinstalled nvcc is asked again
+    try:
+        proc = subprocess.run(
+            [str(real), "--list-gpu-arch"], capture_output=True, text=True, timeout=60, check=True
+        )
+    except (OSError, subprocess.SubprocessError) as err:
+        raise ToolchainError(f"cannot run {real} --list-gpu-arch: {err}") from err
+    found = re.findall(r"^compute_(\d+)[a-z]?$", proc.stdout, re.MULTILINE)
+    archs = frozenset((int(digits[:-1]), int(digits[-1])) for digits in found)
+    if not archs:
+        raise ToolchainError(f"{real} --list-gpu-arch names no compute_XX arch")
+    return archs
+
+
+def nvcc_supported_archs(nvcc: Path | None = None) -> frozenset[tuple[int, int]]:
+    """(major, minor) of every GPU arch ``nvcc --list-gpu-arch`` can compile for
+    (``compute_90`` -> ``(9, 0)``), so an arch list can be refused before a build fails
+    with nvcc's "Unsupported gpu architecture".
+
+    ``nvcc``: the compiler to ask; default: the one FLASHINFER_NVCC selects. Asked once per
+    binary (path, size, mtime) and process, about 10 ms. nvcc lists base archs only: whether
+    an ``a``/``f`` variant exists is :func:`nvcc_arch_problem`'s business. Raises
+    :class:`ToolchainError` when nvcc is missing or cannot answer.
+    """
+    binary = (nvcc or find_nvcc()).resolve()
+    try:
+        st = binary.stat()
+    except OSError as err:
+        raise ToolchainError(f"cannot read {binary}: {err.strerror or err}") from err
+    return _listed_gpu_archs(binary, st.st_size, st.st_mtime_ns)
+
+
+def nvcc_arch_problem(arch: CudaArch, nvcc: Path | None = None) -> str | None:
+    """Why ``nvcc`` (default: FLASHINFER_NVCC's) cannot build ``arch``, or None when it can.
+
+    Base archs come from :func:`nvcc_supported_archs`; arch-specific ``a`` variants exist
+    from 9.0 on, family ``f`` variants from 10.0 on with CUDA 12.9 or newer.
+    """
+    binary = nvcc or find_nvcc()
+    supported = nvcc_supported_archs(binary)
+    release = nvcc_release(binary)
+    name = f"nvcc {release[0]}.{release[1]}" if release else f"{binary}"
+    if (arch.major, arch.minor) not in supported:
+        listed = ", ".join(f"{major}.{minor}" for major, minor in sorted(supported))
+        return f"{name} cannot build arch {arch}; it supports {listed}"
+    if arch.suffix == "a" and arch.major < 9:
+        return f"arch {arch} does not exist: arch-specific ('a') targets start at 9.0a"
+    if arch.suffix == "f" and (arch.major < 10 or (release is not None and release < (12, 9))):
+        return (f"{name} cannot build arch {arch}: family ('f') targets start at 10.0f "
+                "and need CUDA 12.9 or newer")
+    return None

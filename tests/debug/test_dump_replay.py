@@ -18,6 +18,8 @@ from flashinfer.replay import replay
 from tests.conftest import REPO_ROOT, run_python
 from tests.debug import sample_api
 
+SAMPLE = "tests.debug.sample_api"  # replay runs its @flashinfer_api functions only when allowed
+
 
 def _dumping(tmp_path: Path, **dumper_options) -> tuple[ApiLogger, Path]:
     root = tmp_path / "dumps"
@@ -167,7 +169,7 @@ def test_safetensors_dumps_replay(tmp_path: Path) -> None:
         "name": "mode", "param_kind": None, "kind": "enum",
         "enum_module": "tests.debug.sample_api", "enum_qualname": "Mode", "member": "FAST"}
     logger.decorate(sample_api.concat)([torch.randn(2), torch.randn(3)])
-    results = replay(root)
+    results = replay(root, allow_modules=SAMPLE)
     assert [r.status for r in results] == ["PASS", "PASS"]
 
 
@@ -176,7 +178,7 @@ def test_replay_passes_on_a_faithful_dump_and_fails_on_an_altered_output(tmp_pat
     logger.decorate(sample_api.add_and_sub)(torch.randn(8), torch.randn(8), alpha=2.0)
     logger.decorate(sample_api.scale_)(torch.randn(8), 0.5)
     logger.decorate(sample_api.concat)([torch.randn(2), torch.randn(3)], dim=0)
-    results = replay(root)
+    results = replay(root, allow_modules=SAMPLE)
     assert [r.status for r in results] == ["PASS", "PASS", "PASS"]
     assert results[0].function == "tests.debug.sample_api.add_and_sub"
 
@@ -184,10 +186,10 @@ def test_replay_passes_on_a_faithful_dump_and_fails_on_an_altered_output(tmp_pat
     outputs = torch.load(altered, weights_only=True)
     outputs["mutated.x"][3] += 1e-3
     torch.save(outputs, altered)
-    results = replay(root)
+    results = replay(root, allow_modules=SAMPLE)
     assert [r.status for r in results] == ["PASS", "FAIL", "PASS"]
     assert "mutated.x: max abs diff" in results[1].detail
-    assert replay(root, atol=1e-2)[1].status == "PASS"
+    assert replay(root, atol=1e-2, allow_modules=SAMPLE)[1].status == "PASS"
 
 
 def test_replay_cli_and_a_crashed_call(tmp_path: Path, capsys) -> None:
@@ -198,10 +200,12 @@ def test_replay_cli_and_a_crashed_call(tmp_path: Path, capsys) -> None:
     manifest = json.loads((_calls(root)[1] / "call.json").read_text())
     assert manifest["status"] == "raised" and "bad x" in manifest["exception"]
 
-    assert cli(["replay", str(root)]) == 0
+    assert cli(["replay", str(root), "--allow-module", SAMPLE]) == 0
     out = capsys.readouterr().out
     assert "PASS" in out and "RAN" in out and "raised ValueError" in out
-    assert cli(["replay", "--dir", str(root)]) == 0
+    assert cli(["replay", "--dir", str(root), "--allow-module", "tests"]) == 0
+    assert cli(["replay", str(root)]) == 1  # not allowed: both calls refused
+    assert capsys.readouterr().out.count("REFUSED") == 2
     assert cli(["replay", str(tmp_path / "nothing")]) == 2
 
 
@@ -210,15 +214,15 @@ def test_replay_in_a_fresh_process_with_python_m(tmp_path: Path) -> None:
     code = f"""
 import sys
 sys.path.insert(0, {str(REPO_ROOT)!r})
-import torch, flashinfer
+import torch
 from tests.debug import sample_api
-flashinfer.flashinfer_api(sample_api.add_and_sub)(torch.randn(3), torch.randn(3))
+sample_api.add_and_sub(torch.randn(3), torch.randn(3))  # decorated at import, at level 10
 """
     run_python(code, env={"FLASHINFER_LOGLEVEL": "10", "FLASHINFER_DUMP_DIR": str(root),
                           "FLASHINFER_LOGDEST": str(tmp_path / "log")})
-    proc = run_python("import runpy, sys\nsys.argv = ['flashinfer', 'replay', "
-                      f"{str(root)!r}]\nrunpy.run_module('flashinfer', run_name='__main__')",
-                      cwd=REPO_ROOT)
+    argv = ["flashinfer", "replay", str(root), "--allow-module", SAMPLE]
+    proc = run_python(f"import runpy, sys\nsys.argv = {argv!r}\n"
+                      "runpy.run_module('flashinfer', run_name='__main__')", cwd=REPO_ROOT)
     assert "PASS" in proc.stdout and "1 pass, 0 fail" in proc.stdout
 
 

@@ -120,7 +120,8 @@ def test_second_call_in_process_does_not_rebuild(workspace: Path, tmp_path: Path
     assert len(jit_log.compiles()) == 1
 
 
-def test_header_edits_rebuild_exactly_the_dependent_objects(built_tiny, jit_log) -> None:
+def test_header_edits_rebuild_exactly_the_dependent_objects(built_tiny, jit_log,
+                                                            tmp_path: Path) -> None:
     src, spec = built_tiny
     build_dir = spec.build_dir
     binding_obj = next(build_dir.glob("binding.*.o"))
@@ -143,7 +144,7 @@ def test_header_edits_rebuild_exactly_the_dependent_objects(built_tiny, jit_log)
     assert spec.build_dir == build_dir  # headers are tracked by depfiles, not the hash
     assert kernel_obj.stat().st_mtime_ns != kernel_mtime
     assert binding_obj.stat().st_mtime_ns == binding_mtime
-    assert load_fresh(spec.library_path).a_value() == 42
+    assert load_fresh(spec.library_path, tmp_path).a_value() == 42
 
 
 def test_touch_without_content_change_does_not_rebuild(built_tiny, jit_log) -> None:
@@ -156,7 +157,8 @@ def test_touch_without_content_change_does_not_rebuild(built_tiny, jit_log) -> N
     assert jit_log.compiles() == []
 
 
-def test_new_content_with_an_older_mtime_still_rebuilds(built_tiny, jit_log) -> None:
+def test_new_content_with_an_older_mtime_still_rebuilds(built_tiny, jit_log,
+                                                       tmp_path: Path) -> None:
     """A reinstall can write new files with old mtimes; ninja alone would miss it."""
     src, spec = built_tiny
     header = src / "include" / "tiny" / "a.cuh"
@@ -165,7 +167,7 @@ def test_new_content_with_an_older_mtime_still_rebuilds(built_tiny, jit_log) -> 
     os.utime(header, (old, old))
     spec.build()
     assert len(jit_log.compiles()) == 1
-    assert load_fresh(spec.library_path).a_value() == 77
+    assert load_fresh(spec.library_path, tmp_path).a_value() == 77
 
 
 def test_flags_and_archs_change_the_build_dir(

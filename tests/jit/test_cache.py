@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -15,6 +14,7 @@ import flashinfer
 from flashinfer.__main__ import main as cli
 from flashinfer.jit import cache
 from flashinfer.jit import env as jit_env
+from flashinfer.jit.manifest import LibraryRecord, Manifest
 from flashinfer.jit.norm import gen_norm_module
 from tests.jit.tiny_module import tiny_spec, write_tiny_sources
 
@@ -22,8 +22,10 @@ from tests.jit.tiny_module import tiny_spec, write_tiny_sources
 def _fake_variant(root: Path, uri: str, digest: str, size: int, last_used: float) -> Path:
     variant = root / uri / digest
     variant.mkdir(parents=True)
-    (variant / "manifest.json").write_text(json.dumps({"identity": {"archs": ["9.0a"]}}))
-    (variant / f"{uri}.so").write_bytes(b"\0" * size)
+    library = variant / f"{uri}.so"
+    library.write_bytes(b"\0" * size)
+    Manifest({"archs": ["9.0a"]}, library.name, {}, {},
+             LibraryRecord.of(library)).save(variant)
     (variant / cache.STAMP).touch()
     os.utime(variant / cache.STAMP, (last_used, last_used))
     return variant

@@ -7,7 +7,6 @@ binding.cc exports ``a_value()`` (host-only) through tvm-ffi.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 
 from flashinfer.jit import JitSpec, gen_jit_spec
@@ -44,11 +43,13 @@ def tiny_spec(root: Path, name: str = "tiny_test_module", **kwargs) -> JitSpec:
     )
 
 
-def load_fresh(path: Path):
-    """Load a copy of a library: dlopen returns the first handle for a path it has
-    seen, so a rebuilt library at the same path must be loaded from a new one."""
+def load_fresh(path: Path, scratch: Path):
+    """Load a copy of a library (made under the test's ``scratch`` dir): dlopen returns
+    the first handle for a path it has seen, so a rebuilt library at the same path must be
+    loaded from a new one."""
     import tvm_ffi
 
-    copy = Path(tempfile.mkdtemp(prefix="tiny-load-")) / path.name
+    copy = scratch / f"load-{len(list(scratch.glob('load-*')))}" / path.name
+    copy.parent.mkdir(parents=True)
     shutil.copy2(path, copy)
     return tvm_ffi.load_module(str(copy))
