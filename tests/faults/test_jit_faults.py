@@ -19,10 +19,9 @@ from pathlib import Path
 import pytest
 
 from flashinfer.__main__ import main as cli
-from flashinfer.jit import aot, builder, env
+from flashinfer.jit import aot, builder, env, registry
 from flashinfer.jit.builder import JitCompileError
 from flashinfer.jit.env import WorkspaceError
-from flashinfer.jit.registry import register_op
 from flashinfer.jit.render import render_template
 from flashinfer.version import __version__
 from tests.conftest import REPO_ROOT, run_python
@@ -218,7 +217,8 @@ def aot_layer(warm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pa
     """(sources, the tiny module's library in a precompiled AOT layer in use)."""
     src, _ = warm
     monkeypatch.setenv("FAULTS_TINY_SRC", str(src))
-    register_op("faults_tiny", _tiny_op_specs)
+    registry.registered_ops()  # the real ops first, so the test op is the only addition
+    monkeypatch.setitem(registry._OPS, "faults_tiny", _tiny_op_specs)  # gone after the test
     layer = tmp_path / "layer"
     (library,) = aot.precompile(layer, "9.0a", ["faults_tiny"]).published
     monkeypatch.setenv("FLASHINFER_AOT_DIR", str(layer))
