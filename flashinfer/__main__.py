@@ -114,7 +114,7 @@ def _cache(args: argparse.Namespace) -> int:
 
 
 def _precompile(args: argparse.Namespace) -> int:
-    from .jit.aot import precompile
+    from .jit.precompile import precompile
     from .jit.builder import JitCompileError
 
     from .config import config

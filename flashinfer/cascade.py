@@ -22,11 +22,11 @@ import torch
 
 from . import checks
 from .api_logging import flashinfer_api
-from .decode import _check_workspace
+from .attention_args import check_workspace
 from .jit.decode import gen_cascade_module
 from .prefill import BatchPrefillWithPagedKVCacheWrapper, _check_options, _host_indptr
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LSE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MAX_HEAD_DIM = 512
 
@@ -42,7 +42,7 @@ def _check_state(v_name: str, v: Any, s_name: str, s: Any, rank: int, layout: st
     checks.check_tensor(s_name, s)
     checks.check_ndim(v_name, v, rank, layout)
     checks.check_ndim(s_name, s, rank - 1, f"{layout} without head_dim")
-    checks.check_dtype(v_name, v, _DTYPES)
+    checks.check_dtype(v_name, v, DTYPES)
     checks.check_dtype(s_name, s, _LSE_DTYPES)
     if tuple(s.shape) != tuple(v.shape[:-1]):
         raise ValueError(f"{s_name} has shape {tuple(s.shape)}, expected {tuple(v.shape[:-1])} "
@@ -194,7 +194,7 @@ class MultiLevelCascadeAttentionWrapper:
                  paged_kv_indices_buf_arr: list[torch.Tensor] | None = None,
                  paged_kv_last_page_len_buf_arr: list[torch.Tensor] | None = None) -> None:
         checks.check_int("num_levels", num_levels, 1)
-        _check_workspace("float_workspace_buffer", float_workspace_buffer)
+        check_workspace("float_workspace_buffer", float_workspace_buffer)
         checks.check_kv_layout(kv_layout)
         checks.check_bool("use_cuda_graph", use_cuda_graph)
         if use_cuda_graph:
@@ -237,9 +237,9 @@ class MultiLevelCascadeAttentionWrapper:
         """Use new workspaces: the float one shared by every level, one int workspace per
         level (not overlapping). The next ``run()`` needs a new ``plan()``."""
         buffers = _per_level("int_workspace_buffers", int_workspace_buffers, self._num_levels)
-        _check_workspace("float_workspace_buffer", float_workspace_buffer)
+        check_workspace("float_workspace_buffer", float_workspace_buffer)
         for i, buffer in enumerate(buffers):
-            _check_workspace(f"int_workspace_buffers[{i}]", buffer)
+            check_workspace(f"int_workspace_buffers[{i}]", buffer)
         _check_disjoint("int_workspace_buffers", buffers)
         for wrapper, buffer in zip(self._batch_prefill_wrappers, buffers):
             wrapper.reset_workspace_buffer(float_workspace_buffer, buffer)

@@ -91,10 +91,12 @@ def check_bool(name: str, value: Any) -> bool:
     return value
 
 
-def check_int(name: str, value: Any, low: int | None = None, high: int | None = None) -> int:
-    """An int (bool rejected) in ``[low, high]`` (either bound optional)."""
+def check_int(name: str, value: Any, low: int | None = None, high: int | None = None, *,
+              kind: str = "an int") -> int:
+    """An int (bool rejected) in ``[low, high]`` (either bound optional). ``kind`` names
+    what the argument may be in the TypeError (e.g. "an int or a [batch] tensor")."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
     if low is not None and value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
     if high is not None and value > high:
@@ -103,12 +105,16 @@ def check_int(name: str, value: Any, low: int | None = None, high: int | None = 
 
 
 def check_number(name: str, value: Any, low: float | None = None, high: float | None = None,
-                 *, low_open: bool = False, high_open: bool = False) -> float:
-    """A finite real number (bool rejected) within the bounds, each closed unless ``*_open``."""
+                 *, low_open: bool = False, high_open: bool = False, kind: str = "a float",
+                 allow_inf: bool = False) -> float:
+    """A real number (bool rejected; NaN, and infinities unless ``allow_inf``, refused) within
+    the bounds, each closed unless ``*_open``. ``kind`` as for :func:`check_int`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+        raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
     value = float(value)
-    if not math.isfinite(value):
+    if math.isnan(value) and allow_inf:
+        raise ValueError(f"{name} must not be NaN")
+    if not math.isfinite(value) and not allow_inf:
         raise ValueError(f"{name} must be finite, got {value}")
     if low is not None and (value <= low if low_open else value < low):
         raise ValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}")

@@ -19,13 +19,31 @@ import functools
 import math
 import warnings
 from dataclasses import dataclass
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from . import checks, ragged
+from . import checks, prefill, ragged
 from .api_logging import flashinfer_api
+from .attention_args import (
+    BACKENDS,
+    DTYPES,
+    INDEX,
+    INT_WORKSPACE_BYTES,
+    WorkspaceOwner,
+    apply_v_scale,
+    check_dtype_name,
+    check_optional_number,
+    check_output,
+    check_pos_encoding,
+    check_rope,
+    check_score_args,
+    check_window,
+    check_workspace,
+    pinned_like,
+    round_up,
+    score_params,
+)
 from .decode_schedule import (
     DecodeSchedule,
     kv_lengths,
@@ -34,25 +52,13 @@ from .decode_schedule import (
     plan_length,
 )
 from .jit.decode import HEAD_DIMS, gen_decode_module
-from .jit.dtypes import dtype_info
 from .paged_kv import unpack_paged_kv_cache
 from .pdl import resolve_enable_pdl
 from .utils import get_device_sm_count
 
-if TYPE_CHECKING:
-    from .prefill import BatchPrefillWithPagedKVCacheWrapper
-    from .prefill import _Plan as _PrefillPlan
 
-_DTYPES = (torch.float16, torch.bfloat16)
-_INDEX = (torch.int32, torch.int64)
-_LOG2E = 1.4426950408889634
-_ALIGN = 256  # bytes: each workspace region starts at a multiple of this offset
 # A bound on resident CTAs per SM (the hardware's), for CUDA-graph buffer capacities.
 _MAX_CTAS_PER_SM = 32
-# Each wrapper's own device buffer for its schedule, and its pinned staging twin (the
-# reference library's sizes).
-_INT_WORKSPACE_BYTES = 8 << 20
-_BACKENDS = ("auto", "fa2")
 # plan()'s optional arguments after page_size, in the order the reference's deprecated
 # positional form takes them.
 _LEGACY_PLAN_ARGS = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type",
@@ -67,33 +73,12 @@ def get_decode_module(dtype: Any, head_dim: int):  # noqa: ANN201 - a tvm_ffi.Mo
     return gen_decode_module(dtype, head_dim).build_and_load()
 
 
-def _prefill_api() -> ModuleType:
-    """flashinfer.prefill, which runs tensor-core decode (imported late: it imports this
-    module)."""
-    from . import prefill
-
-    return prefill
-
-
 @functools.cache
 def _max_ctas(dtype: torch.dtype, head_dim: int, group: int, device: torch.device) -> int:
     """CTAs of the decode kernel the device holds at once for this group size."""
     with torch.cuda.device(device):
         per_sm = get_decode_module(dtype, head_dim).blocks_per_sm(group)
     return get_device_sm_count(device) * max(1, int(per_sm))
-
-
-def _check_dtype_name(name: str, value: Any) -> torch.dtype:
-    """A torch dtype or its name, as the reference accepts ``q_data_type`` and friends."""
-    if isinstance(value, str):
-        try:
-            value = getattr(torch, dtype_info(value).name)
-        except TypeError:
-            raise TypeError(f"{name} {value!r} is not a supported dtype; use float16 or "
-                            "bfloat16") from None
-    if value not in _DTYPES:
-        raise TypeError(f"{name} is {value}; supported: float16, bfloat16")
-    return value
 
 
 def _check_heads(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> int:
@@ -114,65 +99,6 @@ def _check_heads(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> int:
     return group
 
 
-def _check_optional_number(name: str, value: Any, low: float | None = None,
-                           low_open: bool = False) -> float | None:
-    return None if value is None else checks.check_number(name, value, low, low_open=low_open)
-
-
-def _check_score_args(sm_scale: Any, logits_soft_cap: Any) -> tuple[float | None, float]:
-    """``sm_scale`` (None: the default) and the soft cap (0: none), validated."""
-    return (_check_optional_number("sm_scale", sm_scale, 0.0, low_open=True),
-            _check_optional_number("logits_soft_cap", logits_soft_cap, 0.0) or 0.0)
-
-
-def _score_params(head_dim: int, sm_scale: Any, logits_soft_cap: Any, q_scale: Any = None,
-                  k_scale: Any = None) -> tuple[float, float]:
-    """(scale, cap) as the kernel applies them, in log2 units (see decode.cuh)."""
-    sm_scale, cap = _check_score_args(sm_scale, logits_soft_cap)
-    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
-    for name, factor in (("q_scale", q_scale), ("k_scale", k_scale)):
-        if factor is not None:
-            scale *= checks.check_number(name, factor, 0.0, low_open=True)
-    if cap > 0:
-        return scale / cap, cap * _LOG2E
-    return scale * _LOG2E, 0.0
-
-
-def _check_window(window_left: Any) -> int:
-    return checks.check_int("window_left", window_left, -1)
-
-
-def _check_pos_encoding(mode: Any) -> None:
-    if mode != "NONE":
-        raise ValueError(f"pos_encoding_mode {mode!r} is not supported; apply flashinfer's RoPE "
-                         "to q and k first and pass 'NONE'")
-
-
-def _check_rope(rope_scale: Any, rope_theta: Any) -> None:
-    """Accepted for the reference's signatures; they matter only with RoPE inside attention,
-    which ``pos_encoding_mode='NONE'`` rules out."""
-    _check_optional_number("rope_scale", rope_scale, 0.0, low_open=True)
-    _check_optional_number("rope_theta", rope_theta, 0.0, low_open=True)
-
-
-def _check_output(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
-                  like: torch.Tensor) -> None:
-    checks.check_tensor(name, t)
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
-    if t.dtype != dtype:
-        raise TypeError(f"{name} has dtype {t.dtype}, expected {dtype}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous")
-    checks.check_cuda(name, t, like=like)
-
-
-def _apply_v_scale(out: torch.Tensor, v_scale: float | None) -> None:
-    """The reference applies ``v_scale`` to the finished output; so do we."""
-    if v_scale is not None and v_scale != 1.0:
-        out.mul_(v_scale)
-
-
 @flashinfer_api
 def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 kv_layout: str = "NHD", pos_encoding_mode: str = "NONE",
@@ -188,11 +114,11 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     ``return_lse``. ``use_tensor_cores=True`` runs a single prefill of one query token, as
     the reference does."""
     hnd = checks.check_kv_layout(kv_layout)
-    _check_pos_encoding(pos_encoding_mode)
+    check_pos_encoding(pos_encoding_mode)
     checks.check_bool("use_tensor_cores", use_tensor_cores)
     checks.check_tensor("q", q)
     checks.check_ndim("q", q, 2, "[num_qo_heads, head_dim]")
-    checks.check_dtype("q", q, _DTYPES)
+    checks.check_dtype("q", q, DTYPES)
     layout = "[num_kv_heads, kv_len, head_dim]" if hnd else "[kv_len, num_kv_heads, head_dim]"
     for name, t in (("k", k), ("v", v)):
         checks.check_tensor(name, t)
@@ -205,12 +131,12 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     num_qo_heads, head_dim = q.shape
     if k.shape[2] != head_dim:
         raise ValueError(f"k has head_dim {k.shape[2]}, q has {head_dim}")
-    group = (_prefill_api()._check_heads if use_tensor_cores else _check_heads)(
+    group = (prefill._check_heads if use_tensor_cores else _check_heads)(
         num_qo_heads, kv_heads, head_dim)
-    scale, cap = _score_params(head_dim, sm_scale, logits_soft_cap, q_scale, k_scale)
-    v_scale = _check_optional_number("v_scale", v_scale)
-    _check_rope(rope_scale, rope_theta)
-    window_left = _check_window(window_left)
+    scale, cap = score_params(head_dim, sm_scale, logits_soft_cap, q_scale, k_scale)
+    v_scale = check_optional_number("v_scale", v_scale)
+    check_rope(rope_scale, rope_theta)
+    window_left = check_window(window_left)
     checks.check_bool("return_lse", return_lse)
     checks.check_cuda("q", q)
     checks.check_cuda("k", k, like=q)
@@ -220,7 +146,7 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
         # q_scale folds into sm_scale: single prefill takes no q_scale
         prefill_scale = ((1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale)
                          * (1.0 if q_scale is None else q_scale))
-        result = _prefill_api().single_prefill_with_kv_cache(
+        result = prefill.single_prefill_with_kv_cache(
             q[None], k, v, kv_layout=kv_layout, sm_scale=prefill_scale,
             window_left=window_left, logits_soft_cap=logits_soft_cap, return_lse=return_lse,
             k_scale=k_scale, v_scale=v_scale)
@@ -237,7 +163,7 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     get_decode_module(q.dtype, head_dim).single_decode(
         q, k, v, tmp_v, tmp_lse, out, lse, hnd, window_left, schedule.chunk_size or 1, chunks,
         scale, cap, resolve_enable_pdl(None, q.device))
-    _apply_v_scale(out, v_scale)
+    apply_v_scale(out, v_scale)
     return (out, lse) if return_lse else out
 
 
@@ -263,23 +189,7 @@ class _Plan:
     tmp_lse: torch.Tensor
 
 
-def _check_workspace(name: str, buffer: Any) -> torch.Tensor:
-    """A contiguous, 16-byte aligned 1-D buffer, viewed as bytes."""
-    checks.check_tensor(name, buffer)
-    if buffer.dim() != 1 or not buffer.is_contiguous():
-        raise ValueError(f"{name} must be a contiguous 1-D tensor")
-    if buffer.data_ptr() % 16:
-        raise ValueError(f"{name} must be 16-byte aligned")
-    return buffer.view(torch.uint8)
-
-
-def _pinned_like(buffer: torch.Tensor) -> torch.Tensor:
-    """The host staging twin of a device buffer (pinned when the buffer is on a GPU)."""
-    return torch.empty(buffer.numel(), dtype=torch.uint8, device="cpu",
-                       pin_memory=buffer.device.type == "cuda")
-
-
-class BatchDecodeWithPagedKVCacheWrapper:
+class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
     """Decode attention for a batch of requests over a paged KV cache.
 
     ``plan()`` runs on the host once per batch composition: it reads the page table's
@@ -309,13 +219,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
                  paged_kv_indices_buffer: torch.Tensor | None = None,
                  paged_kv_last_page_len_buffer: torch.Tensor | None = None,
                  backend: str = "auto", jit_args: list[Any] | None = None) -> None:
-        workspace = _check_workspace("float_workspace_buffer", float_workspace_buffer)
+        workspace = check_workspace("float_workspace_buffer", float_workspace_buffer)
         checks.check_kv_layout(kv_layout)
         checks.check_bool("use_cuda_graph", use_cuda_graph)
         checks.check_bool("use_tensor_cores", use_tensor_cores)
-        if backend not in _BACKENDS:
+        if backend not in BACKENDS:
             raise ValueError(f"backend {backend!r} is not available; this library has "
-                             f"{', '.join(map(repr, _BACKENDS))} (the CUDA-core decode kernel, "
+                             f"{', '.join(map(repr, BACKENDS))} (the CUDA-core decode kernel, "
                              "or the prefill kernel with use_tensor_cores=True)")
         if jit_args is not None:
             raise ValueError("jit_args (custom attention variants) are not supported")
@@ -343,23 +253,23 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._paged_kv_indptr_buf = paged_kv_indptr_buffer
         self._paged_kv_indices_buf = paged_kv_indices_buffer
         self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
-        self._prefill: BatchPrefillWithPagedKVCacheWrapper | None = None
+        self._prefill: prefill.BatchPrefillWithPagedKVCacheWrapper | None = None
         if use_tensor_cores:
             # Its query indptr is fixed (one token per request); the page-table buffers and
             # the int workspace are this wrapper's own.
             qo_indptr = (torch.arange(self._fixed_batch_size + 1, dtype=torch.int32,
                                       device=self.device) if use_cuda_graph else None)
-            self._prefill = _prefill_api().BatchPrefillWithPagedKVCacheWrapper(
+            self._prefill = prefill.BatchPrefillWithPagedKVCacheWrapper(
                 float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr,
                 paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer,
                 backend=backend)
             self._int_workspace_buffer = self._prefill._int_workspace_buffer
             self._pin_memory_int_workspace_buffer = self._prefill._pin_memory_int_workspace_buffer
         else:
-            self._int_workspace_buffer = torch.empty(_INT_WORKSPACE_BYTES, dtype=torch.uint8,
+            self._int_workspace_buffer = torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8,
                                                      device=self.device)
-            self._pin_memory_int_workspace_buffer = _pinned_like(self._int_workspace_buffer)
-        self._plan_info: _Plan | _PrefillPlan | None = None
+            self._pin_memory_int_workspace_buffer = pinned_like(self._int_workspace_buffer)
+        self._plan_info: _Plan | prefill._Plan | None = None
         self._cached_module = None
         self._pos_encoding_mode = "NONE"
         self._window_left = -1
@@ -386,18 +296,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
             f"dtype={str(plan.dtype).removeprefix('torch.')}, work_items={plan.schedule.num_work}")
         return (f"BatchDecodeWithPagedKVCacheWrapper(kv_layout={self._kv_layout!r}, "
                 f"use_cuda_graph={self._use_cuda_graph}, {planned})")
-
-    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor,
-                               int_workspace_buffer: torch.Tensor) -> None:
-        """Use new workspaces; the next ``run()`` needs a new ``plan()``."""
-        self._workspace = _check_workspace("float_workspace_buffer", float_workspace_buffer)
-        _check_workspace("int_workspace_buffer", int_workspace_buffer)
-        if self._copy_done is not None:
-            self._copy_done.synchronize()  # the staging buffer is about to be replaced
-        self._float_workspace_buffer = float_workspace_buffer
-        self._int_workspace_buffer = int_workspace_buffer
-        self._pin_memory_int_workspace_buffer = _pinned_like(int_workspace_buffer)
-        self._plan_info = None
 
     @flashinfer_api
     def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
@@ -459,19 +357,19 @@ class BatchDecodeWithPagedKVCacheWrapper:
                    read_last_page_len: bool, copy_buffers: bool) -> None:
         """What plan() and fast_decode_plan() share. ``read_last_page_len`` False: schedule
         by whole pages (no device-to-host copy; the kernel reads the real lengths)."""
-        checks.check_index_tensor("indptr", indptr, None, _INDEX)
+        checks.check_index_tensor("indptr", indptr, None, INDEX)
         if indptr.shape[0] < 1:
             raise ValueError("indptr needs batch_size + 1 elements")
         batch = indptr.shape[0] - 1
-        checks.check_index_tensor("indices", indices, None, _INDEX)
-        checks.check_index_tensor("last_page_len", last_page_len, batch, _INDEX)
-        check_heads = _check_heads if self._prefill is None else _prefill_api()._check_heads
+        checks.check_index_tensor("indices", indices, None, INDEX)
+        checks.check_index_tensor("last_page_len", last_page_len, batch, INDEX)
+        check_heads = _check_heads if self._prefill is None else prefill._check_heads
         group = check_heads(num_qo_heads, num_kv_heads, checks.check_int("head_dim", head_dim, 1))
         checks.check_int("page_size", page_size, 1)
-        _check_pos_encoding(pos_encoding_mode)
-        window_left = _check_window(window_left)
-        cap = _check_score_args(sm_scale, logits_soft_cap)[1]
-        _check_rope(rope_scale, rope_theta)
+        check_pos_encoding(pos_encoding_mode)
+        window_left = check_window(window_left)
+        cap = check_score_args(sm_scale, logits_soft_cap)[1]
+        check_rope(rope_scale, rope_theta)
         checks.check_bool("non_blocking", non_blocking)
         checks.check_bool("disable_split_kv", disable_split_kv)
         if checks.check_int("q_len_per_req", q_len_per_req, 1) != 1:
@@ -484,9 +382,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if data_type is not None:  # the deprecated alias for both (q's default yields)
             q_data_type = data_type if q_data_type in (None, "float16") else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type
-        dtype = _check_dtype_name("q_data_type", "float16" if q_data_type is None else q_data_type)
+        dtype = check_dtype_name("q_data_type", "float16" if q_data_type is None else q_data_type)
         for name, value in (("kv_data_type", kv_data_type), ("o_data_type", o_data_type)):
-            other = None if value is None else _check_dtype_name(name, value)
+            other = None if value is None else check_dtype_name(name, value)
             if other is not None and other != dtype:
                 raise TypeError(f"{name} {other} differs from q_data_type {dtype}; q, the KV "
                                 "cache and the output share one dtype here")
@@ -510,7 +408,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         else:
             last = [page_size] * batch
         if seq_lens is not None:
-            checks.check_index_tensor("seq_lens", seq_lens, batch, _INDEX + (torch.uint32,))
+            checks.check_index_tensor("seq_lens", seq_lens, batch, INDEX + (torch.uint32,))
             lengths = [int(n) for n in seq_lens.to("cpu").tolist()]
         else:
             lengths = kv_lengths(ptr, last, page_size)
@@ -526,21 +424,21 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._upload(words, plan.plan_words)
             self._cached_module = get_decode_module(dtype, head_dim)
         else:
-            prefill = self._prefill_on_workspaces()
-            opts = _prefill_api()._Options(
+            wrapper = self._prefill_on_workspaces()
+            opts = prefill._Options(
                 dtype=dtype, group=group, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
                 head_dim=head_dim, causal=False, pos_encoding_mode=pos_encoding_mode,
                 window_left=window_left, logits_soft_cap=cap, sm_scale=sm_scale,
                 rope_scale=rope_scale, rope_theta=rope_theta, non_blocking=non_blocking,
                 fixed_split_size=fixed_split_size, allow_split=not disable_split_kv)
-            plan, words = prefill._build(opts, list(range(batch + 1)), lengths, page_size, 0,
+            plan, words = wrapper._build(opts, list(range(batch + 1)), lengths, page_size, 0,
                                          False)
             self._set_page_table(indptr, indices, last_page_len, non_blocking, copy_buffers)
             # one query token per request; CUDA-graph mode keeps the constructor's arange
             qo_indptr = {} if self._use_cuda_graph else {
                 "_qo_indptr_buf": torch.arange(batch + 1, dtype=torch.int32)}
-            prefill._commit(opts, plan, words, None, qo_indptr)
-            self._cached_module = prefill._cached_module
+            wrapper._commit(opts, plan, words, None, qo_indptr)
+            self._cached_module = wrapper._cached_module
         self._plan_info = plan
         self._set_score_params(pos_encoding_mode, window_left, logits_soft_cap, sm_scale,
                                rope_scale, rope_theta)
@@ -575,8 +473,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if int_bytes > self._int_workspace_buffer.nbytes:
             raise ValueError(f"int_workspace_buffer has {self._int_workspace_buffer.nbytes} "
                              f"bytes; this plan needs {int_bytes} (see reset_workspace_buffer)")
-        tmp_v_bytes = _round_up(4 * tmp_cap * num_qo_heads * head_dim)
-        tmp_lse_bytes = _round_up(4 * tmp_cap * num_qo_heads)
+        tmp_v_bytes = round_up(4 * tmp_cap * num_qo_heads * head_dim)
+        tmp_lse_bytes = round_up(4 * tmp_cap * num_qo_heads)
         needed = tmp_v_bytes + tmp_lse_bytes
         if needed > self._workspace.numel():
             raise ValueError(f"float_workspace_buffer has {self._workspace.numel()} bytes; this "
@@ -592,15 +490,15 @@ class BatchDecodeWithPagedKVCacheWrapper:
             tmp_lse=self._workspace[tmp_v_bytes:needed].view(torch.float32))
         return plan, words
 
-    def _prefill_on_workspaces(self) -> BatchPrefillWithPagedKVCacheWrapper:
+    def _prefill_on_workspaces(self) -> prefill.BatchPrefillWithPagedKVCacheWrapper:
         """The tensor-core path's prefill wrapper, on this wrapper's workspaces (which
         reset_workspace_buffer may have replaced since the last plan)."""
-        prefill = self._prefill
-        prefill._float_workspace_buffer = self._float_workspace_buffer
-        prefill._workspace = self._workspace
-        prefill._int_workspace_buffer = self._int_workspace_buffer
-        prefill._pin_memory_int_workspace_buffer = self._pin_memory_int_workspace_buffer
-        return prefill
+        wrapper = self._prefill
+        wrapper._float_workspace_buffer = self._float_workspace_buffer
+        wrapper._workspace = self._workspace
+        wrapper._int_workspace_buffer = self._int_workspace_buffer
+        wrapper._pin_memory_int_workspace_buffer = self._pin_memory_int_workspace_buffer
+        return wrapper
 
     def _set_page_table(self, indptr: torch.Tensor, indices: torch.Tensor,
                         last_page_len: torch.Tensor, non_blocking: bool,
@@ -622,20 +520,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._paged_kv_indptr_buf = on_device(indptr)
         self._paged_kv_indices_buf = on_device(indices)
         self._paged_kv_last_page_len_buf = on_device(last_page_len)
-
-    def _upload(self, words: list[int], target: torch.Tensor) -> None:
-        """One async host-to-device copy of the schedule into ``target`` (this wrapper's int
-        workspace) through the pinned staging buffer, which is reused once the previous
-        plan's copy has finished. The event is recorded on the stream of the target's
-        device, where the copy runs."""
-        if self._copy_done is not None:
-            self._copy_done.synchronize()
-        staging = self._pin_memory_int_workspace_buffer[: 4 * len(words)].view(torch.int32)
-        staging.copy_(torch.tensor(words, dtype=torch.int32))
-        with torch.cuda.device(target.device):
-            target.copy_(staging, non_blocking=True)
-            self._copy_done = torch.cuda.Event()
-            self._copy_done.record()
 
     @flashinfer_api
     def run(self, q: torch.Tensor, paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
@@ -681,10 +565,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
             return self._run_tensor_cores(plan, q, paged_kv_cache, q_scale, k_scale, v_scale,
                                           out, lse, return_lse, enable_pdl)
         k_cache, v_cache = self._check_cache(paged_kv_cache, plan)
-        scale, cap = _score_params(plan.head_dim, self._sm_scale, self._logits_soft_cap,
+        scale, cap = score_params(plan.head_dim, self._sm_scale, self._logits_soft_cap,
                                    q_scale, k_scale)
-        v_scale = _check_optional_number("v_scale", v_scale)
-        window = _check_window(self._window_left)
+        v_scale = check_optional_number("v_scale", v_scale)
+        window = check_window(self._window_left)
         checks.check_cuda("q", q, like=self._workspace)
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
             checks.check_cuda(name, t, like=q)
@@ -692,17 +576,17 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if out is None:
             out = torch.empty(shape, dtype=q.dtype, device=q.device)
         else:
-            _check_output("out", out, shape, q.dtype, q)
+            check_output("out", out, shape, q.dtype, q)
         if lse is None and return_lse:
             lse = torch.empty(shape[:2], dtype=torch.float32, device=q.device)
         elif lse is not None:
-            _check_output("lse", lse, shape[:2], torch.float32, q)
+            check_output("lse", lse, shape[:2], torch.float32, q)
         self._cached_module.batch_decode(
             q, k_cache, v_cache, self._paged_kv_indptr_buf, self._paged_kv_indices_buf,
             self._paged_kv_last_page_len_buf, plan.plan_words, plan.tmp_v, plan.tmp_lse, out,
             lse, self._kv_layout == "HND", plan.work_capacity, plan.merge_capacity,
             plan.tmp_capacity, plan.grid_work, plan.grid_merge, window, scale, cap, enable_pdl)
-        _apply_v_scale(out, v_scale)
+        apply_v_scale(out, v_scale)
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -713,13 +597,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
                           ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """run() on the prefill kernel, with this wrapper's page table and score parameters
         (engines set them on this wrapper)."""
-        prefill = self._prefill
-        _prefill_api()._check_vectors("q", q)
-        kv = prefill._check_cache(paged_kv_cache, plan)
-        prefill._set_score_params(False, self._pos_encoding_mode, False, self._window_left,
+        wrapper = self._prefill
+        prefill._check_vectors("q", q)
+        kv = wrapper._check_cache(paged_kv_cache, plan)
+        wrapper._set_score_params(False, self._pos_encoding_mode, False, self._window_left,
                                   self._logits_soft_cap, self._sm_scale, self._rope_scale,
                                   self._rope_theta)
-        return prefill._launch(plan, q, kv, self._paged_kv_indptr_buf, self._paged_kv_indices_buf,
+        return wrapper._launch(plan, q, kv, self._paged_kv_indptr_buf, self._paged_kv_indices_buf,
                                self._paged_kv_last_page_len_buf, q_scale, k_scale, v_scale, out,
                                lse, return_lse, enable_pdl, None)
 
@@ -749,10 +633,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def _override(self, pos_encoding_mode: Any, window_left: Any, logits_soft_cap: Any,
                   sm_scale: Any, rope_scale: Any, rope_theta: Any) -> None:
-        _check_pos_encoding(pos_encoding_mode)
-        _check_window(window_left)
-        _check_score_args(sm_scale, logits_soft_cap)
-        _check_rope(rope_scale, rope_theta)
+        check_pos_encoding(pos_encoding_mode)
+        check_window(window_left)
+        check_score_args(sm_scale, logits_soft_cap)
+        check_rope(rope_scale, rope_theta)
         self._set_score_params(pos_encoding_mode, window_left, logits_soft_cap, sm_scale,
                                rope_scale, rope_theta)
 
@@ -824,7 +708,7 @@ def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: torch.Ten
     if global_override_indptr_cpu is not None:
         checks.check_tensor("indptr", indptr)
         checks.check_index_tensor("global_override_indptr_cpu", global_override_indptr_cpu,
-                                  indptr.shape[0] if indptr.dim() == 1 else None, _INDEX)
+                                  indptr.shape[0] if indptr.dim() == 1 else None, INDEX)
     self._configure(
         indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
         pos_encoding_mode=pos_encoding_mode, window_left=window_left,
@@ -834,7 +718,3 @@ def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: torch.Ten
         fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
         q_len_per_req=q_len_per_req, host_indptr=global_override_indptr_cpu,
         read_last_page_len=False, copy_buffers=False)
-
-
-def _round_up(n: int) -> int:
-    return (n + _ALIGN - 1) // _ALIGN * _ALIGN

@@ -13,15 +13,13 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Union
+from typing import Callable, Union
 
 import torch
 
 from .config import Config, config
+from .jit.arch import CudaArch, runs_on, visible_capabilities
 from .version import __version__
-
-if TYPE_CHECKING:
-    from .jit.arch import CudaArch
 
 
 @dataclass
@@ -126,28 +124,14 @@ def _ninja() -> Check:
         return Check("ninja", False, str(err), "pip install ninja")
 
 
-def _visible_gpus() -> list[tuple[int, int]]:
-    if not torch.cuda.is_available():
-        return []
-    return [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
-
-
 def _gpu() -> Check:
     """What is visible; whether that leaves an arch to build for is the archs check's call."""
     if not torch.cuda.is_available():
         cuda = "" if torch.version.cuda else f" (torch {torch.__version__} is a CPU build)"
         return Check("GPU", True, f"none visible{cuda}")
     names = [f"{i}: {torch.cuda.get_device_name(i)} (sm_{major}{minor})"
-             for i, (major, minor) in enumerate(_visible_gpus())]
+             for i, (major, minor) in enumerate(visible_capabilities())]
     return Check("GPU", True, "; ".join(names))
-
-
-def _runs_on(arch: CudaArch, gpu: tuple[int, int]) -> bool:
-    """Whether a cubin built for ``arch`` runs on a GPU of compute capability ``gpu``: same
-    major and a minor at most the GPU's (arch-specific ``a`` targets: exactly the GPU's)."""
-    if arch.major != gpu[0]:
-        return False
-    return arch.minor == gpu[1] if arch.suffix == "a" else arch.minor <= gpu[1]
 
 
 def _archs() -> Check:
@@ -174,8 +158,8 @@ def _archs() -> Check:
         except ToolchainError as err:
             problems.append(str(err))
     if listed is not None:
-        for index, gpu in enumerate(_visible_gpus()):
-            if not any(_runs_on(a, gpu) for a in archs):
+        for index, gpu in enumerate(visible_capabilities()):
+            if not any(runs_on(a, gpu) for a in archs):
                 problems.append(f"GPU {index} (sm_{gpu[0]}{gpu[1]}) runs none of them")
     if problems:
         fix = (_ARCH_LIST_FIX if listed is not None

@@ -101,9 +101,8 @@ def _check_scale(scale: Any) -> tuple[torch.Tensor | None, float]:
             raise TypeError(f"scale has dtype {scale.dtype}; expected a floating dtype "
                             "(float32 is used as is)")
         return scale, 1.0
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-        raise TypeError(f"scale must be a float or a torch.Tensor, got {type(scale).__name__}")
-    return None, checks.check_number("scale", scale, 0.0, low_open=True)
+    return None, checks.check_number("scale", scale, 0.0, low_open=True,
+                                     kind="a float or a torch.Tensor")
 
 
 def _scale_on(scale: torch.Tensor | None, input: torch.Tensor) -> torch.Tensor | None:

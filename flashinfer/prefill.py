@@ -25,25 +25,25 @@ import torch
 
 from . import checks, ragged
 from .api_logging import flashinfer_api
-from .decode import (
-    _ALIGN,
-    _BACKENDS,
-    _DTYPES,
-    _INDEX,
-    _INT_WORKSPACE_BYTES,
-    BatchDecodeWithPagedKVCacheWrapper,
-    _apply_v_scale,
-    _check_dtype_name,
-    _check_optional_number,
-    _check_output,
-    _check_pos_encoding,
-    _check_rope,
-    _check_score_args,
-    _check_window,
-    _check_workspace,
-    _pinned_like,
-    _round_up,
-    _score_params,
+from .attention_args import (
+    ALIGN,
+    BACKENDS,
+    DTYPES,
+    INDEX,
+    INT_WORKSPACE_BYTES,
+    WorkspaceOwner,
+    apply_v_scale,
+    check_dtype_name,
+    check_optional_number,
+    check_output,
+    check_pos_encoding,
+    check_rope,
+    check_score_args,
+    check_window,
+    check_workspace,
+    pinned_like,
+    round_up,
+    score_params,
 )
 from .jit.prefill import HEAD_DIMS, gen_prefill_module
 from .paged_kv import unpack_paged_kv_cache
@@ -116,9 +116,9 @@ def _refuse(name: str, value: Any, why: str) -> None:
 
 
 def _check_backend(backend: Any) -> None:
-    if backend not in _BACKENDS:
+    if backend not in BACKENDS:
         raise ValueError(f"backend {backend!r} is not available; this library has "
-                         f"{', '.join(map(repr, _BACKENDS))} (one tensor-core prefill kernel)")
+                         f"{', '.join(map(repr, BACKENDS))} (one tensor-core prefill kernel)")
 
 
 def _check_fp16_qk_reduction(value: Any) -> None:
@@ -135,9 +135,9 @@ def _check_head_dim_vo(head_dim_vo: Any, head_dim_qk: int) -> None:
 
 def _plan_dtype(q_data_type: Any, kv_data_type: Any, o_data_type: Any) -> torch.dtype:
     """The one dtype of q, the KV and the output."""
-    dtype = _check_dtype_name("q_data_type", q_data_type)
+    dtype = check_dtype_name("q_data_type", q_data_type)
     for name, value in (("kv_data_type", kv_data_type), ("o_data_type", o_data_type)):
-        other = None if value is None else _check_dtype_name(name, value)
+        other = None if value is None else check_dtype_name(name, value)
         if other is not None and other != dtype:
             raise TypeError(f"{name} {other} differs from q_data_type {dtype}; q, the KV and "
                             "the output share one dtype here")
@@ -199,7 +199,7 @@ def single_prefill_with_kv_cache(
     num_qo_heads]`` (base 2) with ``return_lse``. The KV of a short query is split across
     the GPU and merged, so one long prompt still fills it."""
     hnd = checks.check_kv_layout(kv_layout)
-    _check_pos_encoding(pos_encoding_mode)
+    check_pos_encoding(pos_encoding_mode)
     _check_fp16_qk_reduction(use_fp16_qk_reduction)
     _check_backend(backend)
     for name, value in (("scale_q", scale_q), ("scale_k", scale_k), ("scale_v", scale_v)):
@@ -210,7 +210,7 @@ def single_prefill_with_kv_cache(
     checks.check_bool("return_lse", return_lse)
     checks.check_tensor("q", q)
     checks.check_ndim("q", q, 3, "[qo_len, num_qo_heads, head_dim]")
-    checks.check_dtype("q", q, _DTYPES)
+    checks.check_dtype("q", q, DTYPES)
     if o_dtype is not None and o_dtype != q.dtype:
         raise TypeError(f"o_dtype {o_dtype} differs from q's {q.dtype}; the output has q's "
                         "dtype here")
@@ -229,10 +229,10 @@ def single_prefill_with_kv_cache(
         _check_vectors(name, t)
     num_kv_heads, kv_len = (k.shape[0], k.shape[1]) if hnd else (k.shape[1], k.shape[0])
     group = _check_heads(num_qo_heads, num_kv_heads, head_dim)
-    scale, cap = _score_params(head_dim, sm_scale, logits_soft_cap, None, k_scale)
-    v_scale = _check_optional_number("v_scale", v_scale)
-    _check_rope(rope_scale, rope_theta)
-    window_left = _check_window(window_left)
+    scale, cap = score_params(head_dim, sm_scale, logits_soft_cap, None, k_scale)
+    v_scale = check_optional_number("v_scale", v_scale)
+    check_rope(rope_scale, rope_theta)
+    window_left = check_window(window_left)
     if packed_custom_mask is not None:
         _check_packed_mask(packed_custom_mask, (qo_len * kv_len + 7) // 8)
     elif custom_mask is not None:
@@ -264,7 +264,7 @@ def single_prefill_with_kv_cache(
         get_prefill_module(q.dtype, head_dim).single_prefill(
             q, k, v, packed_custom_mask, tmp_v, tmp_lse, out, lse, hnd, causal, window_left,
             chunk, chunks, scale, cap, resolve_enable_pdl(None, q.device))
-        _apply_v_scale(out, v_scale)
+        apply_v_scale(out, v_scale)
     return (out, lse) if return_lse else out
 
 
@@ -332,11 +332,11 @@ def _check_options(num_qo_heads: Any, num_kv_heads: Any, head_dim_qk: Any, head_
                                                                       head_dim_qk, 1))
     _check_head_dim_vo(head_dim_vo, head_dim_qk)
     checks.check_bool("causal", causal)
-    _check_pos_encoding(pos_encoding_mode)
+    check_pos_encoding(pos_encoding_mode)
     _check_fp16_qk_reduction(use_fp16_qk_reduction)
-    sm_scale, cap = _check_score_args(sm_scale, logits_soft_cap)
-    window_left = _check_window(window_left)
-    _check_rope(rope_scale, rope_theta)
+    sm_scale, cap = check_score_args(sm_scale, logits_soft_cap)
+    window_left = check_window(window_left)
+    check_rope(rope_scale, rope_theta)
     dtype = _plan_dtype(q_data_type, kv_data_type, o_data_type)
     checks.check_bool("non_blocking", non_blocking)
     multi_item = "this library has no multi-item scoring"
@@ -359,7 +359,7 @@ def _check_options(num_qo_heads: Any, num_kv_heads: Any, head_dim_qk: Any, head_
 def _host_indptr(name: str, indptr: Any, length: int | None, total_name: str = "",
                  total: int | None = None) -> list[int]:
     """An indptr read on the host (as the reference does in plan()), validated."""
-    checks.check_index_tensor(name, indptr, length, _INDEX)
+    checks.check_index_tensor(name, indptr, length, INDEX)
     if indptr.shape[0] < 1:
         raise ValueError(f"{name} needs batch_size + 1 elements")
     host = indptr.to("cpu")
@@ -420,7 +420,7 @@ def _check_mask(custom_mask: Any, packed_custom_mask: Any, qo_lens: list[int],
     return _MaskInput(custom_mask, None, bit_indptr, num_bytes)
 
 
-class _BatchPrefillWrapper:
+class _BatchPrefillWrapper(WorkspaceOwner):
     """What the ragged and the paged wrapper share: workspaces, CUDA-graph buffers, the
     schedule upload and the launch. ``plan()`` runs on the host once per batch composition
     and uploads the split schedule into this wrapper's own int workspace with one async
@@ -431,7 +431,7 @@ class _BatchPrefillWrapper:
     def _setup(self, float_workspace_buffer: Any, kv_layout: Any, use_cuda_graph: Any,
                qo_indptr_buf: Any, kv_buffers: dict[str, Any], custom_mask_buf: Any,
                mask_indptr_buf: Any, backend: Any, jit_args: Any, jit_kwargs: Any) -> None:
-        workspace = _check_workspace("float_workspace_buffer", float_workspace_buffer)
+        workspace = check_workspace("float_workspace_buffer", float_workspace_buffer)
         checks.check_kv_layout(kv_layout)
         checks.check_bool("use_cuda_graph", use_cuda_graph)
         _check_backend(backend)
@@ -462,9 +462,9 @@ class _BatchPrefillWrapper:
         self._float_workspace_buffer = float_workspace_buffer
         self._workspace = workspace
         self.device = float_workspace_buffer.device
-        self._int_workspace_buffer = torch.empty(_INT_WORKSPACE_BYTES, dtype=torch.uint8,
+        self._int_workspace_buffer = torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8,
                                                  device=self.device)
-        self._pin_memory_int_workspace_buffer = _pinned_like(self._int_workspace_buffer)
+        self._pin_memory_int_workspace_buffer = pinned_like(self._int_workspace_buffer)
         self._use_cuda_graph = use_cuda_graph
         self._backend = backend
         self._jit_module = None
@@ -493,8 +493,6 @@ class _BatchPrefillWrapper:
                 f"use_cuda_graph={self._use_cuda_graph}, {planned})")
 
     # The decode wrapper's: the same attributes, the same semantics (a reset drops the plan).
-    reset_workspace_buffer = BatchDecodeWithPagedKVCacheWrapper.reset_workspace_buffer
-    _upload = BatchDecodeWithPagedKVCacheWrapper._upload
 
     def _check_graph_batch(self, batch: int, total_q: int) -> None:
         """A captured run() reads q and out at the captured sizes."""
@@ -531,7 +529,7 @@ class _BatchPrefillWrapper:
         if capacity is None:
             unsplit = math.ceil(qo_indptr[-1] * opts.group / TILE_ROWS) + len(kv_lens)
             row_bytes = 4 * opts.num_qo_heads * (opts.head_dim + 1)  # a tmp row and its LSEs
-            fit = max(0, self._workspace.numel() - 2 * _ALIGN) // row_bytes
+            fit = max(0, self._workspace.numel() - 2 * ALIGN) // row_bytes
             capacity = (max(2 * sizes[0], max_ctas, unsplit), qo_indptr[-1], max(sizes[2], fit))
         if any(n > cap for n, cap in zip(sizes, capacity)) and fixed is None:
             result = schedule(False)
@@ -555,8 +553,8 @@ class _BatchPrefillWrapper:
         if int_bytes > self._int_workspace_buffer.nbytes:
             raise ValueError(f"int_workspace_buffer has {self._int_workspace_buffer.nbytes} "
                              f"bytes; this plan needs {int_bytes} (see reset_workspace_buffer)")
-        tmp_v_bytes = _round_up(4 * tmp_cap * opts.num_qo_heads * opts.head_dim)
-        needed = tmp_v_bytes + _round_up(4 * tmp_cap * opts.num_qo_heads)
+        tmp_v_bytes = round_up(4 * tmp_cap * opts.num_qo_heads * opts.head_dim)
+        needed = tmp_v_bytes + round_up(4 * tmp_cap * opts.num_qo_heads)
         if needed > self._workspace.numel():
             raise ValueError(f"float_workspace_buffer has {self._workspace.numel()} bytes; this "
                              f"plan needs {needed}")
@@ -642,11 +640,11 @@ class _BatchPrefillWrapper:
                   rope_theta: Any) -> None:
         """forward()'s parameters replace the planned ones, as in the reference."""
         checks.check_bool("causal", causal)
-        _check_pos_encoding(pos_encoding_mode)
+        check_pos_encoding(pos_encoding_mode)
         _check_fp16_qk_reduction(use_fp16_qk_reduction)
-        _check_window(window_left)
-        _check_score_args(sm_scale, logits_soft_cap)
-        _check_rope(rope_scale, rope_theta)
+        check_window(window_left)
+        check_score_args(sm_scale, logits_soft_cap)
+        check_rope(rope_scale, rope_theta)
         self._set_score_params(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left,
                                logits_soft_cap, sm_scale, rope_scale, rope_theta)
 
@@ -680,10 +678,10 @@ class _BatchPrefillWrapper:
         """run()'s shared tail: the score parameters as planned (or as engines set them
         since), the outputs checked or allocated, one launch."""
         checks.check_bool("return_lse", return_lse)
-        scale, cap = _score_params(plan.head_dim, self._sm_scale, self._logits_soft_cap,
+        scale, cap = score_params(plan.head_dim, self._sm_scale, self._logits_soft_cap,
                                    q_scale, k_scale)
-        v_scale = _check_optional_number("v_scale", v_scale)
-        window = _check_window(self._window_left if window_left is None else window_left)
+        v_scale = check_optional_number("v_scale", v_scale)
+        window = check_window(self._window_left if window_left is None else window_left)
         causal = checks.check_bool("causal", self._causal)
         checks.check_cuda("q", q, like=self._workspace)
         for name, t in kv:
@@ -703,7 +701,7 @@ class _BatchPrefillWrapper:
         if lse is None and return_lse:
             lse = torch.empty(shape[:2], dtype=torch.float32, device=q.device)
         elif lse is not None:
-            _check_output("lse", lse, shape[:2], torch.float32, q)
+            check_output("lse", lse, shape[:2], torch.float32, q)
         if plan.grid_work:  # zero only for a batch without query tokens
             mask, mask_indptr = ((self._custom_mask_buf, self._mask_indptr_buf)
                                  if plan.has_mask else (None, None))
@@ -714,7 +712,7 @@ class _BatchPrefillWrapper:
                 self._kv_layout == "HND", plan.work_capacity, plan.merge_capacity,
                 plan.tmp_capacity, plan.grid_work, plan.grid_merge, causal, window, scale, cap,
                 enable_pdl)
-        _apply_v_scale(out, v_scale)
+        apply_v_scale(out, v_scale)
         return (out, lse) if return_lse else out
 
 
@@ -812,7 +810,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         ``return_lse``)."""
         plan = self._planned(args)
         _refuse("kv_cache_sf", kv_cache_sf, "this library has no NVFP4 KV caches")
-        if _check_optional_number("o_scale", o_scale) not in (None, 1.0):
+        if check_optional_number("o_scale", o_scale) not in (None, 1.0):
             raise ValueError(f"o_scale must be None or 1.0 (outputs are float16/bfloat16, "
                              f"not fp8), got {o_scale}")
         self._check_q(q, plan)
@@ -872,7 +870,7 @@ def _check_length_hints(batch: int, seq_lens: Any, seq_lens_q: Any,
             checks.check_tensor(name, lens)
             if lens.numel() != batch:
                 raise ValueError(f"{name} has {lens.numel()} elements, expected {batch}")
-            checks.check_dtype(name, lens, _INDEX + (torch.uint32,))
+            checks.check_dtype(name, lens, INDEX + (torch.uint32,))
     for name, value in (("max_token_per_sequence", max_token_per_sequence),
                         ("max_sequence_kv", max_sequence_kv)):
         if value is not None:
@@ -954,11 +952,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         checks.check_int("page_size", page_size, 1)
         qo_ptr = _host_indptr("qo_indptr", qo_indptr, None)
         batch = len(qo_ptr) - 1
-        checks.check_index_tensor("paged_kv_indices", paged_kv_indices, None, _INDEX)
+        checks.check_index_tensor("paged_kv_indices", paged_kv_indices, None, INDEX)
         kv_ptr = _host_indptr("paged_kv_indptr", paged_kv_indptr, batch + 1,
                               "len(paged_kv_indices)", paged_kv_indices.shape[0])
         checks.check_index_tensor("paged_kv_last_page_len", paged_kv_last_page_len, batch,
-                                  _INDEX)
+                                  INDEX)
         _check_length_hints(batch, seq_lens, seq_lens_q, max_token_per_sequence,
                             max_sequence_kv)
         if block_tables is not None:

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from . import checks
 from .utils import cuda_device_index
 
 _UINT64 = 1 << 64
@@ -36,9 +37,7 @@ Seed = int | torch.Tensor
 
 
 def _check_uint64(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int or an int64/uint64 tensor, "
-                        f"got {type(value).__name__}")
+    checks.check_int(name, value, kind="an int or an int64/uint64 tensor")
     if not 0 <= value < _UINT64:
         raise ValueError(f"{name} must be in [0, 2^64), got {value}")
     return value

@@ -46,8 +46,7 @@ def _check_qk(q: Any, k: Any, q_name: str = "q", k_name: str = "k") -> None:
 def _rotary_dim(rotary_dim: Any, head_dim: int, name: str = "rotary_dim") -> int:
     if rotary_dim is None:
         rotary_dim = head_dim
-    if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int):
-        raise TypeError(f"{name} must be an int, got {type(rotary_dim).__name__}")
+    checks.check_int(name, rotary_dim)
     if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
         raise ValueError(f"{name} must be even and in (0, head_dim={head_dim}], "
                          f"got {rotary_dim}")
@@ -55,11 +54,7 @@ def _rotary_dim(rotary_dim: Any, head_dim: int, name: str = "rotary_dim") -> int
 
 
 def _positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be finite and > 0, got {value}")
-    return float(value)
+    return checks.check_number(name, value, 0.0, low_open=True, kind="a number")
 
 
 def _ragged_pos_ids(q: torch.Tensor, indptr: Any, offsets: Any) -> torch.Tensor:
@@ -108,7 +103,7 @@ def _rope(q: Any, k: Any, pos_ids: Any, rotary_dim: Any, interleave: bool, rope_
           ragged_batch: tuple[Any, Any] | None = None):  # noqa: ANN202
     _check_qk(q, k)
     dim = _rotary_dim(rotary_dim, q.shape[2])
-    scale, theta = _positive("rope_scale", rope_scale), _positive("rope_theta", rope_theta)
+    scale, theta = (_positive("rope_scale", rope_scale), _positive("rope_theta", rope_theta))
     pos_ids = _positions(q, pos_ids, ragged_batch)
     return _run("apply_rope_pos_ids", q, k, pos_ids, inplace, dim, bool(interleave), scale, theta)
 

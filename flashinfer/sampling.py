@@ -32,7 +32,6 @@ probability left after filtering yields token 0; ``return_valid=True`` also retu
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -96,17 +95,12 @@ def _check_flags(**flags: Any) -> None:
 
 
 def _real(name: str, value: Any, expected: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be {expected} or a [batch] tensor, "
-                        f"got {type(value).__name__}")
-    if math.isnan(value):
-        raise ValueError(f"{name} must not be NaN")
-    return float(value)
+    return checks.check_number(name, value, kind=f"{expected} or a [batch] tensor",
+                               allow_inf=True)
 
 
 def _scalar_top_k(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"top_k must be an int or a [batch] tensor, got {type(value).__name__}")
+    checks.check_int("top_k", value, kind="an int or a [batch] tensor")
     if value < 1:
         raise ValueError(f"top_k must be >= 1 (values >= vocab_size keep every token), "
                          f"got {value}")

@@ -53,18 +53,43 @@ def parse_arch_list(text: str, source: str = "FLASHINFER_CUDA_ARCH_LIST"
     return tuple(sorted(set(CudaArch.parse(t, source) for t in tokens)))
 
 
-def _visible_gpu_archs() -> tuple[CudaArch, ...]:
+def visible_capabilities() -> tuple[tuple[int, int], ...]:
+    """(major, minor) of each visible GPU, in device order; () without a GPU."""
     import torch
 
     if not torch.cuda.is_available():
         return ()
-    archs = set()
-    for index in range(torch.cuda.device_count()):
-        major, minor = torch.cuda.get_device_capability(index)
-        # Hopper and Blackwell kernels use arch-specific instructions (wgmma, tcgen05).
-        suffix = "a" if major in (9, 10, 12) else ""
-        archs.add(CudaArch(major, minor, suffix))
-    return tuple(sorted(archs))
+    return tuple(tuple(torch.cuda.get_device_capability(i))  # type: ignore[misc]
+                 for i in range(torch.cuda.device_count()))
+
+
+def arch_for_capability(major: int, minor: int) -> CudaArch:
+    """The arch the JIT compiles for a GPU: Hopper and Blackwell kernels use arch-specific
+    instructions (wgmma, tcgen05), so those get the ``a`` variant."""
+    return CudaArch(major, minor, "a" if major in (9, 10, 12) else "")
+
+
+def runs_on(arch: CudaArch, capability: tuple[int, int]) -> bool:
+    """Whether a cubin built for ``arch`` runs on a GPU of ``capability``: same major and a
+    minor at most the GPU's; arch-specific ``a`` code only on exactly its GPU."""
+    if arch.major != capability[0]:
+        return False
+    return arch.minor == capability[1] if arch.suffix == "a" else arch.minor <= capability[1]
+
+
+def covers(built: Iterable[CudaArch], listed: Iterable[CudaArch] | None,
+           capabilities: Iterable[tuple[int, int]]) -> bool:
+    """Whether a binary built for ``built`` serves this process: every arch of an explicit
+    list (a plain ``X.Y`` is also served by ``X.Ya``), else every visible GPU."""
+    built = set(built)
+    if listed is not None:
+        return all(a in built or (not a.suffix and CudaArch(a.major, a.minor, "a") in built)
+                   for a in listed)
+    return all(any(runs_on(a, cap) for a in built) for cap in capabilities)
+
+
+def _visible_gpu_archs() -> tuple[CudaArch, ...]:
+    return tuple(sorted({arch_for_capability(*cap) for cap in visible_capabilities()}))
 
 
 def target_archs() -> tuple[CudaArch, ...]:

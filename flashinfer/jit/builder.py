@@ -30,15 +30,13 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from ..config import config
 from .fileutil import write_if_different
 from .manifest import FileRecord, LibraryRecord, Manifest, read_ninja_deps
+from .plan import BuildPlan
 from .toolchain import default_max_jobs, find_ninja
-
-if TYPE_CHECKING:
-    from .core import BuildPlan
 
 logger = logging.getLogger("flashinfer.jit")
 

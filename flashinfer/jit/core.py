@@ -15,26 +15,22 @@ the module is built or found in a cache.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from ..config import config
 from ..debug_printer import LaunchPrinter
-from ..version import __version__
 from . import aot, cache, env
-from .arch import CudaArch, filter_archs, target_archs
+from .arch import CudaArch, target_archs
 from .builder import JitCompileError, build_in_place, build_in_staging, write_build_file
 from .explain import stale_reason
-from .fileutil import sha256_file
 from .lock import module_lock
 from .manifest import Manifest
-from .ninja import NinjaBuild
-from .toolchain import Toolchain, ToolchainError, current_toolchain, nvcc_arch_problem
+from .plan import BuildPlan, make_plan
+from .toolchain import ToolchainError, nvcc_arch_problem
 
 logger = logging.getLogger("flashinfer.jit")
 
@@ -62,22 +58,6 @@ def check_buildable(plan: BuildPlan) -> None:
                                   "FLASHINFER_CUDA_ARCH_LIST, else the visible GPUs)")
 
 
-@dataclass(frozen=True)
-class BuildPlan:
-    """Everything derived from a spec and the environment before anything is written."""
-
-    archs: tuple[CudaArch, ...]
-    toolchain: Toolchain
-    ninja: NinjaBuild
-    identity: dict[str, Any]
-    digest: str
-    build_dir: Path
-
-    @property
-    def library_path(self) -> Path:
-        return self.build_dir / self.ninja.output
-
-
 @dataclass
 class JitSpec:
     """A JIT module: its name (URI), sources and flags.
@@ -102,80 +82,7 @@ class JitSpec:
 
     def plan(self, archs: Sequence[CudaArch] | None = None) -> BuildPlan:
         """Flags, identity and build dir for ``archs`` (default: the target archs)."""
-        archs = filter_archs(archs or target_archs(), self.supported_major_versions, self.name)
-        tc = current_toolchain()
-        includes = [
-            env.FLASHINFER_INCLUDE_DIR,
-            env.FLASHINFER_CSRC_DIR,
-            env.generated_dir(self.name),
-            *map(Path, self.extra_include_paths),
-        ]
-        include_flags = [f"-I{p}" for p in includes]
-        if config.jit_debug:
-            cuda_opt, host_opt = ["-g", "-G", "-O0"], ["-g", "-O0"]
-        else:
-            cuda_opt, host_opt = ["-O3", "-DNDEBUG"], ["-O2", "-DNDEBUG"]
-        cuda_cflags = [
-            "-std=c++17",
-            "--expt-relaxed-constexpr",
-            "-Xcompiler=-fPIC",
-            *cuda_opt,
-            *(["-lineinfo"] if config.jit_lineinfo else []),
-            *(["-DFLASHINFER_DEVICE_PRINT=1"] if config.jit_device_print else []),
-            f"--threads={config.nvcc_threads}",
-            *(a.gencode for a in archs),
-            *include_flags,
-            *self.extra_cuda_cflags,
-            *config.extra_cudaflags,
-        ]
-        cflags = [
-            "-std=c++17",
-            "-fPIC",
-            *host_opt,
-            *include_flags,
-            *(f"-isystem{p}" for p in (*tc.tvm_ffi_include_dirs, tc.cuda_include_dir)),
-            *self.extra_cflags,
-            *config.extra_cflags,
-        ]
-        ldflags = [
-            "-shared",
-            f"-L{tc.cuda_lib_dir}",
-            "-lcudart",
-            f"-Wl,-rpath,{tc.cuda_lib_dir}",
-            f"-L{tc.tvm_ffi_lib_dir}",
-            "-ltvm_ffi",
-            f"-Wl,-rpath,{tc.tvm_ffi_lib_dir}",
-            *self.extra_ldflags,
-            *config.extra_ldflags,
-        ]
-        sources = tuple(Path(s) for s in self.sources)
-        portable = env.portable
-        identity = {
-            "name": self.name,
-            "sources": [str(s) for s in sources],
-            "generated": {portable(str(p)): sha256_file(Path(p)) for p in self.generated_sources},
-            "cuda_cflags": [portable(f) for f in cuda_cflags],
-            "cflags": [portable(f) for f in cflags],
-            "ldflags": ldflags,
-            "archs": [str(a) for a in archs],
-            "nvcc": tc.nvcc_version(),
-            "cxx": tc.cxx_version(),
-            "flashinfer": __version__,
-            "tvm_ffi": tc.tvm_ffi_version,
-        }
-        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-        ninja = NinjaBuild(
-            sources=sources,
-            output=f"{self.name}.so",
-            # Launchers (ccache) do not change the output, so they stay out of the hash.
-            nvcc=(*config.nvcc_launcher, str(tc.nvcc)),
-            cxx=(*config.cxx_launcher, str(tc.cxx)),
-            cuda_cflags=tuple(cuda_cflags),
-            cflags=tuple(cflags),
-            ldflags=tuple(ldflags),
-        )
-        build_dir = env.cached_ops_dir() / self.name / digest
-        return BuildPlan(archs, tc, ninja, identity, digest, build_dir)
+        return make_plan(self, archs)
 
     @property
     def build_dir(self) -> Path:
@@ -202,9 +109,10 @@ class JitSpec:
         """Write the module's build.ninja into its cache dir (without building)."""
         return write_build_file(plan or self.plan())
 
-    def build(self) -> Path:
-        """Bring the library up to date (compiling only what is stale); return its path."""
-        plan = self.plan()
+    def build(self, plan: BuildPlan | None = None) -> Path:
+        """Bring the library up to date (compiling only what is stale); return its path.
+        ``plan``: this spec's plan when the caller has it already."""
+        plan = plan or self.plan()
         if config.disable_jit:
             raise JitDisabledError(
                 f"module {self.name} is not built for this configuration ({plan.build_dir}) "
@@ -272,7 +180,7 @@ class JitSpec:
             if config.disable_jit and plan.library_path.is_file():
                 logger.warning("loading %s although %s (FLASHINFER_DISABLE_JIT=1)", self.name, reason)
             else:
-                self.build()
+                self.build(plan)
         else:
             logger.debug("loading cached %s from %s", self.name, plan.build_dir)
             cache.touch(plan.build_dir)

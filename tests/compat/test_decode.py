@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import flashinfer
-from flashinfer import decode as decode_api
+from flashinfer.attention_args import score_params
 from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper as Wrapper
 from flashinfer.decode import fast_decode_plan
 from tests.ops.test_decode import CpuPlan, cpu_plan  # noqa: F401 - the fixture
@@ -348,4 +348,4 @@ def test_single_decode_and_merge_call_forms_reach_the_device_check() -> None:
         flashinfer.merge_state(v, s, v, s)
     with pytest.raises(ValueError, match="v must be a CUDA tensor"):
         flashinfer.merge_state_in_place(v, s, v, s, mask=None)
-    assert math.isclose(decode_api._score_params(128, None, None)[0], LOG2E / math.sqrt(128))
+    assert math.isclose(score_params(128, None, None)[0], LOG2E / math.sqrt(128))

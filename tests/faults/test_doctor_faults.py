@@ -20,7 +20,7 @@ from typing import Callable
 import pytest
 
 from flashinfer import doctor
-from flashinfer.jit.arch import CudaArch
+from flashinfer.jit.arch import CudaArch, runs_on
 from flashinfer.jit.toolchain import ToolchainError, nvcc_arch_problem, nvcc_supported_archs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -271,7 +271,7 @@ def test_log_probe_leaves_an_existing_file_untouched(tmp_path: Path) -> None:
     ("8.0", (9, 0), False), ("10.0a", (10, 3), False), ("10.0f", (10, 3), True),
 ])
 def test_arch_coverage_of_a_gpu(arch: str, gpu: tuple[int, int], runs_there: bool) -> None:
-    assert doctor._runs_on(CudaArch.parse(arch), gpu) is runs_there
+    assert runs_on(CudaArch.parse(arch), gpu) is runs_there
 
 
 def test_nvcc_arch_helpers() -> None:

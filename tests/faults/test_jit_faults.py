@@ -22,6 +22,7 @@ from flashinfer.__main__ import main as cli
 from flashinfer.jit import aot, builder, env, registry
 from flashinfer.jit.builder import JitCompileError
 from flashinfer.jit.env import WorkspaceError
+from flashinfer.jit.precompile import precompile
 from flashinfer.jit.render import render_template
 from flashinfer.version import __version__
 from tests.conftest import REPO_ROOT, run_python
@@ -220,7 +221,7 @@ def aot_layer(warm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pa
     registry.registered_ops()  # the real ops first, so the test op is the only addition
     monkeypatch.setitem(registry._OPS, "faults_tiny", _tiny_op_specs)  # gone after the test
     layer = tmp_path / "layer"
-    (library,) = aot.precompile(layer, "9.0a", ["faults_tiny"]).published
+    (library,) = precompile(layer, "9.0a", ["faults_tiny"]).published
     monkeypatch.setenv("FLASHINFER_AOT_DIR", str(layer))
     assert aot.find(URI) == library
     return src, library

@@ -10,6 +10,8 @@ import pytest
 
 from flashinfer.__main__ import main as cli
 from flashinfer.jit import aot, registry
+from flashinfer.jit import precompile as precompile_module
+from flashinfer.jit.precompile import precompile
 from tests.conftest import REPO_ROOT, run_python
 
 NORM_URIS = ["norm_dtype_bf16", "norm_dtype_f16", "norm_dtype_f32"]
@@ -126,10 +128,10 @@ def test_precompile_skips_modules_that_cannot_target_the_archs(
     """decode needs sm_80+ (cp.async): at 7.5 it is skipped and named, the rest is built;
     with nothing buildable the command fails with one line, never a traceback."""
     built: list[str] = []
-    monkeypatch.setattr(aot, "run_ninja", lambda *a, **k: None)
-    monkeypatch.setattr(aot, "_publish", lambda out, staging, spec, plan: (
+    monkeypatch.setattr(precompile_module, "run_ninja", lambda *a, **k: None)
+    monkeypatch.setattr(precompile_module, "_publish", lambda out, staging, spec, plan: (
         built.append(f"{spec.name}@{' '.join(map(str, plan.archs))}") or out / spec.name))
-    result = aot.precompile(tmp_path / "layer", "7.5 9.0a", ["norm", "decode"])
+    result = precompile(tmp_path / "layer", "7.5 9.0a", ["norm", "decode"])
     assert sorted(built) == sorted([f"{u}@7.5 9.0a" for u in NORM_URIS] + [
         f"decode_{d}_hd{h}@9.0a" for d in ("bf16", "f16") for h in (64, 128, 256)])
     assert result.skipped == {}

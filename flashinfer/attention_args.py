@@ -1,0 +1,148 @@
+"""What the attention families (decode, prefill, cascade) share: argument checks in the
+reference's terms, the score parameters in the kernels' log2 units, and the workspace
+helpers of the wrappers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from . import checks
+from .jit.dtypes import dtype_info
+
+DTYPES = (torch.float16, torch.bfloat16)
+INDEX = (torch.int32, torch.int64)
+LOG2E = 1.4426950408889634
+ALIGN = 256  # bytes: each workspace region starts at a multiple of this offset
+# Each wrapper's own device buffer for its schedule, and its pinned staging twin (the
+# reference library's sizes).
+INT_WORKSPACE_BYTES = 8 << 20
+BACKENDS = ("auto", "fa2")
+
+
+def check_dtype_name(name: str, value: Any) -> torch.dtype:
+    """A torch dtype or its name, as the reference accepts ``q_data_type`` and friends."""
+    if isinstance(value, str):
+        try:
+            value = getattr(torch, dtype_info(value).name)
+        except TypeError:
+            raise TypeError(f"{name} {value!r} is not a supported dtype; use float16 or "
+                            "bfloat16") from None
+    if value not in DTYPES:
+        raise TypeError(f"{name} is {value}; supported: float16, bfloat16")
+    return value
+
+
+def check_optional_number(name: str, value: Any, low: float | None = None,
+                          low_open: bool = False) -> float | None:
+    return None if value is None else checks.check_number(name, value, low, low_open=low_open)
+
+
+def check_score_args(sm_scale: Any, logits_soft_cap: Any) -> tuple[float | None, float]:
+    """``sm_scale`` (None: the default) and the soft cap (0: none), validated."""
+    return (check_optional_number("sm_scale", sm_scale, 0.0, low_open=True),
+            check_optional_number("logits_soft_cap", logits_soft_cap, 0.0) or 0.0)
+
+
+def score_params(head_dim: int, sm_scale: Any, logits_soft_cap: Any, q_scale: Any = None,
+                 k_scale: Any = None) -> tuple[float, float]:
+    """(scale, cap) as the kernel applies them, in log2 units (see decode.cuh)."""
+    sm_scale, cap = check_score_args(sm_scale, logits_soft_cap)
+    scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
+    for name, factor in (("q_scale", q_scale), ("k_scale", k_scale)):
+        if factor is not None:
+            scale *= checks.check_number(name, factor, 0.0, low_open=True)
+    if cap > 0:
+        return scale / cap, cap * LOG2E
+    return scale * LOG2E, 0.0
+
+
+def check_window(window_left: Any) -> int:
+    return checks.check_int("window_left", window_left, -1)
+
+
+def check_pos_encoding(mode: Any) -> None:
+    if mode != "NONE":
+        raise ValueError(f"pos_encoding_mode {mode!r} is not supported; apply flashinfer's RoPE "
+                         "to q and k first and pass 'NONE'")
+
+
+def check_rope(rope_scale: Any, rope_theta: Any) -> None:
+    """Accepted for the reference's signatures; they matter only with RoPE inside attention,
+    which ``pos_encoding_mode='NONE'`` rules out."""
+    check_optional_number("rope_scale", rope_scale, 0.0, low_open=True)
+    check_optional_number("rope_theta", rope_theta, 0.0, low_open=True)
+
+
+def check_output(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
+                 like: torch.Tensor) -> None:
+    checks.check_tensor(name, t)
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
+    if t.dtype != dtype:
+        raise TypeError(f"{name} has dtype {t.dtype}, expected {dtype}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous")
+    checks.check_cuda(name, t, like=like)
+
+
+def apply_v_scale(out: torch.Tensor, v_scale: float | None) -> None:
+    """The reference applies ``v_scale`` to the finished output; so do we."""
+    if v_scale is not None and v_scale != 1.0:
+        out.mul_(v_scale)
+
+
+def check_workspace(name: str, buffer: Any) -> torch.Tensor:
+    """A contiguous, 16-byte aligned 1-D buffer, viewed as bytes."""
+    checks.check_tensor(name, buffer)
+    if buffer.dim() != 1 or not buffer.is_contiguous():
+        raise ValueError(f"{name} must be a contiguous 1-D tensor")
+    if buffer.data_ptr() % 16:
+        raise ValueError(f"{name} must be 16-byte aligned")
+    return buffer.view(torch.uint8)
+
+
+def pinned_like(buffer: torch.Tensor) -> torch.Tensor:
+    """The host staging twin of a device buffer (pinned when the buffer is on a GPU)."""
+    return torch.empty(buffer.numel(), dtype=torch.uint8, device="cpu",
+                       pin_memory=buffer.device.type == "cuda")
+
+
+def round_up(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class WorkspaceOwner:
+    """The workspace methods decode and prefill wrappers share (they set the attributes)."""
+
+    _copy_done: torch.cuda.Event | None
+    _pin_memory_int_workspace_buffer: torch.Tensor
+    _plan_info: Any
+
+    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor,
+                               int_workspace_buffer: torch.Tensor) -> None:
+        """Use new workspaces; the next ``run()`` needs a new ``plan()``."""
+        self._workspace = check_workspace("float_workspace_buffer", float_workspace_buffer)
+        check_workspace("int_workspace_buffer", int_workspace_buffer)
+        if self._copy_done is not None:
+            self._copy_done.synchronize()  # the staging buffer is about to be replaced
+        self._float_workspace_buffer = float_workspace_buffer
+        self._int_workspace_buffer = int_workspace_buffer
+        self._pin_memory_int_workspace_buffer = pinned_like(int_workspace_buffer)
+        self._plan_info = None
+
+    def _upload(self, words: list[int], target: torch.Tensor) -> None:
+        """One async host-to-device copy of the schedule into ``target`` (this wrapper's int
+        workspace) through the pinned staging buffer, which is reused once the previous
+        plan's copy has finished. The event is recorded on the stream of the target's
+        device, where the copy runs."""
+        if self._copy_done is not None:
+            self._copy_done.synchronize()
+        staging = self._pin_memory_int_workspace_buffer[: 4 * len(words)].view(torch.int32)
+        staging.copy_(torch.tensor(words, dtype=torch.int32))
+        with torch.cuda.device(target.device):
+            target.copy_(staging, non_blocking=True)
+            self._copy_done = torch.cuda.Event()
+            self._copy_done.record()

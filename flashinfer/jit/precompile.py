@@ -1,0 +1,105 @@
+"""``python -m flashinfer precompile``: builds every registered specialization for the given
+archs through one ninja invocation (one subninja per module) and publishes each module, with
+its record, into an AOT layer (read by ``aot.py``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Iterable
+
+from ..version import __version__
+from .aot import AOT_RECORD, AotRecord, build_settings
+from .arch import CudaArch, NoTargetArchError, parse_arch_list
+from .builder import record_manifest, run_ninja
+from .core import JitSpec
+from .fileutil import sha256_file
+from .plan import BuildPlan
+from .registry import specs_for
+from .toolchain import nvcc_arch_problem
+
+logger = logging.getLogger("flashinfer.jit")
+
+
+@dataclass(frozen=True)
+class PrecompileResult:
+    published: list[Path]  # the libraries now in the layer
+    skipped: dict[str, str]  # module -> why it cannot target any of the requested archs
+
+
+def precompile(out_dir: Path, archs: str | Iterable[CudaArch], ops: Iterable[str] | None = None
+               ) -> PrecompileResult:
+    """Build every specialization of ``ops`` for ``archs`` into the layer ``out_dir``. A
+    module that supports none of ``archs`` (decode needs sm_80+) is skipped and reported;
+    one that supports some of them is built for those."""
+    arch_list = parse_arch_list(archs, "--arch") if isinstance(archs, str) else tuple(archs)
+    for arch in arch_list:
+        problem = nvcc_arch_problem(arch)
+        if problem is not None:
+            raise ValueError(f"--arch: {problem}")
+    specs = specs_for(ops)
+    supported = []
+    skipped: dict[str, str] = {}
+    for spec in specs:
+        try:
+            supported.append((spec, spec.plan(arch_list)))
+        except NoTargetArchError as err:
+            skipped[spec.name] = str(err)
+    if not supported:
+        raise ValueError("no requested module can target "
+                         f"{' '.join(str(a) for a in arch_list)}: {', '.join(skipped)}")
+    out_dir = Path(out_dir)
+    staging = out_dir / f".precompile-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        plans = []
+        top = ["ninja_required_version = 1.10"]
+        for spec, plan in supported:
+            plan = replace(plan, ninja=replace(plan.ninja, prefix=f"{spec.name}/"))
+            (staging / spec.name).mkdir()
+            (staging / spec.name / "build.ninja").write_text(plan.ninja.render())
+            top.append(f"subninja {spec.name}/build.ninja")
+            plans.append((spec, plan))
+        top.append("build all: phony " + " ".join(p.ninja.target for _, p in plans))
+        (staging / "build.ninja").write_text("\n".join(top) + "\n")
+        logger.info("precompiling %d module(s) for %s into %s", len(plans),
+                    " ".join(f"sm_{a.sm}" for a in arch_list), out_dir)
+        run_ninja(staging, f"{len(plans)} modules", targets=["all"],
+                  log_path=out_dir / "precompile.log")
+        published = [_publish(out_dir, staging, spec, plan) for spec, plan in plans]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return PrecompileResult(published, skipped)
+
+
+def _publish(out_dir: Path, staging: Path, spec: JitSpec, plan: BuildPlan) -> Path:
+    manifest = record_manifest(plan, spec.generated_sources, staging)
+    fresh = out_dir / f".{spec.name}.new"
+    shutil.rmtree(fresh, ignore_errors=True)
+    fresh.mkdir()
+    library = fresh / f"{spec.name}.so"
+    os.replace(staging / plan.ninja.target, library)
+    record = AotRecord(
+        uri=spec.name,
+        flashinfer=__version__,
+        tvm_ffi=plan.toolchain.tvm_ffi_version,
+        archs=plan.archs,
+        settings=build_settings(),
+        identity=plan.identity,
+        inputs=manifest.inputs,
+        library_size=library.stat().st_size,
+        library_sha256=sha256_file(library),
+    )
+    (fresh / AOT_RECORD).write_text(record.to_json())
+    target = out_dir / spec.name
+    old = out_dir / f".{spec.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        os.replace(target, old)
+    os.replace(fresh, target)
+    shutil.rmtree(old, ignore_errors=True)
+    return target / f"{spec.name}.so"
