@@ -1,63 +1,86 @@
-"""``@flashinfer_api``: logs every public API call at FLASHINFER_LOGLEVEL.
+"""``@flashinfer_api``: logs every public API call at FLASHINFER_LOGLEVEL in the reference's format.
 
 Levels (read once, at ``import flashinfer``; with an invalid value every decorated API
 raises the ValueError naming the variable when called, so tools like ``doctor`` still start):
 
 - 0: off; the decorator returns the function itself (no wrapper, no overhead)
 - 1: one line per call: ``[YYYY-MM-DD HH:MM:SS] FlashInfer API Call: <qualified name>``
-- 3: level 1 + every argument and the return value (tensors as metadata)
-- 5: level 3 + tensor statistics (min, max, mean, nan/inf counts; skipped during graph capture)
-- 10: level 5 + the call's tensors dumped to FLASHINFER_DUMP_DIR (see flashinfer/dump.py)
+- 3: the call in a block between ``=`` rules: its positional and keyword input arguments
+  (tensors as multi-line ``Tensor(`` blocks), the defaults it did not pass, then the output
+  value and the time the call took (ours)
+- 5: level 3 + min, max, mean, nan_count, inf_count inside each ``Tensor(`` block
+- 2 and 4 log as 1 and 3 (the reference's documents name 0, 1, 3 and 5)
+- 10 (ours): level 5 + the call's tensors dumped to FLASHINFER_DUMP_DIR (see flashinfer/dump.py)
 
-Output goes to FLASHINFER_LOGDEST (see flashinfer/logdest.py). Everything about the
-inputs is written and flushed before the call runs, so it survives a crash of the call.
+The first logged call of a process writes the system-information block first. Output goes
+to FLASHINFER_LOGDEST (see flashinfer/logdest.py). Everything about the inputs is written
+and flushed before the call runs, so it survives a crash of the call.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import time
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import torch
 
+from .arguments import ArgumentBinder
 from .config import config
-from .dump import ArgumentBinder, Dumper
 from .logdest import Destination
-from .tensor_format import format_stats, format_value, graph_capture_in_progress, tensor_stats
+from .tensor_format import value_lines
 from .version import __version__
+
+if TYPE_CHECKING:
+    from .dump import Dumper
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_CAPTURE_NOTE = "[statistics skipped: CUDA graph capture in progress]"
 API_MARKER = "__flashinfer_api__"  # set to True on every @flashinfer_api function, at any level
+RULE = "=" * 80
+THIN_RULE = "-" * 80
+LOGS_AS = {2: 1, 4: 3}  # accepted levels the reference's documents do not name
 
 
-def system_info() -> list[str]:
-    """The header written once per process before the first logged call."""
+def _cuda_toolkit_version() -> str:
+    """The release of the nvcc that builds our kernels, else the one torch was built with."""
     try:
-        from .jit.toolchain import current_toolchain
+        from .jit.toolchain import current_toolchain  # here: `import flashinfer` skips the JIT
 
-        nvcc = current_toolchain().nvcc_version().split(" | ")[0]
-    except Exception as err:
-        nvcc = f"not found ({type(err).__name__})"
+        found = re.search(r"release (\d+\.\d+)", current_toolchain().nvcc_version())
+        if found:
+            return found.group(1)
+    except Exception:  # noqa: BLE001 - no nvcc: fall back to torch's build
+        pass
+    return torch.version.cuda or "<unavailable>"
+
+
+def system_info(stamp: str) -> list[str]:
+    """The block written once per process before its first logged call."""
     lines = [
-        f"flashinfer {__version__}, torch {torch.__version__} "
-        f"(CUDA runtime {torch.version.cuda or 'none'}), CUDA toolkit: {nvcc}",
+        RULE,
+        f"{stamp} FlashInfer API Logging - System Information",
+        RULE,
+        f"FlashInfer version: {__version__}",
+        f"CUDA toolkit version: {_cuda_toolkit_version()}",
     ]
-    if torch.cuda.is_available():
-        for i in range(torch.cuda.device_count()):
+    try:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        for i in range(count):
             major, minor = torch.cuda.get_device_capability(i)
-            lines.append(f"GPU {i}: {torch.cuda.get_device_name(i)} "
-                         f"(compute capability {major}.{minor})")
-    else:
-        lines.append("GPU: no GPU")
-    return lines
+            lines += [f"GPU {i}: {torch.cuda.get_device_name(i)}",
+                      f"  Compute capability: {major}.{minor} (SM{major * 10 + minor})"]
+        if count == 0:
+            lines.append("CUDA: Not available (CPU-only mode)")
+    except Exception as err:  # noqa: BLE001 - a broken driver must not break the call
+        lines.append(f"GPU: <error: {type(err).__name__}: {err}>")
+    return lines + [f"PyTorch version: {torch.__version__}", RULE, ""]
 
 
 class _Clock:
-    """``YYYY-MM-DD HH:MM:SS``, formatted once per second (strftime costs ~1 us)."""
+    """``[YYYY-MM-DD HH:MM:SS]``, formatted once per second (strftime costs ~1 us)."""
 
     def __init__(self) -> None:
         self._second = -1
@@ -67,8 +90,17 @@ class _Clock:
         second = int(time.time())
         if second != self._second:
             self._second = second
-            self._text = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+            self._text = time.strftime("[%Y-%m-%d %H:%M:%S]", time.localtime(second))
         return self._text
+
+
+def _section(title: str, entries: list[tuple[str, Any]], stats: bool) -> list[str]:
+    """``title`` then, per entry, its label line and its value two levels in."""
+    lines = [title]
+    for label, value in entries:
+        lines.append(f"  {label}")
+        lines += value_lines(value, "    ", stats)
+    return lines
 
 
 class ApiLogger:
@@ -76,6 +108,7 @@ class ApiLogger:
 
     def __init__(self, level: int, dest: Destination, dumper: Dumper | None = None) -> None:
         self.level = level
+        self.effective_level = LOGS_AS.get(level, level)
         self.dest = dest
         self.dumper = dumper
         self._clock = _Clock()
@@ -84,78 +117,82 @@ class ApiLogger:
     @classmethod
     def from_config(cls) -> ApiLogger:
         level = config.api_log_level
-        dumper = Dumper.from_config() if level >= 10 else None
+        dumper = None
+        if level >= 10:
+            from .dump import Dumper  # only here: dumps need safetensors and jit's file helpers
+
+            dumper = Dumper.from_config()
         return cls(level, Destination(config.api_log_dest), dumper)
 
     def _write(self, lines: list[str]) -> None:
         if self._header_pid != os.getpid():  # once per process, forks included
             self._header_pid = os.getpid()
-            header = [f"=== FlashInfer API logging, level {self.level}, pid {os.getpid()} ==="]
-            lines = header + [f"  {ln}" for ln in system_info()] + lines
-        self.dest.write("\n".join(lines))
+            lines = system_info(self._clock.now()) + lines
+        self.dest.write("\n".join(lines) + "\n")  # a trailing "" ends with a blank line
 
-    def _describe(self, label: str, value: Any, stats: bool) -> list[str]:
-        lines = [f"  {label}: {format_value(value)}"]
-        if stats:
-            tensors = [value] if isinstance(value, torch.Tensor) else (
-                [v for v in value if isinstance(v, torch.Tensor)]
-                if isinstance(value, (list, tuple)) else []
-            )
-            for tensor in tensors:
-                if graph_capture_in_progress():
-                    lines.append(f"    {_CAPTURE_NOTE}")
-                    break
-                try:
-                    lines.append(f"    {format_stats(tensor_stats(tensor))}")
-                except Exception as err:
-                    lines.append(f"    [statistics unavailable: {type(err).__name__}]")
+    def _inputs(self, name: str, binder: ArgumentBinder, args: tuple[Any, ...],
+                kwargs: dict[str, Any], stats: bool) -> list[str]:
+        """The call's opening: what it was passed, then the defaults it left out."""
+        lines = [RULE, f"{self._clock.now()} FlashInfer API Call: {name}", THIN_RULE]
+        if args:
+            lines += _section("Positional input arguments:",
+                              [(f"arg[{i}]:", v) for i, v in enumerate(args)], stats)
+        if kwargs:
+            lines += _section("Keyword input arguments:",
+                              [(f"{k}=", v) for k, v in kwargs.items()], stats)
+        if not args and not kwargs:
+            lines.append("(No explicit arguments)")
+        defaults = binder.defaults_not_passed(args, kwargs)
+        if defaults:
+            lines += _section("Default parameters (not explicitly provided):",
+                              [(f"{k}= [DEFAULT]", v) for k, v in defaults], stats)
         return lines
 
     def decorate(self, func: F) -> F:
-        if self.level == 0:
+        if self.effective_level == 0:
             return func
         name = func.__qualname__
-        if self.level == 1:
+        if self.effective_level == 1:
 
             @functools.wraps(func)
             def log_name(*args: Any, **kwargs: Any) -> Any:
-                self._write([f"[{self._clock.now()}] FlashInfer API Call: {name}"])
+                self._write([f"{self._clock.now()} FlashInfer API Call: {name}"])
                 return func(*args, **kwargs)
 
             return log_name  # type: ignore[return-value]
 
         binder = ArgumentBinder(func)
-        stats = self.level >= 5
+        stats = self.effective_level >= 5
 
         @functools.wraps(func)
         def log_call(*args: Any, **kwargs: Any) -> Any:
-            arguments = binder.bind(args, kwargs)
-            lines = [f"[{self._clock.now()}] FlashInfer API Call: {name}"]
-            for arg_name, _kind, value in arguments:
-                lines += self._describe(arg_name, value, stats)
+            lines = self._inputs(name, binder, args, kwargs, stats)
             dump = None
             if self.dumper is not None:
-                dump = self.dumper.dump_inputs(func, arguments)
+                dump = self.dumper.dump_inputs(func, binder.bind(args, kwargs))
                 if dump is not None:
-                    lines.append(f"  [inputs dumped to {dump.directory}]")
+                    lines.append(f"Inputs dumped to: {dump.directory}")
             self._write(lines)
             start = time.perf_counter()
             try:
                 result = func(*args, **kwargs)
             except BaseException as exc:
-                self._write([f"  raised {type(exc).__name__}: {exc}"])
+                self._write([f"Call raised {type(exc).__name__}: {exc}",
+                             _elapsed(start), RULE, ""])
                 if dump is not None:
                     self.dumper.dump_exception(dump, exc)  # type: ignore[union-attr]
                 raise
-            elapsed = (time.perf_counter() - start) * 1e3
-            out = [f"[{self._clock.now()}] FlashInfer API Return: {name} ({elapsed:.3f} ms)"]
-            out += self._describe("return", result, stats)
+            elapsed = _elapsed(start)
             if dump is not None:
                 self.dumper.dump_outputs(dump, result)  # type: ignore[union-attr]
-            self._write(out)
+            self._write(["Output value:", *value_lines(result, "  ", stats), elapsed, RULE, ""])
             return result
 
         return log_call  # type: ignore[return-value]
+
+
+def _elapsed(start: float) -> str:
+    return f"Host time: {(time.perf_counter() - start) * 1e3:.3f} ms"
 
 
 def _refuse_calls(func: F) -> F:

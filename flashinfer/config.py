@@ -45,7 +45,9 @@ def _parse_optional_str(raw: str) -> str | None:
     return raw.strip() or None
 
 
-API_LOG_LEVELS = {0: "", 1: "", 3: "", 5: "", 10: ""}
+# The reference's documents name 0, 1, 3 and 5; 2 logs as 1 and 4 as 3; 10 (dumps) is ours.
+API_LOG_LEVELS = {0: "off", 1: "names", 2: "as 1", 3: "inputs/outputs", 4: "as 3",
+                  5: "statistics", 10: "dumps"}
 DEBUG_PRINTER_LEVELS = {0: "off", 1: "save", 2: "print", 3: "kernel names only"}
 
 
@@ -203,7 +205,8 @@ class Config:
         "FLASHINFER_LOGLEVEL",
         0,
         _level_parser(API_LOG_LEVELS),
-        "API logging: 0 off, 1 names, 3 arguments, 5 statistics, 10 dumps (read at import)",
+        "API logging: 0 off, 1 names, 3 inputs/outputs, 5 statistics (2, 4 log as 1, 3), "
+        "10 dumps (read at import)",
     )
     api_log_dest = EnvVar(
         "FLASHINFER_LOGDEST", "stdout", str, "stdout, stderr or a file path (%i -> pid)"

@@ -4,7 +4,9 @@ FLASHINFER_DEBUG_PRINTER is read when a module is loaded:
 
 - 0: off; the loader returns the module itself (no wrapper, no overhead)
 - 1 (save): every tensor argument saved before and after each launch to
-  ``FLASHINFER_DEBUG_PRINTER_DIR/<before_launch|after_launch>_<kernel>_<arg>_<device>.pt``
+  ``FLASHINFER_DEBUG_PRINTER_DIR/<before_launch|after_launch>_<kernel>_<arg>_<device>.pt``,
+  the device as torch prints it (``cuda:0``, ``cpu``) as in PyTorch's AOTI debug printer;
+  each save is logged (``flashinfer.debug_printer`` logger, INFO) with its path
 - 2 (print): every argument printed before and after each launch (tensor statistics,
   and the values of tensors with at most 64 elements)
 - 3 (kernel names only): ``[ before_launch: <kernel> ]``, the launch, a device
@@ -22,15 +24,17 @@ its purpose).
 
 from __future__ import annotations
 
-import re
+import logging
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from .config import config
-from .logdest import Destination, warn_once
+from .logdest import Destination, safe_filename, warn_once
 from .tensor_format import dtype_name, format_value, graph_capture_in_progress, tensor_stats
+
+logger = logging.getLogger("flashinfer.debug_printer")
 
 MAX_VALUES = 64
 _CAPTURE_NOTE = "CUDA graph capture in progress: no synchronize, statistics or saves"
@@ -41,10 +45,6 @@ def synchronize(args: Sequence[Any]) -> None:
     devices = {a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"}
     for device in devices:
         torch.cuda.synchronize(device)
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
 def _describe_tensor_line(t: torch.Tensor, capture: bool) -> list[str]:
@@ -60,6 +60,11 @@ def _describe_tensor_line(t: torch.Tensor, capture: bool) -> list[str]:
     if 0 < t.numel() <= MAX_VALUES:
         lines.append(f"    values: {t.detach().cpu().tolist()}")
     return lines
+
+
+def save_name(phase: str, kernel: str, arg: str, device: torch.device) -> str:
+    """``<phase>_<kernel>_<arg>_<device>.pt``; the device as torch prints it (``cuda:0``)."""
+    return f"{phase}_{safe_filename(kernel)}_{safe_filename(arg)}_{device}.pt"
 
 
 class LaunchPrinter:
@@ -144,16 +149,18 @@ class LaunchPrinter:
             return
         for index, value in enumerate(args):
             if isinstance(value, torch.Tensor) and not self._saves_failed:
-                device = str(value.device).replace(":", "")
-                name = f"{phase}_{_safe(kernel)}_{_safe(arg_name(index))}_{device}.pt"
-                self._write(value.detach().cpu().clone(), name)
+                arg = arg_name(index)
+                self._write(value.detach().cpu().clone(), kernel, arg,
+                            save_name(phase, kernel, arg, value.device))
 
-    def _write(self, tensor: torch.Tensor, name: str) -> None:
+    def _write(self, tensor: torch.Tensor, kernel: str, arg: str, name: str) -> None:
         """Save one tensor; an unwritable directory stops saving with one warning (the copy
         to the host stays outside: a CUDA error it raises belongs to the launch)."""
+        path = self.directory / name
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            torch.save(tensor, self.directory / name)
+            torch.save(tensor, path)
+            logger.info("Saved intermediate tensor %s for %s to %s", arg, kernel, path)
         except (OSError, RuntimeError) as err:  # torch.save reports write errors as RuntimeError
             self._saves_failed = True
             warn_once(f"debug_printer_dir:{self.directory}",

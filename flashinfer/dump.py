@@ -9,6 +9,10 @@ One directory per call, ``<dump dir>/<call index>_<pid>_<api name>/``, holding
 - ``outputs.pt`` / ``outputs.safetensors``: returned tensors (``return``, ``return.0``...)
   and inputs the call changed in place (``mutated.<name>``).
 
+``.pt`` keeps each tensor's strides; ``.safetensors`` (FLASHINFER_DUMP_SAFETENSORS=1, written
+by the safetensors library) holds contiguous copies. ``call.json`` is replaced atomically, so
+a reader never sees half a manifest.
+
 Dumping never breaks the call: past FLASHINFER_DUMP_MAX_COUNT or _MAX_SIZE_GB, or when
 the dump directory cannot be written (an OS error: not a directory, no permission, disk
 full), dumps stop with a single warning; any other error skips that call's dump with a
@@ -21,20 +25,21 @@ from __future__ import annotations
 import datetime
 import enum
 import fnmatch
-import inspect
 import json
 import logging
 import os
-import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from safetensors.torch import save_file as save_safetensors
 
-from . import safetensors_io
+from .arguments import Argument
 from .config import config
+from .jit.fileutil import atomic_write_text
+from .logdest import safe_filename
 from .tensor_format import graph_capture_in_progress
 
 logger = logging.getLogger("flashinfer.dump")
@@ -138,14 +143,15 @@ class Dumper:
             logger.warning("flashinfer %s failed: %s", what, err)
 
     def _save(self, tensors: dict[str, torch.Tensor], path: Path) -> int:
+        """Write ``tensors``; returns the bytes written. ``.pt`` keeps strides; safetensors
+        stores contiguous data only."""
         if self.safetensors:
-            return safetensors_io.save_file(tensors, path)
-        torch.save(tensors, path)
+            save_safetensors({k: t.contiguous() for k, t in tensors.items()}, str(path))
+        else:
+            torch.save(tensors, path)
         return path.stat().st_size
 
-    def dump_inputs(
-        self, func: Callable[..., Any], arguments: list[tuple[str, str, Any]]
-    ) -> CallDump | None:
+    def dump_inputs(self, func: Callable[..., Any], arguments: list[Argument]) -> CallDump | None:
         """Save the call's tensors and manifest before it runs. ``arguments`` holds
         (name, parameter kind, value) triples. Returns None when this call is not dumped."""
         if self.stopped or not self.wants(func):
@@ -193,8 +199,8 @@ class Dumper:
                     return None
                 index = self.count
                 self.count += 1
-                safe = re.sub(r"[^A-Za-z0-9_.-]", "_", func.__qualname__)
-                directory = self.directory / f"{index:06d}_{os.getpid()}_{safe}"
+                directory = self.directory / safe_filename(
+                    f"{index:06d}_{os.getpid()}_{func.__qualname__}")
                 directory.mkdir(parents=True, exist_ok=False)
                 manifest = {
                     "format": FORMAT,
@@ -266,57 +272,5 @@ def tensors_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
-    tmp = directory / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1, default=str))
-    os.replace(tmp, directory / MANIFEST)
+    atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=1, default=str))
 
-
-class ArgumentBinder:
-    """Names a call's arguments: (name, parameter kind, value) triples, defaults applied.
-
-    Built once per decorated function. Plain signatures take a fast path (a few us
-    less than ``inspect.Signature.bind`` per call); ``*args``/``**kwargs`` and calls
-    that would not bind go through ``inspect``; without a signature, positional
-    arguments are named ``arg<i>``.
-    """
-
-    _SIMPLE = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-               inspect.Parameter.KEYWORD_ONLY)
-
-    def __init__(self, func: Callable[..., Any]) -> None:
-        try:
-            self.signature: inspect.Signature | None = inspect.signature(func)
-        except (TypeError, ValueError):
-            self.signature = None
-        params = list(self.signature.parameters.values()) if self.signature else []
-        self._params = [(p.name, p.kind.name, p.default, p.kind) for p in params]
-        self._names = {p.name for p in params}
-        self._positional = sum(p.kind != inspect.Parameter.KEYWORD_ONLY for p in params)
-        self._simple = self.signature is not None and all(p.kind in self._SIMPLE for p in params)
-
-    def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[str, str, Any]]:
-        if self._simple and len(args) <= self._positional and self._names.issuperset(kwargs):
-            out = []
-            for index, (name, kind_name, default, kind) in enumerate(self._params):
-                if index < len(args) and kind != inspect.Parameter.KEYWORD_ONLY:
-                    value = args[index]
-                elif name in kwargs:
-                    value = kwargs[name]
-                elif default is not inspect.Parameter.empty:
-                    value = default
-                else:
-                    break  # a missing argument: let inspect (or the call) say so
-                out.append((name, kind_name, value))
-            else:
-                return out
-        if self.signature is not None:
-            try:
-                bound = self.signature.bind(*args, **kwargs)
-                bound.apply_defaults()
-                params = self.signature.parameters
-                return [(n, params[n].kind.name, v) for n, v in bound.arguments.items()]
-            except TypeError:
-                pass
-        out = [(f"arg{i}", "POSITIONAL_ONLY", v) for i, v in enumerate(args)]
-        out += [(k, "KEYWORD_ONLY", v) for k, v in kwargs.items()]
-        return out

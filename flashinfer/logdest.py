@@ -1,5 +1,7 @@
 """Where the debugging tools write (FLASHINFER_LOGDEST): stdout, stderr or a file.
 
+Also the one rule for the names of the files they create (:func:`safe_filename`).
+
 A file path may contain ``%i``, replaced by the process id so each rank of a
 multi-process job writes its own file. Parent directories are created; the file is
 opened for append, line-buffered. Writers flush before each wrapped call runs, so
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -22,6 +25,15 @@ from typing import TextIO
 logger = logging.getLogger("flashinfer.logdest")
 
 _reported: set[str] = set()  # destinations already reported unusable by this process
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def safe_filename(name: str) -> str:
+    """``name`` with every character other than letters, digits, ``_``, ``.`` and ``-``
+    replaced by ``_``: no separator, so it stays within one path component."""
+    return _UNSAFE.sub("_", name)
 
 
 def resolve_path(spec: str) -> Path:

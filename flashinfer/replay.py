@@ -8,7 +8,7 @@ checked before it is imported, and the qualified name is looked up statically
 (``inspect.getattr_static``) through classes only, so a refused dump imports, looks up
 dynamically or calls nothing. Enum arguments resolve only to ``enum.Enum`` classes of the
 same modules. Tensors load with ``torch.load(weights_only=True)`` or the safetensors
-reader, never through arbitrary unpickling.
+library, never through arbitrary unpickling.
 
 Every dump gives exactly one row: a malformed ``call.json``, an unreadable tensor file or
 an unknown function is an ERROR, a function or enum outside those rules is REFUSED, and
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+from safetensors.torch import load_file as load_safetensors
 
-from . import safetensors_io
 from .api_logging import API_MARKER
 from .dump import MANIFEST, tensors_equal
 
@@ -155,7 +155,7 @@ def _resolve_enum(entry: dict[str, Any], scope: _Scope, where: str) -> enum.Enum
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         if path.suffix == ".safetensors":
-            tensors: Any = safetensors_io.load_file(path)[0]
+            tensors: Any = load_safetensors(str(path), device="cpu")
         else:
             tensors = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:  # noqa: BLE001 - a corrupt file is this row's reason

@@ -24,6 +24,17 @@ def add_and_sub(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, *, mode: M
 
 
 @flashinfer_api
+def batch_decode_with_padded_kv_cache(q: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+    """Named and called as in the reference's crash-debugging tutorial (its log samples)."""
+    return q
+
+
+@flashinfer_api
+def no_arguments() -> int:
+    return 7
+
+
+@flashinfer_api
 def scale_(x: torch.Tensor, factor: float) -> None:
     x.mul_(factor)
 

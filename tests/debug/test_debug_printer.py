@@ -3,6 +3,7 @@ the device printf helpers (nvcc), and the out-of-bounds kernel hunt (GPU)."""
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 from pathlib import Path
@@ -15,7 +16,7 @@ from flashinfer.debug_printer import InstrumentedModule, LaunchPrinter
 from flashinfer.jit import env as jit_env
 from flashinfer.jit.toolchain import current_toolchain
 from flashinfer.logdest import Destination
-from tests.conftest import REPO_ROOT, run_python
+from tests.conftest import REPO_ROOT, LogRecorder, run_python
 from tests.debug.debug_module import debug_spec
 
 
@@ -86,13 +87,26 @@ def test_level_2_omits_values_of_large_tensors(load) -> None:
 def test_level_1_saves_tensors_before_and_after(load, tmp_path: Path) -> None:
     module, _ = load(1)
     out, x = _inputs()
-    module.scale(out, x, 3.0)
+    recorder = LogRecorder()
+    logging.getLogger("flashinfer").addHandler(recorder)  # the printer's logger is under it
+    try:
+        module.scale(out, x, 3.0)
+    finally:
+        logging.getLogger("flashinfer").removeHandler(recorder)
     saved = tmp_path / "saved"
     names = sorted(p.name for p in saved.iterdir())
     assert names == [
         "after_launch_debug_test.scale_out_cpu.pt", "after_launch_debug_test.scale_x_cpu.pt",
         "before_launch_debug_test.scale_out_cpu.pt", "before_launch_debug_test.scale_x_cpu.pt",
     ]
+    assert recorder.messages(logging.INFO) == [
+        f"Saved intermediate tensor {arg} for debug_test.scale to {saved / name}"
+        for arg, name in (("out", "before_launch_debug_test.scale_out_cpu.pt"),
+                          ("x", "before_launch_debug_test.scale_x_cpu.pt"),
+                          ("out", "after_launch_debug_test.scale_out_cpu.pt"),
+                          ("x", "after_launch_debug_test.scale_x_cpu.pt"))
+    ]
+    assert all(r.name == "flashinfer.debug_printer" for r in recorder.records)
 
     def read(name: str) -> torch.Tensor:
         return torch.load(saved / name, weights_only=True)
@@ -100,6 +114,16 @@ def test_level_1_saves_tensors_before_and_after(load, tmp_path: Path) -> None:
     assert torch.equal(read("before_launch_debug_test.scale_out_cpu.pt"), torch.zeros(2, 3))
     assert torch.equal(read("after_launch_debug_test.scale_out_cpu.pt"), x * 3)
     assert torch.equal(read("before_launch_debug_test.scale_x_cpu.pt"), x)
+
+
+def test_saved_file_names_carry_the_device_as_torch_prints_it() -> None:
+    """As the AOTI printer's manual shows: ``before_launch_<kernel>_<arg>_cuda:0.pt``;
+    the kernel and argument parts go through the one file-name sanitizer of the tools."""
+    assert debug_printer.save_name("before_launch", "norm_dtype_bf16.rmsnorm", "out",
+                                   torch.device("cuda", 0)) == \
+        "before_launch_norm_dtype_bf16.rmsnorm_out_cuda:0.pt"
+    assert debug_printer.save_name("after_launch", "m/x y", "a[0]", torch.device("cpu")) == \
+        "after_launch_m_x_y_a_0__cpu.pt"
 
 
 def test_level_3_prints_syncs_then_prints(load, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -267,3 +291,21 @@ assert bool((x == 3.0).all())
     proc = run_python(code, env={"FLASHINFER_JIT_DEVICE_PRINT": "1"}, timeout=600)
     assert proc.stdout.count("fill: n=100 value=3.000000") == 1
     assert proc.stdout.count("fill: warp starting at") == 8  # one block of 256 threads: 8 warps
+
+
+@pytest.mark.gpu
+def test_level_1_names_cuda_saves_as_the_aoti_printer_does(load, tmp_path: Path) -> None:
+    module, _ = load(1)
+    x = torch.zeros(100, device="cuda")
+    module.fill(x, 3.0)
+    torch.cuda.synchronize()
+    device = str(x.device)
+    assert re.fullmatch(r"cuda:\d+", device)
+    saved = tmp_path / "saved"
+    names = [f"{phase}_debug_test.fill_x_{device}.pt"
+             for phase in ("after_launch", "before_launch")]
+    assert sorted(p.name for p in saved.iterdir()) == names
+    after = torch.load(saved / names[0], weights_only=True)
+    assert after.device.type == "cpu" and torch.equal(after, torch.full((100,), 3.0))
+    before = torch.load(saved / names[1], weights_only=True)
+    assert torch.equal(before, torch.zeros(100))

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import struct
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
-from flashinfer import safetensors_io
 from flashinfer.__main__ import main as cli
 from flashinfer.api_logging import ApiLogger
 from flashinfer.dump import Dumper
@@ -60,6 +61,7 @@ def test_inputs_are_dumped_before_the_call_runs(tmp_path: Path) -> None:
     assert seen["status"] == "inputs_saved"
     assert torch.equal(seen["inputs"]["x"], x)
     (call,) = _calls(root)
+    assert sorted(p.name for p in call.iterdir()) == ["call.json", "inputs.pt", "outputs.pt"]
     manifest = json.loads((call / "call.json").read_text())
     assert manifest["status"] == "completed"
     assert manifest["function"]["module"] == "tests.debug.sample_api"
@@ -71,7 +73,7 @@ def test_inputs_are_dumped_before_the_call_runs(tmp_path: Path) -> None:
     assert manifest["args"][1]["value"] == "t"
     outputs = torch.load(call / "outputs.pt", weights_only=True)
     assert torch.equal(outputs["return"], x * 2)
-    assert "[inputs dumped to" in (tmp_path / "log").read_text()
+    assert f"Inputs dumped to: {call}" in (tmp_path / "log").read_text()
 
 
 def test_in_place_changes_are_saved_as_mutated_outputs(tmp_path: Path) -> None:
@@ -134,36 +136,33 @@ def test_unpicklable_arguments_do_not_break_the_dump(tmp_path: Path) -> None:
                                    "kind": "value", "value": 5}
 
 
-def test_safetensors_round_trip(tmp_path: Path) -> None:
-    tensors = {
-        "f32": torch.randn(3, 4),
-        "bf16": torch.randn(5, dtype=torch.bfloat16),
-        "f16": torch.randn(2, 2, dtype=torch.float16),
-        "i64": torch.arange(7),
-        "i8": torch.tensor([-3, 4], dtype=torch.int8),
-        "bool": torch.tensor([True, False, True]),
-        "empty": torch.empty(0, 3),
-        "scalar": torch.tensor(2.5),
-        "strided": torch.randn(4, 6)[:, ::2],
-    }
-    path = tmp_path / "t.safetensors"
-    safetensors_io.save_file(tensors, path, metadata={"note": "x"})
-    loaded, metadata = safetensors_io.load_file(path)
-    assert metadata == {"note": "x"}
-    assert loaded.keys() == tensors.keys()
+def _write_without_the_library(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """The layout flashinfer's own writer produced before it used the safetensors library:
+    an 8-byte header length, the JSON header padded with spaces to 8 bytes, the raw data."""
+    codes = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int64: "I64", torch.bool: "BOOL"}
+    header, blobs, offset = {}, [], 0
     for name, tensor in tensors.items():
-        assert loaded[name].dtype == tensor.dtype and torch.equal(loaded[name], tensor), name
-    raw = path.read_bytes()
-    header_len = int.from_bytes(raw[:8], "little")
-    assert header_len % 8 == 0 and json.loads(raw[8 : 8 + header_len])["f32"]["dtype"] == "F32"
+        data = tensor.contiguous().view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        header[name] = {"dtype": codes[tensor.dtype], "shape": list(tensor.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    path.write_bytes(struct.pack("<Q", len(encoded)) + encoded + b"".join(blobs))
 
 
-def test_safetensors_dumps_replay(tmp_path: Path) -> None:
+def test_safetensors_dumps_load_with_the_library_and_replay(tmp_path: Path) -> None:
     logger, root = _dumping(tmp_path, safetensors=True)
-    logger.decorate(sample_api.add_and_sub)(torch.randn(4), torch.randn(4), 0.5,
+    a = torch.randn(4, 4).t()  # not contiguous: stored as a contiguous copy
+    logger.decorate(sample_api.add_and_sub)(a, torch.randn(4, 4), 0.5,
                                             mode=sample_api.Mode.FAST)
     (call,) = _calls(root)
     assert (call / "inputs.safetensors").is_file() and not (call / "inputs.pt").exists()
+    inputs = load_file(call / "inputs.safetensors")
+    outputs = load_file(call / "outputs.safetensors")
+    assert torch.equal(inputs["a"], a) and inputs["a"].is_contiguous()
+    assert outputs.keys() == {"return.0", "return.1"}
     manifest = json.loads((call / "call.json").read_text())
     assert manifest["args"][3] | {"param_kind": None} == {
         "name": "mode", "param_kind": None, "kind": "enum",
@@ -171,6 +170,20 @@ def test_safetensors_dumps_replay(tmp_path: Path) -> None:
     logger.decorate(sample_api.concat)([torch.randn(2), torch.randn(3)])
     results = replay(root, allow_modules=SAMPLE)
     assert [r.status for r in results] == ["PASS", "PASS"]
+
+
+def test_safetensors_dumps_of_the_former_writer_still_replay(tmp_path: Path) -> None:
+    logger, root = _dumping(tmp_path, safetensors=True)
+    logger.decorate(sample_api.concat)([torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
+                                        torch.empty(0, dtype=torch.bfloat16)])
+    (call,) = _calls(root)
+    for name in ("inputs", "outputs"):
+        path = call / f"{name}.safetensors"
+        tensors = load_file(path)
+        _write_without_the_library(tensors, path)
+        loaded = load_file(path)
+        assert all(torch.equal(loaded[k], tensors[k]) for k in tensors)
+    assert [r.status for r in replay(root, allow_modules=SAMPLE)] == ["PASS"]
 
 
 def test_replay_passes_on_a_faithful_dump_and_fails_on_an_altered_output(tmp_path: Path) -> None:
