@@ -37,7 +37,11 @@ Row = tuple[str, str, str]
 
 
 def _env(workspace: Path) -> dict[str, str]:
-    arch = os.environ.get("FLASHINFER_CUDA_ARCH_LIST", ARCH)
+    """The environment of a measured child process: this one's, with its own workspace and
+    the target arch (FLASHINFER_CUDA_ARCH_LIST as flashinfer.config reads it, else 9.0a)."""
+    from flashinfer.config import config
+
+    arch = config.cuda_arch_list or ARCH
     return dict(os.environ, FLASHINFER_WORKSPACE_BASE=str(workspace),
                 FLASHINFER_CUDA_ARCH_LIST=arch, TVM_FFI_CUDA_ARCH_LIST=arch,
                 PYTHONWARNINGS="ignore")

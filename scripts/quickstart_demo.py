@@ -19,16 +19,19 @@ DEFAULT_ARCH = "9.0a"  # documented in README.md: the default for machines witho
 
 
 def _choose_arch() -> None:
-    if os.environ.get("FLASHINFER_CUDA_ARCH_LIST"):
-        print(f"target arch: FLASHINFER_CUDA_ARCH_LIST={os.environ['FLASHINFER_CUDA_ARCH_LIST']}")
+    """Read the setting through flashinfer.config; without it and a GPU, set it (in the
+    environment, so the child process below compiles for the same arch)."""
+    from flashinfer.config import Config, config
+
+    name = Config.cuda_arch_list.name
+    if config.cuda_arch_list:
+        print(f"target arch: {name}={config.cuda_arch_list}")
     elif torch.cuda.is_available():
         print(f"target arch: the visible GPU ({torch.cuda.get_device_name()})")
     else:
-        os.environ["FLASHINFER_CUDA_ARCH_LIST"] = DEFAULT_ARCH
-        print(
-            f"no GPU visible and FLASHINFER_CUDA_ARCH_LIST unset: compiling for {DEFAULT_ARCH} "
-            "(set FLASHINFER_CUDA_ARCH_LIST to choose others)"
-        )
+        os.environ[name] = DEFAULT_ARCH
+        print(f"no GPU visible and {name} unset: compiling for {DEFAULT_ARCH} "
+              f"(set {name} to choose others)")
 
 
 _CHILD = """

@@ -1,11 +1,9 @@
-"""flashinfer.testing, flashinfer.utils and the benchmark CLI."""
+"""flashinfer.testing and flashinfer.utils (the benchmark CLI: test_benchmark_cli.py)."""
 
 from __future__ import annotations
 
 import logging
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,11 +11,6 @@ import torch
 from flashinfer import testing, utils
 from flashinfer.testing import timing
 from flashinfer.utils import BackendNotSupportedError, backend_requirement
-from tests.conftest import REPO_ROOT, run_python
-
-sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-import flashinfer_benchmark  # noqa: E402
-import routines  # noqa: E402
 
 
 class FakeTimer:
@@ -207,53 +200,6 @@ def test_backend_requirement_ignores_cpu_tensors() -> None:
     assert _api()(torch.ones(1)) == "ran with cuda"
 
 
-# -- benchmark CLI ---------------------------------------------------------------------------
-
-def test_routines_are_registered() -> None:
-    assert {"rmsnorm", "fused_add_rmsnorm", "layernorm"} <= set(routines.ROUTINES)
-    with pytest.raises(ValueError, match="registered twice"):
-        routines.register(routines.ROUTINES["rmsnorm"])
-
-
-def test_benchmark_arguments() -> None:
-    args = flashinfer_benchmark.parse_args(
-        ["--routine", "rmsnorm", "--batch-size", "3", "--dtype", "fp16", "--refcheck",
-         "--output-csv", "out.csv", "-v", "--use-cuda-graph"])
-    assert (args.routine, args.batch_size, args.hidden_size) == ("rmsnorm", 3, 4096)
-    assert args.dtype == torch.float16 and args.refcheck and args.verbose
-    assert args.output_csv == Path("out.csv") and args.use_cuda_graph and not args.no_l2_flush
-    defaults = flashinfer_benchmark.parse_args(["--routine", "rmsnorm"])
-    assert defaults.dtype == torch.bfloat16 and not defaults.refcheck
-
-
-@pytest.mark.parametrize("argv,message", [
-    (["--routine", "nope"], "invalid choice"),
-    (["--routine", "rmsnorm", "--dtype", "int3"], "unknown dtype 'int3'"),
-    (["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--head-dim", "96"],
-     "--head-dim: invalid choice"),
-    ([], "--routine"),
-])
-def test_benchmark_argument_errors(argv, message, capsys) -> None:
-    with pytest.raises(SystemExit):
-        flashinfer_benchmark.parse_args(argv)
-    assert message in capsys.readouterr().err
-
-
-def test_benchmark_without_a_gpu_says_so(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert flashinfer_benchmark.main(["--routine", "rmsnorm", "--refcheck"]) == 0
-    assert "no CUDA GPU visible" in capsys.readouterr().out
-
-
-def test_benchmark_row_format() -> None:
-    row = {"routine": "rmsnorm", "case": "8x4096 bfloat16", "median_ms": 0.01234,
-           "std_ms": 0.0004, "gb_per_s": 2890.4, "tflop_per_s": None,
-           "copy_bw_fraction": 0.912, "speedup_vs_torch": 1.53}
-    line = flashinfer_benchmark.format_row(row)
-    assert line.split() == ["rmsnorm", "8x4096", "bfloat16", "0.0123", "0.0004", "2890", "-",
-                            "91.2%", "1.53"]
-
-
 # -- GPU ---------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
@@ -281,38 +227,3 @@ def test_copy_bandwidth_is_positive_and_below_the_nominal_peak() -> None:
     peak = next((gbs for key, gbs in peaks_gbs if key in name), 10_000.0)
     measured = testing.measure_copy_bandwidth()
     assert 0.2 * peak < measured < peak * 1.02, (name, measured)
-
-
-GPU_BENCH_SCRIPTS = ["bench_norm.py", "bench_activation.py", "bench_rope.py", "bench_page.py",
-                     "bench_sampling.py", "bench_decode.py", "bench_prefill.py"]
-
-
-def _run_bench(script: str, *args: str):  # noqa: ANN202 - CompletedProcess
-    """benchmarks/<script> with ``args`` in a fresh interpreter, from benchmarks/."""
-    argv = [script, *args]
-    return run_python(f"import runpy, sys; sys.argv = {argv!r}; "
-                      f"runpy.run_path({script!r}, run_name='__main__')",
-                      cwd=REPO_ROOT / "benchmarks", check=False)
-
-
-@pytest.mark.parametrize("script", GPU_BENCH_SCRIPTS)
-def test_gpu_bench_scripts_without_a_gpu_say_so(script: str, tmp_path) -> None:
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is visible")
-    output = tmp_path / "results.md"
-    proc = _run_bench(script, "--output", str(output))
-    assert proc.returncode == 0, proc.stderr
-    assert "no CUDA GPU visible" in proc.stdout and not output.exists()
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("script,rows", [
-    ("bench_sampling.py", ["top_k_top_p_sampling_from_logits", "128 x 128k"]),
-    ("bench_decode.py", ["| 64 | 4096 |", "| 1 | 32768 |"]),
-])
-def test_gpu_bench_quick_run_writes_its_table(script: str, rows: list[str], tmp_path) -> None:
-    output = tmp_path / "results.md"
-    proc = _run_bench(script, "--quick", "--output", str(output))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    text = output.read_text()
-    assert all(row in text for row in rows), text
