@@ -23,10 +23,10 @@ from typing import Sequence
 
 from ..config import config
 from ..debug_printer import LaunchPrinter
-from . import aot, cache, env
+from . import aot, cache, env, plan_index
 from .arch import CudaArch, target_archs
 from .builder import JitCompileError, build_in_place, build_in_staging, write_build_file
-from .explain import stale_reason
+from .explain import manifest_problem, stale_reason
 from .lock import module_lock
 from .manifest import Manifest
 from .plan import BuildPlan, make_plan
@@ -162,6 +162,13 @@ class JitSpec:
         precompiled = aot.find(self.name)
         if precompiled is not None:
             return self._load(precompiled)
+        known = plan_index.lookup(self)
+        if known is not None:
+            manifest = Manifest.load(known.build_dir)
+            if manifest is not None and manifest_problem(known.build_dir, known.library_path,
+                                                         manifest) is None:
+                cache.touch(known.build_dir)
+                return self._load(known.library_path)
         try:
             plan = self.plan()
         except ToolchainError as err:
@@ -184,6 +191,7 @@ class JitSpec:
         else:
             logger.debug("loading cached %s from %s", self.name, plan.build_dir)
             cache.touch(plan.build_dir)
+        plan_index.record(self, plan)
         return self._load(plan.library_path)
 
     def _read_only_build(self, plan: BuildPlan) -> Path | None:

@@ -87,12 +87,6 @@ def read_only_workspace() -> Path | None:
     return versioned if versioned.is_dir() else None
 
 
-def portable(text: str) -> str:
-    """``text`` with this process's workspace path replaced by a placeholder, so a module's
-    identity is the same in every workspace."""
-    return text.replace(str(workspace_dir()), "$WORKSPACE")
-
-
 @contextlib.contextmanager
 def writing_workspace(action: str) -> Iterator[None]:
     """Turn an OSError on a workspace path into one WorkspaceError that names the path

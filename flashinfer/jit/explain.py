@@ -98,6 +98,12 @@ def stale_reason(uri: str, identity: dict[str, Any], build_dir: Path, library: P
         if (build_dir / MANIFEST_NAME).exists():
             return "its manifest is unreadable or from an older format"
         return explain_new_build(uri, identity, build_dir)
+    return manifest_problem(build_dir, library, manifest)
+
+
+def manifest_problem(build_dir: Path, library: Path, manifest: Manifest) -> str | None:
+    """None when ``library`` and the inputs are as ``manifest`` records; else why not.
+    Stats that changed with the content unchanged are refreshed in the manifest."""
     if manifest.library_record is None:
         return "its manifest records no library"
     problem, record = manifest.library_record.check(library)

@@ -96,7 +96,11 @@ def make_plan(spec: PlannedSpec, archs: Sequence[CudaArch] | None = None) -> Bui
         *config.extra_ldflags,
     ]
     sources = tuple(Path(s) for s in spec.sources)
-    portable = env.portable
+    workspace = str(env.workspace_dir())
+
+    def portable(text: str) -> str:  # the workspace path out of the identity
+        return text.replace(workspace, "$WORKSPACE")
+
     identity = {
         "name": spec.name,
         "sources": [str(s) for s in sources],
