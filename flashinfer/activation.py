@@ -13,6 +13,7 @@ from . import checks
 from .api_logging import flashinfer_api
 from .jit.activation import gen_act_and_mul_module
 from .pdl import resolve_enable_pdl
+from .trace.templates import activation as _trace
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -63,7 +64,7 @@ def _act_and_mul(function: str, input: Any, out: Any, enable_pdl: Any) -> torch.
     return out
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.silu_and_mul_trace)
 def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None,
                  enable_pdl: bool | None = None) -> torch.Tensor:
     """``silu(input[..., :d]) * input[..., d:]`` (SwiGLU), math in float32.
@@ -77,7 +78,7 @@ def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None,
     return _act_and_mul("silu_and_mul", input, out, enable_pdl)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.gelu_and_mul_trace)
 def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None,
                  enable_pdl: bool | None = None) -> torch.Tensor:
     """``gelu(input[..., :d]) * input[..., d:]`` with the exact (erf) GELU (GeGLU).
@@ -85,7 +86,7 @@ def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None,
     return _act_and_mul("gelu_and_mul", input, out, enable_pdl)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.gelu_tanh_and_mul_trace)
 def gelu_tanh_and_mul(input: torch.Tensor, out: torch.Tensor | None = None,
                       enable_pdl: bool | None = None) -> torch.Tensor:
     """``gelu(input[..., :d], approximate="tanh") * input[..., d:]``.

@@ -3,7 +3,8 @@
 Levels (read once, at ``import flashinfer``; with an invalid value every decorated API
 raises the ValueError naming the variable when called, so tools like ``doctor`` still start):
 
-- 0: off; the decorator returns the function itself (no wrapper, no overhead)
+- 0: off; the decorator returns the function itself (no wrapper, no overhead), unless
+  FLASHINFER_TRACE_DUMP=1 adds the fi_trace auto-dump (flashinfer/trace/api.py)
 - 1: one line per call: ``[YYYY-MM-DD HH:MM:SS] FlashInfer API Call: <qualified name>``
 - 3: the call in a block between ``=`` rules: its positional and keyword input arguments
   (tensors as multi-line ``Tensor(`` blocks), the defaults it did not pass, then the output
@@ -35,6 +36,7 @@ from .version import __version__
 
 if TYPE_CHECKING:
     from .dump import Dumper
+    from .trace.template import TraceTemplate
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -208,15 +210,30 @@ def _refuse_calls(func: F) -> F:
 
 try:
     _API_LOGGER: ApiLogger | None = ApiLogger.from_config()
+    _TRACE_DUMP = config.trace_dump  # read once, like the level: off means no wrapper at all
 except ValueError:
-    _API_LOGGER = None
+    _API_LOGGER, _TRACE_DUMP = None, False
 
 
-def flashinfer_api(func: F) -> F:
+def flashinfer_api(func: F | None = None, *, trace: TraceTemplate | None = None) -> Any:
     """Decorate a public API for logging at FLASHINFER_LOGLEVEL (identity at level 0).
 
-    Marks ``func`` (and so its wrapper) with ``API_MARKER``: replay runs only marked functions."""
+    ``@flashinfer_api`` or ``@flashinfer_api(trace=template)``: a template gives the function
+    a ``fi_trace`` attribute (flashinfer/trace/) and, with FLASHINFER_TRACE_DUMP=1, the
+    auto-dump wrapper. Marks ``func`` (and so its wrappers) with ``API_MARKER``: replay runs
+    only marked functions."""
+    if func is None:
+        return functools.partial(flashinfer_api, trace=trace)
     setattr(func, API_MARKER, True)
+    api_trace = None
+    if trace is not None:
+        from .trace.api import attach_trace  # here: `import flashinfer` skips the trace package
+
+        api_trace = attach_trace(func, trace)  # wrappers below copy the attribute
     if _API_LOGGER is None:
         return _refuse_calls(func)
+    if api_trace is not None and _TRACE_DUMP:
+        from .trace.api import with_auto_dump
+
+        func = with_auto_dump(func, api_trace)
     return _API_LOGGER.decorate(func)

@@ -25,6 +25,7 @@ from .api_logging import flashinfer_api
 from .attention_args import check_workspace
 from .jit.decode import gen_cascade_module
 from .prefill import BatchPrefillWithPagedKVCacheWrapper, _check_options, _host_indptr
+from .trace.templates import cascade as _trace
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LSE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -70,7 +71,7 @@ def _check_devices(names: tuple[str, ...], *tensors: torch.Tensor) -> None:
         checks.check_cuda(name, t, like=tensors[0])
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.merge_state_trace)
 def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor,
                 s_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two states: ``v`` ``[seq_len, num_heads, head_dim]`` (fp16/bf16/fp32) and
@@ -86,7 +87,7 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor,
     return v_out, s_out
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.merge_state_in_place_trace)
 def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor,
                          s_other: torch.Tensor, mask: torch.Tensor | None = None) -> None:
     """``(v, s) <- merge((v, s), (v_other, s_other))`` in place, at the positions where
@@ -114,7 +115,7 @@ def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor
         s.copy_(s32)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.merge_states_trace)
 def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge ``num_states`` states per position: ``v`` ``[seq_len, num_states, num_heads,
     head_dim]``, ``s`` ``[seq_len, num_states, num_heads]``. Returns ``(v, s)`` with the
@@ -304,7 +305,7 @@ class MultiLevelCascadeAttentionWrapper:
         if not self._planned:
             raise RuntimeError("call plan() before prewarm_paged_kv_stride_variant()")
 
-    @flashinfer_api
+    @flashinfer_api(trace=_trace.cascade_run_trace)
     def run(self, q: torch.Tensor,
             paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """``q`` ``[qo_indptr_arr[i][-1], num_qo_heads, head_dim]``; ``paged_kv_cache`` in

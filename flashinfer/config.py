@@ -230,6 +230,14 @@ class Config:
     dump_safetensors = EnvVar(
         "FLASHINFER_DUMP_SAFETENSORS", False, _parse_bool, "dump .safetensors instead of .pt"
     )
+    trace_dump = EnvVar(
+        "FLASHINFER_TRACE_DUMP", False, _parse_bool,
+        "write each decorated API's fi_trace definition JSON on its first call per const-axis "
+        "values (read at import)",
+    )
+    trace_dump_dir = EnvVar(
+        "FLASHINFER_TRACE_DUMP_DIR", Path("."), Path, "where FLASHINFER_TRACE_DUMP writes"
+    )
 
     debug_printer = EnvVar(
         "FLASHINFER_DEBUG_PRINTER",

@@ -54,6 +54,7 @@ from .decode_schedule import (
 from .jit.decode import HEAD_DIMS, gen_decode_module
 from .paged_kv import unpack_paged_kv_cache
 from .pdl import resolve_enable_pdl
+from .trace.templates import attention as _trace
 from .utils import get_device_sm_count
 
 
@@ -99,7 +100,7 @@ def _check_heads(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> int:
     return group
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.single_decode_with_kv_cache_trace)
 def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                 kv_layout: str = "NHD", pos_encoding_mode: str = "NONE",
                                 use_tensor_cores: bool = False, q_scale: float | None = None,
@@ -521,7 +522,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         self._paged_kv_indices_buf = on_device(indices)
         self._paged_kv_last_page_len_buf = on_device(last_page_len)
 
-    @flashinfer_api
+    @flashinfer_api(trace=_trace.batch_decode_run_trace)
     def run(self, q: torch.Tensor, paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
             *args: Any, q_scale: float | None = None, k_scale: float | None = None,
             v_scale: float | None = None, out: torch.Tensor | None = None,

@@ -17,6 +17,7 @@ from . import checks
 from .api_logging import flashinfer_api
 from .jit.norm import gen_norm_module, gen_norm_quant_module
 from .pdl import resolve_enable_pdl
+from .trace.templates import norm as _trace
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LAYOUT = "[tokens, hidden] or 3-D [tokens, heads, head_dim]"
@@ -137,7 +138,7 @@ def _rmsnorm(input: Any, weight: Any, eps: Any, out: Any, enable_pdl: Any,
     return out
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.rmsnorm_trace)
 def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
             out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
     """``out = input / sqrt(mean(input ** 2, -1) + eps) * weight``, computed in float32.
@@ -156,7 +157,7 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     return _rmsnorm(input, weight, eps, out, enable_pdl, "rmsnorm")
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.gemma_rmsnorm_trace)
 def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                   out: torch.Tensor | None = None,
                   enable_pdl: bool | None = None) -> torch.Tensor:
@@ -174,7 +175,7 @@ def _fused_add_rmsnorm(input: Any, residual: Any, weight: Any, eps: Any, enable_
         getattr(get_norm_module(input.dtype), function)(input, residual, weight, eps, enable_pdl)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.fused_add_rmsnorm_trace)
 def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                       eps: float = 1e-6, enable_pdl: bool | None = None) -> None:
     """In place: ``residual += input``, then ``input = rmsnorm(residual, weight, eps)``.
@@ -186,14 +187,14 @@ def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch
     _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, "fused_add_rmsnorm")
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.gemma_fused_add_rmsnorm_trace)
 def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                             eps: float = 1e-6, enable_pdl: bool | None = None) -> None:
     """:func:`fused_add_rmsnorm` with Gemma's ``weight + 1``."""
     _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, "gemma_fused_add_rmsnorm")
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.rmsnorm_quant_trace)
 def rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
                   scale: float | torch.Tensor, eps: float = 1e-6,
                   enable_pdl: bool | None = None) -> None:
@@ -216,7 +217,7 @@ def rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
             out, input, weight, _scale_on(scale, input), scale_value, eps, enable_pdl)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.fused_add_rmsnorm_quant_trace)
 def fused_add_rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, residual: torch.Tensor,
                             weight: torch.Tensor, scale: float | torch.Tensor, eps: float = 1e-6,
                             enable_pdl: bool | None = None) -> None:
@@ -233,7 +234,7 @@ def fused_add_rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, residual: to
             out, input, residual, weight, _scale_on(scale, input), scale_value, eps, enable_pdl)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.layernorm_trace)
 def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor,
               eps: float = 1e-6) -> torch.Tensor:
     """``(input - mean) / sqrt(var + eps) * gemma + beta`` over the last dim, in float32.

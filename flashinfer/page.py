@@ -20,6 +20,7 @@ from . import checks, ragged
 from .api_logging import flashinfer_api
 from .jit.page import gen_page_module
 from .paged_kv import unpack_paged_kv_cache
+from .trace.templates import page as _trace
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX = (torch.int32, torch.int64)
@@ -45,7 +46,7 @@ def _check_output(name: str, out: Any, nnz: int, like: torch.Tensor) -> None:
         checks.check_same_device(name, out, like)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.get_batch_indices_positions_trace)
 def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int,
                                 batch_indices: torch.Tensor | None = None,
                                 positions: torch.Tensor | None = None
@@ -80,7 +81,7 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
     return batch_indices, positions
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.get_seq_lens_trace)
 def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor,
                  page_size: int) -> torch.Tensor:
     """Each request's KV length: its full pages times ``page_size`` plus its last page's
@@ -119,7 +120,7 @@ def _check_appended(append_key: Any, append_value: Any) -> None:
     checks.check_same_dtype("append_value", append_value, "append_key", append_key)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.append_paged_kv_cache_trace)
 def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
                           batch_indices: torch.Tensor, positions: torch.Tensor,
                           paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],

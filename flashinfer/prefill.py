@@ -58,6 +58,7 @@ from .prefill_schedule import (
     plan_prefill_schedule,
 )
 from .quantization import packbits, segment_packbits
+from .trace.templates import attention as _trace
 from .utils import get_device_sm_count
 
 _VEC = 8  # elements per 16-byte vector: the kernel's unit of every load and store
@@ -177,7 +178,7 @@ def _single_chunks(qo_len: int, kv_len: int, group: int, num_kv_heads: int,
     return chunk, math.ceil(kv_len / chunk)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.single_prefill_with_kv_cache_trace)
 def single_prefill_with_kv_cache(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale_q: torch.Tensor | None = None,
         scale_k: torch.Tensor | None = None, scale_v: torch.Tensor | None = None,
@@ -797,7 +798,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
 
     begin_forward = plan
 
-    @flashinfer_api
+    @flashinfer_api(trace=_trace.batch_prefill_ragged_run_trace)
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any,
             q_scale: float | None = None, k_scale: float | None = None,
             v_scale: float | None = None, o_scale: float | None = None,
@@ -996,7 +997,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
 
     begin_forward = plan
 
-    @flashinfer_api
+    @flashinfer_api(trace=_trace.batch_prefill_paged_run_trace)
     def run(self, q: torch.Tensor,
             paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], *args: Any,
             q_scale: float | None = None, k_scale: float | None = None,

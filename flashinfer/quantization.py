@@ -13,6 +13,7 @@ import torch
 
 from . import checks, ragged
 from .api_logging import flashinfer_api
+from .trace.templates import quantization as _trace
 
 _INT32_MAX = 2**31 - 1
 _INDEX = (torch.int32, torch.int64)
@@ -41,7 +42,7 @@ def _bit_weight(position: int, big: bool) -> int:
     return 1 << (7 - position if big else position)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.packbits_trace)
 def packbits(x: torch.Tensor, bitorder: str = "big") -> torch.Tensor:
     """Pack ``x``'s elements into the bits of a uint8 tensor, like ``numpy.packbits``.
 
@@ -80,7 +81,7 @@ def _check_segments(indptr: Any, total: int) -> torch.Tensor:
     return host
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.segment_packbits_trace)
 def segment_packbits(x: torch.Tensor, indptr: torch.Tensor,
                      bitorder: str = "big") -> tuple[torch.Tensor, torch.Tensor]:
     """Pack each segment ``x[indptr[i]:indptr[i + 1]]`` on its own, like ``numpy.packbits``

@@ -17,6 +17,7 @@ import torch
 from . import checks, ragged
 from .api_logging import flashinfer_api
 from .jit.rope import gen_rope_module
+from .trace.templates import rope as _trace
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _IDS = (torch.int32, torch.int64)
@@ -125,7 +126,7 @@ def _llama31(q: Any, k: Any, pos_ids: Any, rotary_dim: Any, interleave: bool, ro
                 *values)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.apply_rope_pos_ids_trace)
 def apply_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
                        rotary_dim: int | None = None, interleave: bool = False,
                        rope_scale: float = 1, rope_theta: float = 1e4
@@ -135,7 +136,7 @@ def apply_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
     return _rope(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, False)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.apply_rope_pos_ids_inplace_trace)
 def apply_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
                                rotary_dim: int | None = None, interleave: bool = False,
                                rope_scale: float = 1, rope_theta: float = 1e4) -> None:
@@ -143,7 +144,7 @@ def apply_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.
     _rope(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, True)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.apply_rope_trace)
 def apply_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: torch.Tensor,
                rotary_dim: int | None = None, interleave: bool = False, rope_scale: float = 1,
                rope_theta: float = 1e4) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,7 +156,7 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: 
                  (indptr, offsets))
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.apply_rope_inplace_trace)
 def apply_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
                        offsets: torch.Tensor, rotary_dim: int | None = None,
                        interleave: bool = False, rope_scale: float = 1,
@@ -165,7 +166,7 @@ def apply_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
           (indptr, offsets))
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.apply_llama31_rope_pos_ids_trace)
 def apply_llama31_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
                                rotary_dim: int | None = None, interleave: bool = False,
                                rope_scale: float = 8, rope_theta: float = 5e5,
@@ -178,7 +179,7 @@ def apply_llama31_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.
                     low_freq_factor, high_freq_factor, old_context_len, False)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.apply_llama31_rope_pos_ids_inplace_trace)
 def apply_llama31_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
                                        rotary_dim: int | None = None, interleave: bool = False,
                                        rope_scale: float = 8, rope_theta: float = 5e5,
@@ -190,7 +191,7 @@ def apply_llama31_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids
              high_freq_factor, old_context_len, True)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.apply_llama31_rope_trace)
 def apply_llama31_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
                        offsets: torch.Tensor, rotary_dim: int | None = None,
                        interleave: bool = False, rope_scale: float = 8,
@@ -202,7 +203,7 @@ def apply_llama31_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
                     high_freq_factor, old_context_len, False, (indptr, offsets))
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.apply_llama31_rope_inplace_trace)
 def apply_llama31_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
                                offsets: torch.Tensor, rotary_dim: int | None = None,
                                interleave: bool = False, rope_scale: float = 8,
@@ -254,7 +255,7 @@ def _cos_sin_cache(positions: Any, query: Any, key: Any, head_size: Any, cos_sin
     return result[0].view(query.shape), result[1].view(key.shape)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.apply_rope_with_cos_sin_cache_trace)
 def apply_rope_with_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor,
                                   key: torch.Tensor, head_size: int, cos_sin_cache: torch.Tensor,
                                   is_neox: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,7 +267,7 @@ def apply_rope_with_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor,
     return _cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox, False)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.apply_rope_with_cos_sin_cache_inplace_trace)
 def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.Tensor,
                                           key: torch.Tensor, head_size: int,
                                           cos_sin_cache: torch.Tensor,

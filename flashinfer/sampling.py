@@ -42,6 +42,7 @@ from .api_logging import flashinfer_api
 from .jit.sampling import gen_sampling_module
 from .pdl import resolve_enable_pdl
 from .rng import as_int64, check_seed_args, philox_seed_offset
+from .trace.templates import sampling as _trace
 
 _NATIVE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # one module each
 # Inputs the reference converts to float32 first (float64 included).
@@ -248,7 +249,7 @@ def _sample_probs(probs: torch.Tensor, indices: Any, filters: dict[str, Any], *,
     return (out, valid) if return_valid else out
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.softmax_trace)
 def softmax(logits: torch.Tensor, temperature: float | torch.Tensor | None = None,
             enable_pdl: bool | None = None) -> torch.Tensor:
     """``softmax(logits / temperature)`` over each row, as float32 ``[batch, vocab]``
@@ -268,7 +269,7 @@ def softmax(logits: torch.Tensor, temperature: float | torch.Tensor | None = Non
     return out
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.sampling_from_logits_trace)
 def sampling_from_logits(logits: torch.Tensor, indices: torch.Tensor | None = None,
                          deterministic: bool = True, generator: torch.Generator | None = None,
                          check_nan: bool = False, seed: int | torch.Tensor | None = None,
@@ -292,7 +293,7 @@ def sampling_from_logits(logits: torch.Tensor, indices: torch.Tensor | None = No
     return out
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.sampling_from_probs_trace)
 def sampling_from_probs(probs: torch.Tensor, indices: torch.Tensor | None = None,
                         deterministic: bool = True, generator: torch.Generator | None = None,
                         check_nan: bool = False, seed: int | torch.Tensor | None = None,
@@ -305,7 +306,7 @@ def sampling_from_probs(probs: torch.Tensor, indices: torch.Tensor | None = None
                          return_valid=return_valid)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.top_p_sampling_from_probs_trace)
 def top_p_sampling_from_probs(probs: torch.Tensor, top_p: float | torch.Tensor,
                               indices: torch.Tensor | None = None, deterministic: bool = True,
                               generator: torch.Generator | None = None, check_nan: bool = False,
@@ -319,7 +320,7 @@ def top_p_sampling_from_probs(probs: torch.Tensor, top_p: float | torch.Tensor,
                          return_valid=return_valid)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.top_k_sampling_from_probs_trace)
 def top_k_sampling_from_probs(probs: torch.Tensor, top_k: int | torch.Tensor,
                               indices: torch.Tensor | None = None, deterministic: bool = True,
                               generator: torch.Generator | None = None, check_nan: bool = False,
@@ -332,7 +333,7 @@ def top_k_sampling_from_probs(probs: torch.Tensor, top_k: int | torch.Tensor,
                          return_valid=return_valid)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.min_p_sampling_from_probs_trace)
 def min_p_sampling_from_probs(probs: torch.Tensor, min_p: float | torch.Tensor,
                               indices: torch.Tensor | None = None, deterministic: bool = True,
                               generator: torch.Generator | None = None, check_nan: bool = False,
@@ -345,7 +346,7 @@ def min_p_sampling_from_probs(probs: torch.Tensor, min_p: float | torch.Tensor,
                          return_valid=return_valid)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.top_k_top_p_sampling_from_probs_trace)
 def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k: int | torch.Tensor,
                                     top_p: float | torch.Tensor,
                                     indices: torch.Tensor | None = None,
@@ -366,7 +367,7 @@ def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k: int | torch.Tens
                          seed=seed, offset=offset, return_valid=return_valid)
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.top_k_top_p_sampling_from_logits_trace)
 def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: int | torch.Tensor,
                                      top_p: float | torch.Tensor,
                                      indices: torch.Tensor | None = None,
@@ -395,7 +396,7 @@ def _row_op(name: str, x: torch.Tensor, dtype: torch.dtype,
     return out
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.top_p_renorm_probs_trace)
 def top_p_renorm_probs(probs: torch.Tensor, top_p: float | torch.Tensor,
                        is_deterministic: bool = False) -> torch.Tensor:
     """``probs`` with the tokens outside each row's top-p set zeroed, rows renormalized
@@ -407,7 +408,7 @@ def top_p_renorm_probs(probs: torch.Tensor, top_p: float | torch.Tensor,
         module.renorm_probs(out, x, None, param.kernel_tensor(), 1, float(param.scalar), _TOP_P)))
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.top_k_renorm_probs_trace)
 def top_k_renorm_probs(probs: torch.Tensor, top_k: int | torch.Tensor,
                        is_deterministic: bool = False) -> torch.Tensor:
     """``probs`` with all but each row's ``top_k`` most likely tokens zeroed (ties with
@@ -419,7 +420,7 @@ def top_k_renorm_probs(probs: torch.Tensor, top_k: int | torch.Tensor,
         module.renorm_probs(out, x, param.kernel_tensor(), None, param.top_k(), 1.0, _TOP_K)))
 
 
-@flashinfer_api
+@flashinfer_api(trace=_trace.top_k_mask_logits_trace)
 def top_k_mask_logits(logits: torch.Tensor, top_k: int | torch.Tensor) -> torch.Tensor:
     """``logits`` with all but each row's ``top_k`` largest set to ``-inf`` (ties with the
     k-th kept); same dtype."""

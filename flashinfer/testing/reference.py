@@ -198,3 +198,207 @@ def exponential_race(probs: torch.Tensor, seed: int, offset: int, row: int,
     margin = 1.0 if p.numel() < 2 or top.values[1] <= 0 else float(
         (top.values[0] - top.values[1]) / top.values[0])
     return int(score.argmax()), margin
+
+
+# -- whole-API references (fi_trace embeds these; built from the helpers above) -------------
+
+
+def rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, scale: float,
+                  eps: float = 1e-6) -> torch.Tensor:
+    """rmsnorm_quant's fp8 output: RMSNorm, divided by ``scale``, cast to e4m3."""
+    return fp8_e4m3_quantize(rmsnorm(x, weight, eps), scale)
+
+
+def fused_add_rmsnorm_quant(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            scale: float, eps: float = 1e-6
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 output, new residual) of fused_add_rmsnorm_quant."""
+    normalized, new_residual = fused_add_rmsnorm(x, residual, weight, eps)
+    return fp8_e4m3_quantize(normalized, scale), new_residual
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return act_and_mul(x, "silu")
+
+
+def gelu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return act_and_mul(x, "gelu")
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    return act_and_mul(x, "gelu_tanh")
+
+
+def rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
+                 rotary_dim: int | None = None, interleave: bool = False,
+                 rope_scale: float = 1.0, rope_theta: float = 1e4,
+                 llama31: tuple[float, float, float] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, k) rotated at ``pos_ids``; ``llama31`` as in :func:`rope_frequencies`."""
+    freq = rope_frequencies(rotary_dim or q.shape[-1], rope_scale, rope_theta, llama31)
+    angles = pos_ids.cpu().float()[:, None] * freq[None, :]
+    return rope(q.cpu(), angles, interleave), rope(k.cpu(), angles, interleave)
+
+
+def rope_ragged(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: torch.Tensor,
+                rotary_dim: int | None = None, interleave: bool = False,
+                rope_scale: float = 1.0, rope_theta: float = 1e4,
+                llama31: tuple[float, float, float] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """apply_rope: request i's tokens ``indptr[i]:indptr[i+1]`` sit at ``offsets[i] + j``."""
+    bounds, starts = indptr.cpu().tolist(), offsets.cpu().tolist()
+    pos_ids = torch.cat([torch.arange(b - a) + s
+                         for a, b, s in zip(bounds[:-1], bounds[1:], starts)])
+    return rope_pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, llama31)
+
+
+def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                       head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """apply_rope_with_cos_sin_cache on flat ``[nnz, heads * head_size]`` query/key: the
+    angles are atan2(sin, cos) of the cache rows at ``positions``."""
+    half = cos_sin_cache.shape[1] // 2
+    rows = cos_sin_cache.cpu().double()[positions.cpu().long()]
+    angles = torch.atan2(rows[:, half:], rows[:, :half])
+    q = rope(query.cpu().reshape(query.shape[0], -1, head_size), angles, not is_neox)
+    k = rope(key.cpu().reshape(key.shape[0], -1, head_size), angles, not is_neox)
+    return q.reshape(query.shape), k.reshape(key.shape)
+
+
+def softmax(logits: torch.Tensor, temperature: torch.Tensor | float | None = None
+            ) -> torch.Tensor:
+    """softmax(logits / temperature) per row, in float64 (temperature per row or scalar)."""
+    t = 1.0 if temperature is None else torch.as_tensor(temperature, dtype=torch.float64)
+    return torch.softmax(logits.double() / torch.as_tensor(t).reshape(-1, 1), dim=-1)
+
+
+def top_k_mask_logits(logits: torch.Tensor, top_k: torch.Tensor | int) -> torch.Tensor:
+    """logits outside the row's top k (ties kept) set to -inf."""
+    return torch.where(top_k_set(logits, top_k), logits.double(), -math.inf)
+
+
+def sample_rows(probs: torch.Tensor, keep: torch.Tensor | None = None, seed: int = 0,
+                offset: int = 0) -> torch.Tensor:
+    """The tokens the sampling kernels draw, row by row (:func:`exponential_race`), from
+    ``probs`` restricted to ``keep`` (e.g. :func:`top_p_set`)."""
+    return torch.tensor([exponential_race(probs[r], seed, offset, r,
+                                          None if keep is None else keep[r])[0]
+                         for r in range(probs.shape[0])], dtype=torch.int32)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+              sm_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One request's attention in float64: q ``[qo_len, Hq, D]``, k/v ``[kv_len, Hk, D]``,
+    qo head h reads kv head ``h // (Hq // Hk)``, causal aligned bottom right. Returns
+    (out ``[qo_len, Hq, D]``, lse ``[qo_len, Hq]`` in base 2)."""
+    qo_len, heads, dim = q.shape
+    kv_len, group = k.shape[0], heads // k.shape[1]
+    kd = k.double().repeat_interleave(group, dim=1)
+    vd = v.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), kd) * (sm_scale or dim ** -0.5)
+    if causal:
+        rows = torch.arange(qo_len, device=q.device)[:, None] + (kv_len - qo_len)
+        scores = scores.masked_fill(torch.arange(kv_len, device=q.device)[None, :] > rows,
+                                    -math.inf)
+    out = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), vd)
+    return out, (torch.logsumexp(scores, dim=-1) / math.log(2)).transpose(0, 1)
+
+
+def paged_rows(cache: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor,
+               last_page_len: torch.Tensor, request: int) -> torch.Tensor:
+    """Request ``request``'s rows ``[kv_len, Hk, D]`` of an NHD ``[pages, page_size, Hk, D]``
+    cache under a page table."""
+    begin, end = int(indptr[request]), int(indptr[request + 1])
+    pages = cache[indices[begin:end].long()].reshape(-1, *cache.shape[2:])
+    return pages[: (end - begin - 1) * cache.shape[1] + int(last_page_len[request])]
+
+
+def batch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                          kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor,
+                          causal: bool = False, sm_scale: float | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch attention over NHD paged caches, request i's queries ``qo_indptr[i]:[i+1]``
+    (decode: ``qo_indptr = arange(batch + 1)``). Returns (out, lse base 2)."""
+    outs, lses = [], []
+    for r in range(kv_indptr.shape[0] - 1):
+        rows = slice(int(qo_indptr[r]), int(qo_indptr[r + 1]))
+        k = paged_rows(k_cache, kv_indptr, kv_indices, kv_last_page_len, r)
+        v = paged_rows(v_cache, kv_indptr, kv_indices, kv_last_page_len, r)
+        out, lse = attention(q[rows], k, v, causal, sm_scale)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def batch_ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
+                           causal: bool = False, sm_scale: float | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Batch attention over ragged k/v ``[total_kv, Hk, D]`` (request i: ``kv_indptr[i]:[i+1]``)."""
+    outs, lses = [], []
+    for r in range(qo_indptr.shape[0] - 1):
+        qs = slice(int(qo_indptr[r]), int(qo_indptr[r + 1]))
+        ks = slice(int(kv_indptr[r]), int(kv_indptr[r + 1]))
+        out, lse = attention(q[qs], k[ks], v[ks], causal, sm_scale)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two attention states (v ``[seq, H, D]``, base-2 LSE s ``[seq, H]``) merged, in float64."""
+    return merge_states(torch.stack([v_a, v_b], dim=1), torch.stack([s_a, s_b], dim=1))
+
+
+def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """States ``v [seq, n, H, D]`` / ``s [seq, n, H]`` merged over n, in float64."""
+    sd = s.double()
+    total = torch.logsumexp(sd * math.log(2), dim=1) / math.log(2)
+    weights = torch.exp2(sd - total[:, None])
+    return (v.double() * weights[..., None]).sum(dim=1), total
+
+
+def packbits(x: torch.Tensor, bitorder: str = "big") -> torch.Tensor:
+    """numpy.packbits of a flat bool tensor: 8 elements a byte, zero padded."""
+    bits = torch.nn.functional.pad(x.reshape(-1).to(torch.uint8), (0, -x.numel() % 8))
+    shifts = torch.arange(7, -1, -1) if bitorder == "big" else torch.arange(8)
+    return (bits.reshape(-1, 8).long() << shifts.to(bits.device)).sum(-1).to(torch.uint8)
+
+
+def seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor,
+             page_size: int) -> torch.Tensor:
+    """Each request's KV length: full pages times page_size plus the last page's fill."""
+    pages = (kv_indptr[1:] - kv_indptr[:-1]).tolist()
+    return torch.tensor([max(n - 1, 0) * page_size + int(last)
+                         for n, last in zip(pages, kv_last_page_len.tolist())])
+
+
+def batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor,
+                            nnz: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each appended token's request (-1 past ``append_indptr[-1]``) and KV position."""
+    batch, pos = [-1] * nnz, [0] * nnz
+    bounds = append_indptr.tolist()
+    for b, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        for j, t in enumerate(range(start, min(end, nnz))):
+            batch[t], pos[t] = b, int(seq_lens[b]) - (end - start) + j
+    return torch.tensor(batch, dtype=torch.int32), torch.tensor(pos, dtype=torch.int32)
+
+
+def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
+                          batch_indices: torch.Tensor, positions: torch.Tensor,
+                          k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          kv_indices: torch.Tensor, kv_indptr: torch.Tensor
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copies of NHD ``k_cache``/``v_cache`` with token i at page
+    ``kv_indices[kv_indptr[b] + p // page_size]``, slot ``p % page_size`` (b, p: its
+    request and position); tokens with b < 0 are skipped."""
+    k_out, v_out = k_cache.clone(), v_cache.clone()
+    page_size = k_cache.shape[1]
+    for i, (b, p) in enumerate(zip(batch_indices.tolist(), positions.tolist())):
+        if b >= 0:
+            page = int(kv_indices[int(kv_indptr[b]) + p // page_size])
+            k_out[page, p % page_size] = append_key[i]
+            v_out[page, p % page_size] = append_value[i]
+    return k_out, v_out

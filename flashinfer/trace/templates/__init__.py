@@ -1,0 +1,1 @@
+"""One module per API family, each a ``<api>_trace`` TraceTemplate per public API."""
