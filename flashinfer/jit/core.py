@@ -3,7 +3,9 @@
 Flow of ``build_and_load()``:
 
 1. an AOT layer with a matching record -> load its .so (no compiler needed)
-2. plan: target archs, toolchain, full flags, identity hash -> build dir (no writes)
+2. the plan index names the build dir for this environment and its manifest matches the
+   files on disk -> load the .so without planning (see plan_index.py)
+2'. else plan: target archs, toolchain, full flags, identity hash -> build dir (no writes)
 3. warm path: the manifest matches the files on disk -> load the .so (no subprocess, no lock);
    with a read-only workspace, its build of the same identity is checked the same way
 4. otherwise, under the module's lock (or lock-free in a private staging dir): re-check,
@@ -101,7 +103,7 @@ class JitSpec:
     @property
     def is_stale(self) -> bool:
         """Loading now would compile: not built, or an input's content changed."""
-        return self._stale_reason(self.plan()) is not None
+        return self._indexed_library() is None and self._stale_reason(self.plan()) is not None
 
     # -- building ---------------------------------------------------------------
 
@@ -162,13 +164,10 @@ class JitSpec:
         precompiled = aot.find(self.name)
         if precompiled is not None:
             return self._load(precompiled)
-        known = plan_index.lookup(self)
-        if known is not None:
-            manifest = Manifest.load(known.build_dir)
-            if manifest is not None and manifest_problem(known.build_dir, known.library_path,
-                                                         manifest) is None:
-                cache.touch(known.build_dir)
-                return self._load(known.library_path)
+        library = self._indexed_library()
+        if library is not None:
+            cache.touch(library.parent)
+            return self._load(library)
         try:
             plan = self.plan()
         except ToolchainError as err:
@@ -193,6 +192,17 @@ class JitSpec:
             cache.touch(plan.build_dir)
         plan_index.record(self, plan)
         return self._load(plan.library_path)
+
+    def _indexed_library(self) -> Path | None:
+        """The up-to-date library the plan index points at, found without planning."""
+        known = plan_index.lookup(self)
+        if known is None:
+            return None
+        manifest = Manifest.load(known.build_dir)
+        if manifest is None or manifest_problem(known.build_dir, known.library_path,
+                                                manifest) is not None:
+            return None
+        return known.library_path
 
     def _read_only_build(self, plan: BuildPlan) -> Path | None:
         """The up-to-date library of this identity in a read-only workspace, if any."""
