@@ -86,8 +86,11 @@ def test_a_damaged_entry_misses_and_the_load_plans(built, content: str, jit_log)
 
 def test_an_entry_pointing_at_a_damaged_library_rebuilds(built, jit_log) -> None:
     src, spec = built
-    with open(spec.library_path, "r+b") as fh:
-        fh.truncate(100)
+    # A new file at the path: truncating in place would pull pages from under this process,
+    # which has the library mapped (SIGBUS at the next touch).
+    truncated = spec.library_path.with_name("truncated.tmp")
+    truncated.write_bytes(spec.library_path.read_bytes()[:100])
+    os.replace(truncated, spec.library_path)
     assert plan_index.lookup(tiny_spec(src)) is not None
     # A fresh process (the damaged file is not yet mapped in this one).
     from tests.conftest import REPO_ROOT, run_python
