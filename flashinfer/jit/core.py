@@ -103,7 +103,13 @@ class JitSpec:
     @property
     def is_stale(self) -> bool:
         """Loading now would compile: not built, or an input's content changed."""
-        return self._indexed_library() is None and self._stale_reason(self.plan()) is not None
+        if self._indexed_library() is not None:
+            return False
+        plan = self.plan()
+        if self._stale_reason(plan) is not None:
+            return True
+        plan_index.record(self, plan)
+        return False
 
     # -- building ---------------------------------------------------------------
 
@@ -139,6 +145,7 @@ class JitSpec:
                 build_in_staging(plan, self.name, self.generated_sources)
             logger.info("compiled %s in %.1f s", self.name, time.monotonic() - start)
         cache.touch(plan.build_dir)
+        plan_index.record(self, plan)
         if config.cache_max_gb is not None:
             cache.evict(config.cache_max_gb * 1e9, keep={plan.build_dir})
         return plan.library_path
@@ -190,7 +197,7 @@ class JitSpec:
         else:
             logger.debug("loading cached %s from %s", self.name, plan.build_dir)
             cache.touch(plan.build_dir)
-        plan_index.record(self, plan)
+            plan_index.record(self, plan)
         return self._load(plan.library_path)
 
     def _indexed_library(self) -> Path | None:
