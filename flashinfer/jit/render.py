@@ -1,8 +1,10 @@
 """Renders Jinja config templates from csrc/ into a module's generated-sources dir.
 
-A render is a pure function of the template's bytes and the parameters, so its key
-(a hash of both) is stored beside the output: a process that finds the key unchanged
-skips Jinja entirely (importing and compiling it costs ~25 ms, most of a warm load).
+A render is a pure function of the template and the parameters, so its key (a hash of the
+template's path, size and mtime, and the parameters) is stored beside the output: a process
+that finds the key unchanged skips Jinja entirely (importing and compiling it costs ~25 ms)
+without even reading the template. Any stat change re-renders; the output is rewritten
+only when its text differs, so its mtime (and the modules built from it) stay put.
 """
 
 from __future__ import annotations
@@ -34,10 +36,9 @@ def render_template(
     path = Path(template)
     if not path.is_absolute():
         path = env.FLASHINFER_CSRC_DIR / path
-    source = path.read_text()
-    key = hashlib.sha256(
-        json.dumps([source, params], sort_keys=True, default=str).encode()
-    ).hexdigest()
+    st = path.stat()
+    key = hashlib.sha256(json.dumps([str(path), st.st_size, st.st_mtime_ns, params],
+                                    sort_keys=True, default=str).encode()).hexdigest()
     out = env.generated_dir(module_uri) / output_name
     key_file = out.with_name(f".{output_name}.key")
     try:
@@ -45,7 +46,7 @@ def render_template(
             return out
     except OSError:
         pass
-    text = _environment().from_string(source).render(**params)
+    text = _environment().from_string(path.read_text()).render(**params)
     with env.writing_workspace(f"write the rendered {output_name} of {module_uri}"):
         write_if_different(out, text)
         atomic_write_text(key_file, key)

@@ -285,6 +285,21 @@ def test_render_writes_only_when_different(workspace: Path, tmp_path: Path) -> N
         render_template(template, "render_test", "cfg.h")
 
 
+def test_an_edited_template_renders_again_and_a_touched_one_keeps_the_output(
+        workspace: Path, tmp_path: Path) -> None:
+    template = tmp_path / "t.jinja"
+    template.write_text("constexpr int kValue = {{ value }};\n")
+    out = render_template(template, "render_test", "cfg.h", value=1)
+    before = out.stat().st_mtime_ns
+    later = time.time() + 10
+    os.utime(template, (later, later))  # same bytes, new stat: rendered again, output kept
+    assert render_template(template, "render_test", "cfg.h", value=1) == out
+    assert out.stat().st_mtime_ns == before
+    template.write_text("constexpr int kValue = {{ value }}; // !\n")  # same params
+    assert render_template(template, "render_test", "cfg.h", value=1).read_text() == (
+        "constexpr int kValue = 1; // !\n")
+
+
 def test_missing_source_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="nope.cu of module m"):
         gen_jit_spec("m", [tmp_path / "nope.cu"])
