@@ -49,8 +49,11 @@ def main() -> int:
             cost = per_call_seconds(decorated, a, b, number)
             overhead_us = max(cost - base, 0.0) * 1e6
             target = TARGETS_US.get(level)
-            verdict = ("identity" if decorated is trivial else
-                       f"<= {target:g} us: {'met' if overhead_us <= target else 'MISSED'}")
+            verdict = (
+                "identity"
+                if decorated is trivial
+                else f"<= {target:g} us: {'met' if overhead_us <= target else 'MISSED'}"
+            )
             rows.append((f"level {level}", f"{cost * 1e9:.0f}", f"{overhead_us:.2f}", verdict))
     write_report(
         args.output,

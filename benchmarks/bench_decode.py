@@ -18,23 +18,47 @@ from report import write_report
 QO_HEADS, KV_HEADS, HEAD_DIM, PAGE = 32, 8, 128, 16
 BATCHES = (1, 16, 64, 256)
 KV_LENS = (512, 4096, 32768)
-SHAPE_FLAGS = ["--num_qo_heads", str(QO_HEADS), "--num_kv_heads", str(KV_HEADS),
-               "--head_dim_qk", str(HEAD_DIM), "--page_size", str(PAGE), "--q_dtype", "bfloat16"]
+SHAPE_FLAGS = [
+    "--num_qo_heads",
+    str(QO_HEADS),
+    "--num_kv_heads",
+    str(KV_HEADS),
+    "--head_dim_qk",
+    str(HEAD_DIM),
+    "--page_size",
+    str(PAGE),
+    "--q_dtype",
+    "bfloat16",
+]
 
 
 def row(batch: int, kv_len: int, copy_gbs: float) -> tuple[str, ...]:
-    result = measure("BatchDecodeWithPagedKVCacheWrapper",
-                     ["--batch_size", str(batch), "--s_kv", str(kv_len), *SHAPE_FLAGS])
+    result = measure(
+        "BatchDecodeWithPagedKVCacheWrapper",
+        ["--batch_size", str(batch), "--s_kv", str(kv_len), *SHAPE_FLAGS],
+    )
     ours_ms, torch_ms = result["fa2"]["median_time"], result["torch"]["median_time"]
     kv_bytes = 2 * batch * kv_len * KV_HEADS * HEAD_DIM * 2  # K and V, bf16
     gbs = kv_bytes / (ours_ms * 1e-3) / 1e9
-    return (str(batch), str(kv_len), f"{ours_ms * 1e3:.1f}", f"{gbs:.0f}",
-            f"{gbs / copy_gbs:.0%}", f"{torch_ms * 1e3:.1f}", f"x{torch_ms / ours_ms:.1f}")
+    return (
+        str(batch),
+        str(kv_len),
+        f"{ours_ms * 1e3:.1f}",
+        f"{gbs:.0f}",
+        f"{gbs / copy_gbs:.0%}",
+        f"{torch_ms * 1e3:.1f}",
+        f"x{torch_ms / ours_ms:.1f}",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = script_args("bench_decode.py", "decode.md", __doc__.splitlines()[0],
-                       quick_help="batch 64 x 4k and 1 x 32k only", argv=argv)
+    args = script_args(
+        "bench_decode.py",
+        "decode.md",
+        __doc__.splitlines()[0],
+        quick_help="batch 64 x 4k and 1 x 32k only",
+        argv=argv,
+    )
     if args is None:
         return 0
     copy_gbs = copy_bandwidth()

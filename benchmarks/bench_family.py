@@ -40,21 +40,29 @@ SWEEPS = {
         ("rmsnorm", "rmsnorm_quant", "fused_add_rmsnorm", "layernorm"),
         ((1, 4096), (128, 4096), (2048, 4096), (8192, 4096), (4096, 8192), (8192, 4097)),
         lambda rows, width: [*_rows_by_width(rows, width), "--scale", "0.0625"],
-        "rms_norm; rms_norm + fp8 cast; residual add + rms_norm; layer_norm"),
+        "rms_norm; rms_norm + fp8 cast; residual add + rms_norm; layer_norm",
+    ),
     "activation": Sweep(
         "Gated activation benchmark (GPU)",
         ("silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"),
         ((1, 14336), (16, 14336), (2048, 11008), (8192, 14336), (8192, 4097)),
-        _rows_by_width, "act(x[..., :d]) * x[..., d:] in eager mode"),
+        _rows_by_width,
+        "act(x[..., :d]) * x[..., d:] in eager mode",
+    ),
     "rope": Sweep(
-        "RoPE benchmark (GPU)", ("apply_rope_pos_ids",),
-        ((1, 128), (64, 128), (2048, 128), (8192, 128), (8192, 256)), _tokens_by_head_dim,
-        "q * cos + rotate_half(q) * sin on q [nnz, 32, d] and k [nnz, 8, d], positions "
-        "0 .. nnz-1"),
+        "RoPE benchmark (GPU)",
+        ("apply_rope_pos_ids",),
+        ((1, 128), (64, 128), (2048, 128), (8192, 128), (8192, 256)),
+        _tokens_by_head_dim,
+        "q * cos + rotate_half(q) * sin on q [nnz, 32, d] and k [nnz, 8, d], positions 0 .. nnz-1",
+    ),
     "page": Sweep(
-        "Paged KV append benchmark (GPU)", ("append_paged_kv_cache",),
-        ((1, 128), (64, 128), (2048, 128), (16384, 128), (16384, 256)), _tokens_by_head_dim,
-        "k_cache[page, slot] = key; v_cache[page, slot] = value (advanced indexing)"),
+        "Paged KV append benchmark (GPU)",
+        ("append_paged_kv_cache",),
+        ((1, 128), (64, 128), (2048, 128), (16384, 128), (16384, 256)),
+        _tokens_by_head_dim,
+        "k_cache[page, slot] = key; v_cache[page, slot] = value (advanced indexing)",
+    ),
 }
 DTYPES = ("bfloat16", "float16")
 HEADER = ["op", "case", "flashinfer us", "GB/s", "of copy BW", "speedup vs torch eager"]
@@ -63,24 +71,36 @@ HEADER = ["op", "case", "flashinfer us", "GB/s", "of copy BW", "speedup vs torch
 def sweep_rows(sweep: Sweep, quick: bool) -> list[tuple[str, ...]]:
     """Each routine x dtype x shape (quick: bf16 at the middle shape), one table row each."""
     dtypes = DTYPES[:1] if quick else DTYPES
-    shapes = sweep.shapes[len(sweep.shapes) // 2:][:1] if quick else sweep.shapes
+    shapes = sweep.shapes[len(sweep.shapes) // 2 :][:1] if quick else sweep.shapes
     rows = []
     for routine in sweep.routines:
         for dtype in dtypes:
             for shape in shapes:
                 result = measure(routine, [*sweep.flags(*shape), "--input_dtype", dtype])
                 ours, theirs = result["fa2"], result["torch"]
-                rows.append((routine, str(ours["case"]), f"{ours['median_time'] * 1e3:.1f}",
-                             f"{ours['tb_per_sec'] * 1e3:.0f}", f"{ours['copy_bw_fraction']:.0%}",
-                             f"x{theirs['median_time'] / ours['median_time']:.2f}"))
+                rows.append(
+                    (
+                        routine,
+                        str(ours["case"]),
+                        f"{ours['median_time'] * 1e3:.1f}",
+                        f"{ours['tb_per_sec'] * 1e3:.0f}",
+                        f"{ours['copy_bw_fraction']:.0%}",
+                        f"x{theirs['median_time'] / ours['median_time']:.2f}",
+                    )
+                )
     return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("family", choices=sorted(SWEEPS))
-    args = script_args("bench_family.py", None, quick_help="bf16 at one shape per routine",
-                       argv=argv, parser=parser)
+    args = script_args(
+        "bench_family.py",
+        None,
+        quick_help="bf16 at one shape per routine",
+        argv=argv,
+        parser=parser,
+    )
     if args is None:
         return 0
     sweep = SWEEPS[args.family]

@@ -42,14 +42,19 @@ def _env(workspace: Path) -> dict[str, str]:
     from flashinfer.config import config
 
     arch = config.cuda_arch_list or ARCH
-    return dict(os.environ, FLASHINFER_WORKSPACE_BASE=str(workspace),
-                FLASHINFER_CUDA_ARCH_LIST=arch, TVM_FFI_CUDA_ARCH_LIST=arch,
-                PYTHONWARNINGS="ignore")
+    return dict(
+        os.environ,
+        FLASHINFER_WORKSPACE_BASE=str(workspace),
+        FLASHINFER_CUDA_ARCH_LIST=arch,
+        TVM_FFI_CUDA_ARCH_LIST=arch,
+        PYTHONWARNINGS="ignore",
+    )
 
 
 def _python(code: str, env: dict[str, str]) -> str:
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT
+    )
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr)
     return proc.stdout.strip()
@@ -85,8 +90,12 @@ def _bare_commands(build_dir: Path, scratch: Path) -> list[list[str]]:
     """The build's compile commands (parallel) then its link, writing into ``scratch``."""
     from flashinfer.jit.toolchain import find_ninja
 
-    out = subprocess.run([str(find_ninja()), "-C", str(build_dir), "-t", "commands"],
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    out = subprocess.run(
+        [str(find_ninja()), "-C", str(build_dir), "-t", "commands"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     scratch.mkdir(parents=True, exist_ok=True)
     cd = f"cd {shlex.quote(str(scratch))} && "
     return [[cd + c for c in out if " -c " in c], [cd + c for c in out if " -c " not in c]]
@@ -98,11 +107,16 @@ def _single_tu(scratch: Path, plan) -> tuple[Path, list[str], list[str]]:  # noq
 
     scratch.mkdir(parents=True, exist_ok=True)
     source = scratch / "norm_single.cu"
-    source.write_text(f'#include "{env.FLASHINFER_CSRC_DIR / "norm_kernel.cu"}"\n'
-                      f'#include "{env.FLASHINFER_CSRC_DIR / "norm.cc"}"\n')
-    includes = [str(env.FLASHINFER_INCLUDE_DIR), str(env.FLASHINFER_CSRC_DIR),
-                str(env.generated_dir("norm_dtype_bf16")),
-                *(str(p) for p in plan.toolchain.tvm_ffi_include_dirs)]
+    source.write_text(
+        f'#include "{env.FLASHINFER_CSRC_DIR / "norm_kernel.cu"}"\n'
+        f'#include "{env.FLASHINFER_CSRC_DIR / "norm.cc"}"\n'
+    )
+    includes = [
+        str(env.FLASHINFER_INCLUDE_DIR),
+        str(env.FLASHINFER_CSRC_DIR),
+        str(env.generated_dir("norm_dtype_bf16")),
+        *(str(p) for p in plan.toolchain.tvm_ffi_include_dirs),
+    ]
     flags = [f for f in plan.ninja.cuda_cflags if not f.startswith("-I")]
     return source, flags, includes
 
@@ -119,12 +133,16 @@ print(time.perf_counter() - start)
 
 def prefill_section(tmp: Path, repeats: int) -> list[Row]:
     """A prefill specialization (the heaviest kernel TU) from a cold workspace."""
-    times = [float(_python(_COLD_PREFILL, _env(tmp / f"ws-prefill-{i}")))
-             for i in range(repeats)]
+    times = [float(_python(_COLD_PREFILL, _env(tmp / f"ws-prefill-{i}"))) for i in range(repeats)]
     median = statistics.median(times)
     verdict = "met" if median <= 15 else "missed"
-    return [("cold compile, prefill bf16 head_dim 128 (kernel TU + binding TU + link)",
-             f"{median:.2f} s", f"target <= 15 s (issue 15): {verdict}")]
+    return [
+        (
+            "cold compile, prefill bf16 head_dim 128 (kernel TU + binding TU + link)",
+            f"{median:.2f} s",
+            f"target <= 15 s (issue 15): {verdict}",
+        )
+    ]
 
 
 def cold_section(tmp: Path, repeats: int) -> tuple[list[Row], Path, object, Path, list, list]:
@@ -143,18 +161,34 @@ def cold_section(tmp: Path, repeats: int) -> tuple[list[Row], Path, object, Path
     tc = plan.toolchain
     for i in range(repeats):
         obj, so = tmp / "single" / f"single{i}.o", tmp / "single" / f"single{i}.so"
-        nvcc = [str(tc.nvcc), *flags, *(f"-I{p}" for p in includes), "-c", str(source),
-                "-o", str(obj)]
+        nvcc = [
+            str(tc.nvcc),
+            *flags,
+            *(f"-I{p}" for p in includes),
+            "-c",
+            str(source),
+            "-o",
+            str(obj),
+        ]
         link = [str(tc.cxx), str(obj), *plan.ninja.ldflags, "-o", str(so)]
         single.append(_timed_commands([[shlex.join(nvcc)], [shlex.join(link)]]))
     cold_m, bare_m, single_m = map(statistics.median, (cold, bare, single))
     rows = [
-        ("cold compile, flashinfer (2 TUs in parallel + link)", f"{cold_m:.2f} s",
-         "target < 5 s: " + ("met" if cold_m < 5 else "MISSED")),
-        ("cold compile, bare compiler commands of the same build", f"{bare_m:.2f} s",
-         f"framework overhead x{cold_m / bare_m:.2f}"),
-        ("cold compile, same code as one nvcc TU", f"{single_m:.2f} s",
-         f"flashinfer x{single_m / cold_m:.2f} faster (target >= 2.5)"),
+        (
+            "cold compile, flashinfer (2 TUs in parallel + link)",
+            f"{cold_m:.2f} s",
+            "target < 5 s: " + ("met" if cold_m < 5 else "MISSED"),
+        ),
+        (
+            "cold compile, bare compiler commands of the same build",
+            f"{bare_m:.2f} s",
+            f"framework overhead x{cold_m / bare_m:.2f}",
+        ),
+        (
+            "cold compile, same code as one nvcc TU",
+            f"{single_m:.2f} s",
+            f"flashinfer x{single_m / cold_m:.2f} faster (target >= 2.5)",
+        ),
     ]
     return rows, build_dir, tc, source, flags, includes
 
@@ -200,24 +234,41 @@ print(time.perf_counter() - start)
 """
 
 
-def warm_section(tmp: Path, repeats: int, build_dir: Path, tc, source: Path,  # noqa: ANN001
-                 flags: list, includes: list) -> list[Row]:
+def warm_section(
+    tmp: Path,
+    repeats: int,
+    build_dir: Path,
+    tc,
+    source: Path,  # noqa: ANN001
+    flags: list,
+    includes: list,
+) -> list[Row]:
     env = _env(tmp / "ws-cold-0")
     # tvm-ffi finds CUDA from nvcc's path; here nvcc is a wrapper script in /usr/local/bin.
     env["CUDA_HOME"] = str(tc.cuda_home)
     warm = _median_of(_WARM_FLASHINFER, env, repeats)
     tvm_code = _WARM_TVM_FFI.format(
-        name="norm_single", source=str(source), includes=includes, build=str(tmp / "tvm-ffi"),
-        flags=[f for f in flags if not f.startswith("-gencode")])
+        name="norm_single",
+        source=str(source),
+        includes=includes,
+        build=str(tmp / "tvm-ffi"),
+        flags=[f for f in flags if not f.startswith("-gencode")],
+    )
     _python(tvm_code, env)  # the peer's cold build, not timed
     tvm = _median_of(tvm_code, env, repeats)
     floor = _median_of(_BARE_LOAD.format(so=str(build_dir / "norm_dtype_bf16.so")), env, repeats)
     rows = [
-        ("warm load in a fresh process, flashinfer.get_norm_module", f"{warm * 1e3:.2f} ms",
-         f"{(warm - floor) * 1e3:.2f} ms beyond the bare load (target <= 1 ms, issue 6; "
-         f"<= 5 ms in all, issue 3)"),
-        ("warm load, tvm_ffi.cpp.load_inline of the single-TU source", f"{tvm * 1e3:.2f} ms",
-         f"flashinfer x{tvm / warm:.1f} faster (runs ninja in every process)"),
+        (
+            "warm load in a fresh process, flashinfer.get_norm_module",
+            f"{warm * 1e3:.2f} ms",
+            f"{(warm - floor) * 1e3:.2f} ms beyond the bare load (target <= 1 ms, issue 6; "
+            f"<= 5 ms in all, issue 3)",
+        ),
+        (
+            "warm load, tvm_ffi.cpp.load_inline of the single-TU source",
+            f"{tvm * 1e3:.2f} ms",
+            f"flashinfer x{tvm / warm:.1f} faster (runs ninja in every process)",
+        ),
     ]
     torch_source = tmp / "torch_ext" / "ext.cpp"
     torch_source.parent.mkdir()
@@ -226,14 +277,29 @@ def warm_section(tmp: Path, repeats: int, build_dir: Path, tc, source: Path,  # 
     try:
         _python(torch_code, env)  # cold build (torch headers: tens of seconds), not timed
         peer = _median_of(torch_code, env, repeats)
-        rows.append(("warm load, torch cpp_extension.load of a host-only source",
-                     f"{peer * 1e3:.2f} ms", f"flashinfer x{peer / warm:.1f} faster "
-                     "(a CPU torch cannot build CUDA, so its peer source is host-only)"))
+        rows.append(
+            (
+                "warm load, torch cpp_extension.load of a host-only source",
+                f"{peer * 1e3:.2f} ms",
+                f"flashinfer x{peer / warm:.1f} faster "
+                "(a CPU torch cannot build CUDA, so its peer source is host-only)",
+            )
+        )
     except RuntimeError as err:
-        rows.append(("warm load, torch cpp_extension.load", "n/a",
-                     f"failed here: {str(err).strip().splitlines()[-1][:80]}"))
-    rows.append(("bare tvm_ffi.load_module of the built .so (floor)", f"{floor * 1e3:.2f} ms",
-                 "dlopen and symbol lookup only"))
+        rows.append(
+            (
+                "warm load, torch cpp_extension.load",
+                "n/a",
+                f"failed here: {str(err).strip().splitlines()[-1][:80]}",
+            )
+        )
+    rows.append(
+        (
+            "bare tvm_ffi.load_module of the built .so (floor)",
+            f"{floor * 1e3:.2f} ms",
+            "dlopen and symbol lookup only",
+        )
+    )
     return rows
 
 
@@ -255,18 +321,27 @@ def noop_section(tmp: Path, repeats: int) -> list[Row]:
     for i in range(50):
         (root / f"m{i}.cc").write_text(f'extern "C" int bench_value_{i}() {{ return {i}; }}\n')
     env = _env(tmp / "ws-many")
-    _python(_MANY.format(root=str(root), count=50,
-                         action="for s in specs: s.build()"), env)
+    _python(_MANY.format(root=str(root), count=50, action="for s in specs: s.build()"), env)
     rows = []
     for count in (1, 50):
-        check = _MANY.format(root=str(root), count=count, action=(
-            "start = time.perf_counter()\n"
-            "assert not any(s.is_stale for s in specs)\n"
-            "print(time.perf_counter() - start)"))
+        check = _MANY.format(
+            root=str(root),
+            count=count,
+            action=(
+                "start = time.perf_counter()\n"
+                "assert not any(s.is_stale for s in specs)\n"
+                "print(time.perf_counter() - start)"
+            ),
+        )
         seconds = _median_of(check, env, repeats)
         target = " (target < 50 ms)" if count == 50 else ""
-        rows.append((f"no-op check of {count} cached module(s) in a fresh process",
-                     f"{seconds * 1e3:.2f} ms", f"{seconds * 1e3 / count:.3f} ms each{target}"))
+        rows.append(
+            (
+                f"no-op check of {count} cached module(s) in a fresh process",
+                f"{seconds * 1e3:.2f} ms",
+                f"{seconds * 1e3 / count:.3f} ms each{target}",
+            )
+        )
     return rows
 
 
@@ -298,10 +373,18 @@ def import_section(tmp: Path, repeats: int) -> list[Row]:
     seconds = statistics.median(float(r[0]) for r in results)
     spawned = max(int(r[1]) for r in results)
     first = statistics.median(float(r[2]) for r in results)
-    return [("import flashinfer after import torch", f"{seconds * 1e3:.1f} ms",
-             f"{spawned} subprocess(es) spawned (target: < 100 ms, none)"),
-            ("first access to an API (flashinfer.rmsnorm: its family + the JIT core)",
-             f"{first * 1e3:.1f} ms", "once per process; other families load on their first use")]
+    return [
+        (
+            "import flashinfer after import torch",
+            f"{seconds * 1e3:.1f} ms",
+            f"{spawned} subprocess(es) spawned (target: < 100 ms, none)",
+        ),
+        (
+            "first access to an API (flashinfer.rmsnorm: its family + the JIT core)",
+            f"{first * 1e3:.1f} ms",
+            "once per process; other families load on their first use",
+        ),
+    ]
 
 
 def main() -> int:
@@ -323,10 +406,21 @@ def main() -> int:
 
         flashinfer.get_norm_module(torch.bfloat16)
         n = 200_000
-        hit = min(timeit.repeat(lambda: flashinfer.get_norm_module(torch.bfloat16),
-                                number=n, repeat=5)) / n
-        rows.append(("in-memory hit, get_norm_module(torch.bfloat16)", f"{hit * 1e9:.0f} ns",
-                     "target <= 1 us"))
+        hit = (
+            min(
+                timeit.repeat(
+                    lambda: flashinfer.get_norm_module(torch.bfloat16), number=n, repeat=5
+                )
+            )
+            / n
+        )
+        rows.append(
+            (
+                "in-memory hit, get_norm_module(torch.bfloat16)",
+                f"{hit * 1e9:.0f} ns",
+                "target <= 1 us",
+            )
+        )
 
     write_report(
         args.output,

@@ -14,23 +14,51 @@ import sys
 from typing import Sequence
 
 import torch
-
 from gpu_script import device_facts, measure, script_args, timing_fact
 from report import write_report
 
 CASES = [  # (routine, its flags)
     ("single_prefill_with_kv_cache", ["--s_qo", "8192", "--s_kv", "8192", "--causal"]),
-    ("BatchPrefillWithPagedKVCacheWrapper",
-     ["--batch_size", "16", "--s_qo", "2048", "--s_kv", "2048", "--page_size", "16", "--causal",
-      "--torch_gather", "untimed"]),
+    (
+        "BatchPrefillWithPagedKVCacheWrapper",
+        [
+            "--batch_size",
+            "16",
+            "--s_qo",
+            "2048",
+            "--s_kv",
+            "2048",
+            "--page_size",
+            "16",
+            "--causal",
+            "--torch_gather",
+            "untimed",
+        ],
+    ),
 ]
-SHAPE_FLAGS = ["--num_qo_heads", "32", "--num_kv_heads", "8", "--head_dim_qk", "128",
-               "--q_dtype", "bfloat16"]
+SHAPE_FLAGS = [
+    "--num_qo_heads",
+    "32",
+    "--num_kv_heads",
+    "8",
+    "--head_dim_qk",
+    "128",
+    "--q_dtype",
+    "bfloat16",
+]
 
 # Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's data sheets, TFLOP/s; the most
 # specific names first, as torch.cuda.get_device_name() spells them.
-DENSE_BF16_PEAKS = [("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H800", 989.0),
-                    ("H200", 989.0), ("B200", 2250.0), ("A100", 312.0), ("L40S", 362.0)]
+DENSE_BF16_PEAKS = [
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.0),
+    ("H800", 989.0),
+    ("H200", 989.0),
+    ("B200", 2250.0),
+    ("A100", 312.0),
+    ("L40S", 362.0),
+]
 
 
 def dense_bf16_peak(device_name: str) -> float | None:
@@ -42,9 +70,16 @@ def row(routine: str, flags: Sequence[str], peak: float | None) -> tuple[str, ..
     result = measure(routine, [*flags, *SHAPE_FLAGS], backends=("fa2", "flash"))
     ours, theirs = result["fa2"], result["flash"]
     ours_ms, torch_ms = ours["median_time"], theirs["median_time"]
-    return (routine, str(ours["case"]), f"{ours_ms * 1e3:.0f}", f"{ours['tflops']:.0f}",
-            f"{ours['tflops'] / peak:.0%}" if peak else "n/a", f"{torch_ms * 1e3:.0f}",
-            f"{theirs['tflops']:.0f}", f"x{torch_ms / ours_ms:.2f}")
+    return (
+        routine,
+        str(ours["case"]),
+        f"{ours_ms * 1e3:.0f}",
+        f"{ours['tflops']:.0f}",
+        f"{ours['tflops'] / peak:.0%}" if peak else "n/a",
+        f"{torch_ms * 1e3:.0f}",
+        f"{theirs['tflops']:.0f}",
+        f"x{torch_ms / ours_ms:.2f}",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -52,8 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args is None:
         return 0
     peak = dense_bf16_peak(torch.cuda.get_device_name())
-    peak_note = (f"dense bf16 peak used for the share: {peak:.0f} TFLOP/s (data sheet, by the "
-                 "device name)" if peak else "no data-sheet peak known for this device: no share")
+    peak_note = (
+        f"dense bf16 peak used for the share: {peak:.0f} TFLOP/s (data sheet, by the device name)"
+        if peak
+        else "no data-sheet peak known for this device: no share"
+    )
     write_report(
         args.output,
         "Prefill attention benchmark (GPU)",
@@ -72,8 +110,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command: `python benchmarks/bench_prefill.py` (flashinfer_benchmark.py routines, "
             "backends fa2 and flash)",
         ],
-        ["routine", "case", "flashinfer us", "TFLOP/s", "of peak", "torch us", "torch TFLOP/s",
-         "speedup"],
+        [
+            "routine",
+            "case",
+            "flashinfer us",
+            "TFLOP/s",
+            "of peak",
+            "torch us",
+            "torch TFLOP/s",
+            "speedup",
+        ],
         "llrrrrrr",
         [row(routine, flags, peak) for routine, flags in CASES],
     )

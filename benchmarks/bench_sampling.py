@@ -19,34 +19,75 @@ from report import write_report
 TOP_K, TOP_P = 50, 0.9
 BATCHES = (1, 32, 128, 512)
 VOCABS = (32768, 131072, 262144)
-OTHERS = [("softmax", ["--temperature", "0.8"]), ("sampling_from_logits", []),
-          ("sampling_from_probs", []), ("top_p_sampling_from_probs", []),
-          ("top_k_sampling_from_probs", []), ("min_p_sampling_from_probs", []),
-          ("top_p_renorm_probs", []), ("top_k_renorm_probs", []), ("top_k_mask_logits", [])]
+OTHERS = [
+    ("softmax", ["--temperature", "0.8"]),
+    ("sampling_from_logits", []),
+    ("sampling_from_probs", []),
+    ("top_p_sampling_from_probs", []),
+    ("top_k_sampling_from_probs", []),
+    ("min_p_sampling_from_probs", []),
+    ("top_p_renorm_probs", []),
+    ("top_k_renorm_probs", []),
+    ("top_k_mask_logits", []),
+]
 NUM_ITERS = 50
 
 
-def row(routine: str, batch: int, vocab: int, dtype: str, label: str,
-        flags: Sequence[str] = ()) -> tuple[str, ...]:
-    result = measure(routine, ["--batch_size", str(batch), "--vocab_size", str(vocab),
-                               "--input_dtype", dtype, "--logits_scale", "3", "--top_k",
-                               str(TOP_K), "--top_p", str(TOP_P), *flags],
-                     num_iters=NUM_ITERS, num_warmup=5)
+def row(
+    routine: str, batch: int, vocab: int, dtype: str, label: str, flags: Sequence[str] = ()
+) -> tuple[str, ...]:
+    result = measure(
+        routine,
+        [
+            "--batch_size",
+            str(batch),
+            "--vocab_size",
+            str(vocab),
+            "--input_dtype",
+            dtype,
+            "--logits_scale",
+            "3",
+            "--top_k",
+            str(TOP_K),
+            "--top_p",
+            str(TOP_P),
+            *flags,
+        ],
+        num_iters=NUM_ITERS,
+        num_warmup=5,
+    )
     ours_ms, torch_ms = result["fa2"]["median_time"], result["torch"]["median_time"]
-    return (routine, label, f"{ours_ms * 1e3:.1f}", f"{torch_ms * 1e3:.1f}",
-            f"x{torch_ms / ours_ms:.1f}")
+    return (
+        routine,
+        label,
+        f"{ours_ms * 1e3:.1f}",
+        f"{torch_ms * 1e3:.1f}",
+        f"x{torch_ms / ours_ms:.1f}",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = script_args("bench_sampling.py", "sampling.md", __doc__.splitlines()[0],
-                       quick_help="batch 128 x vocab 128k only", argv=argv)
+    args = script_args(
+        "bench_sampling.py",
+        "sampling.md",
+        __doc__.splitlines()[0],
+        quick_help="batch 128 x vocab 128k only",
+        argv=argv,
+    )
     if args is None:
         return 0
     shapes = [(128, 131072)] if args.quick else [(b, v) for b in BATCHES for v in VOCABS]
-    rows = [row("top_k_top_p_sampling_from_logits", batch, vocab, "bfloat16",
-                f"{batch} x {vocab // 1024}k") for batch, vocab in shapes]
-    rows += [row(name, 128, 131072, "float32", "128 x 128k fp32", flags)
-             for name, flags in OTHERS]
+    rows = [
+        row(
+            "top_k_top_p_sampling_from_logits",
+            batch,
+            vocab,
+            "bfloat16",
+            f"{batch} x {vocab // 1024}k",
+        )
+        for batch, vocab in shapes
+    ]
+    rows += [row(name, 128, 131072, "float32", "128 x 128k fp32", flags) for name, flags in OTHERS]
     write_report(
         args.output,
         "Sampling benchmark (GPU)",

@@ -32,14 +32,28 @@ from typing import Any, Callable, Iterable, Sequence
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from routines import (BACKEND_ALIASES, ROUTINES, BackendUnavailable, Case,  # noqa: E402
-                      families)
+from routines import BACKEND_ALIASES, ROUTINES, BackendUnavailable, Case, families  # noqa: E402
 
-PERF_COLUMNS = ("routine", "median_time", "std_time", "tflops", "tb_per_sec", "backend",
-                "resolved_backend")
-GENERAL_COLUMNS = ("refcheck", "no_cuda_graph", "use_cupti", "allow_output_mismatch",
-                   "random_seed", "case_tag", "generate_repro_command", "repro_command",
-                   "enable_pdl")
+PERF_COLUMNS = (
+    "routine",
+    "median_time",
+    "std_time",
+    "tflops",
+    "tb_per_sec",
+    "backend",
+    "resolved_backend",
+)
+GENERAL_COLUMNS = (
+    "refcheck",
+    "no_cuda_graph",
+    "use_cupti",
+    "allow_output_mismatch",
+    "random_seed",
+    "case_tag",
+    "generate_repro_command",
+    "repro_command",
+    "enable_pdl",
+)
 OUR_COLUMNS = ("case", "copy_bw_fraction")  # the shape as tables show it; of a device copy's
 
 
@@ -49,43 +63,79 @@ class RefcheckFailed(AssertionError):
 
 # -- arguments ---------------------------------------------------------------------------------
 
+
 def _common_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="flashinfer_benchmark.py", description=__doc__.splitlines()[0], add_help=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 1)[1])
-    parser.add_argument("--routine", "-R", choices=sorted(ROUTINES), metavar="API",
-                        help="the API to benchmark (with --help, its flags are listed too): "
-                             + ", ".join(sorted(ROUTINES)))
+        prog="flashinfer_benchmark.py",
+        description=__doc__.splitlines()[0],
+        add_help=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n", 1)[1],
+    )
+    parser.add_argument(
+        "--routine",
+        "-R",
+        choices=sorted(ROUTINES),
+        metavar="API",
+        help="the API to benchmark (with --help, its flags are listed too): "
+        + ", ".join(sorted(ROUTINES)),
+    )
     parser.add_argument("--testlist", help="run each line of this file (one CSV)")
-    parser.add_argument("--refcheck", action="store_true",
-                        help="check every backend's output before timing")
-    parser.add_argument("--allow_output_mismatch", action="store_true",
-                        help="report a refcheck mismatch and go on")
+    parser.add_argument(
+        "--refcheck", action="store_true", help="check every backend's output before timing"
+    )
+    parser.add_argument(
+        "--allow_output_mismatch", action="store_true", help="report a refcheck mismatch and go on"
+    )
     parser.add_argument("--random_seed", type=int, default=42)
-    parser.add_argument("--verbose", "-v", action="count", default=0,
-                        help="-v: progress, -vv: arguments and shapes")
+    parser.add_argument(
+        "--verbose", "-v", action="count", default=0, help="-v: progress, -vv: arguments and shapes"
+    )
     parser.add_argument("--output_path", "--output-csv", help="write the results as CSV")
-    parser.add_argument("--num_iters", "-n", "--num-iters", type=int, default=30,
-                        help="timed iterations")
-    parser.add_argument("--dry_run_iters", "-d", "--num-warmup", type=int, default=5,
-                        help="warm-up iterations")
-    parser.add_argument("--no_cuda_graph", action="store_true",
-                        help="time eager calls (the default here; see --use_cuda_graph)")
-    parser.add_argument("--use_cuda_graph", "--use-cuda-graph", action="store_true",
-                        help="time replays of a CUDA graph of one call")
-    parser.add_argument("--use_cupti", "--enable-cupti", action="store_true",
-                        help="deprecated: CUPTI is the default timer when importable")
-    parser.add_argument("--use_cuda_events", action="store_true",
-                        help="time with CUDA events instead of CUPTI")
-    parser.add_argument("--no_l2_flush", "--no-l2-flush", action="store_true",
-                        help="keep the L2 warm between iterations")
+    parser.add_argument(
+        "--num_iters", "-n", "--num-iters", type=int, default=30, help="timed iterations"
+    )
+    parser.add_argument(
+        "--dry_run_iters", "-d", "--num-warmup", type=int, default=5, help="warm-up iterations"
+    )
+    parser.add_argument(
+        "--no_cuda_graph",
+        action="store_true",
+        help="time eager calls (the default here; see --use_cuda_graph)",
+    )
+    parser.add_argument(
+        "--use_cuda_graph",
+        "--use-cuda-graph",
+        action="store_true",
+        help="time replays of a CUDA graph of one call",
+    )
+    parser.add_argument(
+        "--use_cupti",
+        "--enable-cupti",
+        action="store_true",
+        help="deprecated: CUPTI is the default timer when importable",
+    )
+    parser.add_argument(
+        "--use_cuda_events", action="store_true", help="time with CUDA events instead of CUPTI"
+    )
+    parser.add_argument(
+        "--no_l2_flush",
+        "--no-l2-flush",
+        action="store_true",
+        help="keep the L2 warm between iterations",
+    )
     parser.add_argument("--case_tag", default=None, help="a label for the CSV row")
-    parser.add_argument("--generate_repro_command", action="store_true",
-                        help="print (and store in the CSV) the command for this case")
+    parser.add_argument(
+        "--generate_repro_command",
+        action="store_true",
+        help="print (and store in the CSV) the command for this case",
+    )
     parser.add_argument("--repro_command", default="", help=argparse.SUPPRESS)
-    parser.add_argument("--enable_pdl", action="store_true",
-                        help="programmatic dependent launch where the API takes enable_pdl "
-                             "(off otherwise)")
+    parser.add_argument(
+        "--enable_pdl",
+        action="store_true",
+        help="programmatic dependent launch where the API takes enable_pdl (off otherwise)",
+    )
     return parser
 
 
@@ -96,10 +146,14 @@ def build_parser(routine: str | None) -> argparse.ArgumentParser:
     if routine in ROUTINES:
         entry = ROUTINES[routine]
         group = parser.add_argument_group(f"{entry.name} ({entry.family.name}): {entry.help}")
-        group.add_argument("--backends", nargs="+", default=[entry.backends[0]],
-                           choices=[*entry.backends, *BACKEND_ALIASES],
-                           help=f"what runs it (default {entry.backends[0]}; "
-                                f"{', '.join(BACKEND_ALIASES)}: {entry.backends[0]})")
+        group.add_argument(
+            "--backends",
+            nargs="+",
+            default=[entry.backends[0]],
+            choices=[*entry.backends, *BACKEND_ALIASES],
+            help=f"what runs it (default {entry.backends[0]}; "
+            f"{', '.join(BACKEND_ALIASES)}: {entry.backends[0]})",
+        )
         entry.family.add_arguments(group)
     return parser
 
@@ -132,12 +186,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 # -- refcheck ----------------------------------------------------------------------------------
 
-def count_mismatches(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float
-                     ) -> tuple[int, int]:
+
+def count_mismatches(
+    actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float
+) -> tuple[int, int]:
     """(elements outside ``atol + rtol * |expected|``, total); NaN never matches."""
     if actual.shape != expected.shape:
-        raise ValueError(f"output has shape {tuple(actual.shape)}, the reference "
-                         f"{tuple(expected.shape)}")
+        raise ValueError(
+            f"output has shape {tuple(actual.shape)}, the reference {tuple(expected.shape)}"
+        )
     close = torch.isclose(actual.double(), expected.double(), rtol=rtol, atol=atol)
     return close.numel() - int(close.sum().item()), close.numel()
 
@@ -150,8 +207,10 @@ def refcheck(case: Case, outputs: dict[str, torch.Tensor]) -> list[str]:
         for backend, out in outputs.items():
             bad, total = case.check(out)
             if bad:
-                problems.append(f"Backend {backend} fails the routine's check: {bad} / {total} "
-                                f"({100 * bad / total:.2f}%) elements are wrong")
+                problems.append(
+                    f"Backend {backend} fails the routine's check: {bad} / {total} "
+                    f"({100 * bad / total:.2f}%) elements are wrong"
+                )
         return problems
     if case.reference is not None:
         truth, expected = "reference (float64)", case.reference()
@@ -160,12 +219,15 @@ def refcheck(case: Case, outputs: dict[str, torch.Tensor]) -> list[str]:
     for backend, out in outputs.items():
         bad, total = count_mismatches(out, expected, case.atol, case.rtol)
         if bad:
-            problems.append(f"Output tensor mismatch between backends {truth} and {backend}: "
-                            f"{bad} / {total} ({100 * bad / total:.2f}%) elements are different")
+            problems.append(
+                f"Output tensor mismatch between backends {truth} and {backend}: "
+                f"{bad} / {total} ({100 * bad / total:.2f}%) elements are different"
+            )
     return problems
 
 
 # -- running -----------------------------------------------------------------------------------
+
 
 @functools.cache
 def copy_bandwidth(device: torch.device) -> float:
@@ -177,9 +239,11 @@ def copy_bandwidth(device: torch.device) -> float:
 
 def perf_line(backend: str, median: float, std: float, tflops: float, tb_per_sec: float) -> str:
     """The reference's [PERF] line."""
-    return (f"[PERF] {backend.ljust(max(15, len(backend)))}:: median time {median:.3f} ms; "
-            f"std {std:.3f} ms; achieved tflops {tflops:.3f} TFLOPs/sec; achieved tb_per_sec "
-            f"{tb_per_sec:.3f} TB/sec")
+    return (
+        f"[PERF] {backend.ljust(max(15, len(backend)))}:: median time {median:.3f} ms; "
+        f"std {std:.3f} ms; achieved tflops {tflops:.3f} TFLOPs/sec; achieved tb_per_sec "
+        f"{tb_per_sec:.3f} TB/sec"
+    )
 
 
 def _synchronize(device: torch.device) -> None:
@@ -187,9 +251,12 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_routine(args: argparse.Namespace, device: torch.device, timer: Any = None,
-                bandwidth: Callable[[torch.device], float] = copy_bandwidth
-                ) -> list[dict[str, Any]]:
+def run_routine(
+    args: argparse.Namespace,
+    device: torch.device,
+    timer: Any = None,
+    bandwidth: Callable[[torch.device], float] = copy_bandwidth,
+) -> list[dict[str, Any]]:
     """Build the case, call each backend once (its output kept for --refcheck), time it;
     returns one result row per backend that ran. ``timer`` and ``bandwidth`` replace
     the GPU ones (the tests run routines on CPU tensors)."""
@@ -203,8 +270,9 @@ def run_routine(args: argparse.Namespace, device: torch.device, timer: Any = Non
     if args.verbose >= 2:
         print(f"[VVERBOSE] {args = }")
     if args.generate_repro_command:
-        print(f"[INFO] To reproduce this test case, run the following command: "
-              f"{args.repro_command}")
+        print(
+            f"[INFO] To reproduce this test case, run the following command: {args.repro_command}"
+        )
     outputs: dict[str, torch.Tensor] = {}
     times: dict[str, tuple[float, float]] = {}
     for name, backend in case.backends.items():
@@ -217,9 +285,14 @@ def run_routine(args: argparse.Namespace, device: torch.device, timer: Any = Non
         if args.refcheck:
             outputs[name] = backend.output(result).detach().clone()
         times[name] = bench_gpu_time(
-            backend.call, num_warmup=args.dry_run_iters, num_iters=args.num_iters,
-            enable_cupti=args.use_cupti, l2_flush=not args.no_l2_flush,
-            use_cuda_graph=args.use_cuda_graph, timer=timer)
+            backend.call,
+            num_warmup=args.dry_run_iters,
+            num_iters=args.num_iters,
+            enable_cupti=args.use_cupti,
+            l2_flush=not args.no_l2_flush,
+            use_cuda_graph=args.use_cuda_graph,
+            timer=timer,
+        )
     if args.refcheck and outputs:
         problems = refcheck(case, outputs)
         for problem in problems:
@@ -234,12 +307,19 @@ def run_routine(args: argparse.Namespace, device: torch.device, timer: Any = Non
         tb_per_sec = case.bytes / seconds / 1e12
         tflops = case.flops / seconds / 1e12
         print(perf_line(name, median, std, tflops, tb_per_sec))
-        rows.append({
-            "routine": args.routine, "median_time": median, "std_time": std, "tflops": tflops,
-            "tb_per_sec": tb_per_sec, "backend": name,
-            "resolved_backend": case.backends[name].resolved or name, "case": case.label,
-            "copy_bw_fraction": tb_per_sec * 1e3 / copy_gbs,
-        })
+        rows.append(
+            {
+                "routine": args.routine,
+                "median_time": median,
+                "std_time": std,
+                "tflops": tflops,
+                "tb_per_sec": tb_per_sec,
+                "backend": name,
+                "resolved_backend": case.backends[name].resolved or name,
+                "case": case.label,
+                "copy_bw_fraction": tb_per_sec * 1e3 / copy_gbs,
+            }
+        )
     return rows
 
 
@@ -260,8 +340,9 @@ def write_rows(path: str, rows: Iterable[dict[str, Any]], args: argparse.Namespa
     with open(path, "a", newline="") as fh:
         writer = csv.writer(fh)
         for row in rows:
-            writer.writerow([_csv_value(row[c] if c in row else getattr(args, c, ""))
-                             for c in columns])
+            writer.writerow(
+                [_csv_value(row[c] if c in row else getattr(args, c, "")) for c in columns]
+            )
 
 
 def start_csv(path: str) -> None:
@@ -270,6 +351,7 @@ def start_csv(path: str) -> None:
 
 
 # -- command lines and testlists -------------------------------------------------------------
+
 
 def read_testlist(path: str) -> list[str]:
     """The command lines of a testlist: one a line, blank lines and ``#`` comments skipped."""
@@ -287,8 +369,13 @@ def _parse_line(line: str) -> argparse.Namespace | None:
         return None
 
 
-def run_cases(cases: list[tuple[str, argparse.Namespace]], output_path: str | None,
-              device: torch.device, keep_going: bool, **run_options: Any) -> int:
+def run_cases(
+    cases: list[tuple[str, argparse.Namespace]],
+    output_path: str | None,
+    device: torch.device,
+    keep_going: bool,
+    **run_options: Any,
+) -> int:
     """Run each (command line, arguments) case into one CSV; 1 if any failed. Without
     ``keep_going`` (a single command line) a failure other than a refcheck propagates."""
     if output_path:
@@ -334,8 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     if any(args.verbose >= 2 for _, args in cases):
         print(f"[VVERBOSE] gpu_name = {torch.cuda.get_device_name(device)!r}")
-    status = run_cases(cases, options.output_path, device,
-                       keep_going=options.testlist is not None)
+    status = run_cases(cases, options.output_path, device, keep_going=options.testlist is not None)
     return max(status, 2 if bad_lines else 0)
 
 

@@ -9,23 +9,30 @@ import datetime
 from pathlib import Path
 from typing import Sequence
 
-import torch
-
 import flashinfer_benchmark
+import torch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def script_args(script: str, results_file: str | None, description: str = "",
-                quick_help: str | None = None, argv: Sequence[str] | None = None,
-                parser: argparse.ArgumentParser | None = None) -> argparse.Namespace | None:
+def script_args(
+    script: str,
+    results_file: str | None,
+    description: str = "",
+    quick_help: str | None = None,
+    argv: Sequence[str] | None = None,
+    parser: argparse.ArgumentParser | None = None,
+) -> argparse.Namespace | None:
     """The arguments of ``parser`` (default: a new one with ``description``) plus --output
     (default ``results/<results_file>``) and, given ``quick_help``, --quick; None (after
     saying so) when no GPU is visible."""
     parser = parser or argparse.ArgumentParser(description=description)
-    parser.add_argument("--output", type=Path,
-                        default=None if results_file is None else RESULTS / results_file,
-                        help="the results table (markdown)")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None if results_file is None else RESULTS / results_file,
+        help="the results table (markdown)",
+    )
     if quick_help:
         parser.add_argument("--quick", action="store_true", help=quick_help)
     args = parser.parse_args(argv)
@@ -37,22 +44,43 @@ def script_args(script: str, results_file: str | None, description: str = "",
 
 def device_facts() -> list[str]:
     """The date and device lines of a results table."""
-    return [f"date: {datetime.date.today().isoformat()}",
-            f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}"]
+    return [
+        f"date: {datetime.date.today().isoformat()}",
+        f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}",
+    ]
 
 
 def timing_fact(num_iters: int) -> str:
-    return (f"median of {num_iters} CUDA-event-timed calls, L2 flushed before each "
-            "(flashinfer.testing.bench_gpu_time)")
+    return (
+        f"median of {num_iters} CUDA-event-timed calls, L2 flushed before each "
+        "(flashinfer.testing.bench_gpu_time)"
+    )
 
 
-def measure(routine: str, flags: Sequence[str], backends: Sequence[str] = ("fa2", "torch"),
-            num_iters: int = 100, num_warmup: int = 10) -> dict[str, dict[str, object]]:
+def measure(
+    routine: str,
+    flags: Sequence[str],
+    backends: Sequence[str] = ("fa2", "torch"),
+    num_iters: int = 100,
+    num_warmup: int = 10,
+) -> dict[str, dict[str, object]]:
     """Backend -> the flashinfer_benchmark result row of ``routine`` run with ``flags``:
     refchecked, then timed with CUDA events (eager calls, L2 flushed)."""
     args = flashinfer_benchmark.parse_args(
-        ["--routine", routine, "--backends", *backends, "--refcheck", "--use_cuda_events",
-         "--num_iters", str(num_iters), "--dry_run_iters", str(num_warmup), *flags])
+        [
+            "--routine",
+            routine,
+            "--backends",
+            *backends,
+            "--refcheck",
+            "--use_cuda_events",
+            "--num_iters",
+            str(num_iters),
+            "--dry_run_iters",
+            str(num_warmup),
+            *flags,
+        ]
+    )
     device = torch.device("cuda", torch.cuda.current_device())
     rows = flashinfer_benchmark.run_routine(args, device)
     torch.cuda.empty_cache()

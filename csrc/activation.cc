@@ -19,8 +19,8 @@ void ActAndMul(int act, const char* what, TensorView out, TensorView input, bool
       << "input's last dim must be even (gate and up halves), got " << input.size(1);
   const int64_t d = input.size(1) / 2;
   FLASHINFER_CHECK(out.size(0) == rows && out.size(1) == d, ValueError)
-      << "out has shape [" << out.size(0) << ", " << out.size(1) << "], expected [" << rows
-      << ", " << d << "]";
+      << "out has shape [" << out.size(0) << ", " << out.size(1) << "], expected [" << rows << ", "
+      << d << "]";
   CheckDType(input, "input", kDTypeCode, kDTypeBits);
   CheckDType(out, "out", kDTypeCode, kDTypeBits);
   FLASHINFER_CHECK(d == 0 || input.stride(1) == 1, ValueError)
@@ -31,10 +31,9 @@ void ActAndMul(int act, const char* what, TensorView out, TensorView input, bool
   CheckSameDevice(input, out, "input", "out");
   const DLDevice device = input.device();
   CudaDeviceGuard guard(device.device_id);
-  CheckCudaError(act_and_mul_launch(act, DataPtr(out), DataPtr(input), rows, d,
-                                    rows > 1 ? input.stride(0) : 2 * d,
-                                    rows > 1 ? out.stride(0) : d, enable_pdl,
-                                    CurrentStream(device)),
+  CheckCudaError(act_and_mul_launch(
+                     act, DataPtr(out), DataPtr(input), rows, d, rows > 1 ? input.stride(0) : 2 * d,
+                     rows > 1 ? out.stride(0) : d, enable_pdl, CurrentStream(device)),
                  what);
 }
 

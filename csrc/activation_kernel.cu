@@ -23,8 +23,7 @@ cudaError_t act_and_mul_launch(int act, void* out, const void* input, int64_t ro
     case fa::Act::kGelu:
       return Launch<fa::Act::kGelu>(out, input, rows, d, input_stride, out_stride, pdl, stream);
     case fa::Act::kGeluTanh:
-      return Launch<fa::Act::kGeluTanh>(out, input, rows, d, input_stride, out_stride, pdl,
-                                        stream);
+      return Launch<fa::Act::kGeluTanh>(out, input, rows, d, input_stride, out_stride, pdl, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -47,8 +47,8 @@ struct Strides {
 
 // A cache tensor: paged [pages, page_size, Hk, D] / [pages, Hk, page_size, D] (rank 4) or
 // contiguous [len, Hk, D] / [Hk, len, D] (rank 3, one page).
-inline Strides CacheOf(const TensorView& t, const char* name, int rank, bool hnd,
-                       int64_t kv_heads, int64_t* page_size) {
+inline Strides CacheOf(const TensorView& t, const char* name, int rank, bool hnd, int64_t kv_heads,
+                       int64_t* page_size) {
   FLASHINFER_CHECK(t.ndim() == rank, ValueError)
       << name << " must be " << rank << "-D, got " << t.ndim() << "-D";
   CheckDType(t, name, kDTypeCode, kDTypeBits);
@@ -107,9 +107,8 @@ inline const int32_t* IndexArray(const TensorView& t, const char* name, int64_t 
 }
 
 // Every tensor on q's device.
-inline void CheckDevices(
-    const TensorView& q,
-    std::initializer_list<std::pair<const TensorView*, const char*>> tensors) {
+inline void CheckDevices(const TensorView& q,
+                         std::initializer_list<std::pair<const TensorView*, const char*>> tensors) {
   for (const auto& [t, name] : tensors) CheckSameDevice(q, *t, "q", name);
 }
 

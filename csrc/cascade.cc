@@ -50,13 +50,17 @@ void SameShape(const TensorView& a, const TensorView& b, const char* a_name, con
 
 StateTensors In(const TensorView& v, const TensorView& s) {
   const int r = v.ndim();
-  return {DataPtr(v), static_cast<const float*>(DataPtr(s)), v.size(r - 2) * v.size(r - 1),
-          v.size(r - 1), s.size(s.ndim() - 1), 1};
+  return {DataPtr(v),
+          static_cast<const float*>(DataPtr(s)),
+          v.size(r - 2) * v.size(r - 1),
+          v.size(r - 1),
+          s.size(s.ndim() - 1),
+          1};
 }
 
 StateOutput Out(const TensorView& v, const TensorView& s) {
-  return {DataPtr(v), static_cast<float*>(DataPtr(s)), v.size(1) * v.size(2), v.size(2),
-          s.size(1), 1};
+  return {DataPtr(v), static_cast<float*>(DataPtr(s)), v.size(1) * v.size(2), v.size(2), s.size(1),
+          1};
 }
 
 void MergeState(TensorView v_a, TensorView s_a, TensorView v_b, TensorView s_b, TensorView v_out,
@@ -69,8 +73,9 @@ void MergeState(TensorView v_a, TensorView s_a, TensorView v_b, TensorView s_b, 
   const uint8_t* mask_ptr = nullptr;
   if (mask.has_value()) {
     const TensorView& m = mask.value();
-    FLASHINFER_CHECK(m.ndim() == 1 && m.size(0) == v_a.size(0) &&
-                         (m.size(0) <= 1 || m.stride(0) == 1), ValueError)
+    FLASHINFER_CHECK(
+        m.ndim() == 1 && m.size(0) == v_a.size(0) && (m.size(0) <= 1 || m.stride(0) == 1),
+        ValueError)
         << "mask must be 1-D, contiguous, with one entry per position";
     const DLDataType dt = m.dtype();
     FLASHINFER_CHECK((dt.code == kDLBool || dt.code == kDLUInt) && dt.bits == 8, TypeError)
@@ -78,30 +83,34 @@ void MergeState(TensorView v_a, TensorView s_a, TensorView v_b, TensorView s_b, 
     mask_ptr = static_cast<const uint8_t*>(DataPtr(m));
   }
   CheckCuda(v_a, "v_a");
-  for (const auto& [t, name] : {std::pair{&s_a, "s_a"}, {&v_b, "v_b"}, {&s_b, "s_b"},
-                                {&v_out, "v_out"}, {&s_out, "s_out"}}) {
+  for (const auto& [t, name] : {std::pair{&s_a, "s_a"},
+                                {&v_b, "v_b"},
+                                {&s_b, "s_b"},
+                                {&v_out, "v_out"},
+                                {&s_out, "s_out"}}) {
     CheckSameDevice(v_a, *t, "v_a", name);
   }
   CudaDeviceGuard guard(v_a.device().device_id);
-  CheckCudaError(merge_state_launch(Out(v_out, s_out), In(v_a, s_a), In(v_b, s_b), mask_ptr,
-                                    in_place, v_a.size(0), v_a.size(1), v_a.size(2),
-                                    CurrentStream(v_a.device())),
-                 "merge_state kernel launch");
+  CheckCudaError(
+      merge_state_launch(Out(v_out, s_out), In(v_a, s_a), In(v_b, s_b), mask_ptr, in_place,
+                         v_a.size(0), v_a.size(1), v_a.size(2), CurrentStream(v_a.device())),
+      "merge_state kernel launch");
 }
 
 void MergeStates(TensorView v, TensorView s, TensorView v_out, TensorView s_out) {
   CheckState(v, s, "v", "s", 4, kDTypeCode, kDTypeBits);
   CheckState(v_out, s_out, "v_out", "s_out", 3, kDTypeCode, kDTypeBits);
-  FLASHINFER_CHECK(v_out.size(0) == v.size(0) && v_out.size(1) == v.size(2) &&
-                       v_out.size(2) == v.size(3), ValueError)
+  FLASHINFER_CHECK(
+      v_out.size(0) == v.size(0) && v_out.size(1) == v.size(2) && v_out.size(2) == v.size(3),
+      ValueError)
       << "v_out must be [positions, heads, head_dim] of v";
   CheckCuda(v, "v");
   for (const auto& [t, name] : {std::pair{&s, "s"}, {&v_out, "v_out"}, {&s_out, "s_out"}}) {
     CheckSameDevice(v, *t, "v", name);
   }
   CudaDeviceGuard guard(v.device().device_id);
-  CheckCudaError(merge_states_launch(Out(v_out, s_out), In(v, s), v.size(0), v.size(1),
-                                     v.size(2), v.size(3), CurrentStream(v.device())),
+  CheckCudaError(merge_states_launch(Out(v_out, s_out), In(v, s), v.size(0), v.size(1), v.size(2),
+                                     v.size(3), CurrentStream(v.device())),
                  "merge_states kernel launch");
 }
 

@@ -7,8 +7,12 @@ namespace fc = flashinfer::cascade;
 
 namespace {
 fc::StateArray<DType> In(StateTensors t) {
-  return {static_cast<const DType*>(t.v), t.s, t.v_state_stride, t.v_head_stride,
-          t.s_state_stride, t.s_head_stride};
+  return {static_cast<const DType*>(t.v),
+          t.s,
+          t.v_state_stride,
+          t.v_head_stride,
+          t.s_state_stride,
+          t.s_head_stride};
 }
 fc::OutputArray<DType> Out(StateOutput t) {
   return {static_cast<DType*>(t.v), t.s, t.v_row_stride, t.v_head_stride, t.s_row_stride,
@@ -16,9 +20,9 @@ fc::OutputArray<DType> Out(StateOutput t) {
 }
 }  // namespace
 
-cudaError_t merge_state_launch(StateOutput out, StateTensors a, StateTensors b,
-                               const uint8_t* mask, bool in_place, int64_t positions,
-                               int64_t heads, int64_t head_dim, cudaStream_t stream) {
+cudaError_t merge_state_launch(StateOutput out, StateTensors a, StateTensors b, const uint8_t* mask,
+                               bool in_place, int64_t positions, int64_t heads, int64_t head_dim,
+                               cudaStream_t stream) {
   return fc::MergeTwoStates<DType>(Out(out), In(a), In(b), mask, in_place, positions, heads,
                                    head_dim, stream);
 }

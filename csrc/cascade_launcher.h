@@ -19,9 +19,9 @@ struct StateOutput {
   int64_t v_row_stride, v_head_stride, s_row_stride, s_head_stride;
 };
 
-cudaError_t merge_state_launch(StateOutput out, StateTensors a, StateTensors b,
-                               const uint8_t* mask, bool in_place, int64_t positions,
-                               int64_t heads, int64_t head_dim, cudaStream_t stream);
+cudaError_t merge_state_launch(StateOutput out, StateTensors a, StateTensors b, const uint8_t* mask,
+                               bool in_place, int64_t positions, int64_t heads, int64_t head_dim,
+                               cudaStream_t stream);
 cudaError_t merge_states_launch(StateOutput out, StateTensors in, int64_t positions,
                                 int64_t num_states, int64_t heads, int64_t head_dim,
                                 cudaStream_t stream);

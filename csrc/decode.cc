@@ -76,20 +76,33 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
   const int32_t* last_page_len = IndexArray(kv_last_page_len, "kv_last_page_len", batch, q);
   FLASHINFER_CHECK(work_capacity >= grid_work && merge_capacity >= grid_merge && grid_work >= 0 &&
                        grid_merge >= 0 && window_left >= -1,
-                   ValueError) << "the launch does not match the schedule";
-  const int32_t* plan_ptr =
-      IndexArray(plan, "plan", 4 + 4 * work_capacity + 2 * merge_capacity, q);
+                   ValueError)
+      << "the launch does not match the schedule";
+  const int32_t* plan_ptr = IndexArray(plan, "plan", 4 + 4 * work_capacity + 2 * merge_capacity, q);
   // the plan's tmp rows are < tmp_capacity
   CheckFloatBuffer(tmp_v, "tmp_v", tmp_capacity * qo_heads * kHeadDim);
   CheckFloatBuffer(tmp_lse, "tmp_lse", tmp_capacity * qo_heads);
   float* lse_ptr = LseOf(lse, batch, qo_heads, q);
-  CheckDevices(q, {{&k_cache, "k_cache"}, {&v_cache, "v_cache"}, {&tmp_v, "tmp_v"},
-                  {&tmp_lse, "tmp_lse"}, {&out, "out"}});
-  const DecodeKV kv{DataPtr(k_cache), DataPtr(v_cache), ks.page, ks.slot, ks.head, vs.page,
-                    vs.slot, vs.head, indices, indptr, last_page_len, page_size,
-                    kv_indices.size(0), k_cache.size(0)};
-  DecodeLaunch launch = LaunchOf(q, out, lse_ptr, tmp_v, tmp_lse, kv_heads, score_scale,
-                                 score_cap);
+  CheckDevices(q, {{&k_cache, "k_cache"},
+                   {&v_cache, "v_cache"},
+                   {&tmp_v, "tmp_v"},
+                   {&tmp_lse, "tmp_lse"},
+                   {&out, "out"}});
+  const DecodeKV kv{DataPtr(k_cache),
+                    DataPtr(v_cache),
+                    ks.page,
+                    ks.slot,
+                    ks.head,
+                    vs.page,
+                    vs.slot,
+                    vs.head,
+                    indices,
+                    indptr,
+                    last_page_len,
+                    page_size,
+                    kv_indices.size(0),
+                    k_cache.size(0)};
+  DecodeLaunch launch = LaunchOf(q, out, lse_ptr, tmp_v, tmp_lse, kv_heads, score_scale, score_cap);
   launch.plan = plan_ptr;
   launch.work_capacity = work_capacity;
   launch.merge_capacity = merge_capacity;
@@ -121,12 +134,11 @@ void SingleDecode(TensorView q, TensorView k, TensorView v, TensorView tmp_v, Te
   CheckFloatBuffer(tmp_lse, "tmp_lse", num_chunks > 1 ? num_chunks * qo_heads : 0);
   float* lse_ptr = LseOf(lse, -1, qo_heads, q);
   CheckCuda(q, "q");
-  CheckDevices(q, {{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"},
-                  {&out, "out"}});
-  const DecodeKV kv{DataPtr(k), DataPtr(v), 0, ks.slot, ks.head, 0, vs.slot, vs.head,
-                    nullptr, nullptr, nullptr, std::max<int64_t>(kv_len, 1), 0, 1};
-  DecodeLaunch launch = LaunchOf(q, out, lse_ptr, tmp_v, tmp_lse, kv_heads, score_scale,
-                                 score_cap);
+  CheckDevices(q, {{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"}, {&out, "out"}});
+  const DecodeKV kv{DataPtr(k), DataPtr(v), 0,       ks.slot, ks.head, 0,
+                    vs.slot,    vs.head,    nullptr, nullptr, nullptr, std::max<int64_t>(kv_len, 1),
+                    0,          1};
+  DecodeLaunch launch = LaunchOf(q, out, lse_ptr, tmp_v, tmp_lse, kv_heads, score_scale, score_cap);
   launch.grid_work = num_chunks;
   launch.chunk_tokens = chunk_tokens;
   launch.window_left = window_left;

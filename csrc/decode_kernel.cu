@@ -13,8 +13,7 @@ cudaError_t decode_launch(const DecodeKV& kv, const DecodeLaunch& l, cudaStream_
   p.q_head_stride = l.q_head_stride;
   p.k = {static_cast<const DType*>(kv.k), kv.k_page_stride, kv.k_slot_stride, kv.k_head_stride};
   p.v = {static_cast<const DType*>(kv.v), kv.v_page_stride, kv.v_slot_stride, kv.v_head_stride};
-  p.pages = {kv.indices, kv.indptr, kv.last_page_len, kv.page_size, kv.num_indices,
-             kv.num_pages};
+  p.pages = {kv.indices, kv.indptr, kv.last_page_len, kv.page_size, kv.num_indices, kv.num_pages};
   p.out = static_cast<DType*>(l.out);
   p.out_batch_stride = l.out_batch_stride;
   p.out_head_stride = l.out_head_stride;
@@ -35,8 +34,8 @@ cudaError_t decode_launch(const DecodeKV& kv, const DecodeLaunch& l, cudaStream_
     merge = {nullptr, nullptr, nullptr, l.grid_work};
   }
   const int64_t merge_positions = l.plan ? l.grid_merge : (l.grid_work > 1 ? 1 : 0);
-  return fd::Decode<DType, kHeadDim>(p, work, l.grid_work, l.num_kv_heads, merge,
-                                     merge_positions, l.pdl, stream);
+  return fd::Decode<DType, kHeadDim>(p, work, l.grid_work, l.num_kv_heads, merge, merge_positions,
+                                     l.pdl, stream);
 }
 
 cudaError_t decode_blocks_per_sm(int group, int* blocks) {

@@ -13,8 +13,8 @@ namespace {
 
 // Shapes, dtypes and strides are checked before the device, so each mistake gets its own
 // message; the kernels rely on every check here.
-void RMSNormImpl(TensorView out, TensorView input, TensorView weight, double eps,
-                 bool enable_pdl, float weight_offset) {
+void RMSNormImpl(TensorView out, TensorView input, TensorView weight, double eps, bool enable_pdl,
+                 float weight_offset) {
   const NormLayout in_layout = RowsOf(input, "input");
   const NormLayout out_layout = RowsOf(out, "out");
   CheckSameShape(out, input, "out", "input");
@@ -51,10 +51,9 @@ void FusedAddRMSNormImpl(TensorView input, TensorView residual, TensorView weigh
   CheckSameDevice(input, weight, "input", "weight");
   const DLDevice device = input.device();
   CudaDeviceGuard guard(device.device_id);
-  CheckCudaError(fused_add_rmsnorm_launch(DataPtr(input), DataPtr(residual), DataPtr(weight),
-                                          rows, hidden, in_layout, res_layout,
-                                          static_cast<float>(eps), weight_offset, enable_pdl,
-                                          CurrentStream(device)),
+  CheckCudaError(fused_add_rmsnorm_launch(DataPtr(input), DataPtr(residual), DataPtr(weight), rows,
+                                          hidden, in_layout, res_layout, static_cast<float>(eps),
+                                          weight_offset, enable_pdl, CurrentStream(device)),
                  "fused_add_rmsnorm kernel launch");
 }
 
@@ -97,12 +96,11 @@ void LayerNorm(TensorView out, TensorView input, TensorView gemma, TensorView be
   CheckSameDevice(input, beta, "input", "beta");
   const DLDevice device = input.device();
   CudaDeviceGuard guard(device.device_id);
-  CheckCudaError(layernorm_launch(DataPtr(out), DataPtr(input),
-                                  static_cast<const float*>(DataPtr(gemma)),
-                                  static_cast<const float*>(DataPtr(beta)), rows, hidden,
-                                  in_layout, out_layout, static_cast<float>(eps), enable_pdl,
-                                  CurrentStream(device)),
-                 "layernorm kernel launch");
+  CheckCudaError(
+      layernorm_launch(DataPtr(out), DataPtr(input), static_cast<const float*>(DataPtr(gemma)),
+                       static_cast<const float*>(DataPtr(beta)), rows, hidden, in_layout,
+                       out_layout, static_cast<float>(eps), enable_pdl, CurrentStream(device)),
+      "layernorm kernel launch");
 }
 
 // Host-only: names the dtype this module was built for (used by tests and tools).

@@ -13,8 +13,8 @@ namespace flashinfer_binding {
 // [tokens, hidden] or [tokens, heads, head_dim] with a contiguous last dim.
 inline NormLayout RowsOf(const TensorView& t, const char* name) {
   FLASHINFER_CHECK(t.ndim() == 2 || t.ndim() == 3, ValueError)
-      << name << " must be 2-D [tokens, hidden] or 3-D [tokens, heads, head_dim], got "
-      << t.ndim() << "-D";
+      << name << " must be 2-D [tokens, hidden] or 3-D [tokens, heads, head_dim], got " << t.ndim()
+      << "-D";
   const int64_t last = t.ndim() - 1;
   FLASHINFER_CHECK(t.size(last) <= 1 || t.stride(last) == 1, ValueError)
       << name << "'s last dim must be contiguous (stride " << t.stride(last) << ")";

@@ -15,12 +15,12 @@ cudaError_t rmsnorm_launch(void* out, const void* input, const void* weight, int
                            float eps, float weight_offset, bool pdl, cudaStream_t stream) {
   return fn::RMSNorm<DType, DType>(static_cast<DType*>(out), static_cast<const DType*>(input),
                                    static_cast<const DType*>(weight), rows, hidden,
-                                   RowLayout::From(input_layout), RowLayout::From(out_layout),
-                                   eps, weight_offset, kNoScale, pdl, stream);
+                                   RowLayout::From(input_layout), RowLayout::From(out_layout), eps,
+                                   weight_offset, kNoScale, pdl, stream);
 }
 
-cudaError_t fused_add_rmsnorm_launch(void* input, void* residual, const void* weight,
-                                     int64_t rows, int64_t hidden, NormLayout input_layout,
+cudaError_t fused_add_rmsnorm_launch(void* input, void* residual, const void* weight, int64_t rows,
+                                     int64_t hidden, NormLayout input_layout,
                                      NormLayout residual_layout, float eps, float weight_offset,
                                      bool pdl, cudaStream_t stream) {
   auto* x = static_cast<DType*>(input);

@@ -20,8 +20,8 @@ cudaError_t rmsnorm_launch(void* out, const void* input, const void* weight, int
                            float eps, float weight_offset, bool pdl, cudaStream_t stream);
 
 // In place: residual = DType(input + residual); input = rmsnorm of the float32 sum.
-cudaError_t fused_add_rmsnorm_launch(void* input, void* residual, const void* weight,
-                                     int64_t rows, int64_t hidden, NormLayout input_layout,
+cudaError_t fused_add_rmsnorm_launch(void* input, void* residual, const void* weight, int64_t rows,
+                                     int64_t hidden, NormLayout input_layout,
                                      NormLayout residual_layout, float eps, float weight_offset,
                                      bool pdl, cudaStream_t stream);
 

@@ -41,8 +41,8 @@ void CheckScaleDevice(const Optional<TensorView>& scale, const TensorView& input
   if (scale.has_value()) CheckSameDevice(input, scale.value(), "input", "scale");
 }
 
-void RMSNormQuant(TensorView out, TensorView input, TensorView weight,
-                  Optional<TensorView> scale, double scale_value, double eps, bool enable_pdl) {
+void RMSNormQuant(TensorView out, TensorView input, TensorView weight, Optional<TensorView> scale,
+                  double scale_value, double eps, bool enable_pdl) {
   const NormLayout in_layout = RowsOf(input, "input");
   const NormLayout out_layout = RowsOf(out, "out");
   CheckSameShape(out, input, "out", "input");
@@ -59,16 +59,16 @@ void RMSNormQuant(TensorView out, TensorView input, TensorView weight,
   CheckScaleDevice(scale, input);
   const DLDevice device = input.device();
   CudaDeviceGuard guard(device.device_id);
-  CheckCudaError(rmsnorm_quant_launch(DataPtr(out), DataPtr(input), DataPtr(weight), rows,
-                                      hidden, in_layout, out_layout, scale_ptr,
-                                      static_cast<float>(scale_value), static_cast<float>(eps),
-                                      enable_pdl, CurrentStream(device)),
-                 "rmsnorm_quant kernel launch");
+  CheckCudaError(
+      rmsnorm_quant_launch(DataPtr(out), DataPtr(input), DataPtr(weight), rows, hidden, in_layout,
+                           out_layout, scale_ptr, static_cast<float>(scale_value),
+                           static_cast<float>(eps), enable_pdl, CurrentStream(device)),
+      "rmsnorm_quant kernel launch");
 }
 
-void FusedAddRMSNormQuant(TensorView out, TensorView input, TensorView residual,
-                          TensorView weight, Optional<TensorView> scale, double scale_value,
-                          double eps, bool enable_pdl) {
+void FusedAddRMSNormQuant(TensorView out, TensorView input, TensorView residual, TensorView weight,
+                          Optional<TensorView> scale, double scale_value, double eps,
+                          bool enable_pdl) {
   const NormLayout in_layout = RowsOf(input, "input");
   const NormLayout res_layout = RowsOf(residual, "residual");
   const NormLayout out_layout = RowsOf(out, "out");
@@ -90,10 +90,9 @@ void FusedAddRMSNormQuant(TensorView out, TensorView input, TensorView residual,
   const DLDevice device = input.device();
   CudaDeviceGuard guard(device.device_id);
   CheckCudaError(fused_add_rmsnorm_quant_launch(
-                     DataPtr(out), DataPtr(input), DataPtr(residual), DataPtr(weight), rows,
-                     hidden, in_layout, res_layout, out_layout, scale_ptr,
-                     static_cast<float>(scale_value), static_cast<float>(eps), enable_pdl,
-                     CurrentStream(device)),
+                     DataPtr(out), DataPtr(input), DataPtr(residual), DataPtr(weight), rows, hidden,
+                     in_layout, res_layout, out_layout, scale_ptr, static_cast<float>(scale_value),
+                     static_cast<float>(eps), enable_pdl, CurrentStream(device)),
                  "fused_add_rmsnorm_quant kernel launch");
 }
 

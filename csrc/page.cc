@@ -44,15 +44,16 @@ PagedCacheLayout CacheOf(const TensorView& t, const char* name, bool hnd, int64_
   return {t.size(0), t.size(slot_dim), t.stride(0), t.stride(slot_dim), t.stride(head_dim_index)};
 }
 
-void AppendPagedKVCache(TensorView append_key, TensorView append_value,
-                        TensorView batch_indices, TensorView positions, TensorView k_cache,
-                        TensorView v_cache, TensorView kv_indices, TensorView kv_indptr,
-                        TensorView kv_last_page_len, bool hnd) {
+void AppendPagedKVCache(TensorView append_key, TensorView append_value, TensorView batch_indices,
+                        TensorView positions, TensorView k_cache, TensorView v_cache,
+                        TensorView kv_indices, TensorView kv_indptr, TensorView kv_last_page_len,
+                        bool hnd) {
   const AppendTokensLayout k_in = AppendOf(append_key, "append_key");
   const AppendTokensLayout v_in = AppendOf(append_value, "append_value");
   const int64_t nnz = append_key.size(0), heads = append_key.size(1), dim = append_key.size(2);
-  FLASHINFER_CHECK(append_value.size(0) == nnz && append_value.size(1) == heads &&
-                       append_value.size(2) == dim, ValueError)
+  FLASHINFER_CHECK(
+      append_value.size(0) == nnz && append_value.size(1) == heads && append_value.size(2) == dim,
+      ValueError)
       << "append_key and append_value differ in shape";
   const PagedCacheLayout kc = CacheOf(k_cache, "paged_k_cache", hnd, heads, dim);
   const PagedCacheLayout vc = CacheOf(v_cache, "paged_v_cache", hnd, heads, dim);
@@ -69,22 +70,24 @@ void AppendPagedKVCache(TensorView append_key, TensorView append_value,
       << "too many tokens or heads";
   CheckCuda(append_key, "append_key");
   for (const auto& [t, name] : {std::pair{&append_value, "append_value"},
-                                {&batch_indices, "batch_indices"}, {&positions, "positions"},
-                                {&k_cache, "paged_k_cache"}, {&v_cache, "paged_v_cache"},
-                                {&kv_indices, "kv_indices"}, {&kv_indptr, "kv_indptr"}}) {
+                                {&batch_indices, "batch_indices"},
+                                {&positions, "positions"},
+                                {&k_cache, "paged_k_cache"},
+                                {&v_cache, "paged_v_cache"},
+                                {&kv_indices, "kv_indices"},
+                                {&kv_indptr, "kv_indptr"}}) {
     CheckSameDevice(append_key, *t, "append_key", name);
   }
   const DLDevice device = append_key.device();
   CudaDeviceGuard guard(device.device_id);
-  CheckCudaError(
-      append_paged_kv_launch(DataPtr(k_cache), DataPtr(v_cache), DataPtr(append_key),
-                             DataPtr(append_value),
-                             static_cast<const int32_t*>(DataPtr(batch_indices)),
-                             static_cast<const int32_t*>(DataPtr(positions)),
-                             static_cast<const int32_t*>(DataPtr(kv_indices)), kv_indices.size(0),
-                             static_cast<const int32_t*>(DataPtr(kv_indptr)), batch_size, nnz,
-                             heads, dim, k_in, v_in, kc, vc, CurrentStream(device)),
-      "append_paged_kv_cache kernel launch");
+  CheckCudaError(append_paged_kv_launch(
+                     DataPtr(k_cache), DataPtr(v_cache), DataPtr(append_key), DataPtr(append_value),
+                     static_cast<const int32_t*>(DataPtr(batch_indices)),
+                     static_cast<const int32_t*>(DataPtr(positions)),
+                     static_cast<const int32_t*>(DataPtr(kv_indices)), kv_indices.size(0),
+                     static_cast<const int32_t*>(DataPtr(kv_indptr)), batch_size, nnz, heads, dim,
+                     k_in, v_in, kc, vc, CurrentStream(device)),
+                 "append_paged_kv_cache kernel launch");
 }
 
 tvm::ffi::String DTypeOfModule() { return kDTypeName; }

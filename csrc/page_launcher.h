@@ -16,11 +16,10 @@ struct AppendTokensLayout {
 
 // Keys, values and caches are the module's DType; all indices int32. kv_indices has
 // num_indices elements, kv_indptr batch_size + 1.
-cudaError_t append_paged_kv_launch(void* k_cache, void* v_cache, const void* key,
-                                   const void* value, const int32_t* batch_indices,
-                                   const int32_t* positions, const int32_t* kv_indices,
-                                   int64_t num_indices, const int32_t* kv_indptr,
-                                   int64_t batch_size, int64_t nnz, int64_t heads,
-                                   int64_t head_dim, AppendTokensLayout k_in,
+cudaError_t append_paged_kv_launch(void* k_cache, void* v_cache, const void* key, const void* value,
+                                   const int32_t* batch_indices, const int32_t* positions,
+                                   const int32_t* kv_indices, int64_t num_indices,
+                                   const int32_t* kv_indptr, int64_t batch_size, int64_t nnz,
+                                   int64_t heads, int64_t head_dim, AppendTokensLayout k_in,
                                    AppendTokensLayout v_in, PagedCacheLayout k_cache_layout,
                                    PagedCacheLayout v_cache_layout, cudaStream_t stream);

@@ -98,17 +98,18 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
       << "custom_mask and mask_indptr go together";
   FLASHINFER_CHECK(work_capacity >= grid_work && merge_capacity >= grid_merge && grid_work >= 0 &&
                        grid_merge >= 0 && tmp_capacity >= 0 && window_left >= -1,
-                   ValueError) << "the launch does not match the schedule";
+                   ValueError)
+      << "the launch does not match the schedule";
   FLASHINFER_CHECK(grid_work <= std::numeric_limits<int32_t>::max() &&
                        grid_merge <= std::numeric_limits<int32_t>::max(),
-                   ValueError) << "the schedule exceeds the grid limit";
+                   ValueError)
+      << "the schedule exceeds the grid limit";
   CheckCuda(q, "q");
   FLASHINFER_CHECK(qo_indptr.ndim() == 1 && qo_indptr.size(0) >= 1, ValueError)
       << "qo_indptr must be 1-D with batch_size + 1 elements";
   const int64_t batch = qo_indptr.size(0) - 1;
-  PrefillLaunch l = LaunchOf(q, k, v, ks, vs, out, LseOf(lse, total_q, qo_heads, q), tmp_v,
-                             tmp_lse, kv_heads, causal, window_left, score_scale, score_cap,
-                             enable_pdl);
+  PrefillLaunch l = LaunchOf(q, k, v, ks, vs, out, LseOf(lse, total_q, qo_heads, q), tmp_v, tmp_lse,
+                             kv_heads, causal, window_left, score_scale, score_cap, enable_pdl);
   l.qo_indptr = IndexArray(qo_indptr, "qo_indptr", batch + 1, q);
   l.kv_indptr = IndexArray(kv_indptr, "kv_indptr", batch + 1, q);
   l.num_pages = 1;
@@ -131,8 +132,7 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
   // the plan's tmp rows are < tmp_capacity
   CheckFloatBuffer(tmp_v, "tmp_v", tmp_capacity * qo_heads * kHeadDim);
   CheckFloatBuffer(tmp_lse, "tmp_lse", tmp_capacity * qo_heads);
-  CheckDevices(q, {{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"},
-                  {&out, "out"}});
+  CheckDevices(q, {{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"}, {&out, "out"}});
   l.work_capacity = work_capacity;
   l.merge_capacity = merge_capacity;
   l.grid_work = grid_work;
@@ -142,10 +142,9 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
 }
 
 void SinglePrefill(TensorView q, TensorView k, TensorView v, Optional<TensorView> custom_mask,
-                   TensorView tmp_v, TensorView tmp_lse, TensorView out,
-                   Optional<TensorView> lse, bool hnd, bool causal, int64_t window_left,
-                   int64_t chunk_tokens, int64_t num_chunks, double score_scale,
-                   double score_cap, bool enable_pdl) {
+                   TensorView tmp_v, TensorView tmp_lse, TensorView out, Optional<TensorView> lse,
+                   bool hnd, bool causal, int64_t window_left, int64_t chunk_tokens,
+                   int64_t num_chunks, double score_scale, double score_cap, bool enable_pdl) {
   CheckHeads(q, "q", 3, -1, -1);
   const int64_t qo_len = q.size(0), qo_heads = q.size(1);
   CheckHeads(out, "out", 3, qo_len, qo_heads);
@@ -166,12 +165,10 @@ void SinglePrefill(TensorView q, TensorView k, TensorView v, Optional<TensorView
   CheckFloatBuffer(tmp_lse, "tmp_lse", tmp_rows * qo_heads);
   const uint8_t* mask = MaskOf(custom_mask, (qo_len * kv_len + 7) / 8, q);
   CheckCuda(q, "q");
-  PrefillLaunch l = LaunchOf(q, k, v, ks, vs, out, LseOf(lse, qo_len, qo_heads, q), tmp_v,
-                             tmp_lse, kv_heads, causal, window_left, score_scale, score_cap,
-                             enable_pdl);
+  PrefillLaunch l = LaunchOf(q, k, v, ks, vs, out, LseOf(lse, qo_len, qo_heads, q), tmp_v, tmp_lse,
+                             kv_heads, causal, window_left, score_scale, score_cap, enable_pdl);
   l.mask = mask;
-  CheckDevices(q, {{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"},
-                  {&out, "out"}});
+  CheckDevices(q, {{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"}, {&out, "out"}});
   l.page_size = std::max<int64_t>(kv_len, 1);
   l.num_pages = 1;
   l.single_qo_len = qo_len;

@@ -14,8 +14,8 @@ cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
   p.qo_indptr = l.qo_indptr;
   p.k = {static_cast<const DType*>(l.k), l.k_page_stride, l.k_slot_stride, l.k_head_stride};
   p.v = {static_cast<const DType*>(l.v), l.v_page_stride, l.v_slot_stride, l.v_head_stride};
-  p.pages = {l.kv_indices, l.kv_indptr, l.kv_last_page_len, l.page_size, l.num_indices,
-             l.num_pages};
+  p.pages = {l.kv_indices, l.kv_indptr,   l.kv_last_page_len,
+             l.page_size,  l.num_indices, l.num_pages};
   p.mask = l.mask;
   p.mask_indptr = l.mask_indptr;
   p.out = static_cast<DType*>(l.out);
@@ -45,8 +45,8 @@ cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
     merge = {nullptr, nullptr, nullptr, l.single_chunks};
     merge_positions = l.single_qo_len;
   }
-  return fp::Prefill<DType, kHeadDim>(p, work, l.grid_work, l.num_kv_heads, merge,
-                                      merge_positions, l.pdl, stream);
+  return fp::Prefill<DType, kHeadDim>(p, work, l.grid_work, l.num_kv_heads, merge, merge_positions,
+                                      l.pdl, stream);
 }
 
 cudaError_t prefill_blocks_per_sm(int* blocks) {

@@ -20,8 +20,7 @@ RopeHeads HeadsOf(const TensorView& t, const char* name) {
   return {t.size(1), t.stride(0), t.stride(1)};
 }
 
-void CheckSame3D(const TensorView& a, const TensorView& b, const char* a_name,
-                 const char* b_name) {
+void CheckSame3D(const TensorView& a, const TensorView& b, const char* a_name, const char* b_name) {
   FLASHINFER_CHECK(a.size(0) == b.size(0) && a.size(1) == b.size(1) && a.size(2) == b.size(2),
                    ValueError)
       << a_name << " and " << b_name << " differ in shape";
@@ -70,9 +69,8 @@ void Launch(TensorView q_out, TensorView k_out, TensorView q, TensorView k, Tens
   const DLDevice device = q.device();
   CudaDeviceGuard guard(device.device_id);
   CheckCudaError(rope_launch(DataPtr(q_out), DataPtr(k_out), DataPtr(q), DataPtr(k),
-                             DataPtr(pos_ids), pos_ids.dtype().bits == 64, layouts[0],
-                             layouts[1], layouts[2], layouts[3], options,
-                             CurrentStream(device)),
+                             DataPtr(pos_ids), pos_ids.dtype().bits == 64, layouts[0], layouts[1],
+                             layouts[2], layouts[3], options, CurrentStream(device)),
                  "rope kernel launch");
 }
 
@@ -100,8 +98,8 @@ void ApplyLlama31RopePosIds(TensorView q_out, TensorView k_out, TensorView q, Te
   RopeHeads layouts[4];
   RopeOptions o = Prepare(q_out, k_out, q, k, pos_ids, rotary_dim, layouts);
   CheckScales(rope_scale, rope_theta);
-  FLASHINFER_CHECK(high_freq_factor > low_freq_factor && low_freq_factor > 0 &&
-                       old_context_len > 0, ValueError)
+  FLASHINFER_CHECK(high_freq_factor > low_freq_factor && low_freq_factor > 0 && old_context_len > 0,
+                   ValueError)
       << "need high_freq_factor > low_freq_factor > 0 and old_context_len > 0";
   o.interleave = interleave;
   o.rope_scale = static_cast<float>(rope_scale);

@@ -9,9 +9,9 @@ namespace {
 fr::HeadsLayout ToLayout(RopeHeads h) { return {h.heads, h.token_stride, h.head_stride}; }
 }  // namespace
 
-cudaError_t rope_launch(void* q_out, void* k_out, const void* q, const void* k,
-                        const void* pos_ids, bool pos_ids_64, RopeHeads q_in, RopeHeads k_in,
-                        RopeHeads q_o, RopeHeads k_o, RopeOptions o, cudaStream_t stream) {
+cudaError_t rope_launch(void* q_out, void* k_out, const void* q, const void* k, const void* pos_ids,
+                        bool pos_ids_64, RopeHeads q_in, RopeHeads k_in, RopeHeads q_o,
+                        RopeHeads k_o, RopeOptions o, cudaStream_t stream) {
   fr::RopeParams p{};
   p.nnz = o.nnz;
   p.head_dim = o.head_dim;
@@ -37,6 +37,6 @@ cudaError_t rope_launch(void* q_out, void* k_out, const void* q, const void* k,
                                          ToLayout(k_o), p, stream);
   }
   return fr::ApplyRope<DType, int32_t>(qo, ko, qi, ki, static_cast<const int32_t*>(pos_ids),
-                                       ToLayout(q_in), ToLayout(k_in), ToLayout(q_o),
-                                       ToLayout(k_o), p, stream);
+                                       ToLayout(q_in), ToLayout(k_in), ToLayout(q_o), ToLayout(k_o),
+                                       p, stream);
 }

@@ -23,6 +23,6 @@ struct RopeOptions {
 };
 
 // q/k and outputs are the module's DType; pos_ids int32 (pos_ids_64 false) or int64.
-cudaError_t rope_launch(void* q_out, void* k_out, const void* q, const void* k,
-                        const void* pos_ids, bool pos_ids_64, RopeHeads q_in, RopeHeads k_in,
-                        RopeHeads q_o, RopeHeads k_o, RopeOptions options, cudaStream_t stream);
+cudaError_t rope_launch(void* q_out, void* k_out, const void* q, const void* k, const void* pos_ids,
+                        bool pos_ids_64, RopeHeads q_in, RopeHeads k_in, RopeHeads q_o,
+                        RopeHeads k_o, RopeOptions options, cudaStream_t stream);

@@ -32,8 +32,8 @@ Rows RowsOf(const TensorView& t, const char* name, uint8_t code, uint8_t bits) {
   FLASHINFER_CHECK(t.size(0) <= std::numeric_limits<int32_t>::max(), ValueError)
       << name << " has too many rows";
   const int64_t stride = t.size(0) <= 1 ? t.size(1) : t.stride(0);
-  const bool aligned = reinterpret_cast<uintptr_t>(DataPtr(t)) % (4 * bits / 8) == 0 &&
-                       stride % 4 == 0;
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(DataPtr(t)) % (4 * bits / 8) == 0 && stride % 4 == 0;
   return {t.size(0), t.size(1), stride, aligned};
 }
 
@@ -142,11 +142,11 @@ void Softmax(TensorView out, TensorView logits, Optional<TensorView> temperature
       static_cast<const float*>(PerRow(temperatures, "temperature", in.rows, kDLFloat, 32, logits));
   CheckCuda(logits, "logits");
   CudaDeviceGuard guard(logits.device().device_id);
-  CheckCudaError(softmax_launch(static_cast<float*>(DataPtr(out)), DataPtr(logits), in.rows,
-                                in.vocab, in.stride, OutStride(out), temps,
-                                static_cast<float>(temperature), in.aligned, pdl,
-                                CurrentStream(logits.device())),
-                 "softmax kernel launch");
+  CheckCudaError(
+      softmax_launch(static_cast<float*>(DataPtr(out)), DataPtr(logits), in.rows, in.vocab,
+                     in.stride, OutStride(out), temps, static_cast<float>(temperature), in.aligned,
+                     pdl, CurrentStream(logits.device())),
+      "softmax kernel launch");
 }
 
 void SamplingFromProbs(TensorView out, Optional<TensorView> valid, TensorView probs,
@@ -157,16 +157,16 @@ void SamplingFromProbs(TensorView out, Optional<TensorView> valid, TensorView pr
                        int64_t seed, int64_t offset) {
   const Rows in = RowsOf(probs, "probs", kDLFloat, 32);
   const SamplingRows rows = RowsOut(out, valid, indices, in, "probs", probs);
-  const SamplingFilters filters = FiltersOf(top_k_values, top_p_values, min_p_values, top_k,
-                                            top_p, min_p, which, top_k_first, rows.rows, probs);
+  const SamplingFilters filters = FiltersOf(top_k_values, top_p_values, min_p_values, top_k, top_p,
+                                            min_p, which, top_k_first, rows.rows, probs);
   const SamplingRandom random =
       RandomOf(seed_values, offset_values, seed, offset, rows.rows, probs);
   CheckCuda(probs, "probs");
   CudaDeviceGuard guard(probs.device().device_id);
-  CheckCudaError(sampling_from_probs_launch(rows, static_cast<const float*>(DataPtr(probs)),
-                                            in.vocab, filters, random, in.aligned,
-                                            CurrentStream(probs.device())),
-                 "sampling kernel launch");
+  CheckCudaError(
+      sampling_from_probs_launch(rows, static_cast<const float*>(DataPtr(probs)), in.vocab, filters,
+                                 random, in.aligned, CurrentStream(probs.device())),
+      "sampling kernel launch");
 }
 
 void SamplingFromLogits(TensorView out, TensorView logits, Optional<TensorView> indices,
@@ -193,10 +193,10 @@ void RenormProbs(TensorView out, TensorView probs, Optional<TensorView> top_k_va
                                             top_k, top_p, 0.0, which, false, in.rows, probs);
   CheckCuda(probs, "probs");
   CudaDeviceGuard guard(probs.device().device_id);
-  CheckCudaError(renorm_probs_launch(DataPtr(out), DataPtr(probs), in.rows, in.vocab, in.stride,
-                                     OutStride(out), filters, in.aligned,
-                                     CurrentStream(probs.device())),
-                 "renorm kernel launch");
+  CheckCudaError(
+      renorm_probs_launch(DataPtr(out), DataPtr(probs), in.rows, in.vocab, in.stride,
+                          OutStride(out), filters, in.aligned, CurrentStream(probs.device())),
+      "renorm kernel launch");
 }
 
 void TopKMaskLogits(TensorView out, TensorView logits, Optional<TensorView> top_k_values,

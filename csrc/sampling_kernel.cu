@@ -7,8 +7,13 @@ namespace fs = flashinfer::sampling;
 
 namespace {
 fs::Filters ToFilters(const SamplingFilters& f) {
-  return {{f.top_k_values, f.top_k}, {f.top_p_values, f.top_p}, {f.min_p_values, f.min_p},
-          f.use_top_k, f.use_top_p, f.use_min_p, f.top_k_first};
+  return {{f.top_k_values, f.top_k},
+          {f.top_p_values, f.top_p},
+          {f.min_p_values, f.min_p},
+          f.use_top_k,
+          f.use_top_p,
+          f.use_min_p,
+          f.top_k_first};
 }
 
 fs::RandomSource ToRandom(const SamplingRandom& r) {
@@ -35,9 +40,9 @@ cudaError_t softmax_launch(float* out, const void* logits, int64_t rows, int64_t
                      fs::Param<float>{temperatures, temperature}, aligned, pdl, stream);
 }
 
-cudaError_t sampling_from_probs_launch(const SamplingRows& rows, const float* probs,
-                                       int64_t vocab, SamplingFilters filters,
-                                       SamplingRandom random, bool aligned, cudaStream_t stream) {
+cudaError_t sampling_from_probs_launch(const SamplingRows& rows, const float* probs, int64_t vocab,
+                                       SamplingFilters filters, SamplingRandom random, bool aligned,
+                                       cudaStream_t stream) {
   return WithIndexType(rows, [&](auto index) {
     using I = decltype(index);
     return fs::FilteredSampling(static_cast<I*>(rows.out), rows.valid, probs, rows.rows, vocab,
@@ -46,9 +51,8 @@ cudaError_t sampling_from_probs_launch(const SamplingRows& rows, const float* pr
   });
 }
 
-cudaError_t sampling_from_logits_launch(const SamplingRows& rows, const void* logits,
-                                        int64_t vocab, SamplingRandom random, bool aligned,
-                                        cudaStream_t stream) {
+cudaError_t sampling_from_logits_launch(const SamplingRows& rows, const void* logits, int64_t vocab,
+                                        SamplingRandom random, bool aligned, cudaStream_t stream) {
   return WithIndexType(rows, [&](auto index) {
     using I = decltype(index);
     return fs::LogitsSampling(static_cast<I*>(rows.out), static_cast<const DType*>(logits),

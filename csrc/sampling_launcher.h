@@ -44,12 +44,11 @@ struct SamplingRows {
 cudaError_t softmax_launch(float* out, const void* logits, int64_t rows, int64_t vocab,
                            int64_t in_stride, int64_t out_stride, const float* temperatures,
                            float temperature, bool aligned, bool pdl, cudaStream_t stream);
-cudaError_t sampling_from_probs_launch(const SamplingRows& rows, const float* probs,
-                                       int64_t vocab, SamplingFilters filters,
-                                       SamplingRandom random, bool aligned, cudaStream_t stream);
-cudaError_t sampling_from_logits_launch(const SamplingRows& rows, const void* logits,
-                                        int64_t vocab, SamplingRandom random, bool aligned,
-                                        cudaStream_t stream);
+cudaError_t sampling_from_probs_launch(const SamplingRows& rows, const float* probs, int64_t vocab,
+                                       SamplingFilters filters, SamplingRandom random, bool aligned,
+                                       cudaStream_t stream);
+cudaError_t sampling_from_logits_launch(const SamplingRows& rows, const void* logits, int64_t vocab,
+                                        SamplingRandom random, bool aligned, cudaStream_t stream);
 cudaError_t renorm_probs_launch(void* out, const void* probs, int64_t rows, int64_t vocab,
                                 int64_t in_stride, int64_t out_stride, SamplingFilters filters,
                                 bool aligned, cudaStream_t stream);

@@ -13,8 +13,8 @@
 // Like TVM_FFI_CHECK, without its "Check failed: (cond) is false" prefix: the streamed
 // message is what the Python user reads. The if/else form is safe inside an unbraced if.
 #define FLASHINFER_CHECK(cond, ErrorKind) \
-  if (cond) {                              \
-  } else                                   \
+  if (cond) {                             \
+  } else                                  \
     TVM_FFI_THROW(ErrorKind)
 
 namespace flashinfer_binding {
@@ -24,12 +24,23 @@ using tvm::ffi::TensorView;
 inline std::string DTypeName(DLDataType dt) {
   std::string base;
   switch (dt.code) {
-    case kDLFloat: base = "float"; break;
-    case kDLBfloat: base = "bfloat"; break;
-    case kDLInt: base = "int"; break;
-    case kDLUInt: base = "uint"; break;
-    case kDLBool: return "bool";
-    default: base = "code" + std::to_string(dt.code) + "_"; break;
+    case kDLFloat:
+      base = "float";
+      break;
+    case kDLBfloat:
+      base = "bfloat";
+      break;
+    case kDLInt:
+      base = "int";
+      break;
+    case kDLUInt:
+      base = "uint";
+      break;
+    case kDLBool:
+      return "bool";
+    default:
+      base = "code" + std::to_string(dt.code) + "_";
+      break;
   }
   return base + std::to_string(dt.bits) + (dt.lanes != 1 ? "x" + std::to_string(dt.lanes) : "");
 }
@@ -53,8 +64,8 @@ inline void CheckCuda(const TensorView& t, const char* name) {
 inline void CheckSameDevice(const TensorView& a, const TensorView& b, const char* a_name,
                             const char* b_name) {
   FLASHINFER_CHECK(a.device().device_type == b.device().device_type &&
-                    a.device().device_id == b.device().device_id,
-                ValueError)
+                       a.device().device_id == b.device().device_id,
+                   ValueError)
       << a_name << " and " << b_name << " are on different devices";
 }
 

@@ -17,8 +17,9 @@ def _replay(args: argparse.Namespace) -> int:
     try:
         check_tolerance("--rtol", args.rtol)
         check_tolerance("--atol", args.atol)
-        results = replay(Path(directory), rtol=args.rtol, atol=args.atol,
-                         allow_modules=args.allow_module)
+        results = replay(
+            Path(directory), rtol=args.rtol, atol=args.atol, allow_modules=args.allow_module
+        )
     except (FileNotFoundError, ValueError) as err:
         print(f"replay: {err}", file=sys.stderr)
         return 2
@@ -50,7 +51,13 @@ def _non_negative_gb(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r}: {err}") from None
 
 
-def _cache_list(root: Path) -> int:
+def _path_line(label: str, path: Path) -> str:
+    return f"    {label:12} {path}" + ("" if path.exists() else "  (missing)")
+
+
+def _cache_list(root: Path, paths: bool) -> int:
+    """``paths``: under each variant, its generated sources dir and its build.ninja (the
+    reference guide's ``ls generated/`` and ``cat cached_ops/*/build.ninja`` steps)."""
     import datetime
 
     from .jit import cache
@@ -59,15 +66,23 @@ def _cache_list(root: Path) -> int:
     if not found:
         print(f"no cached modules under {root}")
         return 0
+    generated = root.parent / "generated"
     print(f"{'module':32} {'variant':16} {'size MB':>8}  {'last used':19}  {'archs':10} status")
     for entry in found:
         when = datetime.datetime.fromtimestamp(entry.last_used).strftime("%Y-%m-%d %H:%M:%S")
-        print(f"{entry.uri:32} {entry.digest:16} {entry.size_bytes / 1e6:8.2f}  {when}  "
-              f"{' '.join(entry.archs):10} {entry.problem or 'ok'}")
+        print(
+            f"{entry.uri:32} {entry.digest:16} {entry.size_bytes / 1e6:8.2f}  {when}  "
+            f"{' '.join(entry.archs):10} {entry.problem or 'ok'}"
+        )
+        if paths:
+            print(_path_line("generated:", generated / entry.uri))
+            print(_path_line("build.ninja:", entry.path / "build.ninja"))
     total = sum(e.size_bytes for e in found)
     damaged = sum(e.problem is not None for e in found)
-    print(f"{len(found)} variant(s), {total / 1e6:.1f} MB in {root}"
-          + (f"; {damaged} would be rebuilt on load" if damaged else ""))
+    print(
+        f"{len(found)} variant(s), {total / 1e6:.1f} MB in {root}"
+        + (f"; {damaged} would be rebuilt on load" if damaged else "")
+    )
     return 0
 
 
@@ -99,25 +114,26 @@ def _cache(args: argparse.Namespace) -> int:
     # Listing and verifying read the configured workspace and never create it.
     root = env.configured_workspace() / "cached_ops"
     if args.cache_command == "list":
-        return _cache_list(root)
+        return _cache_list(root, args.paths)
     if args.cache_command == "verify":
         return _cache_verify(root)
     if args.cache_command == "clear":
         removed = cache.clear(args.module)
-        print(f"removed {len(removed)} variant(s), "
-              f"{sum(e.size_bytes for e in removed) / 1e6:.1f} MB")
+        print(
+            f"removed {len(removed)} variant(s), {sum(e.size_bytes for e in removed) / 1e6:.1f} MB"
+        )
     else:
         evicted = cache.evict(args.max_gb * 1e9)
-        print(f"evicted {len(evicted)} variant(s), "
-              f"{sum(e.size_bytes for e in evicted) / 1e6:.1f} MB")
+        print(
+            f"evicted {len(evicted)} variant(s), {sum(e.size_bytes for e in evicted) / 1e6:.1f} MB"
+        )
     return 0
 
 
 def _precompile(args: argparse.Namespace) -> int:
-    from .jit.precompile import precompile
-    from .jit.builder import JitCompileError
-
     from .config import config
+    from .jit.builder import JitCompileError
+    from .jit.precompile import precompile
 
     config.validate()
     ops = [o.strip() for o in args.ops.split(",") if o.strip()] if args.ops else None
@@ -130,8 +146,10 @@ def _precompile(args: argparse.Namespace) -> int:
         print(library)
     for name, reason in result.skipped.items():
         print(f"skipped {name}: {reason}", file=sys.stderr)
-    print(f"{len(result.published)} module(s) in {args.out}; use it with "
-          f"FLASHINFER_AOT_DIR={args.out}")
+    print(
+        f"{len(result.published)} module(s) in {args.out}; use it with "
+        f"FLASHINFER_AOT_DIR={args.out}"
+    )
     return 0
 
 
@@ -153,9 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     replay.add_argument("--dir", dest="dir_option", help="the same, as an option")
     replay.add_argument("--rtol", type=float, default=None, help="relative tolerance")
     replay.add_argument("--atol", type=float, default=None, help="absolute tolerance")
-    replay.add_argument("--allow-module", action="append", default=[], metavar="MODULE",
-                        help="also run @flashinfer_api functions of MODULE and its submodules "
-                             "(repeatable; by default only flashinfer's)")
+    replay.add_argument(
+        "--allow-module",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="also run @flashinfer_api functions of MODULE and its submodules "
+        "(repeatable; by default only flashinfer's)",
+    )
     replay.set_defaults(run=_replay)
 
     show = commands.add_parser("show-config", help="every FLASHINFER_* setting and its source")
@@ -163,14 +186,24 @@ def main(argv: list[str] | None = None) -> int:
 
     cache_parser = commands.add_parser("cache", help="inspect and trim the JIT module cache")
     cache_commands = cache_parser.add_subparsers(dest="cache_command", required=True)
-    cache_commands.add_parser("list", help="cached modules: size, last use, archs, status")
-    cache_commands.add_parser("verify", help="hash every cached and AOT library against its "
-                              "record; remove damaged cached ones")
+    listing = cache_commands.add_parser(
+        "list", help="cached modules: size, last use, archs, status"
+    )
+    listing.add_argument(
+        "--paths",
+        action="store_true",
+        help="also each variant's generated sources dir and build.ninja",
+    )
+    cache_commands.add_parser(
+        "verify",
+        help="hash every cached and AOT library against its record; remove damaged cached ones",
+    )
     clear = cache_commands.add_parser("clear", help="remove cached modules")
     clear.add_argument("--module", help="only modules whose name matches (wildcards)")
     gc = cache_commands.add_parser("gc", help="evict least recently used modules")
-    gc.add_argument("--max-gb", type=_non_negative_gb, required=True,
-                    help="size to trim the cache to")
+    gc.add_argument(
+        "--max-gb", type=_non_negative_gb, required=True, help="size to trim the cache to"
+    )
     cache_parser.set_defaults(run=_cache)
 
     pre = commands.add_parser("precompile", help="build every module into a read-only AOT layer")

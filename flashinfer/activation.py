@@ -29,8 +29,10 @@ def _rows(name: str, tensor: torch.Tensor, width: int) -> torch.Tensor:
     try:
         return tensor.view(-1, width)
     except RuntimeError:
-        raise ValueError(f"{name}'s leading dims cannot be merged without a copy (strides "
-                         f"{tuple(tensor.stride())}); call .contiguous() first") from None
+        raise ValueError(
+            f"{name}'s leading dims cannot be merged without a copy (strides "
+            f"{tuple(tensor.stride())}); call .contiguous() first"
+        ) from None
 
 
 def _act_and_mul(function: str, input: Any, out: Any, enable_pdl: Any) -> torch.Tensor:
@@ -38,8 +40,9 @@ def _act_and_mul(function: str, input: Any, out: Any, enable_pdl: Any) -> torch.
     if input.dim() < 1:
         raise ValueError("input must have at least 1 dim [..., 2 * d]")
     if input.shape[-1] % 2:
-        raise ValueError(f"input's last dim must be even (gate and up halves), got "
-                         f"{input.shape[-1]}")
+        raise ValueError(
+            f"input's last dim must be even (gate and up halves), got {input.shape[-1]}"
+        )
     d = input.shape[-1] // 2
     checks.check_dtype("input", input, _DTYPES)
     checks.check_last_dim_contiguous("input", input)
@@ -65,8 +68,9 @@ def _act_and_mul(function: str, input: Any, out: Any, enable_pdl: Any) -> torch.
 
 
 @flashinfer_api(trace=_trace.silu_and_mul_trace)
-def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None,
-                 enable_pdl: bool | None = None) -> torch.Tensor:
+def silu_and_mul(
+    input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None
+) -> torch.Tensor:
     """``silu(input[..., :d]) * input[..., d:]`` (SwiGLU), math in float32.
 
     Args:
@@ -79,16 +83,18 @@ def silu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None,
 
 
 @flashinfer_api(trace=_trace.gelu_and_mul_trace)
-def gelu_and_mul(input: torch.Tensor, out: torch.Tensor | None = None,
-                 enable_pdl: bool | None = None) -> torch.Tensor:
+def gelu_and_mul(
+    input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None
+) -> torch.Tensor:
     """``gelu(input[..., :d]) * input[..., d:]`` with the exact (erf) GELU (GeGLU).
     Arguments as :func:`silu_and_mul`."""
     return _act_and_mul("gelu_and_mul", input, out, enable_pdl)
 
 
 @flashinfer_api(trace=_trace.gelu_tanh_and_mul_trace)
-def gelu_tanh_and_mul(input: torch.Tensor, out: torch.Tensor | None = None,
-                      enable_pdl: bool | None = None) -> torch.Tensor:
+def gelu_tanh_and_mul(
+    input: torch.Tensor, out: torch.Tensor | None = None, enable_pdl: bool | None = None
+) -> torch.Tensor:
     """``gelu(input[..., :d], approximate="tanh") * input[..., d:]``.
     Arguments as :func:`silu_and_mul`."""
     return _act_and_mul("gelu_tanh_and_mul", input, out, enable_pdl)

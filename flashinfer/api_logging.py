@@ -72,8 +72,10 @@ def system_info(stamp: str) -> list[str]:
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         for i in range(count):
             major, minor = torch.cuda.get_device_capability(i)
-            lines += [f"GPU {i}: {torch.cuda.get_device_name(i)}",
-                      f"  Compute capability: {major}.{minor} (SM{major * 10 + minor})"]
+            lines += [
+                f"GPU {i}: {torch.cuda.get_device_name(i)}",
+                f"  Compute capability: {major}.{minor} (SM{major * 10 + minor})",
+            ]
         if count == 0:
             lines.append("CUDA: Not available (CPU-only mode)")
     except Exception as err:  # noqa: BLE001 - a broken driver must not break the call
@@ -132,22 +134,35 @@ class ApiLogger:
             lines = system_info(self._clock.now()) + lines
         self.dest.write("\n".join(lines) + "\n")  # a trailing "" ends with a blank line
 
-    def _inputs(self, name: str, binder: ArgumentBinder, args: tuple[Any, ...],
-                kwargs: dict[str, Any], stats: bool) -> list[str]:
+    def _inputs(
+        self,
+        name: str,
+        binder: ArgumentBinder,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        stats: bool,
+    ) -> list[str]:
         """The call's opening: what it was passed, then the defaults it left out."""
         lines = [RULE, f"{self._clock.now()} FlashInfer API Call: {name}", THIN_RULE]
         if args:
-            lines += _section("Positional input arguments:",
-                              [(f"arg[{i}]:", v) for i, v in enumerate(args)], stats)
+            lines += _section(
+                "Positional input arguments:",
+                [(f"arg[{i}]:", v) for i, v in enumerate(args)],
+                stats,
+            )
         if kwargs:
-            lines += _section("Keyword input arguments:",
-                              [(f"{k}=", v) for k, v in kwargs.items()], stats)
+            lines += _section(
+                "Keyword input arguments:", [(f"{k}=", v) for k, v in kwargs.items()], stats
+            )
         if not args and not kwargs:
             lines.append("(No explicit arguments)")
         defaults = binder.defaults_not_passed(args, kwargs)
         if defaults:
-            lines += _section("Default parameters (not explicitly provided):",
-                              [(f"{k}= [DEFAULT]", v) for k, v in defaults], stats)
+            lines += _section(
+                "Default parameters (not explicitly provided):",
+                [(f"{k}= [DEFAULT]", v) for k, v in defaults],
+                stats,
+            )
         return lines
 
     def decorate(self, func: F) -> F:
@@ -179,8 +194,7 @@ class ApiLogger:
             try:
                 result = func(*args, **kwargs)
             except BaseException as exc:
-                self._write([f"Call raised {type(exc).__name__}: {exc}",
-                             _elapsed(start), RULE, ""])
+                self._write([f"Call raised {type(exc).__name__}: {exc}", _elapsed(start), RULE, ""])
                 if dump is not None:
                     self.dumper.dump_exception(dump, exc)  # type: ignore[union-attr]
                 raise

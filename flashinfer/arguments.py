@@ -31,11 +31,15 @@ class ArgumentBinder:
             if p.default is not inspect.Parameter.empty
         ]
 
-    def defaults_not_passed(self, args: tuple[Any, ...], kwargs: dict[str, Any]
-                            ) -> list[tuple[str, Any]]:
+    def defaults_not_passed(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> list[tuple[str, Any]]:
         """(name, default) of each defaulted parameter the call leaves out, in order."""
-        return [(name, default) for position, name, default in self._defaults
-                if not (position is not None and position < len(args)) and name not in kwargs]
+        return [
+            (name, default)
+            for position, name, default in self._defaults
+            if not (position is not None and position < len(args)) and name not in kwargs
+        ]
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Argument]:
         """Every parameter of the call, defaults applied. A call that does not bind (it will
@@ -49,7 +53,8 @@ class ArgumentBinder:
             else:
                 bound.apply_defaults()
                 params = self.signature.parameters
-                return [(name, params[name].kind.name, value)
-                        for name, value in bound.arguments.items()]
+                return [
+                    (name, params[name].kind.name, value) for name, value in bound.arguments.items()
+                ]
         named = [(f"arg{i}", "POSITIONAL_ONLY", value) for i, value in enumerate(args)]
         return named + [(name, "KEYWORD_ONLY", value) for name, value in kwargs.items()]

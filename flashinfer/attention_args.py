@@ -28,26 +28,31 @@ def check_dtype_name(name: str, value: Any) -> torch.dtype:
         try:
             value = getattr(torch, dtype_info(value).name)
         except TypeError:
-            raise TypeError(f"{name} {value!r} is not a supported dtype; use float16 or "
-                            "bfloat16") from None
+            raise TypeError(
+                f"{name} {value!r} is not a supported dtype; use float16 or bfloat16"
+            ) from None
     if value not in DTYPES:
         raise TypeError(f"{name} is {value}; supported: float16, bfloat16")
     return value
 
 
-def check_optional_number(name: str, value: Any, low: float | None = None,
-                          low_open: bool = False) -> float | None:
+def check_optional_number(
+    name: str, value: Any, low: float | None = None, low_open: bool = False
+) -> float | None:
     return None if value is None else checks.check_number(name, value, low, low_open=low_open)
 
 
 def check_score_args(sm_scale: Any, logits_soft_cap: Any) -> tuple[float | None, float]:
     """``sm_scale`` (None: the default) and the soft cap (0: none), validated."""
-    return (check_optional_number("sm_scale", sm_scale, 0.0, low_open=True),
-            check_optional_number("logits_soft_cap", logits_soft_cap, 0.0) or 0.0)
+    return (
+        check_optional_number("sm_scale", sm_scale, 0.0, low_open=True),
+        check_optional_number("logits_soft_cap", logits_soft_cap, 0.0) or 0.0,
+    )
 
 
-def score_params(head_dim: int, sm_scale: Any, logits_soft_cap: Any, q_scale: Any = None,
-                 k_scale: Any = None) -> tuple[float, float]:
+def score_params(
+    head_dim: int, sm_scale: Any, logits_soft_cap: Any, q_scale: Any = None, k_scale: Any = None
+) -> tuple[float, float]:
     """(scale, cap) as the kernel applies them, in log2 units (see decode.cuh)."""
     sm_scale, cap = check_score_args(sm_scale, logits_soft_cap)
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale
@@ -65,8 +70,10 @@ def check_window(window_left: Any) -> int:
 
 def check_pos_encoding(mode: Any) -> None:
     if mode != "NONE":
-        raise ValueError(f"pos_encoding_mode {mode!r} is not supported; apply flashinfer's RoPE "
-                         "to q and k first and pass 'NONE'")
+        raise ValueError(
+            f"pos_encoding_mode {mode!r} is not supported; apply flashinfer's RoPE "
+            "to q and k first and pass 'NONE'"
+        )
 
 
 def check_rope(rope_scale: Any, rope_theta: Any) -> None:
@@ -76,8 +83,9 @@ def check_rope(rope_scale: Any, rope_theta: Any) -> None:
     check_optional_number("rope_theta", rope_theta, 0.0, low_open=True)
 
 
-def check_output(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype,
-                 like: torch.Tensor) -> None:
+def check_output(
+    name: str, t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, like: torch.Tensor
+) -> None:
     checks.check_tensor(name, t)
     if tuple(t.shape) != shape:
         raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {shape}")
@@ -106,8 +114,9 @@ def check_workspace(name: str, buffer: Any) -> torch.Tensor:
 
 def pinned_like(buffer: torch.Tensor) -> torch.Tensor:
     """The host staging twin of a device buffer (pinned when the buffer is on a GPU)."""
-    return torch.empty(buffer.numel(), dtype=torch.uint8, device="cpu",
-                       pin_memory=buffer.device.type == "cuda")
+    return torch.empty(
+        buffer.numel(), dtype=torch.uint8, device="cpu", pin_memory=buffer.device.type == "cuda"
+    )
 
 
 def round_up(n: int) -> int:
@@ -121,8 +130,9 @@ class WorkspaceOwner:
     _pin_memory_int_workspace_buffer: torch.Tensor
     _plan_info: Any
 
-    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor,
-                               int_workspace_buffer: torch.Tensor) -> None:
+    def reset_workspace_buffer(
+        self, float_workspace_buffer: torch.Tensor, int_workspace_buffer: torch.Tensor
+    ) -> None:
         """Use new workspaces; the next ``run()`` needs a new ``plan()``."""
         self._workspace = check_workspace("float_workspace_buffer", float_workspace_buffer)
         check_workspace("int_workspace_buffer", int_workspace_buffer)

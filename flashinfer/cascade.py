@@ -46,21 +46,23 @@ def _check_state(v_name: str, v: Any, s_name: str, s: Any, rank: int, layout: st
     checks.check_dtype(v_name, v, DTYPES)
     checks.check_dtype(s_name, s, _LSE_DTYPES)
     if tuple(s.shape) != tuple(v.shape[:-1]):
-        raise ValueError(f"{s_name} has shape {tuple(s.shape)}, expected {tuple(v.shape[:-1])} "
-                         f"(the shape of {v_name} without head_dim)")
+        raise ValueError(
+            f"{s_name} has shape {tuple(s.shape)}, expected {tuple(v.shape[:-1])} "
+            f"(the shape of {v_name} without head_dim)"
+        )
     if v.shape[-1] > _MAX_HEAD_DIM:
         raise ValueError(f"{v_name} has head_dim {v.shape[-1]} > {_MAX_HEAD_DIM}")
 
 
-def _check_pair(names: tuple[str, str, str, str], v_a: Any, s_a: Any, v_b: Any,
-                s_b: Any) -> None:
+def _check_pair(names: tuple[str, str, str, str], v_a: Any, s_a: Any, v_b: Any, s_b: Any) -> None:
     """Two states of the same shape; ``names`` are the caller's parameter names."""
     layout = "[seq_len, num_heads, head_dim]"
     _check_state(names[0], v_a, names[1], s_a, 3, layout)
     _check_state(names[2], v_b, names[3], s_b, 3, layout)
     if v_b.shape != v_a.shape:
-        raise ValueError(f"{names[2]} has shape {tuple(v_b.shape)}, {names[0]} has "
-                         f"{tuple(v_a.shape)}")
+        raise ValueError(
+            f"{names[2]} has shape {tuple(v_b.shape)}, {names[0]} has {tuple(v_a.shape)}"
+        )
     checks.check_same_dtype(names[2], v_b, names[0], v_a)
 
 
@@ -72,8 +74,9 @@ def _check_devices(names: tuple[str, ...], *tensors: torch.Tensor) -> None:
 
 
 @flashinfer_api(trace=_trace.merge_state_trace)
-def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor,
-                s_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_state(
+    v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two states: ``v`` ``[seq_len, num_heads, head_dim]`` (fp16/bf16/fp32) and
     ``s`` ``[seq_len, num_heads]`` (base-2 LSE). Returns the merged ``(v, s)``, ``s``
     float32."""
@@ -82,14 +85,20 @@ def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor,
     _check_devices(names, v_a, s_a, v_b, s_b)
     v_out = torch.empty(v_a.shape, dtype=v_a.dtype, device=v_a.device)
     s_out = torch.empty(s_a.shape, dtype=torch.float32, device=v_a.device)
-    get_cascade_module(v_a.dtype).merge_state(v_a.contiguous(), _as_lse(s_a), v_b.contiguous(),
-                                              _as_lse(s_b), v_out, s_out, None, False)
+    get_cascade_module(v_a.dtype).merge_state(
+        v_a.contiguous(), _as_lse(s_a), v_b.contiguous(), _as_lse(s_b), v_out, s_out, None, False
+    )
     return v_out, s_out
 
 
 @flashinfer_api(trace=_trace.merge_state_in_place_trace)
-def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor,
-                         s_other: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+def merge_state_in_place(
+    v: torch.Tensor,
+    s: torch.Tensor,
+    v_other: torch.Tensor,
+    s_other: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> None:
     """``(v, s) <- merge((v, s), (v_other, s_other))`` in place, at the positions where
     ``mask`` (``[seq_len]`` bool) is true (everywhere without a mask). ``v`` and ``s``
     must be contiguous; an ``s`` that is not float32 is merged in float32 and written back
@@ -109,8 +118,9 @@ def merge_state_in_place(v: torch.Tensor, s: torch.Tensor, v_other: torch.Tensor
         checks.check_cuda("mask", mask, like=v)
         mask = mask.contiguous()
     s32 = _as_lse(s)
-    get_cascade_module(v.dtype).merge_state(v, s32, v_other.contiguous(), _as_lse(s_other),
-                                            v, s32, mask, True)
+    get_cascade_module(v.dtype).merge_state(
+        v, s32, v_other.contiguous(), _as_lse(s_other), v, s32, mask, True
+    )
     if s32 is not s:
         s.copy_(s32)
 
@@ -137,8 +147,9 @@ def _as_lse(s: torch.Tensor) -> torch.Tensor:
 def _per_level(name: str, value: Any, num_levels: int) -> list[Any]:
     """One entry per level, as a list."""
     if not isinstance(value, (list, tuple)):
-        raise TypeError(f"{name} must be a list with one entry per level, got "
-                        f"{type(value).__name__}")
+        raise TypeError(
+            f"{name} must be a list with one entry per level, got {type(value).__name__}"
+        )
     if len(value) != num_levels:
         raise ValueError(f"{name} has {len(value)} entries; num_levels is {num_levels}")
     return list(value)
@@ -162,8 +173,10 @@ def _check_disjoint(name: str, buffers: list[torch.Tensor]) -> None:
     for j, (device_j, start_j, end_j) in enumerate(spans):
         for i, (device_i, start_i, end_i) in enumerate(spans[:j]):
             if device_i == device_j and start_i < end_j and start_j < end_i:
-                raise ValueError(f"{name}[{i}] and {name}[{j}] overlap: each level keeps its "
-                                 "schedule in its own int workspace")
+                raise ValueError(
+                    f"{name}[{i}] and {name}[{j}] overlap: each level keeps its "
+                    "schedule in its own int workspace"
+                )
 
 
 class MultiLevelCascadeAttentionWrapper:
@@ -188,36 +201,52 @@ class MultiLevelCascadeAttentionWrapper:
     buffer arrays are ignored, as in the reference.
     """
 
-    def __init__(self, num_levels: int, float_workspace_buffer: torch.Tensor,
-                 kv_layout: str = "NHD", use_cuda_graph: bool = False,
-                 qo_indptr_buf_arr: list[torch.Tensor] | None = None,
-                 paged_kv_indptr_buf_arr: list[torch.Tensor] | None = None,
-                 paged_kv_indices_buf_arr: list[torch.Tensor] | None = None,
-                 paged_kv_last_page_len_buf_arr: list[torch.Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        num_levels: int,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf_arr: list[torch.Tensor] | None = None,
+        paged_kv_indptr_buf_arr: list[torch.Tensor] | None = None,
+        paged_kv_indices_buf_arr: list[torch.Tensor] | None = None,
+        paged_kv_last_page_len_buf_arr: list[torch.Tensor] | None = None,
+    ) -> None:
         checks.check_int("num_levels", num_levels, 1)
         check_workspace("float_workspace_buffer", float_workspace_buffer)
         checks.check_kv_layout(kv_layout)
         checks.check_bool("use_cuda_graph", use_cuda_graph)
         if use_cuda_graph:
-            arrays = {"qo_indptr_buf_arr": qo_indptr_buf_arr,
-                      "paged_kv_indptr_buf_arr": paged_kv_indptr_buf_arr,
-                      "paged_kv_indices_buf_arr": paged_kv_indices_buf_arr,
-                      "paged_kv_last_page_len_buf_arr": paged_kv_last_page_len_buf_arr}
+            arrays = {
+                "qo_indptr_buf_arr": qo_indptr_buf_arr,
+                "paged_kv_indptr_buf_arr": paged_kv_indptr_buf_arr,
+                "paged_kv_indices_buf_arr": paged_kv_indices_buf_arr,
+                "paged_kv_last_page_len_buf_arr": paged_kv_last_page_len_buf_arr,
+            }
             for name, value in arrays.items():
                 if value is None:
-                    raise ValueError(f"use_cuda_graph=True needs {name} (each level's "
-                                     "fixed-size buffer)")
-            level_buffers = list(zip(*(_per_level(name, value, num_levels)
-                                       for name, value in arrays.items())))
+                    raise ValueError(
+                        f"use_cuda_graph=True needs {name} (each level's fixed-size buffer)"
+                    )
+            level_buffers = list(
+                zip(*(_per_level(name, value, num_levels) for name, value in arrays.items()))
+            )
         else:
             level_buffers = [(None, None, None, None)] * num_levels
         self._batch_prefill_wrappers: list[BatchPrefillWithPagedKVCacheWrapper] = []
         for i, (qo_buf, indptr_buf, indices_buf, last_buf) in enumerate(level_buffers):
             with _level(i):
-                self._batch_prefill_wrappers.append(BatchPrefillWithPagedKVCacheWrapper(
-                    float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf=qo_buf,
-                    paged_kv_indptr_buf=indptr_buf, paged_kv_indices_buf=indices_buf,
-                    paged_kv_last_page_len_buf=last_buf))
+                self._batch_prefill_wrappers.append(
+                    BatchPrefillWithPagedKVCacheWrapper(
+                        float_workspace_buffer,
+                        kv_layout,
+                        use_cuda_graph,
+                        qo_indptr_buf=qo_buf,
+                        paged_kv_indptr_buf=indptr_buf,
+                        paged_kv_indices_buf=indices_buf,
+                        paged_kv_last_page_len_buf=last_buf,
+                    )
+                )
         self._num_levels = num_levels
         self._kv_layout = kv_layout
         self._use_cuda_graph = use_cuda_graph
@@ -229,12 +258,15 @@ class MultiLevelCascadeAttentionWrapper:
 
     def __repr__(self) -> str:
         """What API logs show for the wrapper: its levels and whether it is planned."""
-        return (f"MultiLevelCascadeAttentionWrapper(num_levels={self._num_levels}, "
-                f"kv_layout={self._kv_layout!r}, use_cuda_graph={self._use_cuda_graph}, "
-                f"{'planned' if self._planned else 'not planned'})")
+        return (
+            f"MultiLevelCascadeAttentionWrapper(num_levels={self._num_levels}, "
+            f"kv_layout={self._kv_layout!r}, use_cuda_graph={self._use_cuda_graph}, "
+            f"{'planned' if self._planned else 'not planned'})"
+        )
 
-    def reset_workspace_buffer(self, float_workspace_buffer: torch.Tensor,
-                               int_workspace_buffers: list[torch.Tensor]) -> None:
+    def reset_workspace_buffer(
+        self, float_workspace_buffer: torch.Tensor, int_workspace_buffers: list[torch.Tensor]
+    ) -> None:
         """Use new workspaces: the float one shared by every level, one int workspace per
         level (not overlapping). The next ``run()`` needs a new ``plan()``."""
         buffers = _per_level("int_workspace_buffers", int_workspace_buffers, self._num_levels)
@@ -247,49 +279,95 @@ class MultiLevelCascadeAttentionWrapper:
         self._planned = False
 
     @flashinfer_api
-    def plan(self, qo_indptr_arr: list[torch.Tensor], paged_kv_indptr_arr: list[torch.Tensor],
-             paged_kv_indices_arr: list[torch.Tensor],
-             paged_kv_last_page_len: list[torch.Tensor], num_qo_heads: int, num_kv_heads: int,
-             head_dim: int, page_size: int, causal: bool = False,
-             pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
-             sm_scale: float | None = None, window_left: int = -1,
-             logits_soft_cap: float | None = None, rope_scale: float | None = None,
-             rope_theta: float | None = None, q_data_type: str | torch.dtype = "float16",
-             kv_data_type: str | torch.dtype | None = None) -> None:
+    def plan(
+        self,
+        qo_indptr_arr: list[torch.Tensor],
+        paged_kv_indptr_arr: list[torch.Tensor],
+        paged_kv_indices_arr: list[torch.Tensor],
+        paged_kv_last_page_len: list[torch.Tensor],
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        sm_scale: float | None = None,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+        q_data_type: str | torch.dtype = "float16",
+        kv_data_type: str | torch.dtype | None = None,
+    ) -> None:
         """Plan every level: entry ``i`` of each array is level ``i``'s page table (as the
         prefill wrapper's ``plan`` takes it). The options are checked once, before any level
         is planned; a level's error names the level. A ``plan()`` that raises after that
         leaves the wrapper unplanned (the earlier levels already hold the new batch)."""
         n = self._num_levels
-        tables = [_per_level(name, value, n) for name, value in (
-            ("qo_indptr_arr", qo_indptr_arr), ("paged_kv_indptr_arr", paged_kv_indptr_arr),
-            ("paged_kv_indices_arr", paged_kv_indices_arr),
-            ("paged_kv_last_page_len", paged_kv_last_page_len))]
+        tables = [
+            _per_level(name, value, n)
+            for name, value in (
+                ("qo_indptr_arr", qo_indptr_arr),
+                ("paged_kv_indptr_arr", paged_kv_indptr_arr),
+                ("paged_kv_indices_arr", paged_kv_indices_arr),
+                ("paged_kv_last_page_len", paged_kv_last_page_len),
+            )
+        ]
         _check_options(
-            num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim_qk=head_dim,
-            head_dim_vo=None, causal=causal, pos_encoding_mode=pos_encoding_mode,
-            use_fp16_qk_reduction=use_fp16_qk_reduction, sm_scale=sm_scale,
-            window_left=window_left, logits_soft_cap=logits_soft_cap, rope_scale=rope_scale,
-            rope_theta=rope_theta, q_data_type=q_data_type, kv_data_type=kv_data_type,
-            o_data_type=None, non_blocking=True, prefix_len_ptr=None,
-            token_pos_in_items_ptr=None, token_pos_in_items_len=0, max_item_len_ptr=None,
-            fixed_split_size=None, disable_split_kv=False)
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim_qk=head_dim,
+            head_dim_vo=None,
+            causal=causal,
+            pos_encoding_mode=pos_encoding_mode,
+            use_fp16_qk_reduction=use_fp16_qk_reduction,
+            sm_scale=sm_scale,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
+            q_data_type=q_data_type,
+            kv_data_type=kv_data_type,
+            o_data_type=None,
+            non_blocking=True,
+            prefix_len_ptr=None,
+            token_pos_in_items_ptr=None,
+            token_pos_in_items_len=0,
+            max_item_len_ptr=None,
+            fixed_split_size=None,
+            disable_split_kv=False,
+        )
         checks.check_int("page_size", page_size, 1)
-        total_q = [_host_indptr(f"qo_indptr_arr[{i}]", t, None)[-1]
-                   for i, t in enumerate(qo_indptr_arr)]
+        total_q = [
+            _host_indptr(f"qo_indptr_arr[{i}]", t, None)[-1] for i, t in enumerate(qo_indptr_arr)
+        ]
         for i, total in enumerate(total_q):
             if total != total_q[0]:
-                raise ValueError(f"qo_indptr_arr[{i}][-1] is {total}, qo_indptr_arr[0][-1] is "
-                                 f"{total_q[0]}: every level covers the same rows of q")
+                raise ValueError(
+                    f"qo_indptr_arr[{i}][-1] is {total}, qo_indptr_arr[0][-1] is "
+                    f"{total_q[0]}: every level covers the same rows of q"
+                )
         self._planned = False
         for i, (wrapper, *table) in enumerate(zip(self._batch_prefill_wrappers, *tables)):
             with _level(i):
-                wrapper.plan(*table, num_qo_heads, num_kv_heads, head_dim, page_size,
-                             causal=causal and i == n - 1, pos_encoding_mode=pos_encoding_mode,
-                             use_fp16_qk_reduction=use_fp16_qk_reduction, sm_scale=sm_scale,
-                             window_left=window_left, logits_soft_cap=logits_soft_cap,
-                             rope_scale=rope_scale, rope_theta=rope_theta,
-                             q_data_type=q_data_type, kv_data_type=kv_data_type)
+                wrapper.plan(
+                    *table,
+                    num_qo_heads,
+                    num_kv_heads,
+                    head_dim,
+                    page_size,
+                    causal=causal and i == n - 1,
+                    pos_encoding_mode=pos_encoding_mode,
+                    use_fp16_qk_reduction=use_fp16_qk_reduction,
+                    sm_scale=sm_scale,
+                    window_left=window_left,
+                    logits_soft_cap=logits_soft_cap,
+                    rope_scale=rope_scale,
+                    rope_theta=rope_theta,
+                    q_data_type=q_data_type,
+                    kv_data_type=kv_data_type,
+                )
         self._planned = True
 
     begin_forward = plan
@@ -300,14 +378,16 @@ class MultiLevelCascadeAttentionWrapper:
         ahead of CUDA-graph capture; ours takes the K and V strides separately in every
         launch, so after checking the call as the reference does there is nothing to do."""
         if variant != "independent":
-            raise ValueError(f"variant must be 'independent' (K and V with different strides), "
-                             f"got {variant!r}")
+            raise ValueError(
+                f"variant must be 'independent' (K and V with different strides), got {variant!r}"
+            )
         if not self._planned:
             raise RuntimeError("call plan() before prewarm_paged_kv_stride_variant()")
 
     @flashinfer_api(trace=_trace.cascade_run_trace)
-    def run(self, q: torch.Tensor,
-            paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def run(
+        self, q: torch.Tensor, paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
         """``q`` ``[qo_indptr_arr[i][-1], num_qo_heads, head_dim]``; ``paged_kv_cache`` in
         any form the prefill wrapper takes (a ``(k, v)`` pair of 4-D page tensors or one
         ``[num_pages, 2, ...]`` tensor). Returns the attention output, like q. The last level

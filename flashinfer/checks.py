@@ -22,7 +22,8 @@ def check_tensor(name: str, value: Any) -> torch.Tensor:
 def check_ndim(name: str, tensor: torch.Tensor, ndim: int, layout: str) -> None:
     if tensor.dim() != ndim:
         raise ValueError(
-            f"{name} must be {ndim}-D {layout}, got {tensor.dim()}-D with shape {tuple(tensor.shape)}"
+            f"{name} must be {ndim}-D {layout}, got {tensor.dim()}-D with shape "
+            f"{tuple(tensor.shape)}"
         )
 
 
@@ -73,8 +74,9 @@ def check_eps(eps: Any) -> float:
     return float(eps)
 
 
-def check_index_tensor(name: str, tensor: Any, length: int | None,
-                       dtypes: Iterable[torch.dtype]) -> None:
+def check_index_tensor(
+    name: str, tensor: Any, length: int | None, dtypes: Iterable[torch.dtype]
+) -> None:
     """A contiguous 1-D index tensor of ``dtypes`` with ``length`` elements (any when None)."""
     check_tensor(name, tensor)
     check_ndim(name, tensor, 1, "index tensor")
@@ -91,8 +93,9 @@ def check_bool(name: str, value: Any) -> bool:
     return value
 
 
-def check_int(name: str, value: Any, low: int | None = None, high: int | None = None, *,
-              kind: str = "an int") -> int:
+def check_int(
+    name: str, value: Any, low: int | None = None, high: int | None = None, *, kind: str = "an int"
+) -> int:
     """An int (bool rejected) in ``[low, high]`` (either bound optional). ``kind`` names
     what the argument may be in the TypeError (e.g. "an int or a [batch] tensor")."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -104,9 +107,17 @@ def check_int(name: str, value: Any, low: int | None = None, high: int | None = 
     return value
 
 
-def check_number(name: str, value: Any, low: float | None = None, high: float | None = None,
-                 *, low_open: bool = False, high_open: bool = False, kind: str = "a float",
-                 allow_inf: bool = False) -> float:
+def check_number(
+    name: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    kind: str = "a float",
+    allow_inf: bool = False,
+) -> float:
     """A real number (bool rejected; NaN, and infinities unless ``allow_inf``, refused) within
     the bounds, each closed unless ``*_open``. ``kind`` as for :func:`check_int`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -46,8 +46,15 @@ def _parse_optional_str(raw: str) -> str | None:
 
 
 # The reference's documents name 0, 1, 3 and 5; 2 logs as 1 and 4 as 3; 10 (dumps) is ours.
-API_LOG_LEVELS = {0: "off", 1: "names", 2: "as 1", 3: "inputs/outputs", 4: "as 3",
-                  5: "statistics", 10: "dumps"}
+API_LOG_LEVELS = {
+    0: "off",
+    1: "names",
+    2: "as 1",
+    3: "inputs/outputs",
+    4: "as 3",
+    5: "statistics",
+    10: "dumps",
+}
 DEBUG_PRINTER_LEVELS = {0: "off", 1: "save", 2: "print", 3: "kernel names only"}
 
 
@@ -147,11 +154,14 @@ class Config:
     jit_verbose = EnvVar(
         "FLASHINFER_JIT_VERBOSE", False, _parse_bool, "show ninja/compiler commands and output"
     )
-    jit_debug = EnvVar(
-        "FLASHINFER_JIT_DEBUG", False, _parse_bool, "device debug build: -g -G -O0"
-    )
+    jit_debug = EnvVar("FLASHINFER_JIT_DEBUG", False, _parse_bool, "device debug build: -g -G -O0")
     jit_lineinfo = EnvVar("FLASHINFER_JIT_LINEINFO", False, _parse_bool, "nvcc -lineinfo")
-    nvcc = EnvVar("FLASHINFER_NVCC", "nvcc", str, "the CUDA compiler")
+    nvcc = EnvVar(
+        "FLASHINFER_NVCC",
+        None,
+        _parse_optional_str,
+        "the CUDA compiler; default: $CUDA_HOME/bin/nvcc when CUDA_HOME is set, else nvcc on PATH",
+    )
     cxx = EnvVar("CXX", "c++", str, "the host C++ compiler")
     search_path = EnvVar("PATH", "", str, "where compilers are looked up")
     cuda_home = EnvVar(
@@ -163,16 +173,10 @@ class Config:
     cxx_launcher = EnvVar(
         "FLASHINFER_CXX_LAUNCHER", (), _parse_flags, "prefix for host compiler commands"
     )
-    extra_cflags = EnvVar(
-        "FLASHINFER_EXTRA_CFLAGS", (), _parse_flags, "extra host compiler flags"
-    )
-    extra_cudaflags = EnvVar(
-        "FLASHINFER_EXTRA_CUDAFLAGS", (), _parse_flags, "extra nvcc flags"
-    )
+    extra_cflags = EnvVar("FLASHINFER_EXTRA_CFLAGS", (), _parse_flags, "extra host compiler flags")
+    extra_cudaflags = EnvVar("FLASHINFER_EXTRA_CUDAFLAGS", (), _parse_flags, "extra nvcc flags")
     extra_ldflags = EnvVar("FLASHINFER_EXTRA_LDFLAGS", (), _parse_flags, "extra linker flags")
-    nvcc_threads = EnvVar(
-        "FLASHINFER_NVCC_THREADS", 1, _parse_positive_int, "nvcc --threads"
-    )
+    nvcc_threads = EnvVar("FLASHINFER_NVCC_THREADS", 1, _parse_positive_int, "nvcc --threads")
     max_jobs = EnvVar(
         "MAX_JOBS", None, _parse_positive_int, "ninja -j; default from cores and memory"
     )
@@ -194,11 +198,20 @@ class Config:
         lambda raw: _parse_non_negative_float(raw) if raw.strip() else None,
         "evict least recently used modules past this size after a build (default: no limit)",
     )
+    disable_version_check = EnvVar(
+        "FLASHINFER_DISABLE_VERSION_CHECK",
+        False,
+        _parse_bool,
+        "use AOT layer modules built by another flashinfer version (mixing versions on purpose)",
+    )
     disable_jit = EnvVar(
         "FLASHINFER_DISABLE_JIT", False, _parse_bool, "never compile; a missing module is an error"
     )
     logging_level = EnvVar(
-        "FLASHINFER_LOGGING_LEVEL", logging.INFO, _parse_log_level, "level of the flashinfer loggers"
+        "FLASHINFER_LOGGING_LEVEL",
+        logging.INFO,
+        _parse_log_level,
+        "level of the flashinfer loggers",
     )
 
     api_log_level = EnvVar(
@@ -224,14 +237,18 @@ class Config:
         "FLASHINFER_DUMP_MAX_COUNT", 1000, _parse_positive_int, "stop dumping after N calls"
     )
     dump_max_size_gb = EnvVar(
-        "FLASHINFER_DUMP_MAX_SIZE_GB", 20.0, _parse_non_negative_float,
+        "FLASHINFER_DUMP_MAX_SIZE_GB",
+        20.0,
+        _parse_non_negative_float,
         "stop dumping past this many GB",
     )
     dump_safetensors = EnvVar(
         "FLASHINFER_DUMP_SAFETENSORS", False, _parse_bool, "dump .safetensors instead of .pt"
     )
     trace_dump = EnvVar(
-        "FLASHINFER_TRACE_DUMP", False, _parse_bool,
+        "FLASHINFER_TRACE_DUMP",
+        False,
+        _parse_bool,
         "write each decorated API's fi_trace definition JSON on its first call per const-axis "
         "values (read at import)",
     )

@@ -48,14 +48,21 @@ def synchronize(args: Sequence[Any]) -> None:
 
 
 def _describe_tensor_line(t: torch.Tensor, capture: bool) -> list[str]:
-    parts = [f"numel={t.numel()}", f"shape={tuple(t.shape)}",
-             f"dtype={dtype_name(t.dtype)}", f"device={t.device}"]
+    parts = [
+        f"numel={t.numel()}",
+        f"shape={tuple(t.shape)}",
+        f"dtype={dtype_name(t.dtype)}",
+        f"device={t.device}",
+    ]
     if capture:
         return [", ".join(parts)]
     stats = tensor_stats(t, with_std=True)
     order = ("mean", "min", "max", "std", "nan_count", "inf_count", "true_count", "false_count")
-    parts += [f"{k}={stats[k]:.6g}" if isinstance(stats[k], float) else f"{k}={stats[k]}"
-              for k in order if k in stats]
+    parts += [
+        f"{k}={stats[k]:.6g}" if isinstance(stats[k], float) else f"{k}={stats[k]}"
+        for k in order
+        if k in stats
+    ]
     lines = [", ".join(parts)]
     if 0 < t.numel() <= MAX_VALUES:
         lines.append(f"    values: {t.detach().cpu().tolist()}")
@@ -70,8 +77,13 @@ def save_name(phase: str, kernel: str, arg: str, device: torch.device) -> str:
 class LaunchPrinter:
     """Instruments module functions for one level, kernel filter, destination and dir."""
 
-    def __init__(self, level: int, kernels: Sequence[str] = (), dest: Destination | None = None,
-                 directory: Path = Path("flashinfer_debug")) -> None:
+    def __init__(
+        self,
+        level: int,
+        kernels: Sequence[str] = (),
+        dest: Destination | None = None,
+        directory: Path = Path("flashinfer_debug"),
+    ) -> None:
         self.level = level
         self.kernels = {k.lower() for k in kernels}
         self.dest = dest or Destination("stdout")
@@ -80,22 +92,28 @@ class LaunchPrinter:
 
     @classmethod
     def from_config(cls) -> LaunchPrinter:
-        return cls(config.debug_printer, config.debug_printer_kernels,
-                   Destination(config.api_log_dest), config.debug_printer_dir)
+        return cls(
+            config.debug_printer,
+            config.debug_printer_kernels,
+            Destination(config.api_log_dest),
+            config.debug_printer_dir,
+        )
 
     def selects(self, kernel: str) -> bool:
         if not self.kernels:
             return True
         return kernel.lower() in self.kernels or kernel.rsplit(".", 1)[-1].lower() in self.kernels
 
-    def instrument(self, module: Any, module_name: str,
-                   arg_names: Mapping[str, Sequence[str]] | None = None) -> Any:
+    def instrument(
+        self, module: Any, module_name: str, arg_names: Mapping[str, Sequence[str]] | None = None
+    ) -> Any:
         if self.level == 0:
             return module
         return InstrumentedModule(module, module_name, self, dict(arg_names or {}))
 
-    def wrap(self, kernel: str, func: Callable[..., Any], names: Sequence[str]
-             ) -> Callable[..., Any]:
+    def wrap(
+        self, kernel: str, func: Callable[..., Any], names: Sequence[str]
+    ) -> Callable[..., Any]:
         if self.level == 0 or not self.selects(kernel):
             return func
 
@@ -103,6 +121,7 @@ class LaunchPrinter:
             return names[index] if index < len(names) else f"arg{index}"
 
         if self.level == 3:
+
             def launch(*args: Any) -> Any:
                 self.dest.write(f"[ before_launch: {kernel} ]")
                 result = func(*args)
@@ -126,8 +145,9 @@ class LaunchPrinter:
         launch.__wrapped__ = func  # type: ignore[attr-defined]
         return launch
 
-    def _print(self, phase: str, kernel: str, args: Sequence[Any],
-               arg_name: Callable[[int], str]) -> None:
+    def _print(
+        self, phase: str, kernel: str, args: Sequence[Any], arg_name: Callable[[int], str]
+    ) -> None:
         capture = graph_capture_in_progress()
         lines = [f"[ {phase}: {kernel} ] ({_CAPTURE_NOTE})"] if capture else []
         if not args:
@@ -142,16 +162,21 @@ class LaunchPrinter:
                 lines.append(prefix + format_value(value))
         self.dest.write("\n".join(lines))
 
-    def _save(self, phase: str, kernel: str, args: Sequence[Any],
-              arg_name: Callable[[int], str]) -> None:
+    def _save(
+        self, phase: str, kernel: str, args: Sequence[Any], arg_name: Callable[[int], str]
+    ) -> None:
         if graph_capture_in_progress():
             self.dest.write(f"[ {phase}: {kernel} ] not saved ({_CAPTURE_NOTE})")
             return
         for index, value in enumerate(args):
             if isinstance(value, torch.Tensor) and not self._saves_failed:
                 arg = arg_name(index)
-                self._write(value.detach().cpu().clone(), kernel, arg,
-                            save_name(phase, kernel, arg, value.device))
+                self._write(
+                    value.detach().cpu().clone(),
+                    kernel,
+                    arg,
+                    save_name(phase, kernel, arg, value.device),
+                )
 
     def _write(self, tensor: torch.Tensor, kernel: str, arg: str, name: str) -> None:
         """Save one tensor; an unwritable directory stops saving with one warning (the copy
@@ -163,16 +188,19 @@ class LaunchPrinter:
             logger.info("Saved intermediate tensor %s for %s to %s", arg, kernel, path)
         except (OSError, RuntimeError) as err:  # torch.save reports write errors as RuntimeError
             self._saves_failed = True
-            warn_once(f"debug_printer_dir:{self.directory}",
-                      f"cannot save tensors to FLASHINFER_DEBUG_PRINTER_DIR={self.directory} "
-                      f"({type(err).__name__}: {err}); the debug printer stops saving")
+            warn_once(
+                f"debug_printer_dir:{self.directory}",
+                f"cannot save tensors to FLASHINFER_DEBUG_PRINTER_DIR={self.directory} "
+                f"({type(err).__name__}: {err}); the debug printer stops saving",
+            )
 
 
 class InstrumentedModule:
     """A loaded module whose exported functions go through a LaunchPrinter."""
 
-    def __init__(self, module: Any, name: str, printer: LaunchPrinter,
-                 arg_names: dict[str, Sequence[str]]) -> None:
+    def __init__(
+        self, module: Any, name: str, printer: LaunchPrinter, arg_names: dict[str, Sequence[str]]
+    ) -> None:
         self._module = module
         self._name = name
         self._printer = printer
@@ -182,8 +210,7 @@ class InstrumentedModule:
         value = getattr(self._module, attr)
         if attr.startswith("_") or not callable(value):
             return value
-        wrapped = self._printer.wrap(f"{self._name}.{attr}", value,
-                                     self._arg_names.get(attr, ()))
+        wrapped = self._printer.wrap(f"{self._name}.{attr}", value, self._arg_names.get(attr, ()))
         setattr(self, attr, wrapped)  # wrap each function once
         return wrapped
 

@@ -57,15 +57,28 @@ from .pdl import resolve_enable_pdl
 from .trace.templates import attention as _trace
 from .utils import get_device_sm_count
 
-
 # A bound on resident CTAs per SM (the hardware's), for CUDA-graph buffer capacities.
 _MAX_CTAS_PER_SM = 32
 # plan()'s optional arguments after page_size, in the order the reference's deprecated
 # positional form takes them.
-_LEGACY_PLAN_ARGS = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type",
-                     "kv_data_type", "o_data_type", "data_type", "sm_scale", "rope_scale",
-                     "rope_theta", "non_blocking", "block_tables", "seq_lens",
-                     "fixed_split_size", "disable_split_kv", "q_len_per_req")
+_LEGACY_PLAN_ARGS = (
+    "pos_encoding_mode",
+    "window_left",
+    "logits_soft_cap",
+    "q_data_type",
+    "kv_data_type",
+    "o_data_type",
+    "data_type",
+    "sm_scale",
+    "rope_scale",
+    "rope_theta",
+    "non_blocking",
+    "block_tables",
+    "seq_lens",
+    "fixed_split_size",
+    "disable_split_kv",
+    "q_len_per_req",
+)
 
 
 @functools.cache
@@ -86,29 +99,43 @@ def _check_heads(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> int:
     checks.check_int("num_qo_heads", num_qo_heads, 1)
     checks.check_int("num_kv_heads", num_kv_heads, 1)
     if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {', '.join(map(str, HEAD_DIMS))}, "
-                         f"got {head_dim}")
+        raise ValueError(
+            f"head_dim must be one of {', '.join(map(str, HEAD_DIMS))}, got {head_dim}"
+        )
     if num_qo_heads % num_kv_heads:
-        raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
-                         f"({num_kv_heads}): the GQA group size must be integral")
+        raise ValueError(
+            f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
+            f"({num_kv_heads}): the GQA group size must be integral"
+        )
     if num_qo_heads > 65535:  # a grid dim of the split-KV merge
         raise ValueError(f"num_qo_heads must be <= 65535, got {num_qo_heads}")
     group = num_qo_heads // num_kv_heads
     if group * head_dim // 8 > 1024:
-        raise ValueError(f"GQA group size {group} is too large for head_dim {head_dim}: a "
-                         f"block would need {group * head_dim // 8} > 1024 threads")
+        raise ValueError(
+            f"GQA group size {group} is too large for head_dim {head_dim}: a "
+            f"block would need {group * head_dim // 8} > 1024 threads"
+        )
     return group
 
 
 @flashinfer_api(trace=_trace.single_decode_with_kv_cache_trace)
-def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                                kv_layout: str = "NHD", pos_encoding_mode: str = "NONE",
-                                use_tensor_cores: bool = False, q_scale: float | None = None,
-                                k_scale: float | None = None, v_scale: float | None = None,
-                                window_left: int = -1, logits_soft_cap: float | None = None,
-                                sm_scale: float | None = None, rope_scale: float | None = None,
-                                rope_theta: float | None = None, return_lse: bool = False
-                                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+def single_decode_with_kv_cache(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_tensor_cores: bool = False,
+    q_scale: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    sm_scale: float | None = None,
+    rope_scale: float | None = None,
+    rope_theta: float | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of one query ``q`` ``[num_qo_heads, head_dim]`` over ``k``/``v``
     ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]``
     (HND). Returns ``out`` like q, and ``lse`` ``[num_qo_heads]`` (base 2) with
@@ -133,7 +160,8 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     if k.shape[2] != head_dim:
         raise ValueError(f"k has head_dim {k.shape[2]}, q has {head_dim}")
     group = (prefill._check_heads if use_tensor_cores else _check_heads)(
-        num_qo_heads, kv_heads, head_dim)
+        num_qo_heads, kv_heads, head_dim
+    )
     scale, cap = score_params(head_dim, sm_scale, logits_soft_cap, q_scale, k_scale)
     v_scale = check_optional_number("v_scale", v_scale)
     check_rope(rope_scale, rope_theta)
@@ -145,25 +173,49 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
     if use_tensor_cores:
         # q_scale folds into sm_scale: single prefill takes no q_scale
-        prefill_scale = ((1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale)
-                         * (1.0 if q_scale is None else q_scale))
+        prefill_scale = (1.0 / math.sqrt(head_dim) if sm_scale is None else sm_scale) * (
+            1.0 if q_scale is None else q_scale
+        )
         result = prefill.single_prefill_with_kv_cache(
-            q[None], k, v, kv_layout=kv_layout, sm_scale=prefill_scale,
-            window_left=window_left, logits_soft_cap=logits_soft_cap, return_lse=return_lse,
-            k_scale=k_scale, v_scale=v_scale)
+            q[None],
+            k,
+            v,
+            kv_layout=kv_layout,
+            sm_scale=prefill_scale,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            return_lse=return_lse,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
         return (result[0][0], result[1][0]) if return_lse else result[0]
-    schedule = plan_decode_schedule([kv_len], kv_heads,
-                                    _max_ctas(q.dtype, head_dim, group, q.device), window_left)
+    schedule = plan_decode_schedule(
+        [kv_len], kv_heads, _max_ctas(q.dtype, head_dim, group, q.device), window_left
+    )
     chunks = schedule.num_work
     rows = chunks if chunks > 1 else 0
-    tmp_v = torch.empty(max(rows * num_qo_heads * head_dim, 1), dtype=torch.float32,
-                        device=q.device)
+    tmp_v = torch.empty(
+        max(rows * num_qo_heads * head_dim, 1), dtype=torch.float32, device=q.device
+    )
     tmp_lse = torch.empty(max(rows * num_qo_heads, 1), dtype=torch.float32, device=q.device)
     out = torch.empty((num_qo_heads, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty(num_qo_heads, dtype=torch.float32, device=q.device) if return_lse else None
     get_decode_module(q.dtype, head_dim).single_decode(
-        q, k, v, tmp_v, tmp_lse, out, lse, hnd, window_left, schedule.chunk_size or 1, chunks,
-        scale, cap, resolve_enable_pdl(None, q.device))
+        q,
+        k,
+        v,
+        tmp_v,
+        tmp_lse,
+        out,
+        lse,
+        hnd,
+        window_left,
+        schedule.chunk_size or 1,
+        chunks,
+        scale,
+        cap,
+        resolve_enable_pdl(None, q.device),
+    )
     apply_v_scale(out, v_scale)
     return (out, lse) if return_lse else out
 
@@ -171,6 +223,7 @@ def single_decode_with_kv_cache(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 @dataclass(frozen=True)
 class _Plan:
     """What plan() fixed and run() checks against and launches with."""
+
     batch: int
     num_qo_heads: int
     num_kv_heads: int
@@ -214,20 +267,28 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
     over this wrapper's buffers does both, and everything above holds the same.
     """
 
-    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
-                 use_cuda_graph: bool = False, use_tensor_cores: bool = False,
-                 paged_kv_indptr_buffer: torch.Tensor | None = None,
-                 paged_kv_indices_buffer: torch.Tensor | None = None,
-                 paged_kv_last_page_len_buffer: torch.Tensor | None = None,
-                 backend: str = "auto", jit_args: list[Any] | None = None) -> None:
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        use_tensor_cores: bool = False,
+        paged_kv_indptr_buffer: torch.Tensor | None = None,
+        paged_kv_indices_buffer: torch.Tensor | None = None,
+        paged_kv_last_page_len_buffer: torch.Tensor | None = None,
+        backend: str = "auto",
+        jit_args: list[Any] | None = None,
+    ) -> None:
         workspace = check_workspace("float_workspace_buffer", float_workspace_buffer)
         checks.check_kv_layout(kv_layout)
         checks.check_bool("use_cuda_graph", use_cuda_graph)
         checks.check_bool("use_tensor_cores", use_tensor_cores)
         if backend not in BACKENDS:
-            raise ValueError(f"backend {backend!r} is not available; this library has "
-                             f"{', '.join(map(repr, BACKENDS))} (the CUDA-core decode kernel, "
-                             "or the prefill kernel with use_tensor_cores=True)")
+            raise ValueError(
+                f"backend {backend!r} is not available; this library has "
+                f"{', '.join(map(repr, BACKENDS))} (the CUDA-core decode kernel, "
+                "or the prefill kernel with use_tensor_cores=True)"
+            )
         if jit_args is not None:
             raise ValueError("jit_args (custom attention variants) are not supported")
         self._kv_layout = kv_layout
@@ -240,17 +301,21 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         self._jit_module = None
         self._fixed_batch_size = 0
         if use_cuda_graph:
-            for name, t in (("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
-                            ("paged_kv_indices_buffer", paged_kv_indices_buffer),
-                            ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer)):
+            for name, t in (
+                ("paged_kv_indptr_buffer", paged_kv_indptr_buffer),
+                ("paged_kv_indices_buffer", paged_kv_indices_buffer),
+                ("paged_kv_last_page_len_buffer", paged_kv_last_page_len_buffer),
+            ):
                 if t is None:
                     raise ValueError(f"use_cuda_graph=True needs {name} (fixed-size buffers)")
                 checks.check_index_tensor(name, t, None, (torch.int32,))
                 checks.check_cuda(name, t, like=float_workspace_buffer)
             self._fixed_batch_size = paged_kv_last_page_len_buffer.shape[0]
             if paged_kv_indptr_buffer.shape[0] != self._fixed_batch_size + 1:
-                raise ValueError("paged_kv_indptr_buffer must have one more element than "
-                                 "paged_kv_last_page_len_buffer (batch_size + 1)")
+                raise ValueError(
+                    "paged_kv_indptr_buffer must have one more element than "
+                    "paged_kv_last_page_len_buffer (batch_size + 1)"
+                )
         self._paged_kv_indptr_buf = paged_kv_indptr_buffer
         self._paged_kv_indices_buf = paged_kv_indices_buffer
         self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
@@ -258,17 +323,27 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         if use_tensor_cores:
             # Its query indptr is fixed (one token per request); the page-table buffers and
             # the int workspace are this wrapper's own.
-            qo_indptr = (torch.arange(self._fixed_batch_size + 1, dtype=torch.int32,
-                                      device=self.device) if use_cuda_graph else None)
+            qo_indptr = (
+                torch.arange(self._fixed_batch_size + 1, dtype=torch.int32, device=self.device)
+                if use_cuda_graph
+                else None
+            )
             self._prefill = prefill.BatchPrefillWithPagedKVCacheWrapper(
-                float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr,
-                paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer,
-                backend=backend)
+                float_workspace_buffer,
+                kv_layout,
+                use_cuda_graph,
+                qo_indptr,
+                paged_kv_indptr_buffer,
+                paged_kv_indices_buffer,
+                paged_kv_last_page_len_buffer,
+                backend=backend,
+            )
             self._int_workspace_buffer = self._prefill._int_workspace_buffer
             self._pin_memory_int_workspace_buffer = self._prefill._pin_memory_int_workspace_buffer
         else:
-            self._int_workspace_buffer = torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8,
-                                                     device=self.device)
+            self._int_workspace_buffer = torch.empty(
+                INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device
+            )
             self._pin_memory_int_workspace_buffer = pinned_like(self._int_workspace_buffer)
         self._plan_info: _Plan | prefill._Plan | None = None
         self._cached_module = None
@@ -291,71 +366,160 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
     def __repr__(self) -> str:
         """What API logs show for the wrapper: its layout, mode and current plan."""
         plan = self._plan_info
-        planned = "not planned" if plan is None else (
-            f"batch={plan.batch}, heads={plan.num_qo_heads}/{plan.num_kv_heads}, "
-            f"head_dim={plan.head_dim}, page_size={plan.page_size}, "
-            f"dtype={str(plan.dtype).removeprefix('torch.')}, work_items={plan.schedule.num_work}")
-        return (f"BatchDecodeWithPagedKVCacheWrapper(kv_layout={self._kv_layout!r}, "
-                f"use_cuda_graph={self._use_cuda_graph}, {planned})")
+        planned = (
+            "not planned"
+            if plan is None
+            else (
+                f"batch={plan.batch}, heads={plan.num_qo_heads}/{plan.num_kv_heads}, "
+                f"head_dim={plan.head_dim}, page_size={plan.page_size}, "
+                f"dtype={str(plan.dtype).removeprefix('torch.')}, "
+                f"work_items={plan.schedule.num_work}"
+            )
+        )
+        return (
+            f"BatchDecodeWithPagedKVCacheWrapper(kv_layout={self._kv_layout!r}, "
+            f"use_cuda_graph={self._use_cuda_graph}, {planned})"
+        )
 
     @flashinfer_api
-    def plan(self, indptr: torch.Tensor, indices: torch.Tensor, last_page_len: torch.Tensor,
-             num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-             *deprecated_positional_args: Any, **kwargs: Any) -> None:
+    def plan(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        *deprecated_positional_args: Any,
+        **kwargs: Any,
+    ) -> None:
         """Fix the batch: request ``b`` owns pages ``indices[indptr[b]:indptr[b+1]]``, the
         last filled to ``last_page_len[b]`` (in ``[1, page_size]``). Optional arguments are
         keyword-only (see :meth:`_plan_impl`); passing them positionally, in the reference's
         old order, still works with a DeprecationWarning."""
         if deprecated_positional_args:
             if len(deprecated_positional_args) > len(_LEGACY_PLAN_ARGS):
-                raise TypeError(f"plan() takes at most {len(_LEGACY_PLAN_ARGS)} optional "
-                                f"positional arguments after page_size, got "
-                                f"{len(deprecated_positional_args)}")
+                raise TypeError(
+                    f"plan() takes at most {len(_LEGACY_PLAN_ARGS)} optional "
+                    f"positional arguments after page_size, got "
+                    f"{len(deprecated_positional_args)}"
+                )
             for name, value in zip(_LEGACY_PLAN_ARGS, deprecated_positional_args):
                 if name in kwargs:
                     raise TypeError(f"plan() got multiple values for argument {name!r}")
                 kwargs[name] = value
-            warnings.warn("passing plan()'s optional arguments positionally is deprecated; "
-                          "pass them by keyword", DeprecationWarning, stacklevel=3)
-        self._plan_impl(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
-                        page_size, **kwargs)
+            warnings.warn(
+                "passing plan()'s optional arguments positionally is deprecated; "
+                "pass them by keyword",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+        self._plan_impl(
+            indptr,
+            indices,
+            last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            **kwargs,
+        )
 
     begin_forward = plan
 
-    def _plan_impl(self, indptr: torch.Tensor, indices: torch.Tensor,
-                   last_page_len: torch.Tensor, num_qo_heads: int, num_kv_heads: int,
-                   head_dim: int, page_size: int, *, pos_encoding_mode: str = "NONE",
-                   window_left: int = -1, window_right: int = 0,
-                   logits_soft_cap: float | None = None, q_data_type: Any = "float16",
-                   kv_data_type: Any = None, o_data_type: Any = None, data_type: Any = None,
-                   sm_scale: float | None = None, rope_scale: float | None = None,
-                   rope_theta: float | None = None, non_blocking: bool = True,
-                   block_tables: torch.Tensor | None = None,
-                   seq_lens: torch.Tensor | None = None, fixed_split_size: int | None = None,
-                   disable_split_kv: bool = False, q_len_per_req: int = 1) -> None:
+    def _plan_impl(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        *,
+        pos_encoding_mode: str = "NONE",
+        window_left: int = -1,
+        window_right: int = 0,
+        logits_soft_cap: float | None = None,
+        q_data_type: Any = "float16",
+        kv_data_type: Any = None,
+        o_data_type: Any = None,
+        data_type: Any = None,
+        sm_scale: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+        non_blocking: bool = True,
+        block_tables: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        fixed_split_size: int | None = None,
+        disable_split_kv: bool = False,
+        q_len_per_req: int = 1,
+    ) -> None:
         """plan()'s keyword arguments, as the reference names them. ``block_tables`` is
         accepted and unused (the reference uses it only in backends we do not have)."""
         del block_tables
         if window_right != 0:
-            raise ValueError(f"window_right must be 0 (only a left window is supported), got "
-                             f"{window_right!r}")
+            raise ValueError(
+                f"window_right must be 0 (only a left window is supported), got {window_right!r}"
+            )
         self._configure(
-            indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-            pos_encoding_mode=pos_encoding_mode, window_left=window_left,
-            logits_soft_cap=logits_soft_cap, q_data_type=q_data_type,
-            kv_data_type=kv_data_type, o_data_type=o_data_type, data_type=data_type,
-            sm_scale=sm_scale, rope_scale=rope_scale, rope_theta=rope_theta,
-            non_blocking=non_blocking, seq_lens=seq_lens, fixed_split_size=fixed_split_size,
-            disable_split_kv=disable_split_kv, q_len_per_req=q_len_per_req,
-            host_indptr=None, read_last_page_len=True, copy_buffers=True)
+            indptr,
+            indices,
+            last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            pos_encoding_mode=pos_encoding_mode,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            q_data_type=q_data_type,
+            kv_data_type=kv_data_type,
+            o_data_type=o_data_type,
+            data_type=data_type,
+            sm_scale=sm_scale,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
+            non_blocking=non_blocking,
+            seq_lens=seq_lens,
+            fixed_split_size=fixed_split_size,
+            disable_split_kv=disable_split_kv,
+            q_len_per_req=q_len_per_req,
+            host_indptr=None,
+            read_last_page_len=True,
+            copy_buffers=True,
+        )
 
-    def _configure(self, indptr: Any, indices: Any, last_page_len: Any, num_qo_heads: Any,
-                   num_kv_heads: Any, head_dim: Any, page_size: Any, *, pos_encoding_mode: Any,
-                   window_left: Any, logits_soft_cap: Any, q_data_type: Any, kv_data_type: Any,
-                   o_data_type: Any, data_type: Any, sm_scale: Any, rope_scale: Any,
-                   rope_theta: Any, non_blocking: Any, seq_lens: Any, fixed_split_size: Any,
-                   disable_split_kv: Any, q_len_per_req: Any, host_indptr: Any,
-                   read_last_page_len: bool, copy_buffers: bool) -> None:
+    def _configure(
+        self,
+        indptr: Any,
+        indices: Any,
+        last_page_len: Any,
+        num_qo_heads: Any,
+        num_kv_heads: Any,
+        head_dim: Any,
+        page_size: Any,
+        *,
+        pos_encoding_mode: Any,
+        window_left: Any,
+        logits_soft_cap: Any,
+        q_data_type: Any,
+        kv_data_type: Any,
+        o_data_type: Any,
+        data_type: Any,
+        sm_scale: Any,
+        rope_scale: Any,
+        rope_theta: Any,
+        non_blocking: Any,
+        seq_lens: Any,
+        fixed_split_size: Any,
+        disable_split_kv: Any,
+        q_len_per_req: Any,
+        host_indptr: Any,
+        read_last_page_len: bool,
+        copy_buffers: bool,
+    ) -> None:
         """What plan() and fast_decode_plan() share. ``read_last_page_len`` False: schedule
         by whole pages (no device-to-host copy; the kernel reads the real lengths)."""
         checks.check_index_tensor("indptr", indptr, None, INDEX)
@@ -374,8 +538,9 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         checks.check_bool("non_blocking", non_blocking)
         checks.check_bool("disable_split_kv", disable_split_kv)
         if checks.check_int("q_len_per_req", q_len_per_req, 1) != 1:
-            raise ValueError(f"q_len_per_req must be 1 (one query token per request), got "
-                             f"{q_len_per_req}")
+            raise ValueError(
+                f"q_len_per_req must be 1 (one query token per request), got {q_len_per_req}"
+            )
         if fixed_split_size is not None and fixed_split_size != -1:
             checks.check_int("fixed_split_size", fixed_split_size, 1)
         else:
@@ -387,25 +552,36 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         for name, value in (("kv_data_type", kv_data_type), ("o_data_type", o_data_type)):
             other = None if value is None else check_dtype_name(name, value)
             if other is not None and other != dtype:
-                raise TypeError(f"{name} {other} differs from q_data_type {dtype}; q, the KV "
-                                "cache and the output share one dtype here")
+                raise TypeError(
+                    f"{name} {other} differs from q_data_type {dtype}; q, the KV "
+                    "cache and the output share one dtype here"
+                )
         if self._use_cuda_graph:
             if batch != self._fixed_batch_size:
-                raise ValueError(f"in CUDA-graph mode the batch size is fixed to the buffers' "
-                                 f"{self._fixed_batch_size}; plan() got {batch}")
+                raise ValueError(
+                    f"in CUDA-graph mode the batch size is fixed to the buffers' "
+                    f"{self._fixed_batch_size}; plan() got {batch}"
+                )
             if indices.shape[0] > self._paged_kv_indices_buf.shape[0]:
-                raise ValueError(f"{indices.shape[0]} page indices exceed the CUDA-graph "
-                                 f"buffer's {self._paged_kv_indices_buf.shape[0]}")
+                raise ValueError(
+                    f"{indices.shape[0]} page indices exceed the CUDA-graph "
+                    f"buffer's {self._paged_kv_indices_buf.shape[0]}"
+                )
         host = (indptr if host_indptr is None else host_indptr).to("cpu")
-        ragged.check_indptr("indptr" if host_indptr is None else "global_override_indptr_cpu",
-                            host, "len(indices)", indices.shape[0])
+        ragged.check_indptr(
+            "indptr" if host_indptr is None else "global_override_indptr_cpu",
+            host,
+            "len(indices)",
+            indices.shape[0],
+        )
         ptr = host.tolist()
         if read_last_page_len:
             last = last_page_len.to("cpu").tolist()
             for b, n in enumerate(last):
                 if ptr[b + 1] > ptr[b] and not 1 <= n <= page_size:
-                    raise ValueError(f"last_page_len[{b}] is {n}, must be in [1, page_size="
-                                     f"{page_size}]")
+                    raise ValueError(
+                        f"last_page_len[{b}] is {n}, must be in [1, page_size={page_size}]"
+                    )
         else:
             last = [page_size] * batch
         if seq_lens is not None:
@@ -418,77 +594,128 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
 
         checks.check_cuda("float_workspace_buffer", self._float_workspace_buffer)
         if self._prefill is None:
-            plan, words = self._build(lengths, dtype, group, num_qo_heads, num_kv_heads, head_dim,
-                                      page_size, window_left, fixed_split_size,
-                                      disable_split_kv)
+            plan, words = self._build(
+                lengths,
+                dtype,
+                group,
+                num_qo_heads,
+                num_kv_heads,
+                head_dim,
+                page_size,
+                window_left,
+                fixed_split_size,
+                disable_split_kv,
+            )
             self._set_page_table(indptr, indices, last_page_len, non_blocking, copy_buffers)
             self._upload(words, plan.plan_words)
             self._cached_module = get_decode_module(dtype, head_dim)
         else:
             wrapper = self._prefill_on_workspaces()
             opts = prefill._Options(
-                dtype=dtype, group=group, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-                head_dim=head_dim, causal=False, pos_encoding_mode=pos_encoding_mode,
-                window_left=window_left, logits_soft_cap=cap, sm_scale=sm_scale,
-                rope_scale=rope_scale, rope_theta=rope_theta, non_blocking=non_blocking,
-                fixed_split_size=fixed_split_size, allow_split=not disable_split_kv)
-            plan, words = wrapper._build(opts, list(range(batch + 1)), lengths, page_size, 0,
-                                         False)
+                dtype=dtype,
+                group=group,
+                num_qo_heads=num_qo_heads,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                causal=False,
+                pos_encoding_mode=pos_encoding_mode,
+                window_left=window_left,
+                logits_soft_cap=cap,
+                sm_scale=sm_scale,
+                rope_scale=rope_scale,
+                rope_theta=rope_theta,
+                non_blocking=non_blocking,
+                fixed_split_size=fixed_split_size,
+                allow_split=not disable_split_kv,
+            )
+            plan, words = wrapper._build(opts, list(range(batch + 1)), lengths, page_size, 0, False)
             self._set_page_table(indptr, indices, last_page_len, non_blocking, copy_buffers)
             # one query token per request; CUDA-graph mode keeps the constructor's arange
-            qo_indptr = {} if self._use_cuda_graph else {
-                "_qo_indptr_buf": torch.arange(batch + 1, dtype=torch.int32)}
+            qo_indptr = (
+                {}
+                if self._use_cuda_graph
+                else {"_qo_indptr_buf": torch.arange(batch + 1, dtype=torch.int32)}
+            )
             wrapper._commit(opts, plan, words, None, qo_indptr)
             self._cached_module = wrapper._cached_module
         self._plan_info = plan
-        self._set_score_params(pos_encoding_mode, window_left, logits_soft_cap, sm_scale,
-                               rope_scale, rope_theta)
+        self._set_score_params(
+            pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
+        )
         self._batch_size = batch
         self._num_qo_heads = num_qo_heads
         self._num_kv_heads = num_kv_heads
         self._cached_q_data_type = self._cached_kv_data_type = self._cached_o_data_type = dtype
         self._q_len_per_req = 1
 
-    def _build(self, lengths: list[int], dtype: torch.dtype, group: int, num_qo_heads: int,
-               num_kv_heads: int, head_dim: int, page_size: int, window_left: int,
-               fixed_split_size: int | None, disable_split_kv: bool) -> tuple[_Plan, list[int]]:
+    def _build(
+        self,
+        lengths: list[int],
+        dtype: torch.dtype,
+        group: int,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        page_size: int,
+        window_left: int,
+        fixed_split_size: int | None,
+        disable_split_kv: bool,
+    ) -> tuple[_Plan, list[int]]:
         """The CUDA-core plan record and the schedule's words; raises (changing nothing) when
         a workspace is too small."""
         batch = len(lengths)
         schedule = plan_decode_schedule(
-            lengths, num_kv_heads, _max_ctas(dtype, head_dim, group, self.device), window_left,
+            lengths,
+            num_kv_heads,
+            _max_ctas(dtype, head_dim, group, self.device),
+            window_left,
             fixed_chunk=None if fixed_split_size is None else fixed_split_size * page_size,
-            allow_split=not disable_split_kv)
+            allow_split=not disable_split_kv,
+        )
         if self._use_cuda_graph:
             bound = get_device_sm_count(self.device) * _MAX_CTAS_PER_SM // num_kv_heads
             work_cap, merge_cap, tmp_cap = batch + bound, min(batch, bound), bound
             if schedule.num_work > work_cap or schedule.num_tmp_rows > tmp_cap:
-                raise ValueError(f"this split (fixed_split_size={fixed_split_size}) needs "
-                                 f"{schedule.num_work} work items; a CUDA graph holds "
-                                 f"{work_cap}: use a larger fixed_split_size")
+                raise ValueError(
+                    f"this split (fixed_split_size={fixed_split_size}) needs "
+                    f"{schedule.num_work} work items; a CUDA graph holds "
+                    f"{work_cap}: use a larger fixed_split_size"
+                )
         else:
             work_cap, merge_cap = schedule.num_work, schedule.num_merge
             tmp_cap = schedule.num_tmp_rows
         words = pack_schedule(schedule, work_cap, merge_cap)
         int_bytes = 4 * plan_length(work_cap, merge_cap)
         if int_bytes > self._int_workspace_buffer.nbytes:
-            raise ValueError(f"int_workspace_buffer has {self._int_workspace_buffer.nbytes} "
-                             f"bytes; this plan needs {int_bytes} (see reset_workspace_buffer)")
+            raise ValueError(
+                f"int_workspace_buffer has {self._int_workspace_buffer.nbytes} "
+                f"bytes; this plan needs {int_bytes} (see reset_workspace_buffer)"
+            )
         tmp_v_bytes = round_up(4 * tmp_cap * num_qo_heads * head_dim)
         tmp_lse_bytes = round_up(4 * tmp_cap * num_qo_heads)
         needed = tmp_v_bytes + tmp_lse_bytes
         if needed > self._workspace.numel():
-            raise ValueError(f"float_workspace_buffer has {self._workspace.numel()} bytes; this "
-                             f"plan needs {needed}")
+            raise ValueError(
+                f"float_workspace_buffer has {self._workspace.numel()} bytes; this "
+                f"plan needs {needed}"
+            )
         plan = _Plan(
-            batch=batch, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads,
-            head_dim=head_dim, page_size=page_size, dtype=dtype, schedule=schedule,
-            work_capacity=work_cap, merge_capacity=merge_cap, tmp_capacity=tmp_cap,
+            batch=batch,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            page_size=page_size,
+            dtype=dtype,
+            schedule=schedule,
+            work_capacity=work_cap,
+            merge_capacity=merge_cap,
+            tmp_capacity=tmp_cap,
             grid_work=work_cap if self._use_cuda_graph else schedule.num_work,
             grid_merge=merge_cap if self._use_cuda_graph else schedule.num_merge,
             plan_words=self._int_workspace_buffer.view(torch.uint8)[:int_bytes].view(torch.int32),
             tmp_v=self._workspace[:tmp_v_bytes].view(torch.float32),
-            tmp_lse=self._workspace[tmp_v_bytes:needed].view(torch.float32))
+            tmp_lse=self._workspace[tmp_v_bytes:needed].view(torch.float32),
+        )
         return plan, words
 
     def _prefill_on_workspaces(self) -> prefill.BatchPrefillWithPagedKVCacheWrapper:
@@ -501,9 +728,14 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         wrapper._pin_memory_int_workspace_buffer = self._pin_memory_int_workspace_buffer
         return wrapper
 
-    def _set_page_table(self, indptr: torch.Tensor, indices: torch.Tensor,
-                        last_page_len: torch.Tensor, non_blocking: bool,
-                        copy_buffers: bool) -> None:
+    def _set_page_table(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        last_page_len: torch.Tensor,
+        non_blocking: bool,
+        copy_buffers: bool,
+    ) -> None:
         """Where run()'s kernels read the page table: the CUDA-graph buffers (written here
         unless the caller already did, as fast_decode_plan's callers do) or int32 copies on
         the device."""
@@ -511,8 +743,9 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             if copy_buffers:
                 self._paged_kv_indptr_buf.copy_(indptr, non_blocking=non_blocking)
                 self._paged_kv_last_page_len_buf.copy_(last_page_len, non_blocking=non_blocking)
-                self._paged_kv_indices_buf[: indices.shape[0]].copy_(indices,
-                                                                     non_blocking=non_blocking)
+                self._paged_kv_indices_buf[: indices.shape[0]].copy_(
+                    indices, non_blocking=non_blocking
+                )
             return
 
         def on_device(t: torch.Tensor) -> torch.Tensor:
@@ -523,14 +756,24 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         self._paged_kv_last_page_len_buf = on_device(last_page_len)
 
     @flashinfer_api(trace=_trace.batch_decode_run_trace)
-    def run(self, q: torch.Tensor, paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-            *args: Any, q_scale: float | None = None, k_scale: float | None = None,
-            v_scale: float | None = None, out: torch.Tensor | None = None,
-            lse: torch.Tensor | None = None, return_lse: bool = False,
-            enable_pdl: bool | None = None, window_left: int | None = None,
-            sinks: torch.Tensor | None = None, q_len_per_req: int | None = None,
-            skip_softmax_threshold_scale_factor: float | None = None,
-            kv_cache_sf: Any = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def run(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        *args: Any,
+        q_scale: float | None = None,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+        out: torch.Tensor | None = None,
+        lse: torch.Tensor | None = None,
+        return_lse: bool = False,
+        enable_pdl: bool | None = None,
+        window_left: int | None = None,
+        sinks: torch.Tensor | None = None,
+        q_len_per_req: int | None = None,
+        skip_softmax_threshold_scale_factor: float | None = None,
+        kv_cache_sf: Any = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``q`` ``[batch, num_qo_heads, head_dim]``; ``paged_kv_cache`` a ``(k, v)`` pair of
         ``[num_pages, page_size, num_kv_heads, head_dim]`` (NHD) or ``[num_pages,
         num_kv_heads, page_size, head_dim]`` (HND), or one ``[num_pages, 2, ...]`` tensor (see
@@ -540,21 +783,30 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         if plan is None:
             raise RuntimeError("call plan() before run()")
         if args:
-            raise ValueError("run() got extra positional arguments: they feed custom kernel "
-                             "variants (jit_args), which this library does not have")
-        for name, value in (("sinks", sinks), ("kv_cache_sf", kv_cache_sf),
-                            ("skip_softmax_threshold_scale_factor",
-                             skip_softmax_threshold_scale_factor)):
+            raise ValueError(
+                "run() got extra positional arguments: they feed custom kernel "
+                "variants (jit_args), which this library does not have"
+            )
+        for name, value in (
+            ("sinks", sinks),
+            ("kv_cache_sf", kv_cache_sf),
+            ("skip_softmax_threshold_scale_factor", skip_softmax_threshold_scale_factor),
+        ):
             if value is not None:
                 raise ValueError(f"{name} is not supported by this library's decode kernel")
         if q_len_per_req is not None:
-            warnings.warn("run(q_len_per_req=...) is deprecated; pass it to plan()",
-                          DeprecationWarning, stacklevel=3)
+            warnings.warn(
+                "run(q_len_per_req=...) is deprecated; pass it to plan()",
+                DeprecationWarning,
+                stacklevel=3,
+            )
             if checks.check_int("q_len_per_req", q_len_per_req, 1) != 1:
                 raise ValueError(f"q_len_per_req must be 1, got {q_len_per_req}")
         if window_left is not None and window_left != self._window_left:
-            raise ValueError(f"window_left={window_left!r} differs from the planned "
-                             f"{self._window_left}; re-plan to change it")
+            raise ValueError(
+                f"window_left={window_left!r} differs from the planned "
+                f"{self._window_left}; re-plan to change it"
+            )
         checks.check_bool("return_lse", return_lse)
         checks.check_tensor("q", q)
         shape = (plan.batch, plan.num_qo_heads, plan.head_dim)
@@ -563,11 +815,13 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         if q.dtype != plan.dtype:
             raise TypeError(f"q has dtype {q.dtype}; plan() was for {plan.dtype}")
         if self._prefill is not None:
-            return self._run_tensor_cores(plan, q, paged_kv_cache, q_scale, k_scale, v_scale,
-                                          out, lse, return_lse, enable_pdl)
+            return self._run_tensor_cores(
+                plan, q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse, enable_pdl
+            )
         k_cache, v_cache = self._check_cache(paged_kv_cache, plan)
-        scale, cap = score_params(plan.head_dim, self._sm_scale, self._logits_soft_cap,
-                                   q_scale, k_scale)
+        scale, cap = score_params(
+            plan.head_dim, self._sm_scale, self._logits_soft_cap, q_scale, k_scale
+        )
         v_scale = check_optional_number("v_scale", v_scale)
         window = check_window(self._window_left)
         checks.check_cuda("q", q, like=self._workspace)
@@ -583,67 +837,147 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         elif lse is not None:
             check_output("lse", lse, shape[:2], torch.float32, q)
         self._cached_module.batch_decode(
-            q, k_cache, v_cache, self._paged_kv_indptr_buf, self._paged_kv_indices_buf,
-            self._paged_kv_last_page_len_buf, plan.plan_words, plan.tmp_v, plan.tmp_lse, out,
-            lse, self._kv_layout == "HND", plan.work_capacity, plan.merge_capacity,
-            plan.tmp_capacity, plan.grid_work, plan.grid_merge, window, scale, cap, enable_pdl)
+            q,
+            k_cache,
+            v_cache,
+            self._paged_kv_indptr_buf,
+            self._paged_kv_indices_buf,
+            self._paged_kv_last_page_len_buf,
+            plan.plan_words,
+            plan.tmp_v,
+            plan.tmp_lse,
+            out,
+            lse,
+            self._kv_layout == "HND",
+            plan.work_capacity,
+            plan.merge_capacity,
+            plan.tmp_capacity,
+            plan.grid_work,
+            plan.grid_merge,
+            window,
+            scale,
+            cap,
+            enable_pdl,
+        )
         apply_v_scale(out, v_scale)
         return (out, lse) if return_lse else out
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
-    def _run_tensor_cores(self, plan: _PrefillPlan, q: torch.Tensor, paged_kv_cache: Any,
-                          q_scale: Any, k_scale: Any, v_scale: Any, out: Any, lse: Any,
-                          return_lse: bool, enable_pdl: Any
-                          ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def _run_tensor_cores(
+        self,
+        plan: prefill._Plan,
+        q: torch.Tensor,
+        paged_kv_cache: Any,
+        q_scale: Any,
+        k_scale: Any,
+        v_scale: Any,
+        out: Any,
+        lse: Any,
+        return_lse: bool,
+        enable_pdl: Any,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """run() on the prefill kernel, with this wrapper's page table and score parameters
         (engines set them on this wrapper)."""
         wrapper = self._prefill
         prefill._check_vectors("q", q)
         kv = wrapper._check_cache(paged_kv_cache, plan)
-        wrapper._set_score_params(False, self._pos_encoding_mode, False, self._window_left,
-                                  self._logits_soft_cap, self._sm_scale, self._rope_scale,
-                                  self._rope_theta)
-        return wrapper._launch(plan, q, kv, self._paged_kv_indptr_buf, self._paged_kv_indices_buf,
-                               self._paged_kv_last_page_len_buf, q_scale, k_scale, v_scale, out,
-                               lse, return_lse, enable_pdl, None)
+        wrapper._set_score_params(
+            False,
+            self._pos_encoding_mode,
+            False,
+            self._window_left,
+            self._logits_soft_cap,
+            self._sm_scale,
+            self._rope_scale,
+            self._rope_theta,
+        )
+        return wrapper._launch(
+            plan,
+            q,
+            kv,
+            self._paged_kv_indptr_buf,
+            self._paged_kv_indices_buf,
+            self._paged_kv_last_page_len_buf,
+            q_scale,
+            k_scale,
+            v_scale,
+            out,
+            lse,
+            return_lse,
+            enable_pdl,
+            None,
+        )
 
-    def forward(self, q: torch.Tensor, paged_kv_cache: Any, pos_encoding_mode: str = "NONE",
-                q_scale: float | None = None, k_scale: float | None = None,
-                v_scale: float | None = None, window_left: int = -1,
-                logits_soft_cap: float | None = None, sm_scale: float | None = None,
-                rope_scale: float | None = None, rope_theta: float | None = None
-                ) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: Any,
+        pos_encoding_mode: str = "NONE",
+        q_scale: float | None = None,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        sm_scale: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+    ) -> torch.Tensor:
         """Deprecated: sets the score parameters given here (over the planned ones, as the
         reference does) and calls :meth:`run`."""
-        self._override(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale,
-                       rope_theta)
+        self._override(
+            pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
+        )
         return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale)
 
-    def forward_return_lse(self, q: torch.Tensor, paged_kv_cache: Any,
-                           pos_encoding_mode: str = "NONE", q_scale: float | None = None,
-                           k_scale: float | None = None, v_scale: float | None = None,
-                           window_left: int = -1, logits_soft_cap: float | None = None,
-                           sm_scale: float | None = None, rope_scale: float | None = None,
-                           rope_theta: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_return_lse(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: Any,
+        pos_encoding_mode: str = "NONE",
+        q_scale: float | None = None,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        sm_scale: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Deprecated: :meth:`forward` returning ``(out, lse)``."""
-        self._override(pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale,
-                       rope_theta)
-        return self.run(q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale,
-                        return_lse=True)
+        self._override(
+            pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
+        )
+        return self.run(
+            q, paged_kv_cache, q_scale=q_scale, k_scale=k_scale, v_scale=v_scale, return_lse=True
+        )
 
-    def _override(self, pos_encoding_mode: Any, window_left: Any, logits_soft_cap: Any,
-                  sm_scale: Any, rope_scale: Any, rope_theta: Any) -> None:
+    def _override(
+        self,
+        pos_encoding_mode: Any,
+        window_left: Any,
+        logits_soft_cap: Any,
+        sm_scale: Any,
+        rope_scale: Any,
+        rope_theta: Any,
+    ) -> None:
         check_pos_encoding(pos_encoding_mode)
         check_window(window_left)
         check_score_args(sm_scale, logits_soft_cap)
         check_rope(rope_scale, rope_theta)
-        self._set_score_params(pos_encoding_mode, window_left, logits_soft_cap, sm_scale,
-                               rope_scale, rope_theta)
+        self._set_score_params(
+            pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
+        )
 
-    def _set_score_params(self, pos_encoding_mode: str, window_left: int,
-                          logits_soft_cap: float | None, sm_scale: float | None,
-                          rope_scale: float | None, rope_theta: float | None) -> None:
+    def _set_score_params(
+        self,
+        pos_encoding_mode: str,
+        window_left: int,
+        logits_soft_cap: float | None,
+        sm_scale: float | None,
+        rope_scale: float | None,
+        rope_theta: float | None,
+    ) -> None:
         """The attributes run() reads each time (engines read and set them too)."""
         self._pos_encoding_mode = pos_encoding_mode
         self._window_left = window_left
@@ -657,13 +991,18 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
 
     def _check_cache(self, cache: Any, plan: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
         parts = unpack_paged_kv_cache(cache, self._kv_layout)
-        expected = ((plan.num_kv_heads, plan.page_size) if self._kv_layout == "HND"
-                    else (plan.page_size, plan.num_kv_heads)) + (plan.head_dim,)
+        expected = (
+            (plan.num_kv_heads, plan.page_size)
+            if self._kv_layout == "HND"
+            else (plan.page_size, plan.num_kv_heads)
+        ) + (plan.head_dim,)
         (_, k_cache), (_, v_cache) = parts
         for name, t in parts:
             if tuple(t.shape[1:]) != expected:
-                raise ValueError(f"{name} has shape {tuple(t.shape)}; plan() was for pages of "
-                                 f"{expected} ({self._kv_layout})")
+                raise ValueError(
+                    f"{name} has shape {tuple(t.shape)}; plan() was for pages of "
+                    f"{expected} ({self._kv_layout})"
+                )
             if t.dtype != plan.dtype:
                 raise TypeError(f"{name} has dtype {t.dtype}; plan() was for {plan.dtype}")
             checks.check_last_dim_contiguous(name, t)
@@ -676,27 +1015,50 @@ class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWra
     """:class:`BatchDecodeWithPagedKVCacheWrapper` with ``use_cuda_graph=True``, constructed
     from its fixed buffers (the reference's older spelling)."""
 
-    def __init__(self, workspace_buffer: torch.Tensor, indptr_buffer: torch.Tensor,
-                 indices_buffer: torch.Tensor, last_page_len_buffer: torch.Tensor,
-                 kv_layout: str = "NHD", use_tensor_cores: bool = False) -> None:
-        super().__init__(workspace_buffer, kv_layout, use_cuda_graph=True,
-                         use_tensor_cores=use_tensor_cores,
-                         paged_kv_indptr_buffer=indptr_buffer,
-                         paged_kv_indices_buffer=indices_buffer,
-                         paged_kv_last_page_len_buffer=last_page_len_buffer)
+    def __init__(
+        self,
+        workspace_buffer: torch.Tensor,
+        indptr_buffer: torch.Tensor,
+        indices_buffer: torch.Tensor,
+        last_page_len_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_tensor_cores: bool = False,
+    ) -> None:
+        super().__init__(
+            workspace_buffer,
+            kv_layout,
+            use_cuda_graph=True,
+            use_tensor_cores=use_tensor_cores,
+            paged_kv_indptr_buffer=indptr_buffer,
+            paged_kv_indices_buffer=indices_buffer,
+            paged_kv_last_page_len_buffer=last_page_len_buffer,
+        )
 
 
-def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: torch.Tensor,
-                     indices: torch.Tensor, last_page_len: torch.Tensor, num_qo_heads: int,
-                     num_kv_heads: int, head_dim: int, page_size: int,
-                     pos_encoding_mode: str = "NONE", window_left: int = -1,
-                     logits_soft_cap: float | None = None, q_data_type: Any = None,
-                     kv_data_type: Any = None, data_type: Any = None,
-                     sm_scale: float | None = None, rope_scale: float | None = None,
-                     rope_theta: float | None = None, non_blocking: bool = True,
-                     fixed_split_size: int | None = None, disable_split_kv: bool = False,
-                     q_len_per_req: int = 1,
-                     global_override_indptr_cpu: torch.Tensor | None = None) -> None:
+def fast_decode_plan(
+    self: BatchDecodeWithPagedKVCacheWrapper,
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    last_page_len: torch.Tensor,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    pos_encoding_mode: str = "NONE",
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    q_data_type: Any = None,
+    kv_data_type: Any = None,
+    data_type: Any = None,
+    sm_scale: float | None = None,
+    rope_scale: float | None = None,
+    rope_theta: float | None = None,
+    non_blocking: bool = True,
+    fixed_split_size: int | None = None,
+    disable_split_kv: bool = False,
+    q_len_per_req: int = 1,
+    global_override_indptr_cpu: torch.Tensor | None = None,
+) -> None:
     """plan() for engines that fill the page-table buffers themselves (they assign it to a
     wrapper's ``begin_forward``): in CUDA-graph mode nothing is copied into the buffers,
     otherwise the given tensors become them; ``indptr`` is read on the host
@@ -704,18 +1066,42 @@ def fast_decode_plan(self: BatchDecodeWithPagedKVCacheWrapper, indptr: torch.Ten
     ``last_page_len`` is never copied: the schedule assumes full last pages and the kernel
     reads the real lengths."""
     if not isinstance(self, BatchDecodeWithPagedKVCacheWrapper):
-        raise TypeError(f"fast_decode_plan needs a BatchDecodeWithPagedKVCacheWrapper, got "
-                        f"{type(self).__name__}")
+        raise TypeError(
+            f"fast_decode_plan needs a BatchDecodeWithPagedKVCacheWrapper, got "
+            f"{type(self).__name__}"
+        )
     if global_override_indptr_cpu is not None:
         checks.check_tensor("indptr", indptr)
-        checks.check_index_tensor("global_override_indptr_cpu", global_override_indptr_cpu,
-                                  indptr.shape[0] if indptr.dim() == 1 else None, INDEX)
+        checks.check_index_tensor(
+            "global_override_indptr_cpu",
+            global_override_indptr_cpu,
+            indptr.shape[0] if indptr.dim() == 1 else None,
+            INDEX,
+        )
     self._configure(
-        indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-        pos_encoding_mode=pos_encoding_mode, window_left=window_left,
-        logits_soft_cap=logits_soft_cap, q_data_type=q_data_type, kv_data_type=kv_data_type,
-        o_data_type=None, data_type=data_type, sm_scale=sm_scale, rope_scale=rope_scale,
-        rope_theta=rope_theta, non_blocking=non_blocking, seq_lens=None,
-        fixed_split_size=fixed_split_size, disable_split_kv=disable_split_kv,
-        q_len_per_req=q_len_per_req, host_indptr=global_override_indptr_cpu,
-        read_last_page_len=False, copy_buffers=False)
+        indptr,
+        indices,
+        last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        pos_encoding_mode=pos_encoding_mode,
+        window_left=window_left,
+        logits_soft_cap=logits_soft_cap,
+        q_data_type=q_data_type,
+        kv_data_type=kv_data_type,
+        o_data_type=None,
+        data_type=data_type,
+        sm_scale=sm_scale,
+        rope_scale=rope_scale,
+        rope_theta=rope_theta,
+        non_blocking=non_blocking,
+        seq_lens=None,
+        fixed_split_size=fixed_split_size,
+        disable_split_kv=disable_split_kv,
+        q_len_per_req=q_len_per_req,
+        host_indptr=global_override_indptr_cpu,
+        read_last_page_len=False,
+        copy_buffers=False,
+    )

@@ -57,11 +57,15 @@ def kv_lengths(indptr: Sequence[int], last_page_len: Sequence[int], page_size: i
     return lengths
 
 
-def plan_decode_schedule(kv_lens: Sequence[int], num_kv_heads: int, max_ctas: int,
-                         window_left: int = -1,
-                         min_chunk: int = DEFAULT_MIN_CHUNK,
-                         fixed_chunk: int | None = None,
-                         allow_split: bool = True) -> DecodeSchedule:
+def plan_decode_schedule(
+    kv_lens: Sequence[int],
+    num_kv_heads: int,
+    max_ctas: int,
+    window_left: int = -1,
+    min_chunk: int = DEFAULT_MIN_CHUNK,
+    fixed_chunk: int | None = None,
+    allow_split: bool = True,
+) -> DecodeSchedule:
     """Work items over each request's attended range: the last ``window_left + 1`` tokens
     with a sliding window (``window_left >= 0``), else all of them. ``fixed_chunk`` imposes
     the chunk size (in tokens; the reference's ``fixed_split_size`` in pages times the page
@@ -105,8 +109,7 @@ def plan_decode_schedule(kv_lens: Sequence[int], num_kv_heads: int, max_ctas: in
             continue
         for c in range(count):
             start = begin + c * chunk
-            work.append((request, start, min(start + chunk, end), c, count,
-                         merge_indptr[-1] + c))
+            work.append((request, start, min(start + chunk, end), c, count, merge_indptr[-1] + c))
         merge_request.append(request)
         merge_indptr.append(merge_indptr[-1] + count)
     columns = tuple(zip(*work)) if work else ((),) * 6
@@ -123,17 +126,22 @@ def plan_length(work_capacity: int, merge_capacity: int) -> int:
     return 4 + 4 * work_capacity + 2 * merge_capacity
 
 
-def pack_schedule(schedule: DecodeSchedule, work_capacity: int,
-                  merge_capacity: int) -> list[int]:
+def pack_schedule(schedule: DecodeSchedule, work_capacity: int, merge_capacity: int) -> list[int]:
     """The int32 words the kernel reads (unused capacity is zero)."""
     if schedule.num_work > work_capacity or schedule.num_merge > merge_capacity:
-        raise ValueError(f"the schedule ({schedule.num_work} work items, {schedule.num_merge} "
-                         f"merges) exceeds the capacity ({work_capacity}, {merge_capacity})")
+        raise ValueError(
+            f"the schedule ({schedule.num_work} work items, {schedule.num_merge} "
+            f"merges) exceeds the capacity ({work_capacity}, {merge_capacity})"
+        )
     pad_w = [0] * (work_capacity - schedule.num_work)
     pad_m = [0] * (merge_capacity - schedule.num_merge)
     words = [schedule.num_work, schedule.chunk_size or 1]
-    for column in (schedule.work_request, schedule.work_chunk, schedule.work_chunks,
-                   schedule.work_tmp_row):
+    for column in (
+        schedule.work_request,
+        schedule.work_chunk,
+        schedule.work_chunks,
+        schedule.work_tmp_row,
+    ):
         words += list(column) + pad_w
     words += [schedule.num_merge, *schedule.merge_request, *pad_m]
     words += [*schedule.merge_indptr, *pad_m]

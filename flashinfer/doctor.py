@@ -33,22 +33,32 @@ class Check:
 # A check reports one line, or one line per independent problem it found.
 CheckResult = Union[Check, list[Check]]
 
-_ARCH_LIST_FIX = ('set FLASHINFER_CUDA_ARCH_LIST to archs like "9.0a" or "8.0 9.0a 10.0a", '
-                  "or unset it to target the visible GPUs")
+_ARCH_LIST_FIX = (
+    'set FLASHINFER_CUDA_ARCH_LIST to archs like "9.0a" or "8.0 9.0a 10.0a", '
+    "or unset it to target the visible GPUs"
+)
 
 
 def _versions() -> Check:
     import tvm_ffi
 
-    return Check("versions", True, f"flashinfer {__version__}, torch {torch.__version__}, "
-                 f"tvm-ffi {tvm_ffi.__version__}, Python {sys.version.split()[0]}")
+    return Check(
+        "versions",
+        True,
+        f"flashinfer {__version__}, torch {torch.__version__}, "
+        f"tvm-ffi {tvm_ffi.__version__}, Python {sys.version.split()[0]}",
+    )
 
 
 def _config() -> Check:
     problems = config.problems()
     if problems:
-        return Check("configuration", False, "; ".join(problems),
-                     "set each to a valid value or unset it (show-config lists them all)")
+        return Check(
+            "configuration",
+            False,
+            "; ".join(problems),
+            "set each to a valid value or unset it (show-config lists them all)",
+        )
     return Check("configuration", True, "every FLASHINFER_* variable parses")
 
 
@@ -72,15 +82,24 @@ def _nvcc() -> Check:
         nvcc = find_nvcc()
         version = tool_version(nvcc)
     except (ToolchainError, OSError) as err:
-        return Check("nvcc", False, str(err), "install the CUDA toolkit and put its bin/ on "
-                     "PATH, or set FLASHINFER_NVCC to nvcc's path")
+        return Check(
+            "nvcc",
+            False,
+            str(err),
+            "install the CUDA toolkit and put its bin/ on "
+            "PATH, or set FLASHINFER_NVCC to nvcc's path",
+        )
     try:
         home = find_cuda_home(nvcc)
     except ToolchainError as err:
         return Check("nvcc", False, str(err), "set CUDA_HOME to the toolkit root")
     if not (home / "include" / "cuda_runtime_api.h").is_file():
-        return Check("nvcc", False, f"CUDA_HOME={home} has no include/cuda_runtime_api.h",
-                     "set CUDA_HOME to the toolkit root (the dir holding include/), or unset it")
+        return Check(
+            "nvcc",
+            False,
+            f"CUDA_HOME={home} has no include/cuda_runtime_api.h",
+            "set CUDA_HOME to the toolkit root (the dir holding include/), or unset it",
+        )
     return Check("nvcc", True, f"{nvcc}: {version.split(' | ')[0]}; toolkit {home}")
 
 
@@ -109,9 +128,13 @@ def _host_compiler() -> Check:
         return Check("host compiler", True, f"{detail} (no usable nvcc to check it against)")
     limit = _max_gcc(release)
     if gcc is not None and limit is not None and gcc > limit:
-        return Check("host compiler", False, f"{detail}: gcc {gcc} is too new for nvcc "
-                     f"{release[0]}.{release[1]} (it accepts gcc <= {limit})",
-                     f"set CXX to g++-{limit} or older, or use a newer CUDA toolkit")
+        return Check(
+            "host compiler",
+            False,
+            f"{detail}: gcc {gcc} is too new for nvcc "
+            f"{release[0]}.{release[1]} (it accepts gcc <= {limit})",
+            f"set CXX to g++-{limit} or older, or use a newer CUDA toolkit",
+        )
     return Check("host compiler", True, detail)
 
 
@@ -129,8 +152,10 @@ def _gpu() -> Check:
     if not torch.cuda.is_available():
         cuda = "" if torch.version.cuda else f" (torch {torch.__version__} is a CPU build)"
         return Check("GPU", True, f"none visible{cuda}")
-    names = [f"{i}: {torch.cuda.get_device_name(i)} (sm_{major}{minor})"
-             for i, (major, minor) in enumerate(visible_capabilities())]
+    names = [
+        f"{i}: {torch.cuda.get_device_name(i)} (sm_{major}{minor})"
+        for i, (major, minor) in enumerate(visible_capabilities())
+    ]
     return Check("GPU", True, "; ".join(names))
 
 
@@ -141,13 +166,17 @@ def _archs() -> Check:
     listed = config.cuda_arch_list
     try:
         archs: tuple[CudaArch, ...] = (
-            parse_arch_list(listed) if listed is not None else target_archs())
+            parse_arch_list(listed) if listed is not None else target_archs()
+        )
     except ValueError as err:
         return Check("target archs", False, str(err), _ARCH_LIST_FIX)
     except NoTargetArchError:
-        return Check("target archs", False,
-                     "none: no GPU is visible and FLASHINFER_CUDA_ARCH_LIST is not set",
-                     'set FLASHINFER_CUDA_ARCH_LIST (e.g. "9.0a") to build without a GPU')
+        return Check(
+            "target archs",
+            False,
+            "none: no GPU is visible and FLASHINFER_CUDA_ARCH_LIST is not set",
+            'set FLASHINFER_CUDA_ARCH_LIST (e.g. "9.0a") to build without a GPU',
+        )
     source = "FLASHINFER_CUDA_ARCH_LIST" if listed is not None else "the visible GPUs"
     names = " ".join(str(a) for a in archs)
     problems: list[str] = []
@@ -162,10 +191,12 @@ def _archs() -> Check:
             if not any(runs_on(a, gpu) for a in archs):
                 problems.append(f"GPU {index} (sm_{gpu[0]}{gpu[1]}) runs none of them")
     if problems:
-        fix = (_ARCH_LIST_FIX if listed is not None
-               else "use a CUDA toolkit that supports these GPUs (FLASHINFER_NVCC)")
-        return Check("target archs", False, f"{names} (from {source}): " + "; ".join(problems),
-                     fix)
+        fix = (
+            _ARCH_LIST_FIX
+            if listed is not None
+            else "use a CUDA toolkit that supports these GPUs (FLASHINFER_NVCC)"
+        )
+        return Check("target archs", False, f"{names} (from {source}): " + "; ".join(problems), fix)
     checked = "" if nvcc is not None else " (not checked against nvcc: none usable)"
     return Check("target archs", True, f"{names} (from {source}){checked}")
 
@@ -177,19 +208,27 @@ def _workspace() -> list[Check]:
     raw = (Config.workspace_base.raw() or "").strip()
     base = config.workspace_base
     if raw and not os.path.isabs(os.path.expanduser(raw)):
-        found.append(Check(
-            "workspace", False,
-            f"FLASHINFER_WORKSPACE_BASE={raw!r} is relative: here it is {base}, but processes "
-            "started from other directories use (and compile into) other workspaces",
-            f"set FLASHINFER_WORKSPACE_BASE to an absolute path (e.g. {base})"))
+        found.append(
+            Check(
+                "workspace",
+                False,
+                f"FLASHINFER_WORKSPACE_BASE={raw!r} is relative: here it is {base}, but processes "
+                "started from other directories use (and compile into) other workspaces",
+                f"set FLASHINFER_WORKSPACE_BASE to an absolute path (e.g. {base})",
+            )
+        )
         return found  # probing would create a workspace under the current directory
     path = env.workspace_dir()  # where this process would really build
     if path.parent != base:
-        found.append(Check(
-            "workspace", False,
-            f"{base} (FLASHINFER_WORKSPACE_BASE) is unusable ({env._problem(base)}); builds "
-            f"fall back to {path.parent}",
-            f"make {base} a writable directory, or set FLASHINFER_WORKSPACE_BASE to one"))
+        found.append(
+            Check(
+                "workspace",
+                False,
+                f"{base} (FLASHINFER_WORKSPACE_BASE) is unusable ({env._problem(base)}); builds "
+                f"fall back to {path.parent}",
+                f"make {base} a writable directory, or set FLASHINFER_WORKSPACE_BASE to one",
+            )
+        )
         return found
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -197,8 +236,14 @@ def _workspace() -> list[Check]:
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
-        found.append(Check("workspace", False, f"{path}: {err.strerror or err}",
-                           f"make {path} writable, or set FLASHINFER_WORKSPACE_BASE"))
+        found.append(
+            Check(
+                "workspace",
+                False,
+                f"{path}: {err.strerror or err}",
+                f"make {path} writable, or set FLASHINFER_WORKSPACE_BASE",
+            )
+        )
         return found
     if not found:
         free = shutil.disk_usage(path).free
@@ -245,14 +290,24 @@ def _log_destination() -> Check:
     path = resolve_path(spec)
     problem = _writable_file_problem(path)
     if problem is not None:
-        return Check("log destination", False,
-                     f"FLASHINFER_LOGDEST={spec!r}: cannot write {path}: {problem}",
-                     "set FLASHINFER_LOGDEST to stdout, stderr or a writable file path")
+        return Check(
+            "log destination",
+            False,
+            f"FLASHINFER_LOGDEST={spec!r}: cannot write {path}: {problem}",
+            "set FLASHINFER_LOGDEST to stdout, stderr or a writable file path",
+        )
     return Check("log destination", True, f"{path} (writable)")
 
 
 CHECKS: list[Callable[[], CheckResult]] = [
-    _versions, _config, _nvcc, _host_compiler, _ninja, _gpu, _archs, _workspace,
+    _versions,
+    _config,
+    _nvcc,
+    _host_compiler,
+    _ninja,
+    _gpu,
+    _archs,
+    _workspace,
     _log_destination,
 ]
 

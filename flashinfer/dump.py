@@ -122,9 +122,7 @@ class Dumper:
 
     def wants(self, func: Callable[..., Any]) -> bool:
         names = (func.__qualname__, func.__name__)
-        if self.include and not any(
-            fnmatch.fnmatchcase(n, p) for n in names for p in self.include
-        ):
+        if self.include and not any(fnmatch.fnmatchcase(n, p) for n in names for p in self.include):
             return False
         return not any(fnmatch.fnmatchcase(n, p) for n in names for p in self.exclude)
 
@@ -137,8 +135,10 @@ class Dumper:
         """An unwritable dump directory stops dumps (one warning, not one per call); a name
         taken by an earlier process (pids are reused) or another error skips this dump."""
         if isinstance(err, OSError) and not isinstance(err, FileExistsError):
-            self._stop(f"cannot write to FLASHINFER_DUMP_DIR={self.directory} "
-                       f"({type(err).__name__}: {err}); the calls run without dumps")
+            self._stop(
+                f"cannot write to FLASHINFER_DUMP_DIR={self.directory} "
+                f"({type(err).__name__}: {err}); the calls run without dumps"
+            )
         else:
             logger.warning("flashinfer %s failed: %s", what, err)
 
@@ -174,20 +174,25 @@ class Dumper:
                     if isinstance(value, torch.Tensor):
                         entry.update(kind="tensor", key=name, **_tensor_meta(value))
                         inputs[name], sources[name] = _snapshot(value), value
-                    elif isinstance(value, (list, tuple)) and value and all(
-                        isinstance(v, torch.Tensor) for v in value
+                    elif (
+                        isinstance(value, (list, tuple))
+                        and value
+                        and all(isinstance(v, torch.Tensor) for v in value)
                     ):
                         keys = [f"{name}.{i}" for i in range(len(value))]
-                        entry.update(kind="tensor_list", keys=keys,
-                                     sequence=type(value).__name__)
+                        entry.update(kind="tensor_list", keys=keys, sequence=type(value).__name__)
                         for key, tensor in zip(keys, value):
                             inputs[key], sources[key] = _snapshot(tensor), tensor
                     elif _is_plain(value):
                         entry.update(kind="value", value=value)
                     elif isinstance(value, enum.Enum):
                         cls = type(value)
-                        entry.update(kind="enum", enum_module=cls.__module__,
-                                     enum_qualname=cls.__qualname__, member=value.name)
+                        entry.update(
+                            kind="enum",
+                            enum_module=cls.__module__,
+                            enum_qualname=cls.__qualname__,
+                            member=value.name,
+                        )
                     else:
                         entry.update(kind="unsupported", repr=repr(value)[:200])
                     args_meta.append(entry)
@@ -200,7 +205,8 @@ class Dumper:
                 index = self.count
                 self.count += 1
                 directory = self.directory / safe_filename(
-                    f"{index:06d}_{os.getpid()}_{func.__qualname__}")
+                    f"{index:06d}_{os.getpid()}_{func.__qualname__}"
+                )
                 directory.mkdir(parents=True, exist_ok=False)
                 manifest = {
                     "format": FORMAT,
@@ -273,4 +279,3 @@ def tensors_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=1, default=str))
-

@@ -1,8 +1,8 @@
 """The ``flashinfer`` stdlib logger: INFO and above to stderr by default.
 
 The level comes from ``FLASHINFER_LOGGING_LEVEL`` (INFO while it is invalid: the import
-never fails on a setting; ``config.validate`` reports it at first use). Records do not propagate to the
-root logger, so an application's own logging setup never prints them twice.
+never fails on a setting; ``config.validate`` reports it at first use). Records do not
+propagate to the root logger, so an application's own logging setup never prints them twice.
 """
 
 from __future__ import annotations

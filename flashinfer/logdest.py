@@ -81,9 +81,11 @@ class Destination:
             where = self.spec if self.spec == "stdout" else str(resolve_path(self.spec))
         except Exception:  # noqa: BLE001 - e.g. ~user of no such user: name the spec as given
             where = self.spec
-        warn_once(f"logdest:{where}",
-                  f"cannot write the log to FLASHINFER_LOGDEST={where} "
-                  f"({type(err).__name__}: {err}); logging to stderr instead")
+        warn_once(
+            f"logdest:{where}",
+            f"cannot write the log to FLASHINFER_LOGDEST={where} "
+            f"({type(err).__name__}: {err}); logging to stderr instead",
+        )
 
     def write(self, text: str) -> None:
         """Write ``text`` (a newline is added if missing) and flush; never raises."""

@@ -39,8 +39,9 @@ def get_norm_quant_module(dtype: Any):  # noqa: ANN201 - a tvm_ffi.Module
 def _check_rows(name: str, tensor: Any) -> torch.Tensor:
     checks.check_tensor(name, tensor)
     if tensor.dim() not in (2, 3):
-        raise ValueError(f"{name} must be 2-D {_LAYOUT}, got {tensor.dim()}-D with shape "
-                         f"{tuple(tensor.shape)}")
+        raise ValueError(
+            f"{name} must be 2-D {_LAYOUT}, got {tensor.dim()}-D with shape {tuple(tensor.shape)}"
+        )
     return tensor
 
 
@@ -48,8 +49,9 @@ def _check_vector(name: str, vector: Any, input: torch.Tensor) -> None:
     checks.check_tensor(name, vector)
     checks.check_ndim(name, vector, 1, "[hidden]")
     if vector.shape[0] != input.shape[-1]:
-        raise ValueError(f"{name} has {vector.shape[0]} elements, but input's last dim is "
-                         f"{input.shape[-1]}")
+        raise ValueError(
+            f"{name} has {vector.shape[0]} elements, but input's last dim is {input.shape[-1]}"
+        )
     if not vector.is_contiguous():
         raise ValueError(f"{name} must be contiguous; call .contiguous() first")
 
@@ -96,14 +98,17 @@ def _check_scale(scale: Any) -> tuple[torch.Tensor | None, float]:
     finite positive number. The output is ``out / scale`` before the fp8 cast."""
     if isinstance(scale, torch.Tensor):
         if not (scale.dim() == 0 or (scale.dim() == 1 and scale.shape[0] == 1)):
-            raise ValueError(f"scale must be a scalar tensor or have shape (1,), got shape "
-                             f"{tuple(scale.shape)}")
+            raise ValueError(
+                f"scale must be a scalar tensor or have shape (1,), got shape {tuple(scale.shape)}"
+            )
         if not scale.is_floating_point():
-            raise TypeError(f"scale has dtype {scale.dtype}; expected a floating dtype "
-                            "(float32 is used as is)")
+            raise TypeError(
+                f"scale has dtype {scale.dtype}; expected a floating dtype (float32 is used as is)"
+            )
         return scale, 1.0
-    return None, checks.check_number("scale", scale, 0.0, low_open=True,
-                                     kind="a float or a torch.Tensor")
+    return None, checks.check_number(
+        "scale", scale, 0.0, low_open=True, kind="a float or a torch.Tensor"
+    )
 
 
 def _scale_on(scale: torch.Tensor | None, input: torch.Tensor) -> torch.Tensor | None:
@@ -123,8 +128,9 @@ def _launch_options(enable_pdl: Any, input: torch.Tensor, **operands: torch.Tens
     return enable_pdl
 
 
-def _rmsnorm(input: Any, weight: Any, eps: Any, out: Any, enable_pdl: Any,
-             function: str) -> torch.Tensor:
+def _rmsnorm(
+    input: Any, weight: Any, eps: Any, out: Any, enable_pdl: Any, function: str
+) -> torch.Tensor:
     eps = _check_input_and_weight(input, weight, eps)
     if out is not None:
         _check_like("out", out, input)
@@ -139,8 +145,13 @@ def _rmsnorm(input: Any, weight: Any, eps: Any, out: Any, enable_pdl: Any,
 
 
 @flashinfer_api(trace=_trace.rmsnorm_trace)
-def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-            out: torch.Tensor | None = None, enable_pdl: bool | None = None) -> torch.Tensor:
+def rmsnorm(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    out: torch.Tensor | None = None,
+    enable_pdl: bool | None = None,
+) -> torch.Tensor:
     """``out = input / sqrt(mean(input ** 2, -1) + eps) * weight``, computed in float32.
 
     Args:
@@ -158,16 +169,21 @@ def rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
 
 
 @flashinfer_api(trace=_trace.gemma_rmsnorm_trace)
-def gemma_rmsnorm(input: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
-                  out: torch.Tensor | None = None,
-                  enable_pdl: bool | None = None) -> torch.Tensor:
+def gemma_rmsnorm(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    out: torch.Tensor | None = None,
+    enable_pdl: bool | None = None,
+) -> torch.Tensor:
     """Gemma's RMSNorm: ``input / sqrt(mean(input ** 2, -1) + eps) * (weight + 1)``.
     Arguments as :func:`rmsnorm`."""
     return _rmsnorm(input, weight, eps, out, enable_pdl, "gemma_rmsnorm")
 
 
-def _fused_add_rmsnorm(input: Any, residual: Any, weight: Any, eps: Any, enable_pdl: Any,
-                       function: str) -> None:
+def _fused_add_rmsnorm(
+    input: Any, residual: Any, weight: Any, eps: Any, enable_pdl: Any, function: str
+) -> None:
     eps = _check_input_and_weight(input, weight, eps)
     _check_residual(residual, input)
     enable_pdl = _launch_options(enable_pdl, input, residual=residual, weight=weight)
@@ -176,8 +192,13 @@ def _fused_add_rmsnorm(input: Any, residual: Any, weight: Any, eps: Any, enable_
 
 
 @flashinfer_api(trace=_trace.fused_add_rmsnorm_trace)
-def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                      eps: float = 1e-6, enable_pdl: bool | None = None) -> None:
+def fused_add_rmsnorm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    enable_pdl: bool | None = None,
+) -> None:
     """In place: ``residual += input``, then ``input = rmsnorm(residual, weight, eps)``.
 
     The sum is formed in float32; ``residual`` stores it rounded to its dtype, and the norm
@@ -188,16 +209,26 @@ def fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch
 
 
 @flashinfer_api(trace=_trace.gemma_fused_add_rmsnorm_trace)
-def gemma_fused_add_rmsnorm(input: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                            eps: float = 1e-6, enable_pdl: bool | None = None) -> None:
+def gemma_fused_add_rmsnorm(
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    enable_pdl: bool | None = None,
+) -> None:
     """:func:`fused_add_rmsnorm` with Gemma's ``weight + 1``."""
     _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, "gemma_fused_add_rmsnorm")
 
 
 @flashinfer_api(trace=_trace.rmsnorm_quant_trace)
-def rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
-                  scale: float | torch.Tensor, eps: float = 1e-6,
-                  enable_pdl: bool | None = None) -> None:
+def rmsnorm_quant(
+    out: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    scale: float | torch.Tensor,
+    eps: float = 1e-6,
+    enable_pdl: bool | None = None,
+) -> None:
     """:func:`rmsnorm` quantized to fp8: ``out = fp8_e4m3(clamp(rmsnorm(input) / scale,
     -448, 448))``, rounded to nearest even (the reference library's quantization).
 
@@ -214,13 +245,20 @@ def rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
     enable_pdl = _launch_options(enable_pdl, input, weight=weight, out=out)
     if input.numel():
         get_norm_quant_module(input.dtype).rmsnorm_quant(
-            out, input, weight, _scale_on(scale, input), scale_value, eps, enable_pdl)
+            out, input, weight, _scale_on(scale, input), scale_value, eps, enable_pdl
+        )
 
 
 @flashinfer_api(trace=_trace.fused_add_rmsnorm_quant_trace)
-def fused_add_rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, residual: torch.Tensor,
-                            weight: torch.Tensor, scale: float | torch.Tensor, eps: float = 1e-6,
-                            enable_pdl: bool | None = None) -> None:
+def fused_add_rmsnorm_quant(
+    out: torch.Tensor,
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    scale: float | torch.Tensor,
+    eps: float = 1e-6,
+    enable_pdl: bool | None = None,
+) -> None:
     """``residual += input`` (float32 sum, stored rounded to its dtype), then ``out`` = the
     fp8 quantized RMSNorm of the float32 sum as in :func:`rmsnorm_quant`. ``input`` is left
     unchanged. Arguments as :func:`fused_add_rmsnorm` and :func:`rmsnorm_quant`."""
@@ -231,12 +269,14 @@ def fused_add_rmsnorm_quant(out: torch.Tensor, input: torch.Tensor, residual: to
     enable_pdl = _launch_options(enable_pdl, input, residual=residual, weight=weight, out=out)
     if input.numel():
         get_norm_quant_module(input.dtype).fused_add_rmsnorm_quant(
-            out, input, residual, weight, _scale_on(scale, input), scale_value, eps, enable_pdl)
+            out, input, residual, weight, _scale_on(scale, input), scale_value, eps, enable_pdl
+        )
 
 
 @flashinfer_api(trace=_trace.layernorm_trace)
-def layernorm(input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor,
-              eps: float = 1e-6) -> torch.Tensor:
+def layernorm(
+    input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-6
+) -> torch.Tensor:
     """``(input - mean) / sqrt(var + eps) * gemma + beta`` over the last dim, in float32.
 
     Args:

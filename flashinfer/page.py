@@ -47,10 +47,13 @@ def _check_output(name: str, out: Any, nnz: int, like: torch.Tensor) -> None:
 
 
 @flashinfer_api(trace=_trace.get_batch_indices_positions_trace)
-def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int,
-                                batch_indices: torch.Tensor | None = None,
-                                positions: torch.Tensor | None = None
-                                ) -> tuple[torch.Tensor, torch.Tensor]:
+def get_batch_indices_positions(
+    append_indptr: torch.Tensor,
+    seq_lens: torch.Tensor,
+    nnz: int,
+    batch_indices: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """For ``nnz`` appended tokens, request ``b`` owning ``append_indptr[b]:append_indptr[b+1]``
     and ``seq_lens[b]`` its KV length after the append: each token's request and position,
     int32, written into ``batch_indices``/``positions`` when given. A token no request owns
@@ -82,8 +85,9 @@ def get_batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Ten
 
 
 @flashinfer_api(trace=_trace.get_seq_lens_trace)
-def get_seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor,
-                 page_size: int) -> torch.Tensor:
+def get_seq_lens(
+    kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int
+) -> torch.Tensor:
     """Each request's KV length: its full pages times ``page_size`` plus its last page's
     fill (a request without pages counts only ``kv_last_page_len``)."""
     batch_size = _check_indptr_form("kv_indptr", kv_indptr)
@@ -99,11 +103,12 @@ def _check_cache(name: str, cache: torch.Tensor, key: torch.Tensor, kv_layout: s
     checks.check_same_dtype(name, cache, "append_key", key)
     checks.check_last_dim_contiguous(name, cache)
     hnd = kv_layout == "HND"
-    heads, page_size = (cache.shape[1], cache.shape[2]) if hnd else (cache.shape[2],
-                                                                     cache.shape[1])
+    heads, page_size = (cache.shape[1], cache.shape[2]) if hnd else (cache.shape[2], cache.shape[1])
     if heads != key.shape[1] or cache.shape[3] != key.shape[2]:
-        raise ValueError(f"{name} holds {heads} heads of dim {cache.shape[3]} ({kv_layout}), "
-                         f"the appended keys have {key.shape[1]} of dim {key.shape[2]}")
+        raise ValueError(
+            f"{name} holds {heads} heads of dim {cache.shape[3]} ({kv_layout}), "
+            f"the appended keys have {key.shape[1]} of dim {key.shape[2]}"
+        )
     if page_size < 1:
         raise ValueError(f"{name} has page_size 0")
 
@@ -114,18 +119,26 @@ def _check_appended(append_key: Any, append_value: Any) -> None:
         checks.check_ndim(name, t, 3, "[nnz, num_kv_heads, head_dim]")
         checks.check_last_dim_contiguous(name, t)
     if append_value.shape != append_key.shape:
-        raise ValueError(f"append_value has shape {tuple(append_value.shape)}, append_key has "
-                         f"{tuple(append_key.shape)}")
+        raise ValueError(
+            f"append_value has shape {tuple(append_value.shape)}, append_key has "
+            f"{tuple(append_key.shape)}"
+        )
     checks.check_dtype("append_key", append_key, _DTYPES)
     checks.check_same_dtype("append_value", append_value, "append_key", append_key)
 
 
 @flashinfer_api(trace=_trace.append_paged_kv_cache_trace)
-def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
-                          batch_indices: torch.Tensor, positions: torch.Tensor,
-                          paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
-                          kv_indices: torch.Tensor, kv_indptr: torch.Tensor,
-                          kv_last_page_len: torch.Tensor, kv_layout: str = "NHD") -> None:
+def append_paged_kv_cache(
+    append_key: torch.Tensor,
+    append_value: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    kv_layout: str = "NHD",
+) -> None:
     """Write ``append_key``/``append_value`` (``[nnz, num_kv_heads, head_dim]``) into the
     paged cache: token ``i`` goes to request ``batch_indices[i]`` at sequence position
     ``positions[i]`` (see :func:`get_batch_indices_positions`), i.e. page
@@ -140,8 +153,10 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
         _check_cache(name, cache, append_key, kv_layout)
     (k_name, k_cache), (v_name, v_cache) = caches
     if v_cache.shape != k_cache.shape:
-        raise ValueError(f"the key and value caches of paged_kv_cache differ in shape: "
-                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+        raise ValueError(
+            f"the key and value caches of paged_kv_cache differ in shape: "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+        )
     nnz = append_key.shape[0]
     checks.check_index_tensor("batch_indices", batch_indices, nnz, _INDEX)
     checks.check_index_tensor("positions", positions, nnz, _INDEX)
@@ -150,12 +165,27 @@ def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
     checks.check_index_tensor("kv_last_page_len", kv_last_page_len, batch_size, _INDEX)
     ragged.check_indptr("kv_indptr", kv_indptr, "len(kv_indices)", kv_indices.shape[0])
     checks.check_cuda("append_key", append_key)
-    for name, t in (("append_value", append_value), (k_name, k_cache), (v_name, v_cache),
-                    ("batch_indices", batch_indices), ("positions", positions),
-                    ("kv_indices", kv_indices), ("kv_indptr", kv_indptr),
-                    ("kv_last_page_len", kv_last_page_len)):
+    for name, t in (
+        ("append_value", append_value),
+        (k_name, k_cache),
+        (v_name, v_cache),
+        ("batch_indices", batch_indices),
+        ("positions", positions),
+        ("kv_indices", kv_indices),
+        ("kv_indptr", kv_indptr),
+        ("kv_last_page_len", kv_last_page_len),
+    ):
         checks.check_cuda(name, t, like=append_key)
     if nnz:
         get_page_module(append_key.dtype).append_paged_kv_cache(
-            append_key, append_value, batch_indices.int(), positions.int(), k_cache, v_cache,
-            kv_indices.int(), kv_indptr.int(), kv_last_page_len.int(), hnd)
+            append_key,
+            append_value,
+            batch_indices.int(),
+            positions.int(),
+            k_cache,
+            v_cache,
+            kv_indices.int(),
+            kv_indptr.int(),
+            kv_last_page_len.int(),
+            hnd,
+        )

@@ -26,26 +26,34 @@ def unpack_paged_kv_cache(paged_kv_cache: Any, kv_layout: str) -> tuple[Part, Pa
         if paged_kv_cache.dim() not in (4, 5):
             raise ValueError(
                 "paged_kv_cache must be 5-D [max_num_pages, 2, ...] (4-D with page_size 1), "
-                f"got {paged_kv_cache.dim()}-D with shape {tuple(paged_kv_cache.shape)}")
+                f"got {paged_kv_cache.dim()}-D with shape {tuple(paged_kv_cache.shape)}"
+            )
         cache = paged_kv_cache
         if cache.dim() == 4:
             cache = cache.unsqueeze(slot_dim)
         if cache.shape[1] != 2:
-            raise ValueError("paged_kv_cache must hold keys and values in dim 1 (size 2), got "
-                             f"shape {tuple(paged_kv_cache.shape)}")
+            raise ValueError(
+                "paged_kv_cache must hold keys and values in dim 1 (size 2), got "
+                f"shape {tuple(paged_kv_cache.shape)}"
+            )
         return ("paged_kv_cache", cache[:, 0]), ("paged_kv_cache", cache[:, 1])
     if isinstance(paged_kv_cache, (tuple, list)):
         if len(paged_kv_cache) != 2:
-            raise ValueError("paged_kv_cache must be a (k_cache, v_cache) pair, got "
-                             f"{len(paged_kv_cache)} items")
+            raise ValueError(
+                f"paged_kv_cache must be a (k_cache, v_cache) pair, got {len(paged_kv_cache)} items"
+            )
         parts = []
         for i, cache in enumerate(paged_kv_cache):
             name = f"paged_kv_cache[{i}]"
             checks.check_tensor(name, cache)
             if cache.dim() not in (3, 4):
-                raise ValueError(f"{name} must be 4-D [max_num_pages, ...] (3-D with page_size "
-                                 f"1), got {cache.dim()}-D with shape {tuple(cache.shape)}")
+                raise ValueError(
+                    f"{name} must be 4-D [max_num_pages, ...] (3-D with page_size "
+                    f"1), got {cache.dim()}-D with shape {tuple(cache.shape)}"
+                )
             parts.append((name, cache if cache.dim() == 4 else cache.unsqueeze(slot_dim)))
         return parts[0], parts[1]
-    raise TypeError("paged_kv_cache must be a torch.Tensor or a (k_cache, v_cache) tuple, got "
-                    f"{type(paged_kv_cache).__name__}")
+    raise TypeError(
+        "paged_kv_cache must be a torch.Tensor or a (k_cache, v_cache) tuple, got "
+        f"{type(paged_kv_cache).__name__}"
+    )

@@ -64,8 +64,17 @@ from .utils import get_device_sm_count
 _VEC = 8  # elements per 16-byte vector: the kernel's unit of every load and store
 _INT32_LIMIT = 1 << 31
 _MAX_GRID_Y = 65535  # grid.y: num_kv_heads of the attention kernel, num_qo_heads of the merge
-_MASK_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-                torch.uint16, torch.uint32, torch.uint64)
+_MASK_DTYPES = (
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+)
 
 
 @functools.cache
@@ -90,11 +99,14 @@ def _check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any) -> int:
     checks.check_int("num_qo_heads", num_qo_heads, 1, _MAX_GRID_Y)
     checks.check_int("num_kv_heads", num_kv_heads, 1)
     if head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {', '.join(map(str, HEAD_DIMS))}, "
-                         f"got {head_dim}")
+        raise ValueError(
+            f"head_dim must be one of {', '.join(map(str, HEAD_DIMS))}, got {head_dim}"
+        )
     if num_qo_heads % num_kv_heads:
-        raise ValueError(f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
-                         f"({num_kv_heads}): the GQA group size must be integral")
+        raise ValueError(
+            f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
+            f"({num_kv_heads}): the GQA group size must be integral"
+        )
     return num_qo_heads // num_kv_heads
 
 
@@ -104,8 +116,10 @@ def _check_vectors(name: str, t: torch.Tensor) -> None:
     checks.check_last_dim_contiguous(name, t)
     for dim in range(t.dim() - 1):
         if t.shape[dim] > 1 and t.stride(dim) % _VEC:
-            raise ValueError(f"{name}'s strides must be multiples of {_VEC} elements (16 "
-                             f"bytes), got {tuple(t.stride())}")
+            raise ValueError(
+                f"{name}'s strides must be multiples of {_VEC} elements (16 "
+                f"bytes), got {tuple(t.stride())}"
+            )
     if t.data_ptr() % 16:
         raise ValueError(f"{name} must be 16-byte aligned")
 
@@ -118,20 +132,25 @@ def _refuse(name: str, value: Any, why: str) -> None:
 
 def _check_backend(backend: Any) -> None:
     if backend not in BACKENDS:
-        raise ValueError(f"backend {backend!r} is not available; this library has "
-                         f"{', '.join(map(repr, BACKENDS))} (one tensor-core prefill kernel)")
+        raise ValueError(
+            f"backend {backend!r} is not available; this library has "
+            f"{', '.join(map(repr, BACKENDS))} (one tensor-core prefill kernel)"
+        )
 
 
 def _check_fp16_qk_reduction(value: Any) -> None:
     if checks.check_bool("use_fp16_qk_reduction", value):
-        raise ValueError("use_fp16_qk_reduction=True is not supported: q.k is always "
-                         "accumulated in float32")
+        raise ValueError(
+            "use_fp16_qk_reduction=True is not supported: q.k is always accumulated in float32"
+        )
 
 
 def _check_head_dim_vo(head_dim_vo: Any, head_dim_qk: int) -> None:
     if head_dim_vo is not None and head_dim_vo != head_dim_qk:
-        raise ValueError(f"head_dim_vo ({head_dim_vo}) must equal head_dim_qk ({head_dim_qk}): "
-                         "different value and key head dims are not supported")
+        raise ValueError(
+            f"head_dim_vo ({head_dim_vo}) must equal head_dim_qk ({head_dim_qk}): "
+            "different value and key head dims are not supported"
+        )
 
 
 def _plan_dtype(q_data_type: Any, kv_data_type: Any, o_data_type: Any) -> torch.dtype:
@@ -140,8 +159,10 @@ def _plan_dtype(q_data_type: Any, kv_data_type: Any, o_data_type: Any) -> torch.
     for name, value in (("kv_data_type", kv_data_type), ("o_data_type", o_data_type)):
         other = None if value is None else check_dtype_name(name, value)
         if other is not None and other != dtype:
-            raise TypeError(f"{name} {other} differs from q_data_type {dtype}; q, the KV and "
-                            "the output share one dtype here")
+            raise TypeError(
+                f"{name} {other} differs from q_data_type {dtype}; q, the KV and "
+                "the output share one dtype here"
+            )
     return dtype
 
 
@@ -159,15 +180,15 @@ def _check_packed_mask(packed: torch.Tensor, needed: int) -> None:
     if not packed.is_contiguous():
         raise ValueError("packed_custom_mask must be contiguous")
     if packed.shape[0] < needed:
-        raise ValueError(f"packed_custom_mask has {packed.shape[0]} bytes; the mask needs "
-                         f"{needed}")
+        raise ValueError(f"packed_custom_mask has {packed.shape[0]} bytes; the mask needs {needed}")
 
 
 # -- single request ----------------------------------------------------------------------------
 
 
-def _single_chunks(qo_len: int, kv_len: int, group: int, num_kv_heads: int,
-                   max_ctas: int) -> tuple[int, int]:
+def _single_chunks(
+    qo_len: int, kv_len: int, group: int, num_kv_heads: int, max_ctas: int
+) -> tuple[int, int]:
     """(chunk_tokens, num_chunks): the KV of one request is split only when its q tiles
     leave the GPU partly idle and it is longer than the smallest worthwhile chunk."""
     ctas = math.ceil(qo_len * group / TILE_ROWS) * num_kv_heads
@@ -180,17 +201,29 @@ def _single_chunks(qo_len: int, kv_len: int, group: int, num_kv_heads: int,
 
 @flashinfer_api(trace=_trace.single_prefill_with_kv_cache_trace)
 def single_prefill_with_kv_cache(
-        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale_q: torch.Tensor | None = None,
-        scale_k: torch.Tensor | None = None, scale_v: torch.Tensor | None = None,
-        o_dtype: torch.dtype | None = None, custom_mask: torch.Tensor | None = None,
-        packed_custom_mask: torch.Tensor | None = None, causal: bool = False,
-        kv_layout: str = "NHD", pos_encoding_mode: str = "NONE",
-        use_fp16_qk_reduction: bool = False, sm_scale: float | None = None,
-        window_left: int = -1, logits_soft_cap: float | None = None,
-        rope_scale: float | None = None, rope_theta: float | None = None,
-        backend: str = "auto", return_lse: bool = False,
-        kv_cache_sf: tuple[torch.Tensor, torch.Tensor] | None = None,
-        k_scale: float | None = None, v_scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale_q: torch.Tensor | None = None,
+    scale_k: torch.Tensor | None = None,
+    scale_v: torch.Tensor | None = None,
+    o_dtype: torch.dtype | None = None,
+    custom_mask: torch.Tensor | None = None,
+    packed_custom_mask: torch.Tensor | None = None,
+    causal: bool = False,
+    kv_layout: str = "NHD",
+    pos_encoding_mode: str = "NONE",
+    use_fp16_qk_reduction: bool = False,
+    sm_scale: float | None = None,
+    window_left: int = -1,
+    logits_soft_cap: float | None = None,
+    rope_scale: float | None = None,
+    rope_theta: float | None = None,
+    backend: str = "auto",
+    return_lse: bool = False,
+    kv_cache_sf: tuple[torch.Tensor, torch.Tensor] | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``q`` ``[qo_len, num_qo_heads, head_dim]`` over ``k``/``v``
     ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]``
@@ -204,8 +237,12 @@ def single_prefill_with_kv_cache(
     _check_fp16_qk_reduction(use_fp16_qk_reduction)
     _check_backend(backend)
     for name, value in (("scale_q", scale_q), ("scale_k", scale_k), ("scale_v", scale_v)):
-        _refuse(name, value, "per-head scales come with fp8 inputs, which this library "
-                             "does not take (k_scale and v_scale floats work)")
+        _refuse(
+            name,
+            value,
+            "per-head scales come with fp8 inputs, which this library "
+            "does not take (k_scale and v_scale floats work)",
+        )
     _refuse("kv_cache_sf", kv_cache_sf, "this library has no NVFP4 KV caches")
     checks.check_bool("causal", causal)
     checks.check_bool("return_lse", return_lse)
@@ -213,8 +250,9 @@ def single_prefill_with_kv_cache(
     checks.check_ndim("q", q, 3, "[qo_len, num_qo_heads, head_dim]")
     checks.check_dtype("q", q, DTYPES)
     if o_dtype is not None and o_dtype != q.dtype:
-        raise TypeError(f"o_dtype {o_dtype} differs from q's {q.dtype}; the output has q's "
-                        "dtype here")
+        raise TypeError(
+            f"o_dtype {o_dtype} differs from q's {q.dtype}; the output has q's dtype here"
+        )
     layout = "[num_kv_heads, kv_len, head_dim]" if hnd else "[kv_len, num_kv_heads, head_dim]"
     for name, t in (("k", k), ("v", v)):
         checks.check_tensor(name, t)
@@ -239,8 +277,10 @@ def single_prefill_with_kv_cache(
     elif custom_mask is not None:
         _check_mask_values(custom_mask)
         if custom_mask.numel() != qo_len * kv_len:
-            raise ValueError(f"custom_mask has {custom_mask.numel()} elements; [qo_len, "
-                             f"kv_len] is [{qo_len}, {kv_len}]")
+            raise ValueError(
+                f"custom_mask has {custom_mask.numel()} elements; [qo_len, "
+                f"kv_len] is [{qo_len}, {kv_len}]"
+            )
     checks.check_cuda("q", q)
     checks.check_cuda("k", k, like=q)
     checks.check_cuda("v", v, like=q)
@@ -250,27 +290,47 @@ def single_prefill_with_kv_cache(
         checks.check_cuda("custom_mask", custom_mask, like=q)
 
     out = torch.empty((qo_len, num_qo_heads, head_dim), dtype=q.dtype, device=q.device)
-    lse = (torch.empty((qo_len, num_qo_heads), dtype=torch.float32, device=q.device)
-           if return_lse else None)
+    lse = (
+        torch.empty((qo_len, num_qo_heads), dtype=torch.float32, device=q.device)
+        if return_lse
+        else None
+    )
     if qo_len:
         if packed_custom_mask is None and custom_mask is not None:
             packed_custom_mask = packbits(custom_mask.reshape(-1), bitorder="little")
-        chunk, chunks = _single_chunks(qo_len, kv_len, group, num_kv_heads,
-                                       _max_ctas(q.dtype, head_dim, q.device))
+        chunk, chunks = _single_chunks(
+            qo_len, kv_len, group, num_kv_heads, _max_ctas(q.dtype, head_dim, q.device)
+        )
         rows = qo_len * chunks if chunks > 1 else 0
-        tmp_v = torch.empty(max(rows * num_qo_heads * head_dim, 1), dtype=torch.float32,
-                            device=q.device)
-        tmp_lse = torch.empty(max(rows * num_qo_heads, 1), dtype=torch.float32,
-                              device=q.device)
+        tmp_v = torch.empty(
+            max(rows * num_qo_heads * head_dim, 1), dtype=torch.float32, device=q.device
+        )
+        tmp_lse = torch.empty(max(rows * num_qo_heads, 1), dtype=torch.float32, device=q.device)
         get_prefill_module(q.dtype, head_dim).single_prefill(
-            q, k, v, packed_custom_mask, tmp_v, tmp_lse, out, lse, hnd, causal, window_left,
-            chunk, chunks, scale, cap, resolve_enable_pdl(None, q.device))
+            q,
+            k,
+            v,
+            packed_custom_mask,
+            tmp_v,
+            tmp_lse,
+            out,
+            lse,
+            hnd,
+            causal,
+            window_left,
+            chunk,
+            chunks,
+            scale,
+            cap,
+            resolve_enable_pdl(None, q.device),
+        )
         apply_v_scale(out, v_scale)
     return (out, lse) if return_lse else out
 
 
-single_prefill_with_kv_cache_return_lse = functools.partial(single_prefill_with_kv_cache,
-                                                            return_lse=True)
+single_prefill_with_kv_cache_return_lse = functools.partial(
+    single_prefill_with_kv_cache, return_lse=True
+)
 
 
 # -- batch wrappers ----------------------------------------------------------------------------
@@ -279,6 +339,7 @@ single_prefill_with_kv_cache_return_lse = functools.partial(single_prefill_with_
 @dataclass(frozen=True)
 class _Plan:
     """What plan() fixed and run() checks against and launches with."""
+
     batch: int
     total_q: int
     total_kv: int  # ragged: kv_indptr[-1] (k/v hold at least this many tokens); paged: 0
@@ -304,6 +365,7 @@ class _Plan:
 @dataclass(frozen=True)
 class _Options:
     """plan()'s scalar arguments, validated."""
+
     dtype: torch.dtype
     group: int
     num_qo_heads: int
@@ -321,16 +383,34 @@ class _Options:
     allow_split: bool
 
 
-def _check_options(num_qo_heads: Any, num_kv_heads: Any, head_dim_qk: Any, head_dim_vo: Any,
-                   causal: Any, pos_encoding_mode: Any, use_fp16_qk_reduction: Any,
-                   sm_scale: Any, window_left: Any, logits_soft_cap: Any, rope_scale: Any,
-                   rope_theta: Any, q_data_type: Any, kv_data_type: Any, o_data_type: Any,
-                   non_blocking: Any, prefix_len_ptr: Any, token_pos_in_items_ptr: Any,
-                   token_pos_in_items_len: Any, max_item_len_ptr: Any, fixed_split_size: Any,
-                   disable_split_kv: Any) -> _Options:
+def _check_options(
+    num_qo_heads: Any,
+    num_kv_heads: Any,
+    head_dim_qk: Any,
+    head_dim_vo: Any,
+    causal: Any,
+    pos_encoding_mode: Any,
+    use_fp16_qk_reduction: Any,
+    sm_scale: Any,
+    window_left: Any,
+    logits_soft_cap: Any,
+    rope_scale: Any,
+    rope_theta: Any,
+    q_data_type: Any,
+    kv_data_type: Any,
+    o_data_type: Any,
+    non_blocking: Any,
+    prefix_len_ptr: Any,
+    token_pos_in_items_ptr: Any,
+    token_pos_in_items_len: Any,
+    max_item_len_ptr: Any,
+    fixed_split_size: Any,
+    disable_split_kv: Any,
+) -> _Options:
     """The options both wrappers' plan() share, checked in one place."""
-    group = _check_heads(num_qo_heads, num_kv_heads, checks.check_int("head_dim_qk",
-                                                                      head_dim_qk, 1))
+    group = _check_heads(
+        num_qo_heads, num_kv_heads, checks.check_int("head_dim_qk", head_dim_qk, 1)
+    )
     _check_head_dim_vo(head_dim_vo, head_dim_qk)
     checks.check_bool("causal", causal)
     check_pos_encoding(pos_encoding_mode)
@@ -345,20 +425,36 @@ def _check_options(num_qo_heads: Any, num_kv_heads: Any, head_dim_qk: Any, head_
     _refuse("token_pos_in_items_ptr", token_pos_in_items_ptr, multi_item)
     _refuse("max_item_len_ptr", max_item_len_ptr, multi_item)
     if checks.check_int("token_pos_in_items_len", token_pos_in_items_len, 0):
-        raise ValueError(f"token_pos_in_items_len must be 0 ({multi_item}), got "
-                         f"{token_pos_in_items_len}")
+        raise ValueError(
+            f"token_pos_in_items_len must be 0 ({multi_item}), got {token_pos_in_items_len}"
+        )
     if fixed_split_size is not None and fixed_split_size != -1:
         checks.check_int("fixed_split_size", fixed_split_size, 1)
     else:
         fixed_split_size = None
     checks.check_bool("disable_split_kv", disable_split_kv)
-    return _Options(dtype, group, num_qo_heads, num_kv_heads, head_dim_qk, causal,
-                    pos_encoding_mode, window_left, cap, sm_scale, rope_scale, rope_theta,
-                    non_blocking, fixed_split_size, not disable_split_kv)
+    return _Options(
+        dtype,
+        group,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim_qk,
+        causal,
+        pos_encoding_mode,
+        window_left,
+        cap,
+        sm_scale,
+        rope_scale,
+        rope_theta,
+        non_blocking,
+        fixed_split_size,
+        not disable_split_kv,
+    )
 
 
-def _host_indptr(name: str, indptr: Any, length: int | None, total_name: str = "",
-                 total: int | None = None) -> list[int]:
+def _host_indptr(
+    name: str, indptr: Any, length: int | None, total_name: str = "", total: int | None = None
+) -> list[int]:
     """An indptr read on the host (as the reference does in plan()), validated."""
     checks.check_index_tensor(name, indptr, length, INDEX)
     if indptr.shape[0] < 1:
@@ -374,28 +470,31 @@ def _host_indptr(name: str, indptr: Any, length: int | None, total_name: str = "
 @dataclass(frozen=True)
 class _MaskInput:
     """A custom mask checked in plan(), packed only once nothing else can fail."""
+
     custom: torch.Tensor | None  # to pack with segment_packbits
     packed: torch.Tensor | None  # given packed, used as is
     bit_indptr: list[int]  # running sum of qo_len * kv_len, the reference's mask_indptr
     num_bytes: int  # of the packed mask the kernel reads
 
-    def pack(self, device: torch.device, non_blocking: bool) -> tuple[torch.Tensor,
-                                                                       torch.Tensor]:
+    def pack(self, device: torch.device, non_blocking: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """(packed uint8, int32 byte offsets of each request's mask), on ``device``."""
         if self.custom is not None:
             # host offsets: segment_packbits reads them on the host anyway
-            packed, byte_indptr = segment_packbits(self.custom.reshape(-1),
-                                                   torch.tensor(self.bit_indptr),
-                                                   bitorder="little")
+            packed, byte_indptr = segment_packbits(
+                self.custom.reshape(-1), torch.tensor(self.bit_indptr), bitorder="little"
+            )
         else:
             # The reference takes a packed mask with its bit-count offsets as byte offsets.
             packed, byte_indptr = self.packed, torch.tensor(self.bit_indptr, dtype=torch.int32)
-        return (packed.to(device, non_blocking=non_blocking),
-                byte_indptr.to(device=device, dtype=torch.int32, non_blocking=non_blocking))
+        return (
+            packed.to(device, non_blocking=non_blocking),
+            byte_indptr.to(device=device, dtype=torch.int32, non_blocking=non_blocking),
+        )
 
 
-def _check_mask(custom_mask: Any, packed_custom_mask: Any, qo_lens: list[int],
-                kv_lens: list[int]) -> _MaskInput | None:
+def _check_mask(
+    custom_mask: Any, packed_custom_mask: Any, qo_lens: list[int], kv_lens: list[int]
+) -> _MaskInput | None:
     """Each request's mask covers its ``qo_len * kv_len`` (query, key) pairs."""
     if custom_mask is None and packed_custom_mask is None:
         return None
@@ -404,17 +503,22 @@ def _check_mask(custom_mask: Any, packed_custom_mask: Any, qo_lens: list[int],
     for size in sizes:
         bit_indptr.append(bit_indptr[-1] + size)
     if packed_custom_mask is not None:
-        needed = max((start + (size + 7) // 8 for start, size in zip(bit_indptr, sizes)
-                      if size), default=0)
+        needed = max(
+            (start + (size + 7) // 8 for start, size in zip(bit_indptr, sizes) if size), default=0
+        )
         _check_packed_mask(packed_custom_mask, needed)
         if bit_indptr[-1] >= _INT32_LIMIT:
-            raise ValueError("packed_custom_mask's offsets (the running sum of qo_len * kv_len) "
-                             "do not fit in int32")
+            raise ValueError(
+                "packed_custom_mask's offsets (the running sum of qo_len * kv_len) "
+                "do not fit in int32"
+            )
         return _MaskInput(None, packed_custom_mask, bit_indptr, packed_custom_mask.shape[0])
     _check_mask_values(custom_mask)
     if custom_mask.numel() != bit_indptr[-1]:
-        raise ValueError(f"custom_mask has {custom_mask.numel()} elements; the requests' "
-                         f"qo_len * kv_len add up to {bit_indptr[-1]}")
+        raise ValueError(
+            f"custom_mask has {custom_mask.numel()} elements; the requests' "
+            f"qo_len * kv_len add up to {bit_indptr[-1]}"
+        )
     num_bytes = sum((size + 7) // 8 for size in sizes)
     if num_bytes >= _INT32_LIMIT:
         raise ValueError("the packed custom mask does not fit in int32 offsets")
@@ -429,9 +533,19 @@ class _BatchPrefillWrapper(WorkspaceOwner):
     the partial states of one ``run()``. ``run()`` only launches; the kernel reads the
     requests' lengths from the indptr arrays on the device when it runs."""
 
-    def _setup(self, float_workspace_buffer: Any, kv_layout: Any, use_cuda_graph: Any,
-               qo_indptr_buf: Any, kv_buffers: dict[str, Any], custom_mask_buf: Any,
-               mask_indptr_buf: Any, backend: Any, jit_args: Any, jit_kwargs: Any) -> None:
+    def _setup(
+        self,
+        float_workspace_buffer: Any,
+        kv_layout: Any,
+        use_cuda_graph: Any,
+        qo_indptr_buf: Any,
+        kv_buffers: dict[str, Any],
+        custom_mask_buf: Any,
+        mask_indptr_buf: Any,
+        backend: Any,
+        jit_args: Any,
+        jit_kwargs: Any,
+    ) -> None:
         workspace = check_workspace("float_workspace_buffer", float_workspace_buffer)
         checks.check_kv_layout(kv_layout)
         checks.check_bool("use_cuda_graph", use_cuda_graph)
@@ -450,21 +564,20 @@ class _BatchPrefillWrapper(WorkspaceOwner):
                 raise ValueError("qo_indptr_buf needs batch_size + 1 elements")
             self._fixed_batch_size = qo_indptr_buf.shape[0] - 1
             if custom_mask_buf is not None:
-                checks.check_index_tensor("custom_mask_buf", custom_mask_buf, None,
-                                          (torch.uint8,))
-                checks.check_cuda("custom_mask_buf", custom_mask_buf,
-                                  like=float_workspace_buffer)
+                checks.check_index_tensor("custom_mask_buf", custom_mask_buf, None, (torch.uint8,))
+                checks.check_cuda("custom_mask_buf", custom_mask_buf, like=float_workspace_buffer)
             if mask_indptr_buf is not None:
-                checks.check_index_tensor("mask_indptr_buf", mask_indptr_buf,
-                                          self._fixed_batch_size + 1, (torch.int32,))
-                checks.check_cuda("mask_indptr_buf", mask_indptr_buf,
-                                  like=float_workspace_buffer)
+                checks.check_index_tensor(
+                    "mask_indptr_buf", mask_indptr_buf, self._fixed_batch_size + 1, (torch.int32,)
+                )
+                checks.check_cuda("mask_indptr_buf", mask_indptr_buf, like=float_workspace_buffer)
         self._kv_layout = kv_layout
         self._float_workspace_buffer = float_workspace_buffer
         self._workspace = workspace
         self.device = float_workspace_buffer.device
-        self._int_workspace_buffer = torch.empty(INT_WORKSPACE_BYTES, dtype=torch.uint8,
-                                                 device=self.device)
+        self._int_workspace_buffer = torch.empty(
+            INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device
+        )
         self._pin_memory_int_workspace_buffer = pinned_like(self._int_workspace_buffer)
         self._use_cuda_graph = use_cuda_graph
         self._backend = backend
@@ -486,12 +599,20 @@ class _BatchPrefillWrapper(WorkspaceOwner):
     def __repr__(self) -> str:
         """What API logs show for the wrapper: its layout, mode and current plan."""
         plan = self._plan_info
-        planned = "not planned" if plan is None else (
-            f"batch={plan.batch}, tokens={plan.total_q}, heads={plan.num_qo_heads}/"
-            f"{plan.num_kv_heads}, head_dim={plan.head_dim}, "
-            f"dtype={str(plan.dtype).removeprefix('torch.')}, work_items={plan.schedule.num_work}")
-        return (f"{type(self).__name__}(kv_layout={self._kv_layout!r}, "
-                f"use_cuda_graph={self._use_cuda_graph}, {planned})")
+        planned = (
+            "not planned"
+            if plan is None
+            else (
+                f"batch={plan.batch}, tokens={plan.total_q}, heads={plan.num_qo_heads}/"
+                f"{plan.num_kv_heads}, head_dim={plan.head_dim}, "
+                f"dtype={str(plan.dtype).removeprefix('torch.')}, "
+                f"work_items={plan.schedule.num_work}"
+            )
+        )
+        return (
+            f"{type(self).__name__}(kv_layout={self._kv_layout!r}, "
+            f"use_cuda_graph={self._use_cuda_graph}, {planned})"
+        )
 
     # The decode wrapper's: the same attributes, the same semantics (a reset drops the plan).
 
@@ -500,14 +621,24 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         if not self._use_cuda_graph:
             return
         if batch != self._fixed_batch_size:
-            raise ValueError(f"in CUDA-graph mode the batch size is fixed to the buffers' "
-                             f"{self._fixed_batch_size}; plan() got {batch}")
+            raise ValueError(
+                f"in CUDA-graph mode the batch size is fixed to the buffers' "
+                f"{self._fixed_batch_size}; plan() got {batch}"
+            )
         if self._max_total_num_rows is not None and total_q > self._max_total_num_rows:
-            raise ValueError(f"in CUDA-graph mode qo_indptr[-1] ({total_q}) cannot exceed the "
-                             f"first plan()'s {self._max_total_num_rows}")
+            raise ValueError(
+                f"in CUDA-graph mode qo_indptr[-1] ({total_q}) cannot exceed the "
+                f"first plan()'s {self._max_total_num_rows}"
+            )
 
-    def _schedule(self, opts: _Options, qo_indptr: list[int], kv_lens: list[int],
-                  page_size: int, has_mask: bool) -> tuple[PrefillSchedule, tuple[int, int, int]]:
+    def _schedule(
+        self,
+        opts: _Options,
+        qo_indptr: list[int],
+        kv_lens: list[int],
+        page_size: int,
+        has_mask: bool,
+    ) -> tuple[PrefillSchedule, tuple[int, int, int]]:
         """The split schedule and the (work, merge, tmp row) capacities it is packed with.
         In CUDA-graph mode the first plan fixes the capacities (the captured grid): work
         items for twice its schedule, the whole GPU and any unsplit schedule of as many
@@ -518,9 +649,16 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         fixed = None if opts.fixed_split_size is None else opts.fixed_split_size * page_size
 
         def schedule(allow_split: bool) -> PrefillSchedule:
-            return plan_prefill_schedule(qo_indptr, kv_lens, opts.group, opts.num_kv_heads,
-                                         max_ctas, causal=opts.causal and not has_mask,
-                                         fixed_chunk=fixed, allow_split=allow_split)
+            return plan_prefill_schedule(
+                qo_indptr,
+                kv_lens,
+                opts.group,
+                opts.num_kv_heads,
+                max_ctas,
+                causal=opts.causal and not has_mask,
+                fixed_chunk=fixed,
+                allow_split=allow_split,
+            )
 
         result = schedule(opts.allow_split)
         sizes = (result.num_work, result.num_merge, result.num_tmp_rows)
@@ -536,40 +674,64 @@ class _BatchPrefillWrapper(WorkspaceOwner):
             result = schedule(False)
             sizes = (result.num_work, result.num_merge, result.num_tmp_rows)
         if any(n > cap for n, cap in zip(sizes, capacity)):
-            raise ValueError(f"this plan needs {sizes[0]} work items, {sizes[1]} merge rows and "
-                             f"{sizes[2]} tmp rows; the CUDA graph holds {capacity} (work items "
-                             "fixed by the first plan(), tmp rows by float_workspace_buffer): "
-                             "use a larger fixed_split_size")
+            raise ValueError(
+                f"this plan needs {sizes[0]} work items, {sizes[1]} merge rows and "
+                f"{sizes[2]} tmp rows; the CUDA graph holds {capacity} (work items "
+                "fixed by the first plan(), tmp rows by float_workspace_buffer): "
+                "use a larger fixed_split_size"
+            )
         return result, capacity
 
-    def _build(self, opts: _Options, qo_indptr: list[int], kv_lens: list[int],
-               page_size: int, total_kv: int, has_mask: bool) -> tuple[_Plan, list[int]]:
+    def _build(
+        self,
+        opts: _Options,
+        qo_indptr: list[int],
+        kv_lens: list[int],
+        page_size: int,
+        total_kv: int,
+        has_mask: bool,
+    ) -> tuple[_Plan, list[int]]:
         """The plan record and the schedule's words; raises (changing nothing) when a
         workspace is too small."""
         checks.check_cuda("float_workspace_buffer", self._float_workspace_buffer)
-        schedule, (work_cap, merge_cap, tmp_cap) = self._schedule(opts, qo_indptr, kv_lens,
-                                                                  page_size, has_mask)
+        schedule, (work_cap, merge_cap, tmp_cap) = self._schedule(
+            opts, qo_indptr, kv_lens, page_size, has_mask
+        )
         words = pack_schedule(schedule, work_cap, merge_cap)
         int_bytes = 4 * plan_length(work_cap, merge_cap)
         if int_bytes > self._int_workspace_buffer.nbytes:
-            raise ValueError(f"int_workspace_buffer has {self._int_workspace_buffer.nbytes} "
-                             f"bytes; this plan needs {int_bytes} (see reset_workspace_buffer)")
+            raise ValueError(
+                f"int_workspace_buffer has {self._int_workspace_buffer.nbytes} "
+                f"bytes; this plan needs {int_bytes} (see reset_workspace_buffer)"
+            )
         tmp_v_bytes = round_up(4 * tmp_cap * opts.num_qo_heads * opts.head_dim)
         needed = tmp_v_bytes + round_up(4 * tmp_cap * opts.num_qo_heads)
         if needed > self._workspace.numel():
-            raise ValueError(f"float_workspace_buffer has {self._workspace.numel()} bytes; this "
-                             f"plan needs {needed}")
+            raise ValueError(
+                f"float_workspace_buffer has {self._workspace.numel()} bytes; this "
+                f"plan needs {needed}"
+            )
         graph = self._use_cuda_graph
         plan = _Plan(
-            batch=len(kv_lens), total_q=qo_indptr[-1], total_kv=total_kv,
-            num_qo_heads=opts.num_qo_heads, num_kv_heads=opts.num_kv_heads,
-            head_dim=opts.head_dim, page_size=page_size, dtype=opts.dtype, has_mask=has_mask,
-            schedule=schedule, work_capacity=work_cap, merge_capacity=merge_cap,
-            tmp_capacity=tmp_cap, grid_work=work_cap if graph else schedule.num_work,
+            batch=len(kv_lens),
+            total_q=qo_indptr[-1],
+            total_kv=total_kv,
+            num_qo_heads=opts.num_qo_heads,
+            num_kv_heads=opts.num_kv_heads,
+            head_dim=opts.head_dim,
+            page_size=page_size,
+            dtype=opts.dtype,
+            has_mask=has_mask,
+            schedule=schedule,
+            work_capacity=work_cap,
+            merge_capacity=merge_cap,
+            tmp_capacity=tmp_cap,
+            grid_work=work_cap if graph else schedule.num_work,
             grid_merge=merge_cap if graph else schedule.num_merge,
             plan_words=self._int_workspace_buffer.view(torch.uint8)[:int_bytes].view(torch.int32),
             tmp_v=self._workspace[:tmp_v_bytes].view(torch.float32),
-            tmp_lse=self._workspace[tmp_v_bytes:needed].view(torch.float32))
+            tmp_lse=self._workspace[tmp_v_bytes:needed].view(torch.float32),
+        )
         return plan, words
 
     def _check_graph_mask(self, mask: _MaskInput | None) -> None:
@@ -577,14 +739,21 @@ class _BatchPrefillWrapper(WorkspaceOwner):
             return
         for name in ("custom_mask_buf", "mask_indptr_buf"):
             if getattr(self, f"_{name}") is None:
-                raise ValueError(f"a custom mask in CUDA-graph mode needs the constructor's "
-                                 f"{name}")
+                raise ValueError(f"a custom mask in CUDA-graph mode needs the constructor's {name}")
         if mask.num_bytes > self._custom_mask_buf.shape[0]:
-            raise ValueError(f"the packed custom mask has {mask.num_bytes} bytes; "
-                             f"custom_mask_buf holds {self._custom_mask_buf.shape[0]}")
+            raise ValueError(
+                f"the packed custom mask has {mask.num_bytes} bytes; "
+                f"custom_mask_buf holds {self._custom_mask_buf.shape[0]}"
+            )
 
-    def _commit(self, opts: _Options, plan: _Plan, words: list[int], mask: _MaskInput | None,
-                tables: dict[str, torch.Tensor]) -> None:
+    def _commit(
+        self,
+        opts: _Options,
+        plan: _Plan,
+        words: list[int],
+        mask: _MaskInput | None,
+        tables: dict[str, torch.Tensor],
+    ) -> None:
         """Everything checked: pack the mask, write the index arrays where run()'s kernel
         reads them (into the CUDA-graph buffers, or int32 copies on the device), upload the
         schedule and take the new plan."""
@@ -596,25 +765,35 @@ class _BatchPrefillWrapper(WorkspaceOwner):
                 buffer[: t.shape[0]].copy_(t, non_blocking=non_blocking)
             if mask_arrays is not None:
                 self._custom_mask_buf[: mask_arrays[0].shape[0]].copy_(
-                    mask_arrays[0], non_blocking=non_blocking)
+                    mask_arrays[0], non_blocking=non_blocking
+                )
                 self._mask_indptr_buf.copy_(mask_arrays[1], non_blocking=non_blocking)
             if self._graph_capacity is None:
-                self._graph_capacity = (plan.work_capacity, plan.merge_capacity,
-                                        plan.tmp_capacity)
+                self._graph_capacity = (plan.work_capacity, plan.merge_capacity, plan.tmp_capacity)
                 self._max_total_num_rows = plan.total_q
         else:
             for name, t in tables.items():
-                setattr(self, name, t.to(device=self.device, dtype=torch.int32,
-                                         non_blocking=non_blocking))
+                setattr(
+                    self,
+                    name,
+                    t.to(device=self.device, dtype=torch.int32, non_blocking=non_blocking),
+                )
             self._custom_mask_buf, self._mask_indptr_buf = mask_arrays or (None, None)
         self._upload(words, plan.plan_words)
         self._cached_module = get_prefill_module(opts.dtype, opts.head_dim)
         self._plan_info = plan
         if self._backend == "auto":
             self._backend = "fa2"  # the reference resolves it in plan() too
-        self._set_score_params(opts.causal, opts.pos_encoding_mode, False, opts.window_left,
-                               opts.logits_soft_cap, opts.sm_scale, opts.rope_scale,
-                               opts.rope_theta)
+        self._set_score_params(
+            opts.causal,
+            opts.pos_encoding_mode,
+            False,
+            opts.window_left,
+            opts.logits_soft_cap,
+            opts.sm_scale,
+            opts.rope_scale,
+            opts.rope_theta,
+        )
         self._batch_size = plan.batch
         self._qo_indptr_last = plan.total_q
         self._num_qo_heads = opts.num_qo_heads
@@ -622,10 +801,17 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         self._cached_q_data_type = self._cached_kv_data_type = opts.dtype
         self._cached_o_data_type = opts.dtype
 
-    def _set_score_params(self, causal: bool, pos_encoding_mode: str,
-                          use_fp16_qk_reduction: bool, window_left: int,
-                          logits_soft_cap: float | None, sm_scale: float | None,
-                          rope_scale: float | None, rope_theta: float | None) -> None:
+    def _set_score_params(
+        self,
+        causal: bool,
+        pos_encoding_mode: str,
+        use_fp16_qk_reduction: bool,
+        window_left: int,
+        logits_soft_cap: float | None,
+        sm_scale: float | None,
+        rope_scale: float | None,
+        rope_theta: float | None,
+    ) -> None:
         """The attributes run() reads each time (engines read and set them too)."""
         self._causal = causal
         self._pos_encoding_mode = pos_encoding_mode
@@ -636,9 +822,17 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         self._rope_scale = rope_scale
         self._rope_theta = rope_theta
 
-    def _override(self, causal: Any, pos_encoding_mode: Any, use_fp16_qk_reduction: Any,
-                  window_left: Any, logits_soft_cap: Any, sm_scale: Any, rope_scale: Any,
-                  rope_theta: Any) -> None:
+    def _override(
+        self,
+        causal: Any,
+        pos_encoding_mode: Any,
+        use_fp16_qk_reduction: Any,
+        window_left: Any,
+        logits_soft_cap: Any,
+        sm_scale: Any,
+        rope_scale: Any,
+        rope_theta: Any,
+    ) -> None:
         """forward()'s parameters replace the planned ones, as in the reference."""
         checks.check_bool("causal", causal)
         check_pos_encoding(pos_encoding_mode)
@@ -646,8 +840,16 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         check_window(window_left)
         check_score_args(sm_scale, logits_soft_cap)
         check_rope(rope_scale, rope_theta)
-        self._set_score_params(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left,
-                               logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        self._set_score_params(
+            causal,
+            pos_encoding_mode,
+            use_fp16_qk_reduction,
+            window_left,
+            logits_soft_cap,
+            sm_scale,
+            rope_scale,
+            rope_theta,
+        )
 
     def end_forward(self) -> None:
         """Deprecated; does nothing (as in the reference)."""
@@ -657,30 +859,47 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         if plan is None:
             raise RuntimeError("call plan() before run()")
         if args:
-            raise ValueError("run() got extra positional arguments: they feed custom kernel "
-                             "variants (jit_args), which this library does not have")
+            raise ValueError(
+                "run() got extra positional arguments: they feed custom kernel "
+                "variants (jit_args), which this library does not have"
+            )
         return plan
 
     def _check_q(self, q: Any, plan: _Plan) -> None:
         checks.check_tensor("q", q)
         shape = (plan.total_q, plan.num_qo_heads, plan.head_dim)
         if tuple(q.shape) != shape:
-            raise ValueError(f"q has shape {tuple(q.shape)}; plan() was for {shape} "
-                             "([qo_indptr[-1], num_qo_heads, head_dim])")
+            raise ValueError(
+                f"q has shape {tuple(q.shape)}; plan() was for {shape} "
+                "([qo_indptr[-1], num_qo_heads, head_dim])"
+            )
         if q.dtype != plan.dtype:
             raise TypeError(f"q has dtype {q.dtype}; plan() was for {plan.dtype}")
         _check_vectors("q", q)
 
-    def _launch(self, plan: _Plan, q: torch.Tensor, kv: tuple[tuple[str, torch.Tensor], ...],
-                kv_indptr: torch.Tensor, kv_indices: torch.Tensor | None,
-                last_page_len: torch.Tensor | None, q_scale: Any, k_scale: Any, v_scale: Any,
-                out: Any, lse: Any, return_lse: Any, enable_pdl: Any,
-                window_left: int | None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def _launch(
+        self,
+        plan: _Plan,
+        q: torch.Tensor,
+        kv: tuple[tuple[str, torch.Tensor], ...],
+        kv_indptr: torch.Tensor,
+        kv_indices: torch.Tensor | None,
+        last_page_len: torch.Tensor | None,
+        q_scale: Any,
+        k_scale: Any,
+        v_scale: Any,
+        out: Any,
+        lse: Any,
+        return_lse: Any,
+        enable_pdl: Any,
+        window_left: int | None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """run()'s shared tail: the score parameters as planned (or as engines set them
         since), the outputs checked or allocated, one launch."""
         checks.check_bool("return_lse", return_lse)
-        scale, cap = score_params(plan.head_dim, self._sm_scale, self._logits_soft_cap,
-                                   q_scale, k_scale)
+        scale, cap = score_params(
+            plan.head_dim, self._sm_scale, self._logits_soft_cap, q_scale, k_scale
+        )
         v_scale = check_optional_number("v_scale", v_scale)
         window = check_window(self._window_left if window_left is None else window_left)
         causal = checks.check_bool("causal", self._causal)
@@ -704,15 +923,37 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         elif lse is not None:
             check_output("lse", lse, shape[:2], torch.float32, q)
         if plan.grid_work:  # zero only for a batch without query tokens
-            mask, mask_indptr = ((self._custom_mask_buf, self._mask_indptr_buf)
-                                 if plan.has_mask else (None, None))
+            mask, mask_indptr = (
+                (self._custom_mask_buf, self._mask_indptr_buf) if plan.has_mask else (None, None)
+            )
             (_, k), (_, v) = kv
             self._cached_module.batch_prefill(
-                q, k, v, self._qo_indptr_buf, kv_indptr, kv_indices, last_page_len, mask,
-                mask_indptr, plan.plan_words, plan.tmp_v, plan.tmp_lse, out, lse,
-                self._kv_layout == "HND", plan.work_capacity, plan.merge_capacity,
-                plan.tmp_capacity, plan.grid_work, plan.grid_merge, causal, window, scale, cap,
-                enable_pdl)
+                q,
+                k,
+                v,
+                self._qo_indptr_buf,
+                kv_indptr,
+                kv_indices,
+                last_page_len,
+                mask,
+                mask_indptr,
+                plan.plan_words,
+                plan.tmp_v,
+                plan.tmp_lse,
+                out,
+                lse,
+                self._kv_layout == "HND",
+                plan.work_capacity,
+                plan.merge_capacity,
+                plan.tmp_capacity,
+                plan.grid_work,
+                plan.grid_merge,
+                causal,
+                window,
+                scale,
+                cap,
+                enable_pdl,
+            )
         apply_v_scale(out, v_scale)
         return (out, lse) if return_lse else out
 
@@ -729,40 +970,74 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
     correctly after any later ``plan()``.
     """
 
-    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
-                 use_cuda_graph: bool = False, qo_indptr_buf: torch.Tensor | None = None,
-                 kv_indptr_buf: torch.Tensor | None = None,
-                 custom_mask_buf: torch.Tensor | None = None,
-                 mask_indptr_buf: torch.Tensor | None = None, backend: str = "auto",
-                 jit_args: list[Any] | None = None,
-                 jit_kwargs: dict[str, Any] | None = None) -> None:
-        self._setup(float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf,
-                    {"kv_indptr_buf": kv_indptr_buf}, custom_mask_buf, mask_indptr_buf,
-                    backend, jit_args, jit_kwargs)
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf: torch.Tensor | None = None,
+        kv_indptr_buf: torch.Tensor | None = None,
+        custom_mask_buf: torch.Tensor | None = None,
+        mask_indptr_buf: torch.Tensor | None = None,
+        backend: str = "auto",
+        jit_args: list[Any] | None = None,
+        jit_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self._setup(
+            float_workspace_buffer,
+            kv_layout,
+            use_cuda_graph,
+            qo_indptr_buf,
+            {"kv_indptr_buf": kv_indptr_buf},
+            custom_mask_buf,
+            mask_indptr_buf,
+            backend,
+            jit_args,
+            jit_kwargs,
+        )
         if use_cuda_graph and kv_indptr_buf.shape[0] != self._fixed_batch_size + 1:
-            raise ValueError(f"kv_indptr_buf has {kv_indptr_buf.shape[0]} elements; "
-                             f"qo_indptr_buf has {self._fixed_batch_size + 1}")
+            raise ValueError(
+                f"kv_indptr_buf has {kv_indptr_buf.shape[0]} elements; "
+                f"qo_indptr_buf has {self._fixed_batch_size + 1}"
+            )
         self._kv_indptr_buf = kv_indptr_buf
 
     @flashinfer_api
-    def plan(self, qo_indptr: torch.Tensor, kv_indptr: torch.Tensor, num_qo_heads: int,
-             num_kv_heads: int, head_dim_qk: int, head_dim_vo: int | None = None,
-             custom_mask: torch.Tensor | None = None,
-             packed_custom_mask: torch.Tensor | None = None, causal: bool = False,
-             pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
-             window_left: int = -1, logits_soft_cap: float | None = None,
-             sm_scale: float | None = None, rope_scale: float | None = None,
-             rope_theta: float | None = None, q_data_type: str | torch.dtype = "float16",
-             kv_data_type: str | torch.dtype | None = None,
-             o_data_type: str | torch.dtype | None = None, non_blocking: bool = True,
-             prefix_len_ptr: torch.Tensor | None = None,
-             token_pos_in_items_ptr: torch.Tensor | None = None,
-             token_pos_in_items_len: int = 0, max_item_len_ptr: torch.Tensor | None = None,
-             fixed_split_size: int | None = None, disable_split_kv: bool = False,
-             seq_lens: torch.Tensor | None = None, seq_lens_q: torch.Tensor | None = None,
-             max_token_per_sequence: int | None = None, max_sequence_kv: int | None = None,
-             v_indptr: torch.Tensor | None = None, o_indptr: torch.Tensor | None = None
-             ) -> None:
+    def plan(
+        self,
+        qo_indptr: torch.Tensor,
+        kv_indptr: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        head_dim_vo: int | None = None,
+        custom_mask: torch.Tensor | None = None,
+        packed_custom_mask: torch.Tensor | None = None,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        sm_scale: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+        q_data_type: str | torch.dtype = "float16",
+        kv_data_type: str | torch.dtype | None = None,
+        o_data_type: str | torch.dtype | None = None,
+        non_blocking: bool = True,
+        prefix_len_ptr: torch.Tensor | None = None,
+        token_pos_in_items_ptr: torch.Tensor | None = None,
+        token_pos_in_items_len: int = 0,
+        max_item_len_ptr: torch.Tensor | None = None,
+        fixed_split_size: int | None = None,
+        disable_split_kv: bool = False,
+        seq_lens: torch.Tensor | None = None,
+        seq_lens_q: torch.Tensor | None = None,
+        max_token_per_sequence: int | None = None,
+        max_sequence_kv: int | None = None,
+        v_indptr: torch.Tensor | None = None,
+        o_indptr: torch.Tensor | None = None,
+    ) -> None:
         """Fix the batch (see the class). ``custom_mask`` holds each request's ``[qo_len,
         kv_len]`` mask flattened and concatenated; ``packed_custom_mask`` is taken as is
         with the reference's offsets (the running sum of ``qo_len * kv_len``).
@@ -770,27 +1045,45 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         ``seq_lens_q``, ``max_token_per_sequence`` and ``max_sequence_kv`` (the reference's
         cuDNN inputs) are checked and stored, not used."""
         opts = _check_options(
-            num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, causal, pos_encoding_mode,
-            use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale,
-            rope_theta, q_data_type, kv_data_type, o_data_type, non_blocking, prefix_len_ptr,
-            token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr,
-            fixed_split_size, disable_split_kv)
+            num_qo_heads,
+            num_kv_heads,
+            head_dim_qk,
+            head_dim_vo,
+            causal,
+            pos_encoding_mode,
+            use_fp16_qk_reduction,
+            sm_scale,
+            window_left,
+            logits_soft_cap,
+            rope_scale,
+            rope_theta,
+            q_data_type,
+            kv_data_type,
+            o_data_type,
+            non_blocking,
+            prefix_len_ptr,
+            token_pos_in_items_ptr,
+            token_pos_in_items_len,
+            max_item_len_ptr,
+            fixed_split_size,
+            disable_split_kv,
+        )
         cudnn_only = "separate value/output offsets exist only in the reference's cuDNN backend"
         _refuse("v_indptr", v_indptr, cudnn_only)
         _refuse("o_indptr", o_indptr, cudnn_only)
         qo_ptr = _host_indptr("qo_indptr", qo_indptr, None)
         batch = len(qo_ptr) - 1
         kv_ptr = _host_indptr("kv_indptr", kv_indptr, batch + 1)
-        _check_length_hints(batch, seq_lens, seq_lens_q, max_token_per_sequence,
-                            max_sequence_kv)
+        _check_length_hints(batch, seq_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv)
         self._check_graph_batch(batch, qo_ptr[-1])
         qo_lens = [e - s for s, e in zip(qo_ptr, qo_ptr[1:])]
         kv_lens = [e - s for s, e in zip(kv_ptr, kv_ptr[1:])]
         mask = _check_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens)
         self._check_graph_mask(mask)
         plan, words = self._build(opts, qo_ptr, kv_lens, 1, kv_ptr[-1], mask is not None)
-        self._commit(opts, plan, words, mask,
-                     {"_qo_indptr_buf": qo_indptr, "_kv_indptr_buf": kv_indptr})
+        self._commit(
+            opts, plan, words, mask, {"_qo_indptr_buf": qo_indptr, "_kv_indptr_buf": kv_indptr}
+        )
         self._seq_lens_kv = seq_lens
         self._seq_lens_q = seq_lens_q
         self._max_token_per_sequence = max_token_per_sequence
@@ -799,12 +1092,22 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
     begin_forward = plan
 
     @flashinfer_api(trace=_trace.batch_prefill_ragged_run_trace)
-    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any,
-            q_scale: float | None = None, k_scale: float | None = None,
-            v_scale: float | None = None, o_scale: float | None = None,
-            out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
-            return_lse: bool = False, enable_pdl: bool | None = None,
-            kv_cache_sf: Any = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def run(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *args: Any,
+        q_scale: float | None = None,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+        o_scale: float | None = None,
+        out: torch.Tensor | None = None,
+        lse: torch.Tensor | None = None,
+        return_lse: bool = False,
+        enable_pdl: bool | None = None,
+        kv_cache_sf: Any = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``q`` ``[qo_indptr[-1], num_qo_heads, head_dim]``; ``k``/``v`` ``[kv_indptr[-1],
         num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_indptr[-1], head_dim]`` (HND).
         Returns ``out`` (and ``lse`` ``[qo_indptr[-1], num_qo_heads]``, base 2, with
@@ -812,12 +1115,17 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         plan = self._planned(args)
         _refuse("kv_cache_sf", kv_cache_sf, "this library has no NVFP4 KV caches")
         if check_optional_number("o_scale", o_scale) not in (None, 1.0):
-            raise ValueError(f"o_scale must be None or 1.0 (outputs are float16/bfloat16, "
-                             f"not fp8), got {o_scale}")
+            raise ValueError(
+                f"o_scale must be None or 1.0 (outputs are float16/bfloat16, "
+                f"not fp8), got {o_scale}"
+            )
         self._check_q(q, plan)
         hnd = self._kv_layout == "HND"
-        layout = ("[num_kv_heads, kv_indptr[-1], head_dim]" if hnd
-                  else "[kv_indptr[-1], num_kv_heads, head_dim]")
+        layout = (
+            "[num_kv_heads, kv_indptr[-1], head_dim]"
+            if hnd
+            else "[kv_indptr[-1], num_kv_heads, head_dim]"
+        )
         for name, t in (("k", k), ("v", v)):
             checks.check_tensor(name, t)
             checks.check_ndim(name, t, 3, f"{layout} ({self._kv_layout})")
@@ -825,45 +1133,94 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
                 raise TypeError(f"{name} has dtype {t.dtype}; plan() was for {plan.dtype}")
             heads, tokens = (t.shape[0], t.shape[1]) if hnd else (t.shape[1], t.shape[0])
             if (heads, t.shape[2]) != (plan.num_kv_heads, plan.head_dim):
-                raise ValueError(f"{name} has shape {tuple(t.shape)}; plan() was for "
-                                 f"{plan.num_kv_heads} kv heads of head_dim {plan.head_dim} "
-                                 f"({self._kv_layout})")
+                raise ValueError(
+                    f"{name} has shape {tuple(t.shape)}; plan() was for "
+                    f"{plan.num_kv_heads} kv heads of head_dim {plan.head_dim} "
+                    f"({self._kv_layout})"
+                )
             if tokens < plan.total_kv:
-                raise ValueError(f"{name} has {tokens} tokens; kv_indptr[-1] is "
-                                 f"{plan.total_kv}")
+                raise ValueError(f"{name} has {tokens} tokens; kv_indptr[-1] is {plan.total_kv}")
             _check_vectors(name, t)
         if v.shape != k.shape:
             raise ValueError(f"v has shape {tuple(v.shape)}, k has {tuple(k.shape)}")
-        return self._launch(plan, q, (("k", k), ("v", v)), self._kv_indptr_buf, None, None,
-                            q_scale, k_scale, v_scale, out, lse, return_lse, enable_pdl, None)
+        return self._launch(
+            plan,
+            q,
+            (("k", k), ("v", v)),
+            self._kv_indptr_buf,
+            None,
+            None,
+            q_scale,
+            k_scale,
+            v_scale,
+            out,
+            lse,
+            return_lse,
+            enable_pdl,
+            None,
+        )
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
-                window_left: int = -1, logits_soft_cap: float | None = None,
-                sm_scale: float | None = None, rope_scale: float | None = None,
-                rope_theta: float | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        sm_scale: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+    ) -> torch.Tensor:
         """Deprecated: sets the score parameters given here (over the planned ones, as the
         reference does) and calls :meth:`run`."""
-        self._override(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left,
-                       logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        self._override(
+            causal,
+            pos_encoding_mode,
+            use_fp16_qk_reduction,
+            window_left,
+            logits_soft_cap,
+            sm_scale,
+            rope_scale,
+            rope_theta,
+        )
         return self.run(q, k, v)
 
-    def forward_return_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           causal: bool = False, pos_encoding_mode: str = "NONE",
-                           use_fp16_qk_reduction: bool = False, window_left: int = -1,
-                           logits_soft_cap: float | None = None, sm_scale: float | None = None,
-                           rope_scale: float | None = None, rope_theta: float | None = None
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_return_lse(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        sm_scale: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Deprecated: :meth:`forward` returning ``(out, lse)``."""
-        self._override(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left,
-                       logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        self._override(
+            causal,
+            pos_encoding_mode,
+            use_fp16_qk_reduction,
+            window_left,
+            logits_soft_cap,
+            sm_scale,
+            rope_scale,
+            rope_theta,
+        )
         return self.run(q, k, v, return_lse=True)
 
 
-def _check_length_hints(batch: int, seq_lens: Any, seq_lens_q: Any,
-                        max_token_per_sequence: Any, max_sequence_kv: Any) -> None:
+def _check_length_hints(
+    batch: int, seq_lens: Any, seq_lens_q: Any, max_token_per_sequence: Any, max_sequence_kv: Any
+) -> None:
     """Per-request length hints (inputs of the reference's other backends; the paged
     schedule reads ``seq_lens``): accepted when well-formed."""
     for name, lens in (("seq_lens", seq_lens), ("seq_lens_q", seq_lens_q)):
@@ -872,8 +1229,10 @@ def _check_length_hints(batch: int, seq_lens: Any, seq_lens_q: Any,
             if lens.numel() != batch:
                 raise ValueError(f"{name} has {lens.numel()} elements, expected {batch}")
             checks.check_dtype(name, lens, INDEX + (torch.uint32,))
-    for name, value in (("max_token_per_sequence", max_token_per_sequence),
-                        ("max_sequence_kv", max_sequence_kv)):
+    for name, value in (
+        ("max_token_per_sequence", max_token_per_sequence),
+        ("max_sequence_kv", max_sequence_kv),
+    ):
         if value is not None:
             checks.check_int(name, value, 0)
 
@@ -891,51 +1250,90 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
     ``_sm_scale``, ``_logits_soft_cap``, ``_window_left``) are read at each ``run()``.
     """
 
-    def __init__(self, float_workspace_buffer: torch.Tensor, kv_layout: str = "NHD",
-                 use_cuda_graph: bool = False, qo_indptr_buf: torch.Tensor | None = None,
-                 paged_kv_indptr_buf: torch.Tensor | None = None,
-                 paged_kv_indices_buf: torch.Tensor | None = None,
-                 paged_kv_last_page_len_buf: torch.Tensor | None = None,
-                 custom_mask_buf: torch.Tensor | None = None,
-                 mask_indptr_buf: torch.Tensor | None = None, backend: str = "auto",
-                 jit_args: list[Any] | None = None,
-                 jit_kwargs: dict[str, Any] | None = None) -> None:
-        self._setup(float_workspace_buffer, kv_layout, use_cuda_graph, qo_indptr_buf,
-                    {"paged_kv_indptr_buf": paged_kv_indptr_buf,
-                     "paged_kv_indices_buf": paged_kv_indices_buf,
-                     "paged_kv_last_page_len_buf": paged_kv_last_page_len_buf},
-                    custom_mask_buf, mask_indptr_buf, backend, jit_args, jit_kwargs)
+    def __init__(
+        self,
+        float_workspace_buffer: torch.Tensor,
+        kv_layout: str = "NHD",
+        use_cuda_graph: bool = False,
+        qo_indptr_buf: torch.Tensor | None = None,
+        paged_kv_indptr_buf: torch.Tensor | None = None,
+        paged_kv_indices_buf: torch.Tensor | None = None,
+        paged_kv_last_page_len_buf: torch.Tensor | None = None,
+        custom_mask_buf: torch.Tensor | None = None,
+        mask_indptr_buf: torch.Tensor | None = None,
+        backend: str = "auto",
+        jit_args: list[Any] | None = None,
+        jit_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self._setup(
+            float_workspace_buffer,
+            kv_layout,
+            use_cuda_graph,
+            qo_indptr_buf,
+            {
+                "paged_kv_indptr_buf": paged_kv_indptr_buf,
+                "paged_kv_indices_buf": paged_kv_indices_buf,
+                "paged_kv_last_page_len_buf": paged_kv_last_page_len_buf,
+            },
+            custom_mask_buf,
+            mask_indptr_buf,
+            backend,
+            jit_args,
+            jit_kwargs,
+        )
         if use_cuda_graph:
             batch = self._fixed_batch_size
-            for name, t, length in (("paged_kv_indptr_buf", paged_kv_indptr_buf, batch + 1),
-                                    ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf,
-                                     batch)):
+            for name, t, length in (
+                ("paged_kv_indptr_buf", paged_kv_indptr_buf, batch + 1),
+                ("paged_kv_last_page_len_buf", paged_kv_last_page_len_buf, batch),
+            ):
                 if t.shape[0] != length:
-                    raise ValueError(f"{name} has {t.shape[0]} elements; qo_indptr_buf's "
-                                     f"batch size {batch} needs {length}")
+                    raise ValueError(
+                        f"{name} has {t.shape[0]} elements; qo_indptr_buf's "
+                        f"batch size {batch} needs {length}"
+                    )
         self._paged_kv_indptr_buf = paged_kv_indptr_buf
         self._paged_kv_indices_buf = paged_kv_indices_buf
         self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buf
 
     @flashinfer_api
-    def plan(self, qo_indptr: torch.Tensor, paged_kv_indptr: torch.Tensor,
-             paged_kv_indices: torch.Tensor, paged_kv_last_page_len: torch.Tensor,
-             num_qo_heads: int, num_kv_heads: int, head_dim_qk: int, page_size: int,
-             head_dim_vo: int | None = None, custom_mask: torch.Tensor | None = None,
-             packed_custom_mask: torch.Tensor | None = None, causal: bool = False,
-             pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
-             sm_scale: float | None = None, window_left: int = -1,
-             logits_soft_cap: float | None = None, rope_scale: float | None = None,
-             rope_theta: float | None = None, q_data_type: str | torch.dtype = "float16",
-             kv_data_type: str | torch.dtype | None = None,
-             o_data_type: str | torch.dtype | None = None, non_blocking: bool = True,
-             prefix_len_ptr: torch.Tensor | None = None,
-             token_pos_in_items_ptr: torch.Tensor | None = None,
-             token_pos_in_items_len: int = 0, max_item_len_ptr: torch.Tensor | None = None,
-             seq_lens: torch.Tensor | None = None, seq_lens_q: torch.Tensor | None = None,
-             block_tables: torch.Tensor | None = None,
-             max_token_per_sequence: int | None = None, max_sequence_kv: int | None = None,
-             fixed_split_size: int | None = None, disable_split_kv: bool = False) -> None:
+    def plan(
+        self,
+        qo_indptr: torch.Tensor,
+        paged_kv_indptr: torch.Tensor,
+        paged_kv_indices: torch.Tensor,
+        paged_kv_last_page_len: torch.Tensor,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        head_dim_qk: int,
+        page_size: int,
+        head_dim_vo: int | None = None,
+        custom_mask: torch.Tensor | None = None,
+        packed_custom_mask: torch.Tensor | None = None,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        sm_scale: float | None = None,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+        q_data_type: str | torch.dtype = "float16",
+        kv_data_type: str | torch.dtype | None = None,
+        o_data_type: str | torch.dtype | None = None,
+        non_blocking: bool = True,
+        prefix_len_ptr: torch.Tensor | None = None,
+        token_pos_in_items_ptr: torch.Tensor | None = None,
+        token_pos_in_items_len: int = 0,
+        max_item_len_ptr: torch.Tensor | None = None,
+        seq_lens: torch.Tensor | None = None,
+        seq_lens_q: torch.Tensor | None = None,
+        block_tables: torch.Tensor | None = None,
+        max_token_per_sequence: int | None = None,
+        max_sequence_kv: int | None = None,
+        fixed_split_size: int | None = None,
+        disable_split_kv: bool = False,
+    ) -> None:
         """Fix the batch (see the class); ``paged_kv_last_page_len[b]`` is in ``[1,
         page_size]`` for a request with pages. ``custom_mask`` holds each request's
         ``[qo_len, kv_len]`` mask flattened and concatenated; ``packed_custom_mask`` is taken
@@ -945,32 +1343,57 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         ``max_token_per_sequence`` and ``max_sequence_kv`` (the reference's other backends'
         inputs) are checked and stored, not used."""
         opts = _check_options(
-            num_qo_heads, num_kv_heads, head_dim_qk, head_dim_vo, causal, pos_encoding_mode,
-            use_fp16_qk_reduction, sm_scale, window_left, logits_soft_cap, rope_scale,
-            rope_theta, q_data_type, kv_data_type, o_data_type, non_blocking, prefix_len_ptr,
-            token_pos_in_items_ptr, token_pos_in_items_len, max_item_len_ptr,
-            fixed_split_size, disable_split_kv)
+            num_qo_heads,
+            num_kv_heads,
+            head_dim_qk,
+            head_dim_vo,
+            causal,
+            pos_encoding_mode,
+            use_fp16_qk_reduction,
+            sm_scale,
+            window_left,
+            logits_soft_cap,
+            rope_scale,
+            rope_theta,
+            q_data_type,
+            kv_data_type,
+            o_data_type,
+            non_blocking,
+            prefix_len_ptr,
+            token_pos_in_items_ptr,
+            token_pos_in_items_len,
+            max_item_len_ptr,
+            fixed_split_size,
+            disable_split_kv,
+        )
         checks.check_int("page_size", page_size, 1)
         qo_ptr = _host_indptr("qo_indptr", qo_indptr, None)
         batch = len(qo_ptr) - 1
         checks.check_index_tensor("paged_kv_indices", paged_kv_indices, None, INDEX)
-        kv_ptr = _host_indptr("paged_kv_indptr", paged_kv_indptr, batch + 1,
-                              "len(paged_kv_indices)", paged_kv_indices.shape[0])
-        checks.check_index_tensor("paged_kv_last_page_len", paged_kv_last_page_len, batch,
-                                  INDEX)
-        _check_length_hints(batch, seq_lens, seq_lens_q, max_token_per_sequence,
-                            max_sequence_kv)
+        kv_ptr = _host_indptr(
+            "paged_kv_indptr",
+            paged_kv_indptr,
+            batch + 1,
+            "len(paged_kv_indices)",
+            paged_kv_indices.shape[0],
+        )
+        checks.check_index_tensor("paged_kv_last_page_len", paged_kv_last_page_len, batch, INDEX)
+        _check_length_hints(batch, seq_lens, seq_lens_q, max_token_per_sequence, max_sequence_kv)
         if block_tables is not None:
             checks.check_tensor("block_tables", block_tables)
         self._check_graph_batch(batch, qo_ptr[-1])
         if self._use_cuda_graph and paged_kv_indices.shape[0] > self._paged_kv_indices_buf.shape[0]:
-            raise ValueError(f"{paged_kv_indices.shape[0]} page indices exceed the CUDA-graph "
-                             f"buffer's {self._paged_kv_indices_buf.shape[0]}")
+            raise ValueError(
+                f"{paged_kv_indices.shape[0]} page indices exceed the CUDA-graph "
+                f"buffer's {self._paged_kv_indices_buf.shape[0]}"
+            )
         last = paged_kv_last_page_len.to("cpu").tolist()
         for b in range(batch):
             if kv_ptr[b + 1] > kv_ptr[b] and not 1 <= last[b] <= page_size:
-                raise ValueError(f"paged_kv_last_page_len[{b}] is {last[b]}, must be in "
-                                 f"[1, page_size={page_size}]")
+                raise ValueError(
+                    f"paged_kv_last_page_len[{b}] is {last[b]}, must be in "
+                    f"[1, page_size={page_size}]"
+                )
         kv_lens = kv_lengths(kv_ptr, last, page_size)
         if max(kv_lens, default=0) >= _INT32_LIMIT:
             raise ValueError("KV lengths must be < 2^31")
@@ -983,30 +1406,50 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
             if min(schedule_lens, default=0) < 0:
                 raise ValueError("seq_lens must be >= 0")
         plan, words = self._build(opts, qo_ptr, schedule_lens, page_size, 0, mask is not None)
-        self._commit(opts, plan, words, mask,
-                     {"_qo_indptr_buf": qo_indptr, "_paged_kv_indptr_buf": paged_kv_indptr,
-                      "_paged_kv_indices_buf": paged_kv_indices,
-                      "_paged_kv_last_page_len_buf": paged_kv_last_page_len})
+        self._commit(
+            opts,
+            plan,
+            words,
+            mask,
+            {
+                "_qo_indptr_buf": qo_indptr,
+                "_paged_kv_indptr_buf": paged_kv_indptr,
+                "_paged_kv_indices_buf": paged_kv_indices,
+                "_paged_kv_last_page_len_buf": paged_kv_last_page_len,
+            },
+        )
         self._seq_lens_kv = seq_lens
         self._seq_lens_q = seq_lens_q if seq_lens_q is not None else seq_lens
         self._block_tables = block_tables
-        self._max_q_len = (max_token_per_sequence if max_token_per_sequence is not None
-                           else max(qo_lens, default=0))
-        self._max_kv_len = max_sequence_kv if max_sequence_kv is not None else max(
-            kv_lens, default=0)
+        self._max_q_len = (
+            max_token_per_sequence
+            if max_token_per_sequence is not None
+            else max(qo_lens, default=0)
+        )
+        self._max_kv_len = (
+            max_sequence_kv if max_sequence_kv is not None else max(kv_lens, default=0)
+        )
 
     begin_forward = plan
 
     @flashinfer_api(trace=_trace.batch_prefill_paged_run_trace)
-    def run(self, q: torch.Tensor,
-            paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor], *args: Any,
-            q_scale: float | None = None, k_scale: float | None = None,
-            v_scale: float | None = None, out: torch.Tensor | None = None,
-            lse: torch.Tensor | None = None, return_lse: bool = False,
-            enable_pdl: bool | None = None, window_left: int | None = None,
-            sinks: torch.Tensor | None = None, kv_cache_sf: Any = None,
-            skip_softmax_threshold_scale_factor: float | None = None
-            ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def run(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+        *args: Any,
+        q_scale: float | None = None,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+        out: torch.Tensor | None = None,
+        lse: torch.Tensor | None = None,
+        return_lse: bool = False,
+        enable_pdl: bool | None = None,
+        window_left: int | None = None,
+        sinks: torch.Tensor | None = None,
+        kv_cache_sf: Any = None,
+        skip_softmax_threshold_scale_factor: float | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``q`` ``[qo_indptr[-1], num_qo_heads, head_dim]``; ``paged_kv_cache`` a ``(k, v)``
         pair of ``[num_pages, page_size, num_kv_heads, head_dim]`` (NHD) or ``[num_pages,
         num_kv_heads, page_size, head_dim]`` (HND), or one ``[num_pages, 2, ...]`` tensor
@@ -1014,52 +1457,104 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         this call. Returns ``out`` (and ``lse`` ``[qo_indptr[-1], num_qo_heads]``, base 2,
         with ``return_lse``)."""
         plan = self._planned(args)
-        for name, value in (("sinks", sinks), ("kv_cache_sf", kv_cache_sf),
-                            ("skip_softmax_threshold_scale_factor",
-                             skip_softmax_threshold_scale_factor)):
+        for name, value in (
+            ("sinks", sinks),
+            ("kv_cache_sf", kv_cache_sf),
+            ("skip_softmax_threshold_scale_factor", skip_softmax_threshold_scale_factor),
+        ):
             _refuse(name, value, "this library's prefill kernel does not have it")
         self._check_q(q, plan)
-        return self._launch(plan, q, self._check_cache(paged_kv_cache, plan),
-                            self._paged_kv_indptr_buf,
-                            self._paged_kv_indices_buf, self._paged_kv_last_page_len_buf,
-                            q_scale, k_scale, v_scale, out, lse, return_lse, enable_pdl,
-                            window_left)
+        return self._launch(
+            plan,
+            q,
+            self._check_cache(paged_kv_cache, plan),
+            self._paged_kv_indptr_buf,
+            self._paged_kv_indices_buf,
+            self._paged_kv_last_page_len_buf,
+            q_scale,
+            k_scale,
+            v_scale,
+            out,
+            lse,
+            return_lse,
+            enable_pdl,
+            window_left,
+        )
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
-    def forward(self, q: torch.Tensor, paged_kv_cache: Any, causal: bool = False,
-                pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
-                k_scale: float | None = None, v_scale: float | None = None,
-                window_left: int = -1, logits_soft_cap: float | None = None,
-                sm_scale: float | None = None, rope_scale: float | None = None,
-                rope_theta: float | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: Any,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        sm_scale: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+    ) -> torch.Tensor:
         """Deprecated: sets the score parameters given here (over the planned ones, as the
         reference does) and calls :meth:`run`."""
-        self._override(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left,
-                       logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        self._override(
+            causal,
+            pos_encoding_mode,
+            use_fp16_qk_reduction,
+            window_left,
+            logits_soft_cap,
+            sm_scale,
+            rope_scale,
+            rope_theta,
+        )
         return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale)
 
-    def forward_return_lse(self, q: torch.Tensor, paged_kv_cache: Any, causal: bool = False,
-                           pos_encoding_mode: str = "NONE", use_fp16_qk_reduction: bool = False,
-                           k_scale: float | None = None, v_scale: float | None = None,
-                           window_left: int = -1, logits_soft_cap: float | None = None,
-                           sm_scale: float | None = None, rope_scale: float | None = None,
-                           rope_theta: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_return_lse(
+        self,
+        q: torch.Tensor,
+        paged_kv_cache: Any,
+        causal: bool = False,
+        pos_encoding_mode: str = "NONE",
+        use_fp16_qk_reduction: bool = False,
+        k_scale: float | None = None,
+        v_scale: float | None = None,
+        window_left: int = -1,
+        logits_soft_cap: float | None = None,
+        sm_scale: float | None = None,
+        rope_scale: float | None = None,
+        rope_theta: float | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Deprecated: :meth:`forward` returning ``(out, lse)``."""
-        self._override(causal, pos_encoding_mode, use_fp16_qk_reduction, window_left,
-                       logits_soft_cap, sm_scale, rope_scale, rope_theta)
+        self._override(
+            causal,
+            pos_encoding_mode,
+            use_fp16_qk_reduction,
+            window_left,
+            logits_soft_cap,
+            sm_scale,
+            rope_scale,
+            rope_theta,
+        )
         return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=True)
 
     def _check_cache(self, cache: Any, plan: _Plan) -> tuple[tuple[str, torch.Tensor], ...]:
         """The key and the value cache as (name, 4-D view) pairs, checked against the plan."""
         parts = unpack_paged_kv_cache(cache, self._kv_layout)
-        expected = ((plan.num_kv_heads, plan.page_size) if self._kv_layout == "HND"
-                    else (plan.page_size, plan.num_kv_heads)) + (plan.head_dim,)
+        expected = (
+            (plan.num_kv_heads, plan.page_size)
+            if self._kv_layout == "HND"
+            else (plan.page_size, plan.num_kv_heads)
+        ) + (plan.head_dim,)
         (_, k_cache), (_, v_cache) = parts
         for name, t in parts:
             if tuple(t.shape[1:]) != expected:
-                raise ValueError(f"{name} has shape {tuple(t.shape)}; plan() was for pages of "
-                                 f"{expected} ({self._kv_layout})")
+                raise ValueError(
+                    f"{name} has shape {tuple(t.shape)}; plan() was for pages of "
+                    f"{expected} ({self._kv_layout})"
+                )
             if t.dtype != plan.dtype:
                 raise TypeError(f"{name} has dtype {t.dtype}; plan() was for {plan.dtype}")
             _check_vectors(name, t)

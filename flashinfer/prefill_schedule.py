@@ -71,12 +71,19 @@ def _check_positive(name: str, value: int) -> None:
         raise ValueError(f"{name} must be >= 1, got {value}")
 
 
-def plan_prefill_schedule(qo_indptr: Sequence[int], kv_lens: Sequence[int], group: int,
-                          num_kv_heads: int, max_ctas: int, *, causal: bool = False,
-                          tile_rows: int = TILE_ROWS,
-                          min_chunk: int = DEFAULT_MIN_CHUNK,
-                          fixed_chunk: int | None = None,
-                          allow_split: bool = True) -> PrefillSchedule:
+def plan_prefill_schedule(
+    qo_indptr: Sequence[int],
+    kv_lens: Sequence[int],
+    group: int,
+    num_kv_heads: int,
+    max_ctas: int,
+    *,
+    causal: bool = False,
+    tile_rows: int = TILE_ROWS,
+    min_chunk: int = DEFAULT_MIN_CHUNK,
+    fixed_chunk: int | None = None,
+    allow_split: bool = True,
+) -> PrefillSchedule:
     """Work items covering every (packed query row, KV token) pair of every request once.
 
     ``group`` is the GQA group size (query heads per KV head). ``causal`` only sharpens the
@@ -90,13 +97,18 @@ def plan_prefill_schedule(qo_indptr: Sequence[int], kv_lens: Sequence[int], grou
     if any(n < 0 for n in qo_lens):
         raise ValueError("qo_indptr must be non-decreasing")
     if len(kv_lens) != len(qo_lens):
-        raise ValueError(f"kv_lens has {len(kv_lens)} entries, but qo_indptr describes "
-                         f"{len(qo_lens)} requests")
+        raise ValueError(
+            f"kv_lens has {len(kv_lens)} entries, but qo_indptr describes {len(qo_lens)} requests"
+        )
     if any(n < 0 for n in kv_lens):
         raise ValueError("kv_lens must be >= 0")
-    for name, value in (("group", group), ("num_kv_heads", num_kv_heads),
-                        ("max_ctas", max_ctas), ("tile_rows", tile_rows),
-                        ("min_chunk", min_chunk)):
+    for name, value in (
+        ("group", group),
+        ("num_kv_heads", num_kv_heads),
+        ("max_ctas", max_ctas),
+        ("tile_rows", tile_rows),
+        ("min_chunk", min_chunk),
+    ):
         _check_positive(name, value)
     if fixed_chunk is not None:
         _check_positive("fixed_chunk", fixed_chunk)
@@ -161,17 +173,23 @@ def plan_length(work_capacity: int, merge_capacity: int) -> int:
     return 4 + 5 * work_capacity + 2 * merge_capacity
 
 
-def pack_schedule(schedule: PrefillSchedule, work_capacity: int,
-                  merge_capacity: int) -> list[int]:
+def pack_schedule(schedule: PrefillSchedule, work_capacity: int, merge_capacity: int) -> list[int]:
     """The int32 words the kernel reads (unused capacity is zero)."""
     if schedule.num_work > work_capacity or schedule.num_merge > merge_capacity:
-        raise ValueError(f"the schedule ({schedule.num_work} work items, {schedule.num_merge} "
-                         f"merge rows) exceeds the capacity ({work_capacity}, {merge_capacity})")
+        raise ValueError(
+            f"the schedule ({schedule.num_work} work items, {schedule.num_merge} "
+            f"merge rows) exceeds the capacity ({work_capacity}, {merge_capacity})"
+        )
     pad_w = [0] * (work_capacity - schedule.num_work)
     pad_m = [0] * (merge_capacity - schedule.num_merge)
     words = [schedule.num_work, schedule.chunk_size or 1]
-    for column in (schedule.work_request, schedule.work_q_tile, schedule.work_chunk,
-                   schedule.work_chunks, schedule.work_tmp_base):
+    for column in (
+        schedule.work_request,
+        schedule.work_q_tile,
+        schedule.work_chunk,
+        schedule.work_chunks,
+        schedule.work_tmp_base,
+    ):
         words += list(column) + pad_w
     words += [schedule.num_merge, *schedule.merge_row, *pad_m]
     words += [*schedule.merge_indptr, *pad_m]

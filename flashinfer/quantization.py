@@ -17,8 +17,16 @@ from .trace.templates import quantization as _trace
 
 _INT32_MAX = 2**31 - 1
 _INDEX = (torch.int32, torch.int64)
-_INTEGER = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16,
-            torch.uint32, torch.uint64)
+_INTEGER = (
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+)
 
 
 def _check_bitorder(bitorder: Any) -> bool:
@@ -60,8 +68,9 @@ def packbits(x: torch.Tensor, bitorder: str = "big") -> torch.Tensor:
     padding = -bits.numel() % 8
     if padding:
         bits = torch.cat([bits, bits.new_zeros(padding)])
-    weights = torch.tensor([_bit_weight(j, big) for j in range(8)], dtype=torch.uint8,
-                           device=bits.device)
+    weights = torch.tensor(
+        [_bit_weight(j, big) for j in range(8)], dtype=torch.uint8, device=bits.device
+    )
     return (bits.view(-1, 8).to(torch.uint8) * weights).sum(dim=1, dtype=torch.uint8)
 
 
@@ -76,14 +85,16 @@ def _check_segments(indptr: Any, total: int) -> torch.Tensor:
     host = indptr.to("cpu", torch.int64)
     ragged.check_indptr("indptr", host)
     if int(host[-1]) != total:
-        raise ValueError(f"indptr[-1] must equal the number of elements of x ({total}), "
-                         f"got {int(host[-1])}")
+        raise ValueError(
+            f"indptr[-1] must equal the number of elements of x ({total}), got {int(host[-1])}"
+        )
     return host
 
 
 @flashinfer_api(trace=_trace.segment_packbits_trace)
-def segment_packbits(x: torch.Tensor, indptr: torch.Tensor,
-                     bitorder: str = "big") -> tuple[torch.Tensor, torch.Tensor]:
+def segment_packbits(
+    x: torch.Tensor, indptr: torch.Tensor, bitorder: str = "big"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pack each segment ``x[indptr[i]:indptr[i + 1]]`` on its own, like ``numpy.packbits``
     per segment, so every segment starts on a byte boundary (one mask per request).
 
@@ -106,14 +117,18 @@ def segment_packbits(x: torch.Tensor, indptr: torch.Tensor,
     new_host[1:] = torch.cumsum((host[1:] - host[:-1] + 7) // 8, 0)
     num_bytes = int(new_host[-1])
     if num_bytes > _INT32_MAX:
-        raise ValueError(f"the packed output has {num_bytes} bytes, more than new_indptr's "
-                         "int32 can index")
+        raise ValueError(
+            f"the packed output has {num_bytes} bytes, more than new_indptr's int32 can index"
+        )
     new_indptr = new_host.to(device=indptr.device, dtype=torch.int32)
     device = bits.device
     bounds, new_bounds = host.to(device), new_host.to(device)
     # One index per output byte (not per bit): the byte's segment and its first bit.
-    segment = torch.repeat_interleave(torch.arange(host.shape[0] - 1, device=device),
-                                      new_bounds[1:] - new_bounds[:-1], output_size=num_bytes)
+    segment = torch.repeat_interleave(
+        torch.arange(host.shape[0] - 1, device=device),
+        new_bounds[1:] - new_bounds[:-1],
+        output_size=num_bytes,
+    )
     first = bounds[segment] + 8 * (torch.arange(num_bytes, device=device) - new_bounds[segment])
     end = bounds[segment + 1]
     bits = torch.cat([bits, bits.new_zeros(7)])  # the last byte's bits stay in bounds

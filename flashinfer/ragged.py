@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 
 
-def check_indptr(name: str, indptr: torch.Tensor, total_name: str = "",
-                 total: int | None = None) -> None:
+def check_indptr(
+    name: str, indptr: torch.Tensor, total_name: str = "", total: int | None = None
+) -> None:
     """A host-resident ``indptr`` must start at 0, never decrease and end at most at
     ``total`` (tokens or entries past its end belong to no request: padding). The caller
     has checked it is a 1-D integer tensor; device tensors are not read (see above)."""
@@ -27,11 +28,14 @@ def check_indptr(name: str, indptr: torch.Tensor, total_name: str = "",
     drops = torch.nonzero(values[1:] < values[:-1])
     if drops.numel():
         at = int(drops[0]) + 1
-        raise ValueError(f"{name} must be non-decreasing, but {name}[{at}] = {int(values[at])} "
-                         f"< {name}[{at - 1}] = {int(values[at - 1])}")
+        raise ValueError(
+            f"{name} must be non-decreasing, but {name}[{at}] = {int(values[at])} "
+            f"< {name}[{at - 1}] = {int(values[at - 1])}"
+        )
     if total is not None and int(values[-1]) > total:
-        raise ValueError(f"{name}[-1] must be at most {total_name} = {total}, "
-                         f"got {int(values[-1])}")
+        raise ValueError(
+            f"{name}[-1] must be at most {total_name} = {total}, got {int(values[-1])}"
+        )
 
 
 @dataclass(frozen=True)
@@ -60,13 +64,16 @@ def token_requests(indptr: torch.Tensor, nnz: int) -> TokenRequests:
     batch_size = indptr.shape[0] - 1
     zeros = torch.zeros(nnz, dtype=torch.int64, device=device)
     if batch_size < 1:
-        return TokenRequests(zeros, zeros, zeros, torch.zeros(nnz, dtype=torch.bool,
-                                                              device=device))
+        return TokenRequests(zeros, zeros, zeros, torch.zeros(nnz, dtype=torch.bool, device=device))
     tokens = torch.arange(nnz, dtype=indptr.dtype, device=device)
     request = (torch.searchsorted(indptr, tokens, right=True) - 1).clamp_(0, batch_size - 1)
     bounds = indptr.long()
     start, end = bounds[request], bounds[request + 1]
     tokens = tokens.long()
     owned = (start <= tokens) & (tokens < end)
-    return TokenRequests(request, torch.where(owned, tokens - start, zeros),
-                         torch.where(owned, end - start, zeros), owned)
+    return TokenRequests(
+        request,
+        torch.where(owned, tokens - start, zeros),
+        torch.where(owned, end - start, zeros),
+        owned,
+    )

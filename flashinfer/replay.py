@@ -39,8 +39,13 @@ STATUSES = ("PASS", "FAIL", "ERROR", "REFUSED", "SKIP", "RAN")
 FAILED = ("FAIL", "ERROR", "REFUSED")  # statuses that make the command exit with 1
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _TENSOR_FORMATS = ("pt", "safetensors")
-_PARAM_KINDS = ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD", "VAR_POSITIONAL", "KEYWORD_ONLY",
-                "VAR_KEYWORD")
+_PARAM_KINDS = (
+    "POSITIONAL_ONLY",
+    "POSITIONAL_OR_KEYWORD",
+    "VAR_POSITIONAL",
+    "KEYWORD_ONLY",
+    "VAR_KEYWORD",
+)
 
 
 @dataclass
@@ -88,8 +93,12 @@ def check_tolerance(name: str, value: float | None) -> None:
     """``value`` is None or a finite number >= 0 (a ValueError naming ``name`` otherwise)."""
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value < 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
@@ -107,8 +116,10 @@ def _lookup(module: str, qualname: str, scope: _Scope, what: str) -> Any:
     if not _DOTTED.match(module):
         raise _Unusable(f"call.json: {what} module {module!r} is not a module name")
     if not scope.allows(module):
-        raise _Refused(f"{what} {module}.{qualname} is outside the modules replay may use "
-                       f"({scope}; more with --allow-module)")
+        raise _Refused(
+            f"{what} {module}.{qualname} is outside the modules replay may use "
+            f"({scope}; more with --allow-module)"
+        )
     if "<locals>" in qualname:
         raise _Unreplayable(f"{qualname} is a local function; replay cannot import it")
     if not _DOTTED.match(qualname):
@@ -120,8 +131,7 @@ def _lookup(module: str, qualname: str, scope: _Scope, what: str) -> Any:
     parts = qualname.split(".")
     for depth, part in enumerate(parts):
         if depth and not isinstance(target, type):
-            raise _Refused(f"{what} {module}.{qualname}: {'.'.join(parts[:depth])} "
-                           "is not a class")
+            raise _Refused(f"{what} {module}.{qualname}: {'.'.join(parts[:depth])} is not a class")
         try:
             target = inspect.getattr_static(target, part)
         except AttributeError:
@@ -133,8 +143,12 @@ def _resolve_api(function: Any, scope: _Scope) -> Callable[..., Any]:
     module = _field(function, "module", str, "function")
     qualname = _field(function, "qualname", str, "function")
     target = _lookup(module, qualname, scope, "function")
-    if not (inspect.isfunction(target) and getattr(target, API_MARKER, False) is True
-            and isinstance(target.__module__, str) and scope.allows(target.__module__)):
+    if not (
+        inspect.isfunction(target)
+        and getattr(target, API_MARKER, False) is True
+        and isinstance(target.__module__, str)
+        and scope.allows(target.__module__)
+    ):
         raise _Refused(f"{module}.{qualname} is not a @flashinfer_api function")
     return target
 
@@ -159,8 +173,9 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
         else:
             tensors = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:  # noqa: BLE001 - a corrupt file is this row's reason
-        raise _Unusable(f"{path.name} is unreadable ({type(err).__name__}: "
-                        f"{_load_error(err)})") from None
+        raise _Unusable(
+            f"{path.name} is unreadable ({type(err).__name__}: {_load_error(err)})"
+        ) from None
     if not isinstance(tensors, dict) or not all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in tensors.items()
     ):
@@ -191,8 +206,13 @@ def _saved(tensors: dict[str, torch.Tensor], key: str) -> torch.Tensor:
     return tensors[key]
 
 
-def _argument(entry: dict[str, Any], where: str, tensors: dict[str, torch.Tensor],
-              live: dict[str, torch.Tensor], scope: _Scope) -> Any:
+def _argument(
+    entry: dict[str, Any],
+    where: str,
+    tensors: dict[str, torch.Tensor],
+    live: dict[str, torch.Tensor],
+    scope: _Scope,
+) -> Any:
     """One argument's value; tensors placed on their device are recorded in ``live``."""
     kind = _field(entry, "kind", str, where)
     if kind == "tensor":
@@ -218,8 +238,9 @@ def _argument(entry: dict[str, Any], where: str, tensors: dict[str, torch.Tensor
     raise _Unusable(f"call.json: {where} has an unknown kind {kind!r}")
 
 
-def _build_call(entries: list[Any], tensors: dict[str, torch.Tensor], scope: _Scope
-                ) -> tuple[list[Any], dict[str, Any], dict[str, torch.Tensor]]:
+def _build_call(
+    entries: list[Any], tensors: dict[str, torch.Tensor], scope: _Scope
+) -> tuple[list[Any], dict[str, Any], dict[str, torch.Tensor]]:
     """Positional args, keyword args, and key -> the live tensor passed in."""
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
@@ -246,20 +267,24 @@ def _build_call(entries: list[Any], tensors: dict[str, torch.Tensor], scope: _Sc
     return args, kwargs, live
 
 
-def _compare(expected: torch.Tensor, actual: Any, rtol: float | None, atol: float | None
-             ) -> str | None:
+def _compare(
+    expected: torch.Tensor, actual: Any, rtol: float | None, atol: float | None
+) -> str | None:
     """None when they match; else what differs."""
     if not isinstance(actual, torch.Tensor):
         return f"expected a tensor, got {type(actual).__name__}"
     actual = actual.detach().cpu()
     if actual.shape != expected.shape or actual.dtype != expected.dtype:
-        return (f"shape/dtype {tuple(actual.shape)}/{actual.dtype}, "
-                f"expected {tuple(expected.shape)}/{expected.dtype}")
+        return (
+            f"shape/dtype {tuple(actual.shape)}/{actual.dtype}, "
+            f"expected {tuple(expected.shape)}/{expected.dtype}"
+        )
     if rtol is None and atol is None:
         if tensors_equal(actual, expected):
             return None
-    elif torch.allclose(actual.double(), expected.double(), rtol=rtol or 0.0, atol=atol or 0.0,
-                        equal_nan=True):
+    elif torch.allclose(
+        actual.double(), expected.double(), rtol=rtol or 0.0, atol=atol or 0.0, equal_nan=True
+    ):
         return None
     if actual.is_floating_point() or actual.is_complex():
         diff = (actual.double() - expected.double()).abs().nan_to_num(0.0)
@@ -298,8 +323,9 @@ def _read_manifest(directory: Path) -> dict[str, Any]:
     return manifest
 
 
-def _replay_one(directory: Path, rtol: float | None, atol: float | None, scope: _Scope
-                ) -> ReplayResult:
+def _replay_one(
+    directory: Path, rtol: float | None, atol: float | None, scope: _Scope
+) -> ReplayResult:
     function = "?"
     try:
         manifest = _read_manifest(directory)
@@ -310,13 +336,13 @@ def _replay_one(directory: Path, rtol: float | None, atol: float | None, scope: 
         if tensor_format not in _TENSOR_FORMATS:
             raise _Unusable(f"call.json: unknown tensor_format {tensor_format!r}")
         tensors = _load_tensors(directory / f"inputs.{tensor_format}")
-        args, kwargs, live = _build_call(_field(manifest, "args", list, "the call"),
-                                         tensors, scope)
+        args, kwargs, live = _build_call(_field(manifest, "args", list, "the call"), tensors, scope)
     except _Unusable as err:
         return ReplayResult(directory, function, err.status, str(err))
     except Exception as err:  # noqa: BLE001 - a dump is untrusted data: its fault, its row
-        return ReplayResult(directory, function, "ERROR",
-                            f"unusable dump ({type(err).__name__}: {err})")
+        return ReplayResult(
+            directory, function, "ERROR", f"unusable dump ({type(err).__name__}: {err})"
+        )
     try:
         result = func(*args, **kwargs)
     except Exception as err:  # noqa: BLE001 - reported, and the run goes on
@@ -324,8 +350,7 @@ def _replay_one(directory: Path, rtol: float | None, atol: float | None, scope: 
         return ReplayResult(directory, function, status, f"raised {type(err).__name__}: {err}")
     outputs_path = directory / f"outputs.{tensor_format}"
     if dumped != "completed" or not outputs_path.exists():
-        return ReplayResult(directory, function, "RAN",
-                            f"no saved outputs (dump status: {dumped})")
+        return ReplayResult(directory, function, "RAN", f"no saved outputs (dump status: {dumped})")
     try:
         expected = _load_tensors(outputs_path)
     except _Unusable as err:
@@ -340,16 +365,26 @@ def _replay_one(directory: Path, rtol: float | None, atol: float | None, scope: 
     return ReplayResult(directory, function, "PASS", f"{len(expected)} tensors match")
 
 
-def replay_call(directory: Path | str, rtol: float | None = None, atol: float | None = None,
-                *, allow_modules: str | Sequence[str] = ()) -> ReplayResult:
+def replay_call(
+    directory: Path | str,
+    rtol: float | None = None,
+    atol: float | None = None,
+    *,
+    allow_modules: str | Sequence[str] = (),
+) -> ReplayResult:
     """Replay the one call dumped in ``directory``."""
     check_tolerance("rtol", rtol)
     check_tolerance("atol", atol)
     return _replay_one(Path(directory), rtol, atol, _Scope(allow_modules))
 
 
-def replay(directory: Path | str, rtol: float | None = None, atol: float | None = None,
-           *, allow_modules: str | Sequence[str] = ()) -> list[ReplayResult]:
+def replay(
+    directory: Path | str,
+    rtol: float | None = None,
+    atol: float | None = None,
+    *,
+    allow_modules: str | Sequence[str] = (),
+) -> list[ReplayResult]:
     """Replay every call dumped under ``directory`` in call order, one row per dump.
 
     ``allow_modules``: modules (with their submodules) whose ``@flashinfer_api`` functions
@@ -370,8 +405,7 @@ def replay(directory: Path | str, rtol: float | None = None, atol: float | None 
 
 def format_results(results: list[ReplayResult]) -> str:
     rows = [("call", "function", "status", "detail")]
-    rows += [(r.directory.name, r.function, r.status, " ".join(r.detail.split()))
-             for r in results]
+    rows += [(r.directory.name, r.function, r.status, " ".join(r.detail.split())) for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = ["  ".join(row[i].ljust(widths[i]) for i in range(3)) + "  " + row[3] for row in rows]
     counts = {s: sum(r.status == s for r in results) for s in STATUSES}

@@ -67,15 +67,20 @@ def check_seed_args(generator: Any, seed: Any, offset: Any) -> None:
         _check_seed_tensor("offset", offset)
         return
     if offset is None and generator is not None:
-        raise ValueError("pass either generator or seed (with offset, it wins), not a lone seed "
-                         "and a generator")
+        raise ValueError(
+            "pass either generator or seed (with offset, it wins), not a lone seed and a generator"
+        )
     _check_uint64("seed", seed)
     _check_uint64("offset", 0 if offset is None else offset)
 
 
-def philox_seed_offset(device: torch.device, generator: torch.Generator | None = None,
-                       seed: Seed | None = None, offset: Seed | None = None,
-                       increment: int = OFFSET_INCREMENT) -> tuple[Seed, Seed]:
+def philox_seed_offset(
+    device: torch.device,
+    generator: torch.Generator | None = None,
+    seed: Seed | None = None,
+    offset: Seed | None = None,
+    increment: int = OFFSET_INCREMENT,
+) -> tuple[Seed, Seed]:
     """The ``(seed, offset)`` a call on ``device`` draws with (see the module docstring);
     ``increment`` (a multiple of 4): the generator offsets the call consumes."""
     check_seed_args(generator, seed, offset)
@@ -84,17 +89,21 @@ def philox_seed_offset(device: torch.device, generator: torch.Generator | None =
     if generator is None:
         generator = torch.cuda.default_generators[cuda_device_index(device)]
     if generator.device.type == "cpu":
-        drawn = torch.randint(-(1 << 63), (1 << 63) - 1, (1,), dtype=torch.int64,
-                              generator=generator)
+        drawn = torch.randint(
+            -(1 << 63), (1 << 63) - 1, (1,), dtype=torch.int64, generator=generator
+        )
         return int(drawn) % _UINT64, 0
     # torch.Generator(device="cuda") carries no index: it is the current device's.
-    if (generator.device.type != device.type
-            or cuda_device_index(generator.device) != cuda_device_index(device)):
+    if generator.device.type != device.type or cuda_device_index(
+        generator.device
+    ) != cuda_device_index(device):
         raise ValueError(f"generator is on {generator.device}, the input on {device}")
     state = generator.get_state()
     if state.numel() != 16:
-        raise RuntimeError(f"unexpected CUDA generator state of {state.numel()} bytes "
-                           "(expected seed and offset, 8 bytes each); pass seed= instead")
+        raise RuntimeError(
+            f"unexpected CUDA generator state of {state.numel()} bytes "
+            "(expected seed and offset, 8 bytes each); pass seed= instead"
+        )
     gen_seed, gen_offset = (int(v) % _UINT64 for v in state.view(torch.int64).tolist())
     advanced = state.clone()
     advanced.view(torch.int64)[1] = as_int64((gen_offset + increment) % _UINT64)

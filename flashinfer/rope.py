@@ -49,8 +49,7 @@ def _rotary_dim(rotary_dim: Any, head_dim: int, name: str = "rotary_dim") -> int
         rotary_dim = head_dim
     checks.check_int(name, rotary_dim)
     if rotary_dim <= 0 or rotary_dim % 2 or rotary_dim > head_dim:
-        raise ValueError(f"{name} must be even and in (0, head_dim={head_dim}], "
-                         f"got {rotary_dim}")
+        raise ValueError(f"{name} must be even and in (0, head_dim={head_dim}], got {rotary_dim}")
     return rotary_dim
 
 
@@ -75,8 +74,7 @@ def _ragged_pos_ids(q: torch.Tensor, indptr: Any, offsets: Any) -> torch.Tensor:
     return (tokens.per_token(offsets, 0) + tokens.within).to(offsets.dtype)
 
 
-def _positions(q: torch.Tensor, pos_ids: Any, ragged_batch: tuple[Any, Any] | None
-               ) -> torch.Tensor:
+def _positions(q: torch.Tensor, pos_ids: Any, ragged_batch: tuple[Any, Any] | None) -> torch.Tensor:
     """``pos_ids`` checked, or the positions of the ragged batch ``(indptr, offsets)``."""
     if ragged_batch is not None:
         return _ragged_pos_ids(q, *ragged_batch)
@@ -84,8 +82,14 @@ def _positions(q: torch.Tensor, pos_ids: Any, ragged_batch: tuple[Any, Any] | No
     return pos_ids
 
 
-def _run(function: str, q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
-         inplace: bool, *params: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _run(
+    function: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    inplace: bool,
+    *params: Any,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     checks.check_cuda("q", q)
     checks.check_cuda("k", k, like=q)
     checks.check_cuda("pos_ids", pos_ids, like=q)
@@ -99,9 +103,17 @@ def _run(function: str, q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
     return None if inplace else (q_out, k_out)
 
 
-def _rope(q: Any, k: Any, pos_ids: Any, rotary_dim: Any, interleave: bool, rope_scale: Any,
-          rope_theta: Any, inplace: bool,
-          ragged_batch: tuple[Any, Any] | None = None):  # noqa: ANN202
+def _rope(
+    q: Any,
+    k: Any,
+    pos_ids: Any,
+    rotary_dim: Any,
+    interleave: bool,
+    rope_scale: Any,
+    rope_theta: Any,
+    inplace: bool,
+    ragged_batch: tuple[Any, Any] | None = None,
+):  # noqa: ANN202
     _check_qk(q, k)
     dim = _rotary_dim(rotary_dim, q.shape[2])
     scale, theta = (_positive("rope_scale", rope_scale), _positive("rope_theta", rope_theta))
@@ -109,109 +121,226 @@ def _rope(q: Any, k: Any, pos_ids: Any, rotary_dim: Any, interleave: bool, rope_
     return _run("apply_rope_pos_ids", q, k, pos_ids, inplace, dim, bool(interleave), scale, theta)
 
 
-def _llama31(q: Any, k: Any, pos_ids: Any, rotary_dim: Any, interleave: bool, rope_scale: Any,
-             rope_theta: Any, low_freq_factor: Any, high_freq_factor: Any, old_context_len: Any,
-             inplace: bool, ragged_batch: tuple[Any, Any] | None = None):  # noqa: ANN202
+def _llama31(
+    q: Any,
+    k: Any,
+    pos_ids: Any,
+    rotary_dim: Any,
+    interleave: bool,
+    rope_scale: Any,
+    rope_theta: Any,
+    low_freq_factor: Any,
+    high_freq_factor: Any,
+    old_context_len: Any,
+    inplace: bool,
+    ragged_batch: tuple[Any, Any] | None = None,
+):  # noqa: ANN202
     _check_qk(q, k)
     dim = _rotary_dim(rotary_dim, q.shape[2])
-    values = [_positive(n, v) for n, v in (
-        ("rope_scale", rope_scale), ("rope_theta", rope_theta),
-        ("low_freq_factor", low_freq_factor), ("high_freq_factor", high_freq_factor),
-        ("old_context_len", old_context_len))]
+    values = [
+        _positive(n, v)
+        for n, v in (
+            ("rope_scale", rope_scale),
+            ("rope_theta", rope_theta),
+            ("low_freq_factor", low_freq_factor),
+            ("high_freq_factor", high_freq_factor),
+            ("old_context_len", old_context_len),
+        )
+    ]
     if values[3] <= values[2]:
-        raise ValueError(f"high_freq_factor ({values[3]}) must exceed low_freq_factor "
-                         f"({values[2]})")
+        raise ValueError(
+            f"high_freq_factor ({values[3]}) must exceed low_freq_factor ({values[2]})"
+        )
     pos_ids = _positions(q, pos_ids, ragged_batch)
-    return _run("apply_llama31_rope_pos_ids", q, k, pos_ids, inplace, dim, bool(interleave),
-                *values)
+    return _run(
+        "apply_llama31_rope_pos_ids", q, k, pos_ids, inplace, dim, bool(interleave), *values
+    )
 
 
 @flashinfer_api(trace=_trace.apply_rope_pos_ids_trace)
-def apply_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
-                       rotary_dim: int | None = None, interleave: bool = False,
-                       rope_scale: float = 1, rope_theta: float = 1e4
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rope_pos_ids(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE at ``pos_ids`` (int32/int64 ``[nnz]``): frequency ``theta^(-2i/rotary_dim)``,
     positions divided by ``rope_scale``. Returns new ``(q, k)``."""
     return _rope(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, False)
 
 
 @flashinfer_api(trace=_trace.apply_rope_pos_ids_inplace_trace)
-def apply_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
-                               rotary_dim: int | None = None, interleave: bool = False,
-                               rope_scale: float = 1, rope_theta: float = 1e4) -> None:
+def apply_rope_pos_ids_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+) -> None:
     """:func:`apply_rope_pos_ids`, writing into ``q`` and ``k``."""
     _rope(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, True)
 
 
 @flashinfer_api(trace=_trace.apply_rope_trace)
-def apply_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: torch.Tensor,
-               rotary_dim: int | None = None, interleave: bool = False, rope_scale: float = 1,
-               rope_theta: float = 1e4) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE for ragged batches: request ``b`` owns tokens ``indptr[b]:indptr[b+1]``, the
     first at position ``offsets[b]``. Returns new ``(q, k)``. A CUDA ``indptr`` is not read on
     the host (no synchronization): a bad one causes no out-of-bounds access, and tokens it
     leaves to no request are copied unrotated."""
-    return _rope(q, k, None, rotary_dim, interleave, rope_scale, rope_theta, False,
-                 (indptr, offsets))
+    return _rope(
+        q, k, None, rotary_dim, interleave, rope_scale, rope_theta, False, (indptr, offsets)
+    )
 
 
 @flashinfer_api(trace=_trace.apply_rope_inplace_trace)
-def apply_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
-                       offsets: torch.Tensor, rotary_dim: int | None = None,
-                       interleave: bool = False, rope_scale: float = 1,
-                       rope_theta: float = 1e4) -> None:
+def apply_rope_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 1,
+    rope_theta: float = 1e4,
+) -> None:
     """:func:`apply_rope`, writing into ``q`` and ``k``."""
-    _rope(q, k, None, rotary_dim, interleave, rope_scale, rope_theta, True,
-          (indptr, offsets))
+    _rope(q, k, None, rotary_dim, interleave, rope_scale, rope_theta, True, (indptr, offsets))
 
 
 @flashinfer_api(trace=_trace.apply_llama31_rope_pos_ids_trace)
-def apply_llama31_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
-                               rotary_dim: int | None = None, interleave: bool = False,
-                               rope_scale: float = 8, rope_theta: float = 5e5,
-                               low_freq_factor: float = 1, high_freq_factor: float = 4,
-                               old_context_len: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_llama31_rope_pos_ids(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Llama 3.1 RoPE: frequencies with wavelength above ``old_context_len /
     low_freq_factor`` are divided by ``rope_scale``, those below ``old_context_len /
     high_freq_factor`` kept, and those between smoothly interpolated."""
-    return _llama31(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta,
-                    low_freq_factor, high_freq_factor, old_context_len, False)
+    return _llama31(
+        q,
+        k,
+        pos_ids,
+        rotary_dim,
+        interleave,
+        rope_scale,
+        rope_theta,
+        low_freq_factor,
+        high_freq_factor,
+        old_context_len,
+        False,
+    )
 
 
 @flashinfer_api(trace=_trace.apply_llama31_rope_pos_ids_inplace_trace)
-def apply_llama31_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
-                                       rotary_dim: int | None = None, interleave: bool = False,
-                                       rope_scale: float = 8, rope_theta: float = 5e5,
-                                       low_freq_factor: float = 1,
-                                       high_freq_factor: float = 4,
-                                       old_context_len: int = 8192) -> None:
+def apply_llama31_rope_pos_ids_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+) -> None:
     """:func:`apply_llama31_rope_pos_ids`, writing into ``q`` and ``k``."""
-    _llama31(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor,
-             high_freq_factor, old_context_len, True)
+    _llama31(
+        q,
+        k,
+        pos_ids,
+        rotary_dim,
+        interleave,
+        rope_scale,
+        rope_theta,
+        low_freq_factor,
+        high_freq_factor,
+        old_context_len,
+        True,
+    )
 
 
 @flashinfer_api(trace=_trace.apply_llama31_rope_trace)
-def apply_llama31_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
-                       offsets: torch.Tensor, rotary_dim: int | None = None,
-                       interleave: bool = False, rope_scale: float = 8,
-                       rope_theta: float = 5e5, low_freq_factor: float = 1,
-                       high_freq_factor: float = 4, old_context_len: int = 8192
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_llama31_rope(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Llama 3.1 RoPE for ragged batches (see :func:`apply_rope`)."""
-    return _llama31(q, k, None, rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor,
-                    high_freq_factor, old_context_len, False, (indptr, offsets))
+    return _llama31(
+        q,
+        k,
+        None,
+        rotary_dim,
+        interleave,
+        rope_scale,
+        rope_theta,
+        low_freq_factor,
+        high_freq_factor,
+        old_context_len,
+        False,
+        (indptr, offsets),
+    )
 
 
 @flashinfer_api(trace=_trace.apply_llama31_rope_inplace_trace)
-def apply_llama31_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
-                               offsets: torch.Tensor, rotary_dim: int | None = None,
-                               interleave: bool = False, rope_scale: float = 8,
-                               rope_theta: float = 5e5, low_freq_factor: float = 1,
-                               high_freq_factor: float = 4, old_context_len: int = 8192) -> None:
+def apply_llama31_rope_inplace(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 8,
+    rope_theta: float = 5e5,
+    low_freq_factor: float = 1,
+    high_freq_factor: float = 4,
+    old_context_len: int = 8192,
+) -> None:
     """:func:`apply_llama31_rope`, writing into ``q`` and ``k``."""
-    _llama31(q, k, None, rotary_dim, interleave, rope_scale, rope_theta, low_freq_factor,
-             high_freq_factor, old_context_len, True, (indptr, offsets))
+    _llama31(
+        q,
+        k,
+        None,
+        rotary_dim,
+        interleave,
+        rope_scale,
+        rope_theta,
+        low_freq_factor,
+        high_freq_factor,
+        old_context_len,
+        True,
+        (indptr, offsets),
+    )
 
 
 def _heads_view(name: str, t: Any, head_size: int) -> torch.Tensor:
@@ -219,22 +348,34 @@ def _heads_view(name: str, t: Any, head_size: int) -> torch.Tensor:
     head_size], without a copy."""
     checks.check_tensor(name, t)
     if t.dim() < 2:
-        raise ValueError(f"{name} must be [nnz, num_heads * head_size], got {t.dim()}-D with "
-                         f"shape {tuple(t.shape)}")
+        raise ValueError(
+            f"{name} must be [nnz, num_heads * head_size], got {t.dim()}-D with "
+            f"shape {tuple(t.shape)}"
+        )
     per_token = math.prod(t.shape[1:])
     if per_token % head_size:
-        raise ValueError(f"{name} has {per_token} elements per token, not a multiple of "
-                         f"head_size={head_size}")
+        raise ValueError(
+            f"{name} has {per_token} elements per token, not a multiple of head_size={head_size}"
+        )
     checks.check_last_dim_contiguous(name, t)
     try:
         return t.view(t.shape[0], per_token // head_size, head_size)
     except RuntimeError:
-        raise ValueError(f"{name}'s strides do not allow a [nnz, heads, head_size] view; call "
-                         ".contiguous() first") from None
+        raise ValueError(
+            f"{name}'s strides do not allow a [nnz, heads, head_size] view; call "
+            ".contiguous() first"
+        ) from None
 
 
-def _cos_sin_cache(positions: Any, query: Any, key: Any, head_size: Any, cos_sin_cache: Any,
-                   is_neox: bool, inplace: bool):  # noqa: ANN202
+def _cos_sin_cache(
+    positions: Any,
+    query: Any,
+    key: Any,
+    head_size: Any,
+    cos_sin_cache: Any,
+    is_neox: bool,
+    inplace: bool,
+):  # noqa: ANN202
     checks.check_int("head_size", head_size, low=1)
     q, k = _heads_view("query", query, head_size), _heads_view("key", key, head_size)
     _check_qk(q, k, "query", "key")
@@ -248,17 +389,21 @@ def _cos_sin_cache(positions: Any, query: Any, key: Any, head_size: Any, cos_sin
     checks.check_cuda("key", key, like=query)
     checks.check_cuda("positions", positions, like=query)
     checks.check_cuda("cos_sin_cache", cos_sin_cache, like=query)
-    result = _run("apply_rope_cos_sin_cache", q, k, positions, inplace, cos_sin_cache,
-                  not is_neox)
+    result = _run("apply_rope_cos_sin_cache", q, k, positions, inplace, cos_sin_cache, not is_neox)
     if result is None:
         return None
     return result[0].view(query.shape), result[1].view(key.shape)
 
 
 @flashinfer_api(trace=_trace.apply_rope_with_cos_sin_cache_trace)
-def apply_rope_with_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor,
-                                  key: torch.Tensor, head_size: int, cos_sin_cache: torch.Tensor,
-                                  is_neox: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rope_with_cos_sin_cache(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE with precomputed ``cos_sin_cache`` (float32 ``[max_position, rotary_dim]``, cos in
     the first half of each row, sin in the second), on ``query``/``key`` flattened to
     ``[nnz, heads * head_size]`` (or any ``[nnz, ...]`` viewable so); outputs keep their
@@ -268,9 +413,13 @@ def apply_rope_with_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor,
 
 
 @flashinfer_api(trace=_trace.apply_rope_with_cos_sin_cache_inplace_trace)
-def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.Tensor,
-                                          key: torch.Tensor, head_size: int,
-                                          cos_sin_cache: torch.Tensor,
-                                          is_neox: bool = True) -> None:
+def apply_rope_with_cos_sin_cache_inplace(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> None:
     """:func:`apply_rope_with_cos_sin_cache`, writing into ``query`` and ``key``."""
     _cos_sin_cache(positions, query, key, head_size, cos_sin_cache, is_neox, True)

@@ -96,15 +96,13 @@ def _check_flags(**flags: Any) -> None:
 
 
 def _real(name: str, value: Any, expected: str) -> float:
-    return checks.check_number(name, value, kind=f"{expected} or a [batch] tensor",
-                               allow_inf=True)
+    return checks.check_number(name, value, kind=f"{expected} or a [batch] tensor", allow_inf=True)
 
 
 def _scalar_top_k(value: Any) -> int:
     checks.check_int("top_k", value, kind="an int or a [batch] tensor")
     if value < 1:
-        raise ValueError(f"top_k must be >= 1 (values >= vocab_size keep every token), "
-                         f"got {value}")
+        raise ValueError(f"top_k must be >= 1 (values >= vocab_size keep every token), got {value}")
     return value
 
 
@@ -150,7 +148,9 @@ class _Param:
 
 
 _SCALAR_CHECKS: dict[str, Callable[[Any], float]] = {
-    "top_k": _scalar_top_k, "top_p": _scalar_top_p, "min_p": _scalar_min_p,
+    "top_k": _scalar_top_k,
+    "top_p": _scalar_top_p,
+    "min_p": _scalar_min_p,
     "temperature": _scalar_temperature,
 }
 
@@ -190,15 +190,14 @@ def _random_args(x: torch.Tensor, generator: Any, seed: Any, offset: Any) -> tup
     when no seed is given."""
     if isinstance(seed, torch.Tensor):
         return seed, offset, 0, 0
-    seed, offset = philox_seed_offset(x.device, generator, seed, offset,
-                                      _words_per_row(x.shape[1]))
+    seed, offset = philox_seed_offset(x.device, generator, seed, offset, _words_per_row(x.shape[1]))
     return None, None, as_int64(seed), as_int64(offset)
 
 
-def _outputs(batch: int, indices: torch.Tensor | None, device: torch.device,
-             return_valid: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    out = torch.empty(batch, dtype=torch.int32 if indices is None else indices.dtype,
-                      device=device)
+def _outputs(
+    batch: int, indices: torch.Tensor | None, device: torch.device, return_valid: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    out = torch.empty(batch, dtype=torch.int32 if indices is None else indices.dtype, device=device)
     valid = torch.empty(batch, dtype=torch.bool, device=device) if return_valid else None
     return out, valid
 
@@ -211,16 +210,27 @@ def _check_no_nan(name: str, tensor: torch.Tensor) -> None:
 
 def _filter_order(filter_apply_order: Any) -> bool:
     if filter_apply_order not in _FILTER_ORDERS:
-        raise ValueError(f"filter_apply_order must be one of {', '.join(_FILTER_ORDERS)}, "
-                         f"got {filter_apply_order!r}")
+        raise ValueError(
+            f"filter_apply_order must be one of {', '.join(_FILTER_ORDERS)}, "
+            f"got {filter_apply_order!r}"
+        )
     return filter_apply_order == "top_k_first"
 
 
-def _sample_probs(probs: torch.Tensor, indices: Any, filters: dict[str, Any], *,
-                  top_k_first: bool = True, deterministic: Any = True,
-                  generator: Any = None, check_nan: Any = False, seed: Any = None,
-                  offset: Any = None, return_valid: Any = False,
-                  from_logits: bool = False) -> Any:
+def _sample_probs(
+    probs: torch.Tensor,
+    indices: Any,
+    filters: dict[str, Any],
+    *,
+    top_k_first: bool = True,
+    deterministic: Any = True,
+    generator: Any = None,
+    check_nan: Any = False,
+    seed: Any = None,
+    offset: Any = None,
+    return_valid: Any = False,
+    from_logits: bool = False,
+) -> Any:
     """The one filtered sampling path: validate everything, then one sampling launch
     (``from_logits``: ``probs`` holds logits, turned into probabilities by :func:`softmax`
     first). ``filters``: the function's filters by name (top_k, top_p, min_p), as passed."""
@@ -243,37 +253,63 @@ def _sample_probs(probs: torch.Tensor, indices: Any, filters: dict[str, Any], *,
     which = sum(bit for key, bit in _FILTER_BITS.items() if key in params)
     if batch:
         get_sampling_module(torch.float32).sampling_from_probs(
-            out, valid, probs, indices, top_k.kernel_tensor(), top_p.kernel_tensor(),
-            min_p.kernel_tensor(), top_k.top_k(), float(top_p.scalar), float(min_p.scalar), which,
-            top_k_first, seed_values, offset_values, seed, offset)
+            out,
+            valid,
+            probs,
+            indices,
+            top_k.kernel_tensor(),
+            top_p.kernel_tensor(),
+            min_p.kernel_tensor(),
+            top_k.top_k(),
+            float(top_p.scalar),
+            float(min_p.scalar),
+            which,
+            top_k_first,
+            seed_values,
+            offset_values,
+            seed,
+            offset,
+        )
     return (out, valid) if return_valid else out
 
 
 @flashinfer_api(trace=_trace.softmax_trace)
-def softmax(logits: torch.Tensor, temperature: float | torch.Tensor | None = None,
-            enable_pdl: bool | None = None) -> torch.Tensor:
+def softmax(
+    logits: torch.Tensor,
+    temperature: float | torch.Tensor | None = None,
+    enable_pdl: bool | None = None,
+) -> torch.Tensor:
     """``softmax(logits / temperature)`` over each row, as float32 ``[batch, vocab]``
     (temperature 0, like inf, gives the uniform distribution over the finite logits, as the
     reference does). ``enable_pdl`` (default: on sm90+) lets the kernel launch while the
     previous one drains (programmatic dependent launch)."""
     _check_rows("logits", logits, _FLOAT_INPUTS)
-    temp = _Param(None, 1.0) if temperature is None else _per_request(
-        "temperature", temperature, logits.shape[0], logits)
+    temp = (
+        _Param(None, 1.0)
+        if temperature is None
+        else _per_request("temperature", temperature, logits.shape[0], logits)
+    )
     enable_pdl = resolve_enable_pdl(enable_pdl, logits.device)
     checks.check_cuda("logits", logits)
     logits = _native(logits)
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     if logits.shape[0]:
-        get_sampling_module(logits.dtype).softmax(out, logits, temp.kernel_tensor(),
-                                                  float(temp.scalar), enable_pdl)
+        get_sampling_module(logits.dtype).softmax(
+            out, logits, temp.kernel_tensor(), float(temp.scalar), enable_pdl
+        )
     return out
 
 
 @flashinfer_api(trace=_trace.sampling_from_logits_trace)
-def sampling_from_logits(logits: torch.Tensor, indices: torch.Tensor | None = None,
-                         deterministic: bool = True, generator: torch.Generator | None = None,
-                         check_nan: bool = False, seed: int | torch.Tensor | None = None,
-                         offset: int | torch.Tensor | None = None) -> torch.Tensor:
+def sampling_from_logits(
+    logits: torch.Tensor,
+    indices: torch.Tensor | None = None,
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+    check_nan: bool = False,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
+) -> torch.Tensor:
     """One token per row drawn from ``softmax(logits)`` in a single pass (Gumbel-max: no
     softmax is materialized). ``-inf`` logits are never drawn."""
     _check_rows("logits", logits, _FLOAT_INPUTS)
@@ -289,103 +325,181 @@ def sampling_from_logits(logits: torch.Tensor, indices: torch.Tensor | None = No
     out, _ = _outputs(batch, indices, logits.device, False)
     if batch:
         get_sampling_module(logits.dtype).sampling_from_logits(
-            out, logits, indices, seed_values, offset_values, seed, offset)
+            out, logits, indices, seed_values, offset_values, seed, offset
+        )
     return out
 
 
 @flashinfer_api(trace=_trace.sampling_from_probs_trace)
-def sampling_from_probs(probs: torch.Tensor, indices: torch.Tensor | None = None,
-                        deterministic: bool = True, generator: torch.Generator | None = None,
-                        check_nan: bool = False, seed: int | torch.Tensor | None = None,
-                        offset: int | torch.Tensor | None = None,
-                        return_valid: bool = False) -> Samples:
+def sampling_from_probs(
+    probs: torch.Tensor,
+    indices: torch.Tensor | None = None,
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+    check_nan: bool = False,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
+    return_valid: bool = False,
+) -> Samples:
     """One token per row of ``probs`` (``[batch, vocab]``, non-negative; rows need not be
     normalized), drawn with probability ``p / sum(p)``."""
-    return _sample_probs(probs, indices, {}, deterministic=deterministic, generator=generator,
-                         check_nan=check_nan, seed=seed, offset=offset,
-                         return_valid=return_valid)
+    return _sample_probs(
+        probs,
+        indices,
+        {},
+        deterministic=deterministic,
+        generator=generator,
+        check_nan=check_nan,
+        seed=seed,
+        offset=offset,
+        return_valid=return_valid,
+    )
 
 
 @flashinfer_api(trace=_trace.top_p_sampling_from_probs_trace)
-def top_p_sampling_from_probs(probs: torch.Tensor, top_p: float | torch.Tensor,
-                              indices: torch.Tensor | None = None, deterministic: bool = True,
-                              generator: torch.Generator | None = None, check_nan: bool = False,
-                              seed: int | torch.Tensor | None = None,
-                              offset: int | torch.Tensor | None = None,
-                              return_valid: bool = False) -> Samples:
+def top_p_sampling_from_probs(
+    probs: torch.Tensor,
+    top_p: float | torch.Tensor,
+    indices: torch.Tensor | None = None,
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+    check_nan: bool = False,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
+    return_valid: bool = False,
+) -> Samples:
     """Nucleus sampling: draw from the smallest set of most likely tokens holding ``top_p``
     of the mass, renormalized."""
-    return _sample_probs(probs, indices, {"top_p": top_p}, deterministic=deterministic,
-                         generator=generator, check_nan=check_nan, seed=seed, offset=offset,
-                         return_valid=return_valid)
+    return _sample_probs(
+        probs,
+        indices,
+        {"top_p": top_p},
+        deterministic=deterministic,
+        generator=generator,
+        check_nan=check_nan,
+        seed=seed,
+        offset=offset,
+        return_valid=return_valid,
+    )
 
 
 @flashinfer_api(trace=_trace.top_k_sampling_from_probs_trace)
-def top_k_sampling_from_probs(probs: torch.Tensor, top_k: int | torch.Tensor,
-                              indices: torch.Tensor | None = None, deterministic: bool = True,
-                              generator: torch.Generator | None = None, check_nan: bool = False,
-                              seed: int | torch.Tensor | None = None,
-                              offset: int | torch.Tensor | None = None,
-                              return_valid: bool = False) -> Samples:
+def top_k_sampling_from_probs(
+    probs: torch.Tensor,
+    top_k: int | torch.Tensor,
+    indices: torch.Tensor | None = None,
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+    check_nan: bool = False,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
+    return_valid: bool = False,
+) -> Samples:
     """Draw from the ``top_k`` most likely tokens, renormalized."""
-    return _sample_probs(probs, indices, {"top_k": top_k}, deterministic=deterministic,
-                         generator=generator, check_nan=check_nan, seed=seed, offset=offset,
-                         return_valid=return_valid)
+    return _sample_probs(
+        probs,
+        indices,
+        {"top_k": top_k},
+        deterministic=deterministic,
+        generator=generator,
+        check_nan=check_nan,
+        seed=seed,
+        offset=offset,
+        return_valid=return_valid,
+    )
 
 
 @flashinfer_api(trace=_trace.min_p_sampling_from_probs_trace)
-def min_p_sampling_from_probs(probs: torch.Tensor, min_p: float | torch.Tensor,
-                              indices: torch.Tensor | None = None, deterministic: bool = True,
-                              generator: torch.Generator | None = None, check_nan: bool = False,
-                              seed: int | torch.Tensor | None = None,
-                              offset: int | torch.Tensor | None = None,
-                              return_valid: bool = False) -> Samples:
+def min_p_sampling_from_probs(
+    probs: torch.Tensor,
+    min_p: float | torch.Tensor,
+    indices: torch.Tensor | None = None,
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+    check_nan: bool = False,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
+    return_valid: bool = False,
+) -> Samples:
     """Draw from the tokens with ``p >= min_p * max(p)``, renormalized."""
-    return _sample_probs(probs, indices, {"min_p": min_p}, deterministic=deterministic,
-                         generator=generator, check_nan=check_nan, seed=seed, offset=offset,
-                         return_valid=return_valid)
+    return _sample_probs(
+        probs,
+        indices,
+        {"min_p": min_p},
+        deterministic=deterministic,
+        generator=generator,
+        check_nan=check_nan,
+        seed=seed,
+        offset=offset,
+        return_valid=return_valid,
+    )
 
 
 @flashinfer_api(trace=_trace.top_k_top_p_sampling_from_probs_trace)
-def top_k_top_p_sampling_from_probs(probs: torch.Tensor, top_k: int | torch.Tensor,
-                                    top_p: float | torch.Tensor,
-                                    indices: torch.Tensor | None = None,
-                                    filter_apply_order: str = "top_k_first",
-                                    deterministic: bool = True,
-                                    generator: torch.Generator | None = None,
-                                    check_nan: bool = False,
-                                    seed: int | torch.Tensor | None = None,
-                                    offset: int | torch.Tensor | None = None,
-                                    return_valid: bool = False
-                                    ) -> Samples:
+def top_k_top_p_sampling_from_probs(
+    probs: torch.Tensor,
+    top_k: int | torch.Tensor,
+    top_p: float | torch.Tensor,
+    indices: torch.Tensor | None = None,
+    filter_apply_order: str = "top_k_first",
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+    check_nan: bool = False,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
+    return_valid: bool = False,
+) -> Samples:
     """Top-k and top-p together, in one launch. ``"top_k_first"``: top-p over the
     renormalized top-k set; ``"joint"``: tokens in both the top-k and the top-p set of the
     original distribution."""
-    return _sample_probs(probs, indices, {"top_k": top_k, "top_p": top_p},
-                         top_k_first=_filter_order(filter_apply_order),
-                         deterministic=deterministic, generator=generator, check_nan=check_nan,
-                         seed=seed, offset=offset, return_valid=return_valid)
+    return _sample_probs(
+        probs,
+        indices,
+        {"top_k": top_k, "top_p": top_p},
+        top_k_first=_filter_order(filter_apply_order),
+        deterministic=deterministic,
+        generator=generator,
+        check_nan=check_nan,
+        seed=seed,
+        offset=offset,
+        return_valid=return_valid,
+    )
 
 
 @flashinfer_api(trace=_trace.top_k_top_p_sampling_from_logits_trace)
-def top_k_top_p_sampling_from_logits(logits: torch.Tensor, top_k: int | torch.Tensor,
-                                     top_p: float | torch.Tensor,
-                                     indices: torch.Tensor | None = None,
-                                     filter_apply_order: str = "top_k_first",
-                                     deterministic: bool = True,
-                                     generator: torch.Generator | None = None,
-                                     check_nan: bool = False,
-                                     seed: int | torch.Tensor | None = None,
-                                     offset: int | torch.Tensor | None = None) -> torch.Tensor:
+def top_k_top_p_sampling_from_logits(
+    logits: torch.Tensor,
+    top_k: int | torch.Tensor,
+    top_p: float | torch.Tensor,
+    indices: torch.Tensor | None = None,
+    filter_apply_order: str = "top_k_first",
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+    check_nan: bool = False,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
+) -> torch.Tensor:
     """:func:`softmax` then :func:`top_k_top_p_sampling_from_probs` (two launches)."""
-    return _sample_probs(logits, indices, {"top_k": top_k, "top_p": top_p},
-                         top_k_first=_filter_order(filter_apply_order),
-                         deterministic=deterministic, generator=generator, check_nan=check_nan,
-                         seed=seed, offset=offset, from_logits=True)
+    return _sample_probs(
+        logits,
+        indices,
+        {"top_k": top_k, "top_p": top_p},
+        top_k_first=_filter_order(filter_apply_order),
+        deterministic=deterministic,
+        generator=generator,
+        check_nan=check_nan,
+        seed=seed,
+        offset=offset,
+        from_logits=True,
+    )
 
 
-def _row_op(name: str, x: torch.Tensor, dtype: torch.dtype,
-           launch: Callable[[Any, torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
+def _row_op(
+    name: str,
+    x: torch.Tensor,
+    dtype: torch.dtype,
+    launch: Callable[[Any, torch.Tensor, torch.Tensor], None],
+) -> torch.Tensor:
     """A [batch, vocab] op of the renorm/mask kind, after its checks: ``x`` as ``dtype``,
     ``launch(module, out, x)`` into a new ``dtype`` output."""
     checks.check_cuda(name, x)
@@ -397,27 +511,41 @@ def _row_op(name: str, x: torch.Tensor, dtype: torch.dtype,
 
 
 @flashinfer_api(trace=_trace.top_p_renorm_probs_trace)
-def top_p_renorm_probs(probs: torch.Tensor, top_p: float | torch.Tensor,
-                       is_deterministic: bool = False) -> torch.Tensor:
+def top_p_renorm_probs(
+    probs: torch.Tensor, top_p: float | torch.Tensor, is_deterministic: bool = False
+) -> torch.Tensor:
     """``probs`` with the tokens outside each row's top-p set zeroed, rows renormalized
     (float32, as the reference returns)."""
     _check_rows("probs", probs, _FLOAT_INPUTS)
     param = _per_request("top_p", top_p, probs.shape[0], probs)
     _check_flags(is_deterministic=is_deterministic)
-    return _row_op("probs", probs, torch.float32, lambda module, out, x: (
-        module.renorm_probs(out, x, None, param.kernel_tensor(), 1, float(param.scalar), _TOP_P)))
+    return _row_op(
+        "probs",
+        probs,
+        torch.float32,
+        lambda module, out, x: module.renorm_probs(
+            out, x, None, param.kernel_tensor(), 1, float(param.scalar), _TOP_P
+        ),
+    )
 
 
 @flashinfer_api(trace=_trace.top_k_renorm_probs_trace)
-def top_k_renorm_probs(probs: torch.Tensor, top_k: int | torch.Tensor,
-                       is_deterministic: bool = False) -> torch.Tensor:
+def top_k_renorm_probs(
+    probs: torch.Tensor, top_k: int | torch.Tensor, is_deterministic: bool = False
+) -> torch.Tensor:
     """``probs`` with all but each row's ``top_k`` most likely tokens zeroed (ties with
     the k-th kept), rows renormalized; same dtype."""
     _check_rows("probs", probs, _NATIVE_DTYPES)
     param = _per_request("top_k", top_k, probs.shape[0], probs)
     _check_flags(is_deterministic=is_deterministic)
-    return _row_op("probs", probs, probs.dtype, lambda module, out, x: (
-        module.renorm_probs(out, x, param.kernel_tensor(), None, param.top_k(), 1.0, _TOP_K)))
+    return _row_op(
+        "probs",
+        probs,
+        probs.dtype,
+        lambda module, out, x: module.renorm_probs(
+            out, x, param.kernel_tensor(), None, param.top_k(), 1.0, _TOP_K
+        ),
+    )
 
 
 @flashinfer_api(trace=_trace.top_k_mask_logits_trace)
@@ -426,8 +554,14 @@ def top_k_mask_logits(logits: torch.Tensor, top_k: int | torch.Tensor) -> torch.
     k-th kept); same dtype."""
     _check_rows("logits", logits, _NATIVE_DTYPES)
     param = _per_request("top_k", top_k, logits.shape[0], logits)
-    return _row_op("logits", logits, logits.dtype, lambda module, out, x: (
-        module.top_k_mask_logits(out, x, param.kernel_tensor(), param.top_k())))
+    return _row_op(
+        "logits",
+        logits,
+        logits.dtype,
+        lambda module, out, x: module.top_k_mask_logits(
+            out, x, param.kernel_tensor(), param.top_k()
+        ),
+    )
 
 
 # Deprecated names the reference keeps.

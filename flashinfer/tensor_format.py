@@ -74,8 +74,9 @@ def tensor_stats(t: torch.Tensor, with_std: bool = False) -> dict[str, Any]:
     if floating and data.dtype != torch.float64:
         data = data.float()
     if n <= _SMALL:
-        low, high, mean, std, nan_count, inf_count = _host_summary(data.flatten().tolist(),
-                                                                   with_std)
+        low, high, mean, std, nan_count, inf_count = _host_summary(
+            data.flatten().tolist(), with_std
+        )
     else:
         low, high, mean, std, nan_count, inf_count = _device_summary(data, floating, with_std)
     if not floating:

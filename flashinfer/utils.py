@@ -178,7 +178,8 @@ def backend_requirement(
             backend = kwargs.get("backend", default)
             if backend not in table:
                 raise BackendNotSupportedError(
-                    f"{name}: unknown backend {backend!r}; available: {', '.join(table)}")
+                    f"{name}: unknown backend {backend!r}; available: {', '.join(table)}"
+                )
             device = _cuda_device_of(args, kwargs)
             if device is not None:
                 major, minor = get_compute_capability(device)
@@ -186,7 +187,8 @@ def backend_requirement(
                     supported = ", ".join(f"{c // 10}.{c % 10}" for c in sorted(table[backend]))
                     raise BackendNotSupportedError(
                         f"{name}: backend {backend!r} does not support compute capability "
-                        f"{major}.{minor} ({device}); it supports {supported}")
+                        f"{major}.{minor} ({device}); it supports {supported}"
+                    )
             return func(*args, **kwargs)
 
         checked.is_compute_capability_supported = is_compute_capability_supported  # type: ignore[attr-defined]

@@ -30,8 +30,10 @@ def _choose_arch() -> None:
         print(f"target arch: the visible GPU ({torch.cuda.get_device_name()})")
     else:
         os.environ[name] = DEFAULT_ARCH
-        print(f"no GPU visible and {name} unset: compiling for {DEFAULT_ARCH} "
-              f"(set {name} to choose others)")
+        print(
+            f"no GPU visible and {name} unset: compiling for {DEFAULT_ARCH} "
+            f"(set {name} to choose others)"
+        )
 
 
 _CHILD = """
@@ -56,8 +58,10 @@ def main() -> int:
     start = time.perf_counter()
     module = flashinfer.get_norm_module(torch.bfloat16)
     first = time.perf_counter() - start
-    print(f"first call  : {first:8.3f} s   ({'compiled' if stale else 'disk cache'}; "
-          f"module answers dtype() = {module.dtype()!r})")
+    print(
+        f"first call  : {first:8.3f} s   ({'compiled' if stale else 'disk cache'}; "
+        f"module answers dtype() = {module.dtype()!r})"
+    )
 
     start = time.perf_counter()
     flashinfer.get_norm_module(torch.bfloat16)
@@ -68,8 +72,10 @@ def main() -> int:
     )
     millis, dtype = proc.stdout.split()
     compiled_again = "compiling" in proc.stderr
-    print(f"new process : {float(millis):8.2f} ms  (disk cache, "
-          f"{'COMPILED AGAIN' if compiled_again else 'no compiler run'}; dtype() = {dtype!r})")
+    print(
+        f"new process : {float(millis):8.2f} ms  (disk cache, "
+        f"{'COMPILED AGAIN' if compiled_again else 'no compiler run'}; dtype() = {dtype!r})"
+    )
 
     if torch.cuda.is_available():
         x = torch.randn(128, 4096, dtype=torch.bfloat16, device="cuda")
@@ -77,8 +83,10 @@ def main() -> int:
         y = flashinfer.rmsnorm(x, w, eps=1e-6)
         xf = x.float()
         ref = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
-        print(f"rmsnorm bf16 [128, 4096] max abs error vs float32 torch: "
-              f"{(y.float() - ref).abs().max().item():.4g}")
+        print(
+            f"rmsnorm bf16 [128, 4096] max abs error vs float32 torch: "
+            f"{(y.float() - ref).abs().max().item():.4g}"
+        )
     else:
         print("no GPU: skipping the numerical check (the module was compiled and loaded)")
     return 1 if compiled_again else 0

@@ -7,7 +7,6 @@ import ast
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -62,7 +61,7 @@ def test_imports_form_no_cycle() -> None:
         stack.append(node)
         for dep in sorted(graph[node]):
             if state.get(dep) == 1:
-                cycle = stack[stack.index(dep):] + [dep]
+                cycle = stack[stack.index(dep) :] + [dep]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if dep not in state:
                 visit(dep)
@@ -95,7 +94,12 @@ sys.exit(1 if failed else 0)
 def test_every_module_imports_alone_in_a_fresh_interpreter() -> None:
     """Each module is imported first in a process of its own (forked from one that holds
     torch, so the run stays fast): no flashinfer module is loaded before it."""
-    proc = subprocess.run([sys.executable, "-c", FORKED_IMPORTS, *_modules()], cwd=REPO_ROOT,
-                          env=dict(os.environ, PYTHONWARNINGS="ignore"), capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", FORKED_IMPORTS, *_modules()],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, PYTHONWARNINGS="ignore"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -98,9 +98,15 @@ def flag(group: argparse._ArgumentGroup, name: str, *aliases: str, **kwargs: Any
     group.add_argument(*names, *aliases, dest=name, **kwargs)
 
 
-_DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float32": torch.float32, "fp32": torch.float32}
+_DTYPES = {
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
 
 
 def dtype_arg(*allowed: torch.dtype) -> Callable[[str], torch.dtype]:
@@ -111,7 +117,8 @@ def dtype_arg(*allowed: torch.dtype) -> Callable[[str], torch.dtype]:
         dtype = _DTYPES.get(text.lower())
         if dtype not in allowed:
             raise argparse.ArgumentTypeError(
-                f"unknown dtype {text!r}; use one of {', '.join(names)}")
+                f"unknown dtype {text!r}; use one of {', '.join(names)}"
+            )
         return dtype
 
     return parse
@@ -129,8 +136,9 @@ def half_tolerance(dtype: torch.dtype) -> float:
     return 2e-2 if dtype == torch.bfloat16 else 1e-2
 
 
-def build(backends: Iterable[str], factories: dict[str, Callable[[], Backend]]
-          ) -> dict[str, Backend]:
+def build(
+    backends: Iterable[str], factories: dict[str, Callable[[], Backend]]
+) -> dict[str, Backend]:
     """The requested backends, each built by its factory (so only those touch memory)."""
     return {name: factories[name]() for name in backends}
 

@@ -11,8 +11,20 @@ import torch.nn.functional as F
 
 from flashinfer.testing import reference
 
-from . import (HALF_DTYPES, OURS, Backend, Case, Family, Routine, build, dtype_arg, dtype_name,
-               flag, half_tolerance, register)
+from . import (
+    HALF_DTYPES,
+    OURS,
+    Backend,
+    Case,
+    Family,
+    Routine,
+    build,
+    dtype_arg,
+    dtype_name,
+    flag,
+    half_tolerance,
+    register,
+)
 
 
 def _add_arguments(group: argparse._ArgumentGroup) -> None:
@@ -27,8 +39,9 @@ def _validate(args: argparse.Namespace) -> str | None:
     return None
 
 
-FAMILY = Family("activation", _add_arguments, ("batch_size", "hidden_size", "input_dtype"),
-                _validate)
+FAMILY = Family(
+    "activation", _add_arguments, ("batch_size", "hidden_size", "input_dtype"), _validate
+)
 
 
 def _routine(name: str, act: str, torch_act: Callable[[torch.Tensor], torch.Tensor]) -> Routine:
@@ -46,10 +59,13 @@ def _routine(name: str, act: str, torch_act: Callable[[torch.Tensor], torch.Tens
         tolerance = half_tolerance(args.input_dtype)
         return Case(
             label=f"{args.batch_size}x{d} {dtype_name(args.input_dtype)}",
-            backends=build(args.backends, {
-                OURS: ours,
-                "torch": lambda: Backend(lambda: torch_act(x[..., :d]) * x[..., d:]),
-            }),
+            backends=build(
+                args.backends,
+                {
+                    OURS: ours,
+                    "torch": lambda: Backend(lambda: torch_act(x[..., :d]) * x[..., d:]),
+                },
+            ),
             bytes=3 * args.batch_size * d * x.element_size(),
             reference=lambda: reference.act_and_mul(x, act),
             atol=tolerance,

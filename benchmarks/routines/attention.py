@@ -24,20 +24,41 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from . import (HALF_DTYPES, OURS, Backend, BackendUnavailable, Case, Family, Routine, build,
-               dtype_arg, dtype_name, flag, half_tolerance, register)
+from . import (
+    HALF_DTYPES,
+    OURS,
+    Backend,
+    BackendUnavailable,
+    Case,
+    Family,
+    Routine,
+    build,
+    dtype_arg,
+    dtype_name,
+    flag,
+    half_tolerance,
+    register,
+)
 
 HEAD_DIMS = (64, 128, 256)
 _WORKSPACE_BYTES = 256 << 20
-_SDPA_KERNELS = {"torch": None, "flash": SDPBackend.FLASH_ATTENTION,
-                 "cudnn": SDPBackend.CUDNN_ATTENTION}
+_SDPA_KERNELS = {
+    "torch": None,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
 _SINGLE = ("single_decode_with_kv_cache", "single_prefill_with_kv_cache")
 _DECODE = ("BatchDecodeWithPagedKVCacheWrapper", "single_decode_with_kv_cache")
 
 
 def _add_arguments(group: argparse._ArgumentGroup) -> None:
-    flag(group, "batch_size", type=int, default=None,
-         help="requests (default 16; single_* routines: 1)")
+    flag(
+        group,
+        "batch_size",
+        type=int,
+        default=None,
+        help="requests (default 16; single_* routines: 1)",
+    )
     flag(group, "s_qo", "--qo-len", type=int, default=1, help="query tokens per request")
     flag(group, "s_kv", "--kv-len", type=int, default=2048, help="KV tokens per request")
     flag(group, "num_qo_heads", type=int, default=32)
@@ -47,14 +68,23 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
     flag(group, "page_size", type=int, default=16, help="tokens per page of paged caches")
     flag(group, "causal", action="store_true", help="causal mask (bottom-right aligned)")
     flag(group, "q_dtype", "--dtype", type=dtype_arg(*HALF_DTYPES), default=torch.bfloat16)
-    flag(group, "kv_dtype", type=dtype_arg(*HALF_DTYPES), default=None,
-         help="must equal --q_dtype")
+    flag(group, "kv_dtype", type=dtype_arg(*HALF_DTYPES), default=None, help="must equal --q_dtype")
     flag(group, "kv_layout", choices=("NHD", "HND"), default="NHD")
-    flag(group, "shared_kv_len", type=int, default=1024,
-         help="MultiLevelCascadeAttentionWrapper: the prefix every request shares (level 0)")
-    flag(group, "torch_gather", choices=("timed", "untimed"), default="timed",
-         help="paged caches: the torch backends gather the pages in each timed call (as a "
-              "torch serving loop must), or once before timing (their kernel alone)")
+    flag(
+        group,
+        "shared_kv_len",
+        type=int,
+        default=1024,
+        help="MultiLevelCascadeAttentionWrapper: the prefix every request shares (level 0)",
+    )
+    flag(
+        group,
+        "torch_gather",
+        choices=("timed", "untimed"),
+        default="timed",
+        help="paged caches: the torch backends gather the pages in each timed call (as a "
+        "torch serving loop must), or once before timing (their kernel alone)",
+    )
 
 
 def _validate(args: argparse.Namespace) -> str | None:
@@ -82,14 +112,31 @@ def _validate(args: argparse.Namespace) -> str | None:
     return None
 
 
-FAMILY = Family("attention", _add_arguments,
-                ("batch_size", "s_qo", "s_kv", "num_qo_heads", "num_kv_heads", "head_dim_qk",
-                 "head_dim_vo", "page_size", "causal", "q_dtype", "kv_dtype", "kv_layout",
-                 "shared_kv_len", "torch_gather"),
-                _validate)
+FAMILY = Family(
+    "attention",
+    _add_arguments,
+    (
+        "batch_size",
+        "s_qo",
+        "s_kv",
+        "num_qo_heads",
+        "num_kv_heads",
+        "head_dim_qk",
+        "head_dim_vo",
+        "page_size",
+        "causal",
+        "q_dtype",
+        "kv_dtype",
+        "kv_layout",
+        "shared_kv_len",
+        "torch_gather",
+    ),
+    _validate,
+)
 
 
 # -- the data ----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class _PagedKV:
@@ -122,27 +169,26 @@ class _PagedKV:
         return k[0].transpose(0, 1), v[0].transpose(0, 1)
 
 
-def _page_table(batch: int, pages: int, page_size: int, length: int, device: torch.device
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def _page_table(
+    batch: int, pages: int, page_size: int, length: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(indptr, last_page_len) of ``batch`` requests of ``length`` tokens in ``pages`` pages
     each (their page ids: the rows of a ``[batch, pages]`` table, flattened)."""
     indptr = torch.arange(0, (batch + 1) * pages, pages, dtype=torch.int32, device=device)
-    last = torch.full((batch,), length - (pages - 1) * page_size, dtype=torch.int32,
-                      device=device)
+    last = torch.full((batch,), length - (pages - 1) * page_size, dtype=torch.int32, device=device)
     return indptr, last
 
 
 def _random_cache(args: argparse.Namespace, num_pages: int, device: torch.device) -> _PagedKV:
     hnd = args.kv_layout == "HND"
-    page = ((args.num_kv_heads, args.page_size) if hnd
-            else (args.page_size, args.num_kv_heads))
-    cache = torch.randn(num_pages, 2, *page, args.head_dim_qk, dtype=args.q_dtype,
-                        device=device)
+    page = (args.num_kv_heads, args.page_size) if hnd else (args.page_size, args.num_kv_heads)
+    cache = torch.randn(num_pages, 2, *page, args.head_dim_qk, dtype=args.q_dtype, device=device)
     return _PagedKV(cache, hnd)
 
 
-def _torch_kv(args: argparse.Namespace, gather: Callable[[], tuple[torch.Tensor, torch.Tensor]]
-              ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+def _torch_kv(
+    args: argparse.Namespace, gather: Callable[[], tuple[torch.Tensor, torch.Tensor]]
+) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     """``gather`` as the torch backends call it: each time, or (--torch_gather untimed) on
     the first, untimed call only."""
     if args.torch_gather == "timed":
@@ -160,8 +206,12 @@ def _pages(length: int, page_size: int) -> int:
     return -(-length // page_size)
 
 
-def _reference(q: torch.Tensor, kv_of: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
-               batch: int, causal: bool) -> torch.Tensor:
+def _reference(
+    q: torch.Tensor,
+    kv_of: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    batch: int,
+    causal: bool,
+) -> torch.Tensor:
     """float64 attention of q ``[batch * qo, Hq, D]``, request ``b`` over ``kv_of(b)``
     (K, V ``[kv, Hk, D]``), one request and a bounded block of query rows at a time so
     the scores stay near 1 GB whatever the shape."""
@@ -172,18 +222,19 @@ def _reference(q: torch.Tensor, kv_of: Callable[[int], tuple[torch.Tensor, torch
         k, v = (t.double() for t in kv_of(b))
         kv, num_kv_heads, _ = k.shape
         group = num_qo_heads // num_kv_heads
-        rows = q[b * qo:(b + 1) * qo].double().view(qo, num_kv_heads, group, dim)
+        rows = q[b * qo : (b + 1) * qo].double().view(qo, num_kv_heads, group, dim)
         step = max(1, (1 << 27) // (num_qo_heads * max(kv, 1)))
         for start in range(0, qo, step):
-            block = rows[start:start + step]
+            block = rows[start : start + step]
             scores = torch.einsum("qhgd,khd->hgqk", block, k) / math.sqrt(dim)
             if causal:
                 i = torch.arange(start, start + block.shape[0], device=q.device)[:, None]
                 j = torch.arange(kv, device=q.device)[None, :]
                 scores.masked_fill_(j > i + (kv - qo), float("-inf"))
             probs = scores.softmax(dim=-1)
-            out[b * qo + start:b * qo + start + block.shape[0]] = torch.einsum(
-                "hgqk,khd->qhgd", probs, v).reshape(block.shape[0], num_qo_heads, dim)
+            out[b * qo + start : b * qo + start + block.shape[0]] = torch.einsum(
+                "hgqk,khd->qhgd", probs, v
+            ).reshape(block.shape[0], num_qo_heads, dim)
     return out
 
 
@@ -198,8 +249,13 @@ def _bottom_right_mask(backend: str, qo: int, kv: int, device: torch.device) -> 
     return causal_lower_right(qo, kv)
 
 
-def _sdpa(backend: str, q: torch.Tensor, kv_len: int,
-          kv: Callable[[], tuple[torch.Tensor, torch.Tensor]], causal: bool) -> Backend:
+def _sdpa(
+    backend: str,
+    q: torch.Tensor,
+    kv_len: int,
+    kv: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    causal: bool,
+) -> Backend:
     """A torch backend: SDPA of q ``[batch * qo, Hq, D]`` over ``kv()`` (K, V ``[batch, Hk,
     kv_len, D]``, gathered inside the timed call when that is what it takes)."""
     rows, num_qo_heads, dim = q.shape
@@ -220,16 +276,21 @@ def _sdpa(backend: str, q: torch.Tensor, kv_len: int,
         try:
             with context:
                 return F.scaled_dot_product_attention(
-                    q_t, k, v, attn_mask=mask["mask"],
+                    q_t,
+                    k,
+                    v,
+                    attn_mask=mask["mask"],
                     is_causal=causal and mask["mask"] is None,
-                    enable_gqa=k.shape[1] != num_qo_heads)
+                    enable_gqa=k.shape[1] != num_qo_heads,
+                )
         except torch.OutOfMemoryError:
             raise
         except RuntimeError as err:
             if kernel is None:
                 raise
-            raise BackendUnavailable(f"torch SDPA has no {backend} kernel for this case "
-                                     f"({str(err).splitlines()[0]})") from err
+            raise BackendUnavailable(
+                f"torch SDPA has no {backend} kernel for this case ({str(err).splitlines()[0]})"
+            ) from err
 
     return Backend(call, lambda out: out.transpose(1, 2).reshape(rows, num_qo_heads, dim))
 
@@ -239,22 +300,29 @@ def _visible_pairs(qo: int, kv: int, causal: bool) -> int:
     return qo * (kv - qo) + qo * (qo + 1) // 2 if causal else qo * kv
 
 
-def _case(args: argparse.Namespace, q: torch.Tensor, ours: Callable[[str], Backend],
-          kv_of: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
-          dense_kv: Callable[[], tuple[torch.Tensor, torch.Tensor]], kv_len: int,
-          kv_tokens: int, label: str, causal: bool) -> Case:
+def _case(
+    args: argparse.Namespace,
+    q: torch.Tensor,
+    ours: Callable[[str], Backend],
+    kv_of: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    dense_kv: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+    kv_len: int,
+    kv_tokens: int,
+    label: str,
+    causal: bool,
+) -> Case:
     """The Case of q ``[batch * qo, Hq, D]`` (each request over ``kv_len`` keys, read by
     the references through ``kv_of`` and by the torch backends through ``dense_kv``);
     ``kv_tokens``: KV tokens held in memory (read once), for TB/s."""
     batch, qo, heads, dim = args.batch_size, args.s_qo, args.num_qo_heads, args.head_dim_qk
     factories: dict[str, Callable[[], Backend]] = {
-        name: (lambda name=name: _sdpa(name, q, kv_len, dense_kv, causal))
-        for name in _SDPA_KERNELS}
+        name: (lambda name=name: _sdpa(name, q, kv_len, dense_kv, causal)) for name in _SDPA_KERNELS
+    }
     factories.update({name: (lambda name=name: ours(name)) for name in ("fa2", "fa2_tc", "auto")})
     element = q.element_size()
     return Case(
         label=f"{label} {qo}/{kv_len} {heads}/{args.num_kv_heads}h d{dim} "
-              f"{'causal ' if causal else ''}{args.kv_layout} {dtype_name(args.q_dtype)}",
+        f"{'causal ' if causal else ''}{args.kv_layout} {dtype_name(args.q_dtype)}",
         backends=build(args.backends, factories),
         bytes=(2 * q.numel() + 2 * kv_tokens * args.num_kv_heads * dim) * element,
         flops=4 * batch * _visible_pairs(qo, kv_len, causal) * heads * dim,
@@ -265,8 +333,13 @@ def _case(args: argparse.Namespace, q: torch.Tensor, ours: Callable[[str], Backe
 
 
 def _query(args: argparse.Namespace, device: torch.device) -> torch.Tensor:
-    return torch.randn(args.batch_size * args.s_qo, args.num_qo_heads, args.head_dim_qk,
-                       dtype=args.q_dtype, device=device)
+    return torch.randn(
+        args.batch_size * args.s_qo,
+        args.num_qo_heads,
+        args.head_dim_qk,
+        dtype=args.q_dtype,
+        device=device,
+    )
 
 
 def _workspace(device: torch.device) -> torch.Tensor:
@@ -279,6 +352,7 @@ def _wrapper_backend(name: str) -> str:
 
 
 # -- paged: batch decode, batch prefill, cascade --------------------------------------------------
+
 
 def _paged_case(args: argparse.Namespace, device: torch.device, decode: bool) -> Case:
     batch, kv_len, page_size = args.batch_size, args.s_kv, args.page_size
@@ -298,24 +372,55 @@ def _paged_case(args: argparse.Namespace, device: torch.device, decode: bool) ->
         workspace[:] = workspace or [_workspace(device)]
         if decode:
             wrapper: Any = BatchDecodeWithPagedKVCacheWrapper(
-                workspace[0], kv_layout=args.kv_layout, use_tensor_cores=name == "fa2_tc",
-                backend=_wrapper_backend(name))
-            wrapper.plan(indptr, indices, last, *dims, page_size, q_data_type=args.q_dtype,
-                         kv_data_type=args.kv_dtype)
+                workspace[0],
+                kv_layout=args.kv_layout,
+                use_tensor_cores=name == "fa2_tc",
+                backend=_wrapper_backend(name),
+            )
+            wrapper.plan(
+                indptr,
+                indices,
+                last,
+                *dims,
+                page_size,
+                q_data_type=args.q_dtype,
+                kv_data_type=args.kv_dtype,
+            )
         else:
             wrapper = BatchPrefillWithPagedKVCacheWrapper(
-                workspace[0], kv_layout=args.kv_layout, backend=_wrapper_backend(name))
-            qo_indptr = torch.arange(0, (batch + 1) * args.s_qo, args.s_qo, dtype=torch.int32,
-                                     device=device)
-            wrapper.plan(qo_indptr, indptr, indices, last, *dims, page_size, causal=args.causal,
-                         q_data_type=args.q_dtype, kv_data_type=args.kv_dtype)
+                workspace[0], kv_layout=args.kv_layout, backend=_wrapper_backend(name)
+            )
+            qo_indptr = torch.arange(
+                0, (batch + 1) * args.s_qo, args.s_qo, dtype=torch.int32, device=device
+            )
+            wrapper.plan(
+                qo_indptr,
+                indptr,
+                indices,
+                last,
+                *dims,
+                page_size,
+                causal=args.causal,
+                q_data_type=args.q_dtype,
+                kv_data_type=args.kv_dtype,
+            )
         out = torch.empty_like(q)
-        return Backend(lambda: wrapper.run(q, paged.cache, out=out, enable_pdl=args.enable_pdl),
-                       resolved="fa2_tc" if name == "fa2_tc" else OURS)
+        return Backend(
+            lambda: wrapper.run(q, paged.cache, out=out, enable_pdl=args.enable_pdl),
+            resolved="fa2_tc" if name == "fa2_tc" else OURS,
+        )
 
-    return _case(args, q, ours, lambda b: paged.tokens(page_ids[b], kv_len),
-                 _torch_kv(args, lambda: paged.gather(page_ids, kv_len)), kv_len, batch * kv_len,
-                 f"{batch}x page {page_size}", causal=args.causal and not decode)
+    return _case(
+        args,
+        q,
+        ours,
+        lambda b: paged.tokens(page_ids[b], kv_len),
+        _torch_kv(args, lambda: paged.gather(page_ids, kv_len)),
+        kv_len,
+        batch * kv_len,
+        f"{batch}x page {page_size}",
+        causal=args.causal and not decode,
+    )
 
 
 def _cascade_case(args: argparse.Namespace, device: torch.device) -> Case:
@@ -336,8 +441,10 @@ def _cascade_case(args: argparse.Namespace, device: torch.device) -> Case:
 
     def dense_kv() -> tuple[torch.Tensor, torch.Tensor]:
         (sk, sv), (ok, ov) = paged.gather(shared_ids[None], shared), paged.gather(own_ids, kv_len)
-        return (torch.cat([sk.expand(batch, -1, -1, -1), ok], dim=2),
-                torch.cat([sv.expand(batch, -1, -1, -1), ov], dim=2))
+        return (
+            torch.cat([sk.expand(batch, -1, -1, -1), ok], dim=2),
+            torch.cat([sv.expand(batch, -1, -1, -1), ov], dim=2),
+        )
 
     def ours(name: str) -> Backend:
         from flashinfer.cascade import MultiLevelCascadeAttentionWrapper
@@ -345,26 +452,44 @@ def _cascade_case(args: argparse.Namespace, device: torch.device) -> Case:
         int32 = dict(dtype=torch.int32, device=device)
         shared_indptr, shared_last = _page_table(1, shared_pages, page_size, shared, device)
         own_indptr, own_last = _page_table(batch, own_pages, page_size, kv_len, device)
-        wrapper = MultiLevelCascadeAttentionWrapper(2, _workspace(device),
-                                                    kv_layout=args.kv_layout)
-        wrapper.plan([torch.tensor([0, batch * qo], **int32),
-                      torch.arange(0, (batch + 1) * qo, qo, **int32)],
-                     [shared_indptr, own_indptr],
-                     [shared_ids.to(torch.int32), own_ids.reshape(-1).to(torch.int32)],
-                     [shared_last, own_last], args.num_qo_heads, args.num_kv_heads,
-                     args.head_dim_qk, page_size, causal=args.causal, q_data_type=args.q_dtype,
-                     kv_data_type=args.kv_dtype)
+        wrapper = MultiLevelCascadeAttentionWrapper(2, _workspace(device), kv_layout=args.kv_layout)
+        wrapper.plan(
+            [
+                torch.tensor([0, batch * qo], **int32),
+                torch.arange(0, (batch + 1) * qo, qo, **int32),
+            ],
+            [shared_indptr, own_indptr],
+            [shared_ids.to(torch.int32), own_ids.reshape(-1).to(torch.int32)],
+            [shared_last, own_last],
+            args.num_qo_heads,
+            args.num_kv_heads,
+            args.head_dim_qk,
+            page_size,
+            causal=args.causal,
+            q_data_type=args.q_dtype,
+            kv_data_type=args.kv_dtype,
+        )
         return Backend(lambda: wrapper.run(q, paged.cache), resolved=OURS)
 
-    return _case(args, q, ours, kv_of, _torch_kv(args, dense_kv), shared + kv_len,
-                 shared + batch * kv_len,
-                 f"{batch}x shared {shared} page {page_size}", causal=args.causal)
+    return _case(
+        args,
+        q,
+        ours,
+        kv_of,
+        _torch_kv(args, dense_kv),
+        shared + kv_len,
+        shared + batch * kv_len,
+        f"{batch}x shared {shared} page {page_size}",
+        causal=args.causal,
+    )
 
 
 # -- dense: ragged batch prefill, single decode / prefill ---------------------------------------
 
-def _api_kv(args: argparse.Namespace, device: torch.device
-            ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+
+def _api_kv(
+    args: argparse.Namespace, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
     """K and V of ``batch * s_kv`` tokens in the API's layout (NHD ``[tokens, Hk, D]``, HND
     ``[Hk, tokens, D]``), and the ``[batch, Hk, s_kv, D]`` view of either (no copy)."""
     batch, kv_len, heads, dim = args.batch_size, args.s_kv, args.num_kv_heads, args.head_dim_qk
@@ -392,18 +517,34 @@ def _ragged_case(args: argparse.Namespace, device: torch.device) -> Case:
 
         int32 = dict(dtype=torch.int32, device=device)
         wrapper = BatchPrefillWithRaggedKVCacheWrapper(
-            _workspace(device), kv_layout=args.kv_layout, backend=_wrapper_backend(name))
-        wrapper.plan(torch.arange(0, (batch + 1) * args.s_qo, args.s_qo, **int32),
-                     torch.arange(0, (batch + 1) * args.s_kv, args.s_kv, **int32),
-                     args.num_qo_heads, args.num_kv_heads, args.head_dim_qk,
-                     causal=args.causal, q_data_type=args.q_dtype, kv_data_type=args.kv_dtype)
+            _workspace(device), kv_layout=args.kv_layout, backend=_wrapper_backend(name)
+        )
+        wrapper.plan(
+            torch.arange(0, (batch + 1) * args.s_qo, args.s_qo, **int32),
+            torch.arange(0, (batch + 1) * args.s_kv, args.s_kv, **int32),
+            args.num_qo_heads,
+            args.num_kv_heads,
+            args.head_dim_qk,
+            causal=args.causal,
+            q_data_type=args.q_dtype,
+            kv_data_type=args.kv_dtype,
+        )
         out = torch.empty_like(q)
-        return Backend(lambda: wrapper.run(q, k, v, out=out, enable_pdl=args.enable_pdl),
-                       resolved=OURS)
+        return Backend(
+            lambda: wrapper.run(q, k, v, out=out, enable_pdl=args.enable_pdl), resolved=OURS
+        )
 
-    return _case(args, q, ours, lambda b: (k_b[b].transpose(0, 1), v_b[b].transpose(0, 1)),
-                 lambda: (k_b, v_b), args.s_kv, batch * args.s_kv, f"{batch}x ragged",
-                 causal=args.causal)
+    return _case(
+        args,
+        q,
+        ours,
+        lambda b: (k_b[b].transpose(0, 1), v_b[b].transpose(0, 1)),
+        lambda: (k_b, v_b),
+        args.s_kv,
+        batch * args.s_kv,
+        f"{batch}x ragged",
+        causal=args.causal,
+    )
 
 
 def _single_case(args: argparse.Namespace, device: torch.device, decode: bool) -> Case:
@@ -416,43 +557,87 @@ def _single_case(args: argparse.Namespace, device: torch.device, decode: bool) -
         if decode:
             from flashinfer.decode import single_decode_with_kv_cache
 
-            return Backend(lambda: single_decode_with_kv_cache(
-                q[0], k, v, kv_layout=args.kv_layout, use_tensor_cores=name == "fa2_tc"),
-                output=lambda out: out[None], resolved="fa2_tc" if name == "fa2_tc" else OURS)
+            return Backend(
+                lambda: single_decode_with_kv_cache(
+                    q[0], k, v, kv_layout=args.kv_layout, use_tensor_cores=name == "fa2_tc"
+                ),
+                output=lambda out: out[None],
+                resolved="fa2_tc" if name == "fa2_tc" else OURS,
+            )
         from flashinfer.prefill import single_prefill_with_kv_cache
 
-        return Backend(lambda: single_prefill_with_kv_cache(
-            q, k, v, causal=causal, kv_layout=args.kv_layout, backend=_wrapper_backend(name)),
-            resolved=OURS)
+        return Backend(
+            lambda: single_prefill_with_kv_cache(
+                q, k, v, causal=causal, kv_layout=args.kv_layout, backend=_wrapper_backend(name)
+            ),
+            resolved=OURS,
+        )
 
-    return _case(args, q, ours, lambda b: (k_b[0].transpose(0, 1), v_b[0].transpose(0, 1)),
-                 lambda: (k_b, v_b), args.s_kv, args.s_kv, "single", causal=causal)
+    return _case(
+        args,
+        q,
+        ours,
+        lambda b: (k_b[0].transpose(0, 1), v_b[0].transpose(0, 1)),
+        lambda: (k_b, v_b),
+        args.s_kv,
+        args.s_kv,
+        "single",
+        causal=causal,
+    )
 
 
 _TORCH = tuple(_SDPA_KERNELS)
 
 
-def _register(name: str, help: str, make_case: Callable[[argparse.Namespace, torch.device], Case],
-              ours: tuple[str, ...], pdl: bool) -> None:
+def _register(
+    name: str,
+    help: str,
+    make_case: Callable[[argparse.Namespace, torch.device], Case],
+    ours: tuple[str, ...],
+    pdl: bool,
+) -> None:
     register(Routine(name, FAMILY, help, ours + _TORCH, make_case, pdl=pdl))
 
 
-_register("BatchDecodeWithPagedKVCacheWrapper",
-          "decode over a paged KV cache: plan() once, run() timed",
-          lambda args, device: _paged_case(args, device, decode=True),
-          ("fa2", "fa2_tc", "auto"), pdl=True)
-_register("BatchPrefillWithPagedKVCacheWrapper",
-          "prefill over a paged KV cache: plan() once, run() timed",
-          lambda args, device: _paged_case(args, device, decode=False), ("fa2", "auto"), pdl=True)
-_register("BatchPrefillWithRaggedKVCacheWrapper",
-          "prefill over ragged (contiguous per request) K/V: plan() once, run() timed",
-          _ragged_case, ("fa2", "auto"), pdl=True)
-_register("single_decode_with_kv_cache", "one query token over one request's K/V",
-          lambda args, device: _single_case(args, device, decode=True), ("fa2", "fa2_tc"),
-          pdl=False)
-_register("single_prefill_with_kv_cache", "one request's queries over its K/V",
-          lambda args, device: _single_case(args, device, decode=False), ("fa2", "auto"),
-          pdl=False)
-_register("MultiLevelCascadeAttentionWrapper",
-          "two levels: a shared prefix (--shared_kv_len) and each request's own KV",
-          _cascade_case, ("fa2",), pdl=False)
+_register(
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "decode over a paged KV cache: plan() once, run() timed",
+    lambda args, device: _paged_case(args, device, decode=True),
+    ("fa2", "fa2_tc", "auto"),
+    pdl=True,
+)
+_register(
+    "BatchPrefillWithPagedKVCacheWrapper",
+    "prefill over a paged KV cache: plan() once, run() timed",
+    lambda args, device: _paged_case(args, device, decode=False),
+    ("fa2", "auto"),
+    pdl=True,
+)
+_register(
+    "BatchPrefillWithRaggedKVCacheWrapper",
+    "prefill over ragged (contiguous per request) K/V: plan() once, run() timed",
+    _ragged_case,
+    ("fa2", "auto"),
+    pdl=True,
+)
+_register(
+    "single_decode_with_kv_cache",
+    "one query token over one request's K/V",
+    lambda args, device: _single_case(args, device, decode=True),
+    ("fa2", "fa2_tc"),
+    pdl=False,
+)
+_register(
+    "single_prefill_with_kv_cache",
+    "one request's queries over its K/V",
+    lambda args, device: _single_case(args, device, decode=False),
+    ("fa2", "auto"),
+    pdl=False,
+)
+_register(
+    "MultiLevelCascadeAttentionWrapper",
+    "two levels: a shared prefix (--shared_kv_len) and each request's own KV",
+    _cascade_case,
+    ("fa2",),
+    pdl=False,
+)

@@ -8,8 +8,20 @@ import argparse
 
 import torch
 
-from . import (HALF_DTYPES, OURS, Backend, Case, Family, Routine, build, dtype_arg, dtype_name,
-               flag, half_tolerance, register)
+from . import (
+    HALF_DTYPES,
+    OURS,
+    Backend,
+    Case,
+    Family,
+    Routine,
+    build,
+    dtype_arg,
+    dtype_name,
+    flag,
+    half_tolerance,
+    register,
+)
 
 
 def _add_arguments(group: argparse._ArgumentGroup) -> None:
@@ -17,8 +29,14 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
     flag(group, "num_heads", type=int, default=32)
     flag(group, "head_dim", type=int, default=128)
     flag(group, "num_states", type=int, default=8, help="merge_states: states per position")
-    flag(group, "input_dtype", "--dtype", type=dtype_arg(*HALF_DTYPES, torch.float32),
-         default=torch.bfloat16, help="dtype of v (s is float32)")
+    flag(
+        group,
+        "input_dtype",
+        "--dtype",
+        type=dtype_arg(*HALF_DTYPES, torch.float32),
+        default=torch.bfloat16,
+        help="dtype of v (s is float32)",
+    )
 
 
 def _validate(args: argparse.Namespace) -> str | None:
@@ -28,8 +46,12 @@ def _validate(args: argparse.Namespace) -> str | None:
     return None
 
 
-FAMILY = Family("cascade", _add_arguments,
-                ("seq_len", "num_heads", "head_dim", "num_states", "input_dtype"), _validate)
+FAMILY = Family(
+    "cascade",
+    _add_arguments,
+    ("seq_len", "num_heads", "head_dim", "num_states", "input_dtype"),
+    _validate,
+)
 
 
 def merge(v: torch.Tensor, s: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,12 +68,14 @@ def _flat(vs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     return torch.cat([vs[0].reshape(-1), vs[1].reshape(-1)])
 
 
-def _states(args: argparse.Namespace, device: torch.device, count: int
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def _states(
+    args: argparse.Namespace, device: torch.device, count: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """v ``[seq_len, count, heads, dim]`` and s ``[seq_len, count, heads]`` (LSEs spread
     over a few units, so every state counts)."""
-    v = torch.randn(args.seq_len, count, args.num_heads, args.head_dim, dtype=args.input_dtype,
-                    device=device)
+    v = torch.randn(
+        args.seq_len, count, args.num_heads, args.head_dim, dtype=args.input_dtype, device=device
+    )
     s = 4 * torch.randn(args.seq_len, count, args.num_heads, device=device)
     return v, s
 
@@ -78,10 +102,10 @@ def _case(args: argparse.Namespace, device: torch.device, pairwise: bool) -> Cas
     elements = v.numel() // count
     return Case(
         label=f"{args.seq_len}x{args.num_heads}x{args.head_dim} x{count} states "
-              f"{dtype_name(args.input_dtype)}",
-        backends=build(args.backends, {OURS: ours,
-                                       "torch": lambda: Backend(lambda: _torch_merge(v, s),
-                                                                _flat)}),
+        f"{dtype_name(args.input_dtype)}",
+        backends=build(
+            args.backends, {OURS: ours, "torch": lambda: Backend(lambda: _torch_merge(v, s), _flat)}
+        ),
         bytes=(count + 1) * (elements * v.element_size() + 4 * elements // args.head_dim),
         reference=lambda: _flat(merge(v.double(), s.double(), dim=1)),
         atol=tolerance,
@@ -89,7 +113,21 @@ def _case(args: argparse.Namespace, device: torch.device, pairwise: bool) -> Cas
     )
 
 
-register(Routine("merge_state", FAMILY, "merge_state (two states) vs torch eager",
-                 (OURS, "torch"), lambda args, device: _case(args, device, pairwise=True)))
-register(Routine("merge_states", FAMILY, "merge_states (--num_states) vs torch eager",
-                 (OURS, "torch"), lambda args, device: _case(args, device, pairwise=False)))
+register(
+    Routine(
+        "merge_state",
+        FAMILY,
+        "merge_state (two states) vs torch eager",
+        (OURS, "torch"),
+        lambda args, device: _case(args, device, pairwise=True),
+    )
+)
+register(
+    Routine(
+        "merge_states",
+        FAMILY,
+        "merge_states (--num_states) vs torch eager",
+        (OURS, "torch"),
+        lambda args, device: _case(args, device, pairwise=False),
+    )
+)

@@ -13,8 +13,20 @@ import torch.nn.functional as F
 
 from flashinfer.testing import reference
 
-from . import (HALF_DTYPES, OURS, Backend, Case, Family, Routine, build, dtype_arg, dtype_name,
-               flag, half_tolerance, register)
+from . import (
+    HALF_DTYPES,
+    OURS,
+    Backend,
+    Case,
+    Family,
+    Routine,
+    build,
+    dtype_arg,
+    dtype_name,
+    flag,
+    half_tolerance,
+    register,
+)
 
 _FP8 = torch.float8_e4m3fn
 _FP8_MAX = 448.0
@@ -23,13 +35,17 @@ _FP8_MAX = 448.0
 def _add_arguments(group: argparse._ArgumentGroup) -> None:
     flag(group, "batch_size", type=int, default=8192, help="tokens (rows)")
     flag(group, "hidden_size", type=int, default=4096, help="normalized size (last dim)")
-    flag(group, "num_heads", type=int, default=None,
-         help="input [batch_size, num_heads, hidden_size] instead of 2-D")
+    flag(
+        group,
+        "num_heads",
+        type=int,
+        default=None,
+        help="input [batch_size, num_heads, hidden_size] instead of 2-D",
+    )
     flag(group, "input_dtype", "--dtype", type=dtype_arg(*HALF_DTYPES), default=torch.bfloat16)
     flag(group, "eps", type=float, default=1e-6)
     flag(group, "scale", type=float, default=1.0, help="*_quant: out = fp8(norm / scale)")
-    flag(group, "out_dtype", choices=("fp8_e4m3",), default="fp8_e4m3",
-         help="*_quant output dtype")
+    flag(group, "out_dtype", choices=("fp8_e4m3",), default="fp8_e4m3", help="*_quant output dtype")
 
 
 def _validate(args: argparse.Namespace) -> str | None:
@@ -40,10 +56,12 @@ def _validate(args: argparse.Namespace) -> str | None:
     return None
 
 
-FAMILY = Family("norm", _add_arguments,
-                ("batch_size", "hidden_size", "num_heads", "input_dtype", "eps", "scale",
-                 "out_dtype"),
-                _validate)
+FAMILY = Family(
+    "norm",
+    _add_arguments,
+    ("batch_size", "hidden_size", "num_heads", "input_dtype", "eps", "scale", "out_dtype"),
+    _validate,
+)
 
 
 def _input(args: argparse.Namespace, device: torch.device) -> torch.Tensor:
@@ -60,12 +78,17 @@ def _quantize(y: torch.Tensor, scale: float) -> torch.Tensor:
     return (y.float() / scale).clamp(-_FP8_MAX, _FP8_MAX).to(_FP8)
 
 
-def _norm_case(args: argparse.Namespace, backends: dict[str, Backend], bytes: int,
-               expected: Callable[[], torch.Tensor], quant: bool) -> Case:
+def _norm_case(
+    args: argparse.Namespace,
+    backends: dict[str, Backend],
+    bytes: int,
+    expected: Callable[[], torch.Tensor],
+    quant: bool,
+) -> Case:
     """The case of a norm whose fa2 / torch outputs are ``[rows, hidden]`` values (fp8 ones
     dequantized by the backends' ``output``); ``expected`` is the float64 truth."""
     if quant:  # e4m3: 3 mantissa bits (half a step is 2^-4 relative), subnormals 2^-9 apart
-        atol, rtol = args.scale * 2.0 ** -9, 0.07
+        atol, rtol = args.scale * 2.0**-9, 0.07
     else:
         atol = rtol = half_tolerance(args.input_dtype)
     return Case(_label(args), backends, bytes, reference=expected, atol=atol, rtol=rtol)
@@ -83,13 +106,21 @@ def _rms_case(args: argparse.Namespace, device: torch.device, gemma: bool) -> Ca
         out = torch.empty_like(x)
         return Backend(lambda: api(x, w, args.eps, out=out, enable_pdl=args.enable_pdl))
 
-    backends = build(args.backends, {
-        OURS: ours,
-        "torch": lambda: Backend(lambda: F.rms_norm(x, (args.hidden_size,), w_torch, args.eps)),
-    })
+    backends = build(
+        args.backends,
+        {
+            OURS: ours,
+            "torch": lambda: Backend(lambda: F.rms_norm(x, (args.hidden_size,), w_torch, args.eps)),
+        },
+    )
     truth = reference.gemma_rmsnorm if gemma else reference.rmsnorm
-    return _norm_case(args, backends, (2 * x.numel() + w.numel()) * x.element_size(),
-                      lambda: truth(x, w, args.eps), quant=False)
+    return _norm_case(
+        args,
+        backends,
+        (2 * x.numel() + w.numel()) * x.element_size(),
+        lambda: truth(x, w, args.eps),
+        quant=False,
+    )
 
 
 def _fused_add_case(args: argparse.Namespace, device: torch.device, gemma: bool) -> Case:
@@ -112,14 +143,22 @@ def _fused_add_case(args: argparse.Namespace, device: torch.device, gemma: bool)
 
         return Backend(call)
 
-    backends = build(args.backends, {
-        OURS: ours,
-        "torch": lambda: Backend(
-            lambda: F.rms_norm(x0 + r0, (args.hidden_size,), w_torch, args.eps)),
-    })
-    return _norm_case(args, backends, (4 * x0.numel() + w.numel()) * x0.element_size(),
-                      lambda: reference.fused_add_rmsnorm(x0, r0, w, args.eps, float(gemma))[0],
-                      quant=False)
+    backends = build(
+        args.backends,
+        {
+            OURS: ours,
+            "torch": lambda: Backend(
+                lambda: F.rms_norm(x0 + r0, (args.hidden_size,), w_torch, args.eps)
+            ),
+        },
+    )
+    return _norm_case(
+        args,
+        backends,
+        (4 * x0.numel() + w.numel()) * x0.element_size(),
+        lambda: reference.fused_add_rmsnorm(x0, r0, w, args.eps, float(gemma))[0],
+        quant=False,
+    )
 
 
 def _quant_case(args: argparse.Namespace, device: torch.device, fused_add: bool) -> Case:
@@ -140,8 +179,9 @@ def _quant_case(args: argparse.Namespace, device: torch.device, fused_add: bool)
 
         def call() -> torch.Tensor:
             if fused_add:
-                flashinfer.fused_add_rmsnorm_quant(out, x, residual, w, scale, args.eps,
-                                                   enable_pdl=args.enable_pdl)
+                flashinfer.fused_add_rmsnorm_quant(
+                    out, x, residual, w, scale, args.eps, enable_pdl=args.enable_pdl
+                )
             else:
                 flashinfer.rmsnorm_quant(out, x, w, scale, args.eps, enable_pdl=args.enable_pdl)
             return out
@@ -153,15 +193,16 @@ def _quant_case(args: argparse.Namespace, device: torch.device, fused_add: bool)
         return _quantize(y, scale)
 
     def expected() -> torch.Tensor:
-        y = (reference.fused_add_rmsnorm(x, r0, w, args.eps)[0] if fused_add
-             else reference.rmsnorm(x, w, args.eps))
+        y = (
+            reference.fused_add_rmsnorm(x, r0, w, args.eps)[0]
+            if fused_add
+            else reference.rmsnorm(x, w, args.eps)
+        )
         return y.clamp(-_FP8_MAX * scale, _FP8_MAX * scale)
 
-    backends = build(args.backends, {OURS: ours,
-                                     "torch": lambda: Backend(torch_call, dequantized)})
+    backends = build(args.backends, {OURS: ours, "torch": lambda: Backend(torch_call, dequantized)})
     moved = x.numel() * (x.element_size() * (3 if fused_add else 1) + 1)
-    return _norm_case(args, backends, moved + w.numel() * w.element_size(), expected,
-                      quant=True)
+    return _norm_case(args, backends, moved + w.numel() * w.element_size(), expected, quant=True)
 
 
 def _layernorm_case(args: argparse.Namespace, device: torch.device) -> Case:
@@ -175,35 +216,67 @@ def _layernorm_case(args: argparse.Namespace, device: torch.device) -> Case:
 
         return Backend(lambda: layernorm(x, gamma, beta, args.eps))
 
-    backends = build(args.backends, {
-        OURS: ours,
-        "torch": lambda: Backend(
-            lambda: F.layer_norm(x, (args.hidden_size,), gamma_t, beta_t, args.eps)),
-    })
-    return _norm_case(args, backends, 2 * x.numel() * x.element_size() + 8 * args.hidden_size,
-                      lambda: reference.layernorm(x, gamma, beta, args.eps), quant=False)
+    backends = build(
+        args.backends,
+        {
+            OURS: ours,
+            "torch": lambda: Backend(
+                lambda: F.layer_norm(x, (args.hidden_size,), gamma_t, beta_t, args.eps)
+            ),
+        },
+    )
+    return _norm_case(
+        args,
+        backends,
+        2 * x.numel() * x.element_size() + 8 * args.hidden_size,
+        lambda: reference.layernorm(x, gamma, beta, args.eps),
+        quant=False,
+    )
 
 
 _BACKENDS = (OURS, "torch")
 
 
-def _register(name: str, help: str,
-              make_case: Callable[[argparse.Namespace, torch.device], Case], pdl: bool) -> None:
+def _register(
+    name: str, help: str, make_case: Callable[[argparse.Namespace, torch.device], Case], pdl: bool
+) -> None:
     register(Routine(name, FAMILY, help, _BACKENDS, make_case, pdl=pdl))
 
 
-_register("rmsnorm", "rmsnorm vs torch rms_norm",
-          lambda args, device: _rms_case(args, device, gemma=False), pdl=True)
-_register("gemma_rmsnorm", "gemma_rmsnorm (weight + 1) vs torch rms_norm",
-          lambda args, device: _rms_case(args, device, gemma=True), pdl=True)
-_register("fused_add_rmsnorm", "fused_add_rmsnorm (in place) vs residual add + rms_norm",
-          lambda args, device: _fused_add_case(args, device, gemma=False), pdl=True)
-_register("gemma_fused_add_rmsnorm",
-          "gemma_fused_add_rmsnorm (in place) vs residual add + rms_norm",
-          lambda args, device: _fused_add_case(args, device, gemma=True), pdl=True)
-_register("rmsnorm_quant", "rmsnorm_quant (fp8 out) vs rms_norm + fp8 cast",
-          lambda args, device: _quant_case(args, device, fused_add=False), pdl=True)
-_register("fused_add_rmsnorm_quant",
-          "fused_add_rmsnorm_quant (fp8 out) vs residual add + rms_norm + fp8 cast",
-          lambda args, device: _quant_case(args, device, fused_add=True), pdl=True)
+_register(
+    "rmsnorm",
+    "rmsnorm vs torch rms_norm",
+    lambda args, device: _rms_case(args, device, gemma=False),
+    pdl=True,
+)
+_register(
+    "gemma_rmsnorm",
+    "gemma_rmsnorm (weight + 1) vs torch rms_norm",
+    lambda args, device: _rms_case(args, device, gemma=True),
+    pdl=True,
+)
+_register(
+    "fused_add_rmsnorm",
+    "fused_add_rmsnorm (in place) vs residual add + rms_norm",
+    lambda args, device: _fused_add_case(args, device, gemma=False),
+    pdl=True,
+)
+_register(
+    "gemma_fused_add_rmsnorm",
+    "gemma_fused_add_rmsnorm (in place) vs residual add + rms_norm",
+    lambda args, device: _fused_add_case(args, device, gemma=True),
+    pdl=True,
+)
+_register(
+    "rmsnorm_quant",
+    "rmsnorm_quant (fp8 out) vs rms_norm + fp8 cast",
+    lambda args, device: _quant_case(args, device, fused_add=False),
+    pdl=True,
+)
+_register(
+    "fused_add_rmsnorm_quant",
+    "fused_add_rmsnorm_quant (fp8 out) vs residual add + rms_norm + fp8 cast",
+    lambda args, device: _quant_case(args, device, fused_add=True),
+    pdl=True,
+)
 _register("layernorm", "layernorm vs torch layer_norm", _layernorm_case, pdl=False)

@@ -8,8 +8,19 @@ import argparse
 
 import torch
 
-from . import (HALF_DTYPES, OURS, Backend, Case, Family, Routine, build, dtype_arg, dtype_name,
-               flag, register)
+from . import (
+    HALF_DTYPES,
+    OURS,
+    Backend,
+    Case,
+    Family,
+    Routine,
+    build,
+    dtype_arg,
+    dtype_name,
+    flag,
+    register,
+)
 
 
 def _add_arguments(group: argparse._ArgumentGroup) -> None:
@@ -29,10 +40,12 @@ def _validate(args: argparse.Namespace) -> str | None:
     return None
 
 
-FAMILY = Family("page", _add_arguments,
-                ("batch_size", "seq_len", "num_kv_heads", "head_dim", "page_size", "kv_layout",
-                 "input_dtype"),
-                _validate)
+FAMILY = Family(
+    "page",
+    _add_arguments,
+    ("batch_size", "seq_len", "num_kv_heads", "head_dim", "page_size", "kv_layout", "input_dtype"),
+    _validate,
+)
 
 
 def _case(args: argparse.Namespace, device: torch.device) -> Case:
@@ -49,15 +62,18 @@ def _case(args: argparse.Namespace, device: torch.device) -> Case:
     batch_indices = torch.arange(batch, **int32).repeat_interleave(length)
     positions = torch.arange(length, **int32).repeat(batch)
     # where each appended token lands: (page, slot)
-    page_of = kv_indices.long().view(batch, pages)[batch_indices.long(),
-                                                   positions.long() // page_size]
+    page_of = kv_indices.long().view(batch, pages)[
+        batch_indices.long(), positions.long() // page_size
+    ]
     slot_of = positions.long() % page_size
     page_shape = (heads, page_size, dim) if hnd else (page_size, heads, dim)
 
     def written(cache: torch.Tensor) -> torch.Tensor:
         """The appended K then V, read back from the cache."""
-        sides = [cache[:, side][page_of, :, slot_of] if hnd else cache[:, side][page_of, slot_of]
-                 for side in (0, 1)]
+        sides = [
+            cache[:, side][page_of, :, slot_of] if hnd else cache[:, side][page_of, slot_of]
+            for side in (0, 1)
+        ]
         return torch.cat([sides[0].reshape(-1), sides[1].reshape(-1)])
 
     def ours() -> Backend:
@@ -66,8 +82,17 @@ def _case(args: argparse.Namespace, device: torch.device) -> Case:
         cache = torch.zeros(batch * pages, 2, *page_shape, dtype=args.input_dtype, device=device)
 
         def call() -> torch.Tensor:
-            append_paged_kv_cache(key, value, batch_indices, positions, cache, kv_indices,
-                                  kv_indptr, last, kv_layout=args.kv_layout)
+            append_paged_kv_cache(
+                key,
+                value,
+                batch_indices,
+                positions,
+                cache,
+                kv_indices,
+                kv_indptr,
+                last,
+                kv_layout=args.kv_layout,
+            )
             return cache
 
         return Backend(call, written)
@@ -97,5 +122,12 @@ def _case(args: argparse.Namespace, device: torch.device) -> Case:
     )
 
 
-register(Routine("append_paged_kv_cache", FAMILY, "append_paged_kv_cache vs torch indexing",
-                 (OURS, "torch"), _case))
+register(
+    Routine(
+        "append_paged_kv_cache",
+        FAMILY,
+        "append_paged_kv_cache vs torch indexing",
+        (OURS, "torch"),
+        _case,
+    )
+)

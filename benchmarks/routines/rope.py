@@ -10,8 +10,19 @@ import torch
 
 from flashinfer.testing import reference
 
-from . import (HALF_DTYPES, OURS, Backend, Case, Family, Routine, build, dtype_arg, dtype_name,
-               flag, register)
+from . import (
+    HALF_DTYPES,
+    OURS,
+    Backend,
+    Case,
+    Family,
+    Routine,
+    build,
+    dtype_arg,
+    dtype_name,
+    flag,
+    register,
+)
 
 
 def _add_arguments(group: argparse._ArgumentGroup) -> None:
@@ -40,14 +51,28 @@ def _validate(args: argparse.Namespace) -> str | None:
     return None
 
 
-FAMILY = Family("rope", _add_arguments,
-                ("batch_size", "seq_len", "num_qo_heads", "num_kv_heads", "head_dim",
-                 "rotary_dim", "input_dtype", "rope_scale", "rope_theta", "interleave"),
-                _validate)
+FAMILY = Family(
+    "rope",
+    _add_arguments,
+    (
+        "batch_size",
+        "seq_len",
+        "num_qo_heads",
+        "num_kv_heads",
+        "head_dim",
+        "rotary_dim",
+        "input_dtype",
+        "rope_scale",
+        "rope_theta",
+        "interleave",
+    ),
+    _validate,
+)
 
 
-def _torch_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                interleave: bool) -> torch.Tensor:
+def _torch_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleave: bool
+) -> torch.Tensor:
     """x ``[nnz, heads, head_dim]`` rotated by cos/sin ``[nnz, 1, rotary_dim / 2]``; the
     dims past the rotary ones are kept."""
     rotary = 2 * cos.shape[-1]
@@ -67,16 +92,26 @@ def _routine(name: str, ragged: bool, llama31: bool) -> Routine:
         q = torch.randn(nnz, args.num_qo_heads, args.head_dim, dtype=dtype, device=device)
         k = torch.randn(nnz, args.num_kv_heads, args.head_dim, dtype=dtype, device=device)
         pos = torch.arange(args.seq_len, dtype=torch.int32, device=device).repeat(args.batch_size)
-        factors = ((args.low_freq_factor, args.high_freq_factor, float(args.old_context_len))
-                   if llama31 else None)
-        freq = reference.rope_frequencies(args.rotary_dim, args.rope_scale, args.rope_theta,
-                                          factors).to(device)
-        options = dict(rotary_dim=args.rotary_dim, interleave=args.interleave,
-                       rope_scale=args.rope_scale, rope_theta=args.rope_theta)
+        factors = (
+            (args.low_freq_factor, args.high_freq_factor, float(args.old_context_len))
+            if llama31
+            else None
+        )
+        freq = reference.rope_frequencies(
+            args.rotary_dim, args.rope_scale, args.rope_theta, factors
+        ).to(device)
+        options = dict(
+            rotary_dim=args.rotary_dim,
+            interleave=args.interleave,
+            rope_scale=args.rope_scale,
+            rope_theta=args.rope_theta,
+        )
         if llama31:
-            options.update(low_freq_factor=args.low_freq_factor,
-                           high_freq_factor=args.high_freq_factor,
-                           old_context_len=args.old_context_len)
+            options.update(
+                low_freq_factor=args.low_freq_factor,
+                high_freq_factor=args.high_freq_factor,
+                old_context_len=args.old_context_len,
+            )
 
         def ours() -> Backend:
             import flashinfer
@@ -93,19 +128,26 @@ def _routine(name: str, ragged: bool, llama31: bool) -> Routine:
             angles = pos.float()[:, None] * freq[None, :]
             cos = angles.cos()[:, None, :].to(dtype)
             sin = angles.sin()[:, None, :].to(dtype)
-            return (_torch_rope(q, cos, sin, args.interleave),
-                    _torch_rope(k, cos, sin, args.interleave))
+            return (
+                _torch_rope(q, cos, sin, args.interleave),
+                _torch_rope(k, cos, sin, args.interleave),
+            )
 
         def expected() -> torch.Tensor:
             angles = pos.float()[:, None] * freq[None, :]  # float32, as the kernel forms them
-            return _flat((reference.rope(q, angles, args.interleave),
-                          reference.rope(k, angles, args.interleave)))
+            return _flat(
+                (
+                    reference.rope(q, angles, args.interleave),
+                    reference.rope(k, angles, args.interleave),
+                )
+            )
 
         return Case(
             label=f"{nnz}x({args.num_qo_heads}+{args.num_kv_heads})x{args.head_dim} "
-                  f"{dtype_name(dtype)}",
-            backends=build(args.backends, {OURS: ours,
-                                           "torch": lambda: Backend(torch_call, _flat)}),
+            f"{dtype_name(dtype)}",
+            backends=build(
+                args.backends, {OURS: ours, "torch": lambda: Backend(torch_call, _flat)}
+            ),
             bytes=2 * (q.numel() + k.numel()) * q.element_size() + 4 * nnz,
             reference=expected,
             atol=3e-2,  # angles of positions in the thousands, float32 like the kernel's
@@ -114,8 +156,9 @@ def _routine(name: str, ragged: bool, llama31: bool) -> Routine:
 
     kind = "llama 3.1 " if llama31 else ""
     where = "indptr/offsets" if ragged else "pos_ids"
-    return Routine(name, FAMILY, f"{kind}RoPE at {where} vs torch eager", (OURS, "torch"),
-                   make_case)
+    return Routine(
+        name, FAMILY, f"{kind}RoPE at {where} vs torch eager", (OURS, "torch"), make_case
+    )
 
 
 def _flat(qk: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

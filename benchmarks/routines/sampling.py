@@ -21,8 +21,19 @@ import torch
 
 from flashinfer.testing import reference
 
-from . import (OURS, Backend, Case, Family, Routine, build, count_bad, dtype_arg, dtype_name,
-               flag, register)
+from . import (
+    OURS,
+    Backend,
+    Case,
+    Family,
+    Routine,
+    build,
+    count_bad,
+    dtype_arg,
+    dtype_name,
+    flag,
+    register,
+)
 
 _SLACK = 1e-4  # of top-p and min-p thresholds, for float32 sums over the vocabulary
 
@@ -30,9 +41,14 @@ _SLACK = 1e-4  # of top-p and min-p thresholds, for float32 sums over the vocabu
 def _add_arguments(group: argparse._ArgumentGroup) -> None:
     flag(group, "batch_size", type=int, default=128, help="rows")
     flag(group, "vocab_size", type=int, default=131072)
-    flag(group, "input_dtype", "--dtype",
-         type=dtype_arg(torch.float32, torch.float16, torch.bfloat16), default=torch.float32,
-         help="dtype of logits (probabilities are float32)")
+    flag(
+        group,
+        "input_dtype",
+        "--dtype",
+        type=dtype_arg(torch.float32, torch.float16, torch.bfloat16),
+        default=torch.float32,
+        help="dtype of logits (probabilities are float32)",
+    )
     flag(group, "top_k", type=int, default=50)
     flag(group, "top_p", type=float, default=0.9)
     flag(group, "min_p", type=float, default=0.1)
@@ -51,13 +67,26 @@ def _validate(args: argparse.Namespace) -> str | None:
     return None
 
 
-FAMILY = Family("sampling", _add_arguments,
-                ("batch_size", "vocab_size", "input_dtype", "top_k", "top_p", "min_p",
-                 "temperature", "filter_apply_order", "logits_scale"),
-                _validate)
+FAMILY = Family(
+    "sampling",
+    _add_arguments,
+    (
+        "batch_size",
+        "vocab_size",
+        "input_dtype",
+        "top_k",
+        "top_p",
+        "min_p",
+        "temperature",
+        "filter_apply_order",
+        "logits_scale",
+    ),
+    _validate,
+)
 
 
 # -- torch eager equivalents --------------------------------------------------------------------
+
 
 def _top_k(args: argparse.Namespace) -> int:
     return min(args.top_k, args.vocab_size)
@@ -67,8 +96,9 @@ def _kth_largest(x: torch.Tensor, k: int) -> torch.Tensor:
     return x.topk(k, dim=-1).values[:, -1:]
 
 
-def _sorted_filter(p: torch.Tensor, top_k: int | None, top_p: float | None, joint: bool
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def _sorted_filter(
+    p: torch.Tensor, top_k: int | None, top_p: float | None, joint: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(kept probabilities in descending order, their token ids): the top-k first (or,
     ``joint``, the tokens in both sets of the original distribution), then those whose
     strictly-larger mass is below top_p of what is left."""
@@ -98,6 +128,7 @@ def _top_p_renorm(p: torch.Tensor, top_p: float) -> torch.Tensor:
 
 # -- checks -------------------------------------------------------------------------------------
 
+
 def _token_check(allowed: Callable[[], torch.Tensor]) -> Callable[[torch.Tensor], tuple[int, int]]:
     """Every sampled token is in range and in ``allowed()`` ``[batch, vocab]`` (computed
     once, on the first check)."""
@@ -114,10 +145,13 @@ def _token_check(allowed: Callable[[], torch.Tensor]) -> Callable[[torch.Tensor]
     return check
 
 
-def _filter_check(x: torch.Tensor, loose: Callable[[], torch.Tensor],
-                  tight: Callable[[], torch.Tensor], masked_value: float,
-                  expected: Callable[[torch.Tensor], torch.Tensor]
-                  ) -> Callable[[torch.Tensor], tuple[int, int]]:
+def _filter_check(
+    x: torch.Tensor,
+    loose: Callable[[], torch.Tensor],
+    tight: Callable[[], torch.Tensor],
+    masked_value: float,
+    expected: Callable[[torch.Tensor], torch.Tensor],
+) -> Callable[[torch.Tensor], tuple[int, int]]:
     """A renorm / mask output: the kept tokens (those not ``masked_value``) lie in
     ``loose()`` and include ``tight()`` (the sets at the threshold's two slack edges), and
     their values are ``expected(kept)``."""
@@ -134,6 +168,7 @@ def _filter_check(x: torch.Tensor, loose: Callable[[], torch.Tensor],
 
 # -- the routines -------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class _Op:
     """One API: its call, its torch equivalent, its check, and its output's bytes per
@@ -143,8 +178,10 @@ class _Op:
     ours: Callable[[Any, argparse.Namespace, torch.Tensor], Any]
     torch_call: Callable[[argparse.Namespace, torch.Tensor], torch.Tensor]
     # None: compared with a float64 reference instead
-    check: Callable[[argparse.Namespace, torch.Tensor],
-                    Callable[[torch.Tensor], tuple[int, int]]] | None
+    check: (
+        Callable[[argparse.Namespace, torch.Tensor], Callable[[torch.Tensor], tuple[int, int]]]
+        | None
+    )
     out_bytes: Callable[[torch.Tensor], int] = lambda x: 0
 
 
@@ -156,8 +193,9 @@ def _probs64(x: torch.Tensor, from_logits: bool) -> torch.Tensor:
     return torch.softmax(x.double(), dim=-1) if from_logits else x.double()
 
 
-def _top_k_top_p_allowed(args: argparse.Namespace, x: torch.Tensor, from_logits: bool
-                         ) -> Callable[[torch.Tensor], tuple[int, int]]:
+def _top_k_top_p_allowed(
+    args: argparse.Namespace, x: torch.Tensor, from_logits: bool
+) -> Callable[[torch.Tensor], tuple[int, int]]:
     def allowed() -> torch.Tensor:
         p = _probs64(x, from_logits)
         return reference.top_k_set(p, args.top_k) & reference.top_p_set(p, args.top_p + _SLACK)
@@ -175,74 +213,104 @@ _OPS: dict[str, _Op] = {
         lambda api, args, x: api(x, args.temperature, enable_pdl=args.enable_pdl),
         lambda args, x: torch.softmax(x.float() / args.temperature, dim=-1),
         None,
-        lambda x: 4),
+        lambda x: 4,
+    ),
     "sampling_from_probs": _Op(
         False,
         lambda api, args, x: api(x, **_seeded(args)),
         lambda args, x: torch.multinomial(x, 1).squeeze(-1),
-        lambda args, x: _token_check(lambda: x > 0)),
+        lambda args, x: _token_check(lambda: x > 0),
+    ),
     "sampling_from_logits": _Op(
         True,
         lambda api, args, x: api(x, **_seeded(args)),
         lambda args, x: torch.multinomial(torch.softmax(x.float(), dim=-1), 1).squeeze(-1),
-        lambda args, x: _token_check(lambda: x > float("-inf"))),
+        lambda args, x: _token_check(lambda: x > float("-inf")),
+    ),
     "top_k_sampling_from_probs": _Op(
         False,
         lambda api, args, x: api(x, args.top_k, **_seeded(args)),
         lambda args, x: _draw(*x.topk(_top_k(args), dim=-1)),
-        lambda args, x: _token_check(lambda: reference.top_k_set(x, args.top_k))),
+        lambda args, x: _token_check(lambda: reference.top_k_set(x, args.top_k)),
+    ),
     "top_p_sampling_from_probs": _Op(
         False,
         lambda api, args, x: api(x, args.top_p, **_seeded(args)),
         lambda args, x: _draw(*_sorted_filter(x, None, args.top_p, joint=False)),
-        lambda args, x: _token_check(lambda: reference.top_p_set(x, args.top_p + _SLACK))),
+        lambda args, x: _token_check(lambda: reference.top_p_set(x, args.top_p + _SLACK)),
+    ),
     "min_p_sampling_from_probs": _Op(
         False,
         lambda api, args, x: api(x, args.min_p, **_seeded(args)),
         lambda args, x: torch.multinomial(
-            x.masked_fill(x < args.min_p * x.amax(dim=-1, keepdim=True), 0), 1).squeeze(-1),
-        lambda args, x: _token_check(
-            lambda: reference.min_p_set(x, args.min_p * (1 - _SLACK)))),
+            x.masked_fill(x < args.min_p * x.amax(dim=-1, keepdim=True), 0), 1
+        ).squeeze(-1),
+        lambda args, x: _token_check(lambda: reference.min_p_set(x, args.min_p * (1 - _SLACK))),
+    ),
     "top_k_top_p_sampling_from_probs": _Op(
         False,
-        lambda api, args, x: api(x, args.top_k, args.top_p,
-                                 filter_apply_order=args.filter_apply_order, **_seeded(args)),
-        lambda args, x: _draw(*_sorted_filter(x, _top_k(args), args.top_p,
-                                              args.filter_apply_order == "joint")),
-        lambda args, x: _top_k_top_p_allowed(args, x, from_logits=False)),
+        lambda api, args, x: api(
+            x, args.top_k, args.top_p, filter_apply_order=args.filter_apply_order, **_seeded(args)
+        ),
+        lambda args, x: _draw(
+            *_sorted_filter(x, _top_k(args), args.top_p, args.filter_apply_order == "joint")
+        ),
+        lambda args, x: _top_k_top_p_allowed(args, x, from_logits=False),
+    ),
     "top_k_top_p_sampling_from_logits": _Op(
         True,
-        lambda api, args, x: api(x, args.top_k, args.top_p,
-                                 filter_apply_order=args.filter_apply_order, **_seeded(args)),
-        lambda args, x: _draw(*_sorted_filter(torch.softmax(x.float(), dim=-1), _top_k(args),
-                                              args.top_p, args.filter_apply_order == "joint")),
-        lambda args, x: _top_k_top_p_allowed(args, x, from_logits=True)),
+        lambda api, args, x: api(
+            x, args.top_k, args.top_p, filter_apply_order=args.filter_apply_order, **_seeded(args)
+        ),
+        lambda args, x: _draw(
+            *_sorted_filter(
+                torch.softmax(x.float(), dim=-1),
+                _top_k(args),
+                args.top_p,
+                args.filter_apply_order == "joint",
+            )
+        ),
+        lambda args, x: _top_k_top_p_allowed(args, x, from_logits=True),
+    ),
     "top_k_renorm_probs": _Op(
         False,
         lambda api, args, x: api(x, args.top_k),
         lambda args, x: _renormalized(x.masked_fill(x < _kth_largest(x, _top_k(args)), 0)),
         lambda args, x: _filter_check(
-            x, lambda: reference.top_k_set(x, args.top_k),
-            lambda: x.double() > _kth_largest(x.double(), _top_k(args)), 0.0,
-            _renorm_expected(x)),
-        lambda x: 4),
+            x,
+            lambda: reference.top_k_set(x, args.top_k),
+            lambda: x.double() > _kth_largest(x.double(), _top_k(args)),
+            0.0,
+            _renorm_expected(x),
+        ),
+        lambda x: 4,
+    ),
     "top_p_renorm_probs": _Op(
         False,
         lambda api, args, x: api(x, args.top_p),
         lambda args, x: _top_p_renorm(x, args.top_p),
         lambda args, x: _filter_check(
-            x, lambda: reference.top_p_set(x, args.top_p + _SLACK),
-            lambda: reference.top_p_set(x, args.top_p - _SLACK), 0.0, _renorm_expected(x)),
-        lambda x: 4),
+            x,
+            lambda: reference.top_p_set(x, args.top_p + _SLACK),
+            lambda: reference.top_p_set(x, args.top_p - _SLACK),
+            0.0,
+            _renorm_expected(x),
+        ),
+        lambda x: 4,
+    ),
     "top_k_mask_logits": _Op(
         True,
         lambda api, args, x: api(x, args.top_k),
         lambda args, x: x.masked_fill(x < _kth_largest(x, _top_k(args)), float("-inf")),
         lambda args, x: _filter_check(
-            x, lambda: reference.top_k_set(x, args.top_k),
-            lambda: x.double() > _kth_largest(x.double(), _top_k(args)), float("-inf"),
-            lambda kept: x.double()),
-        lambda x: x.element_size()),
+            x,
+            lambda: reference.top_k_set(x, args.top_k),
+            lambda: x.double() > _kth_largest(x.double(), _top_k(args)),
+            float("-inf"),
+            lambda kept: x.double(),
+        ),
+        lambda x: x.element_size(),
+    ),
 }
 
 
@@ -260,19 +328,28 @@ def _routine(name: str, op: _Op) -> Routine:
         check = op.check(args, x) if op.check is not None else None
         return Case(
             label=f"{args.batch_size} x {args.vocab_size} {dtype_name(x.dtype)}",
-            backends=build(args.backends, {
-                OURS: ours, "torch": lambda: Backend(lambda: op.torch_call(args, x))}),
+            backends=build(
+                args.backends,
+                {OURS: ours, "torch": lambda: Backend(lambda: op.torch_call(args, x))},
+            ),
             bytes=x.numel() * (x.element_size() + op.out_bytes(x)) + 4 * args.batch_size,
-            reference=None if check is not None else lambda: torch.softmax(
-                x.double() / args.temperature, dim=-1),
+            reference=None
+            if check is not None
+            else lambda: torch.softmax(x.double() / args.temperature, dim=-1),
             check=check,
             atol=1e-6,
             rtol=1e-3,
         )
 
     source = "logits" if op.from_logits else "probs"
-    return Routine(name, FAMILY, f"{name} ({source}) vs the torch eager pipeline",
-                   (OURS, "torch"), make_case, pdl=name == "softmax")
+    return Routine(
+        name,
+        FAMILY,
+        f"{name} ({source}) vs the torch eager pipeline",
+        (OURS, "torch"),
+        make_case,
+        pdl=name == "softmax",
+    )
 
 
 for _name, _op in _OPS.items():

@@ -80,17 +80,20 @@ class AotRecord:
     library_sha256: str
 
     def to_json(self) -> str:
-        return json.dumps({
-            "format": RECORD_FORMAT,
-            "uri": self.uri,
-            "flashinfer": self.flashinfer,
-            "tvm_ffi": self.tvm_ffi,
-            "archs": [str(a) for a in self.archs],
-            "settings": self.settings,
-            "identity": self.identity,
-            "inputs": {p: [r.size, r.mtime_ns, r.sha256] for p, r in self.inputs.items()},
-            "library": {"size": self.library_size, "sha256": self.library_sha256},
-        }, indent=1)
+        return json.dumps(
+            {
+                "format": RECORD_FORMAT,
+                "uri": self.uri,
+                "flashinfer": self.flashinfer,
+                "tvm_ffi": self.tvm_ffi,
+                "archs": [str(a) for a in self.archs],
+                "settings": self.settings,
+                "identity": self.identity,
+                "inputs": {p: [r.size, r.mtime_ns, r.sha256] for p, r in self.inputs.items()},
+                "library": {"size": self.library_size, "sha256": self.library_sha256},
+            },
+            indent=1,
+        )
 
     @classmethod
     def load(cls, path: Path) -> AotRecord | None:
@@ -130,11 +133,15 @@ def find(uri: str) -> Path | None:
         if record is None:
             continue
         problem = (
-            "flashinfer version" if record.flashinfer != __version__ else
-            "tvm-ffi version" if record.tvm_ffi != tvm_ffi.__version__ else
-            "build settings" if record.settings != settings else
-            "archs" if not covers(record.archs, listed, capabilities) else
-            _changed_source(record.inputs)
+            "flashinfer version"
+            if record.flashinfer != __version__ and not config.disable_version_check
+            else "tvm-ffi version"
+            if record.tvm_ffi != tvm_ffi.__version__
+            else "build settings"
+            if record.settings != settings
+            else "archs"
+            if not covers(record.archs, listed, capabilities)
+            else _changed_source(record.inputs)
         )
         if problem:
             logger.debug("AOT layer %s: %s differs (%s); not used", layer, uri, problem)
@@ -143,8 +150,9 @@ def find(uri: str) -> Path | None:
         damage = library_problem(library, record.library_size, record.library_sha256)
         if damage is None:
             return library
-        logger.warning("AOT layer %s: not using %s: %s (precompile the layer again)",
-                       layer, uri, damage)
+        logger.warning(
+            "AOT layer %s: not using %s: %s (precompile the layer again)", layer, uri, damage
+        )
     return None
 
 
@@ -157,8 +165,12 @@ def verify_layers(layers: Iterable[Path] | None = None) -> dict[Path, str | None
             library = record_path.parent / f"{record_path.parent.name}.so"
             record = AotRecord.load(record_path)
             found[library] = (
-                "its record is unreadable or from another format" if record is None else
-                library_problem(library, record.library_size, record.library_sha256, rehash=True))
+                "its record is unreadable or from another format"
+                if record is None
+                else library_problem(
+                    library, record.library_size, record.library_sha256, rehash=True
+                )
+            )
     return found
 
 

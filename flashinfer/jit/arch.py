@@ -13,7 +13,14 @@ _SEPARATORS_RE = re.compile(r"[\s,;]+")
 
 
 class NoTargetArchError(RuntimeError):
-    """No arch to compile for: no visible GPU and no FLASHINFER_CUDA_ARCH_LIST."""
+    """No arch to compile for: no visible GPU and no FLASHINFER_CUDA_ARCH_LIST, or none of
+    the target archs is one the module supports. The message starts with the reference's
+    wording, which users grep for, and goes on with the details."""
+
+    PREFIX = "No supported CUDA architectures found"
+
+    def __init__(self, details: str) -> None:
+        super().__init__(f"{self.PREFIX}: {details}")
 
 
 @dataclass(frozen=True, order=True)
@@ -45,8 +52,7 @@ class CudaArch:
         return f"{self.major}.{self.minor}{self.suffix}"
 
 
-def parse_arch_list(text: str, source: str = "FLASHINFER_CUDA_ARCH_LIST"
-                    ) -> tuple[CudaArch, ...]:
+def parse_arch_list(text: str, source: str = "FLASHINFER_CUDA_ARCH_LIST") -> tuple[CudaArch, ...]:
     tokens = [t for t in _SEPARATORS_RE.split(text) if t]
     if not tokens:
         raise ValueError(f"{source} names no arch")
@@ -59,8 +65,10 @@ def visible_capabilities() -> tuple[tuple[int, int], ...]:
 
     if not torch.cuda.is_available():
         return ()
-    return tuple(tuple(torch.cuda.get_device_capability(i))  # type: ignore[misc]
-                 for i in range(torch.cuda.device_count()))
+    return tuple(
+        tuple(torch.cuda.get_device_capability(i))  # type: ignore[misc]
+        for i in range(torch.cuda.device_count())
+    )
 
 
 def arch_for_capability(major: int, minor: int) -> CudaArch:
@@ -77,14 +85,19 @@ def runs_on(arch: CudaArch, capability: tuple[int, int]) -> bool:
     return arch.minor == capability[1] if arch.suffix == "a" else arch.minor <= capability[1]
 
 
-def covers(built: Iterable[CudaArch], listed: Iterable[CudaArch] | None,
-           capabilities: Iterable[tuple[int, int]]) -> bool:
+def covers(
+    built: Iterable[CudaArch],
+    listed: Iterable[CudaArch] | None,
+    capabilities: Iterable[tuple[int, int]],
+) -> bool:
     """Whether a binary built for ``built`` serves this process: every arch of an explicit
     list (a plain ``X.Y`` is also served by ``X.Ya``), else every visible GPU."""
     built = set(built)
     if listed is not None:
-        return all(a in built or (not a.suffix and CudaArch(a.major, a.minor, "a") in built)
-                   for a in listed)
+        return all(
+            a in built or (not a.suffix and CudaArch(a.major, a.minor, "a") in built)
+            for a in listed
+        )
     return all(any(runs_on(a, cap) for a in built) for cap in capabilities)
 
 

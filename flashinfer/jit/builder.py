@@ -55,8 +55,9 @@ class JitCompileError(RuntimeError):
     ends with the path of the full log."""
 
 
-def run_ninja(build_dir: Path, name: str, targets: Sequence[str] = (),
-              log_path: Path | None = None) -> None:
+def run_ninja(
+    build_dir: Path, name: str, targets: Sequence[str] = (), log_path: Path | None = None
+) -> None:
     """Run ninja in ``build_dir``; log progress; raise JitCompileError on failure.
     The full output goes to ``log_path`` (default ``build_dir/build.log``)."""
     cmd = [str(find_ninja()), "-C", str(build_dir), f"-j{default_max_jobs()}", *targets]
@@ -174,8 +175,9 @@ class InputSnapshot:
             manifest.inputs[path] = self.records.get(path, FileRecord(-1, -1, ""))
 
 
-def _known_inputs(plan: BuildPlan, generated: Sequence[Path],
-                  manifest: Manifest | None) -> set[str]:
+def _known_inputs(
+    plan: BuildPlan, generated: Sequence[Path], manifest: Manifest | None
+) -> set[str]:
     known = {str(s) for s in plan.ninja.sources} | {str(p) for p in generated}
     if manifest is not None:
         known.update(manifest.inputs)
@@ -187,8 +189,13 @@ def _report_moved(name: str, moved: list[str], attempt: int) -> None:
     if attempt + 1 < BUILD_ATTEMPTS:
         logger.info("%s changed while %s compiled; compiling again", shown, name)
     else:
-        logger.warning("%s kept changing while %s compiled (%d builds); loading the last build, "
-                       "the next load rebuilds it", shown, name, BUILD_ATTEMPTS)
+        logger.warning(
+            "%s kept changing while %s compiled (%d builds); loading the last build, "
+            "the next load rebuilds it",
+            shown,
+            name,
+            BUILD_ATTEMPTS,
+        )
 
 
 def _remove_failure_logs(build_dir: Path) -> None:
@@ -205,8 +212,9 @@ def write_build_file(plan: BuildPlan) -> Path:
     return path
 
 
-def build_in_place(plan: BuildPlan, name: str, generated: Sequence[Path],
-                   manifest: Manifest | None) -> None:
+def build_in_place(
+    plan: BuildPlan, name: str, generated: Sequence[Path], manifest: Manifest | None
+) -> None:
     """Incremental build in the cache dir; the caller holds the module's lock."""
     record = manifest.library_record if manifest is not None else None
     if record is None or record.check(plan.library_path)[0] is not None:
@@ -222,8 +230,9 @@ def build_in_place(plan: BuildPlan, name: str, generated: Sequence[Path],
             for obj in manifest.objects_depending_on(changed):
                 (plan.build_dir / obj).unlink(missing_ok=True)
         write_build_file(plan)
-        snapshot = InputSnapshot(_known_inputs(plan, generated, manifest),
-                                 plan.build_dir / ".build-start")
+        snapshot = InputSnapshot(
+            _known_inputs(plan, generated, manifest), plan.build_dir / ".build-start"
+        )
         run_ninja(plan.build_dir, name)
         manifest = record_manifest(plan, generated, plan.build_dir)
         moved = snapshot.moved(manifest)
@@ -242,7 +251,8 @@ def build_in_staging(plan: BuildPlan, name: str, generated: Sequence[Path]) -> N
     plan.build_dir.mkdir(parents=True, exist_ok=True)
     for attempt in range(BUILD_ATTEMPTS):
         staging = plan.build_dir.parent / (
-            f".staging-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+            f".staging-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        )
         staging.mkdir()
         try:
             (staging / "build.ninja").write_text(plan.ninja.render())

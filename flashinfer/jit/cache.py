@@ -83,8 +83,17 @@ def entries(root: Path | None = None) -> list[CacheEntry]:
         if record is not None and record.library_record is not None:
             archs = tuple(str(a) for a in record.identity.get("archs", ()))
             problem = record.library_record.check(variant / record.library)[0]
-        found.append(CacheEntry(variant.parent.name, variant.name, variant, _dir_size(variant),
-                                last_used, archs, problem))
+        found.append(
+            CacheEntry(
+                variant.parent.name,
+                variant.name,
+                variant,
+                _dir_size(variant),
+                last_used,
+                archs,
+                problem,
+            )
+        )
     return found
 
 
@@ -131,8 +140,9 @@ def remove(entry: CacheEntry) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def evict(max_bytes: float, keep: set[Path] | None = None,
-          root: Path | None = None) -> list[CacheEntry]:
+def evict(
+    max_bytes: float, keep: set[Path] | None = None, root: Path | None = None
+) -> list[CacheEntry]:
     """Remove least recently used variants until the cache fits in ``max_bytes``."""
     all_entries = entries(root)
     total = sum(e.size_bytes for e in all_entries)
@@ -150,11 +160,18 @@ def evict(max_bytes: float, keep: set[Path] | None = None,
         total -= entry.size_bytes
         evicted.append(entry)
     if evicted:
-        logger.info("evicted %d cached module(s), %.1f MB, to stay under %.3g GB",
-                    len(evicted), sum(e.size_bytes for e in evicted) / 1e6, max_bytes / 1e9)
+        logger.info(
+            "evicted %d cached module(s), %.1f MB, to stay under %.3g GB",
+            len(evicted),
+            sum(e.size_bytes for e in evicted) / 1e6,
+            max_bytes / 1e9,
+        )
     if total > max_bytes:
-        logger.warning("JIT cache still holds %.3g GB > %.3g GB: the rest is in use",
-                       total / 1e9, max_bytes / 1e9)
+        logger.warning(
+            "JIT cache still holds %.3g GB > %.3g GB: the rest is in use",
+            total / 1e9,
+            max_bytes / 1e9,
+        )
     return evicted
 
 

@@ -56,8 +56,10 @@ def check_buildable(plan: BuildPlan) -> None:
     for arch in plan.archs:
         problem = nvcc_arch_problem(arch, plan.toolchain.nvcc)
         if problem is not None:
-            raise JitCompileError(f"{problem} (the target archs come from "
-                                  "FLASHINFER_CUDA_ARCH_LIST, else the visible GPUs)")
+            raise JitCompileError(
+                f"{problem} (the target archs come from "
+                "FLASHINFER_CUDA_ARCH_LIST, else the visible GPUs)"
+            )
 
 
 @dataclass
@@ -126,8 +128,7 @@ class JitSpec:
                 f"module {self.name} is not built for this configuration ({plan.build_dir}) "
                 "and FLASHINFER_DISABLE_JIT=1 forbids compiling it"
             )
-        with env.writing_workspace(f"build module {self.name}"), \
-                module_lock(self.name) as locked:
+        with env.writing_workspace(f"build module {self.name}"), module_lock(self.name) as locked:
             manifest = Manifest.load(plan.build_dir)
             reason = self._stale_reason(plan, manifest)
             if reason is None:
@@ -152,8 +153,7 @@ class JitSpec:
 
     def _stale_reason(self, plan: BuildPlan, manifest: Manifest | None = None) -> str | None:
         manifest = manifest or Manifest.load(plan.build_dir)
-        return stale_reason(self.name, plan.identity, plan.build_dir, plan.library_path,
-                            manifest)
+        return stale_reason(self.name, plan.identity, plan.build_dir, plan.library_path, manifest)
 
     # -- loading ----------------------------------------------------------------
 
@@ -191,7 +191,9 @@ class JitSpec:
                 logger.debug("loading %s from the read-only workspace %s", self.name, shared)
                 return self._load(shared)
             if config.disable_jit and plan.library_path.is_file():
-                logger.warning("loading %s although %s (FLASHINFER_DISABLE_JIT=1)", self.name, reason)
+                logger.warning(
+                    "loading %s although %s (FLASHINFER_DISABLE_JIT=1)", self.name, reason
+                )
             else:
                 self.build(plan)
         else:
@@ -206,8 +208,10 @@ class JitSpec:
         if known is None:
             return None
         manifest = Manifest.load(known.build_dir)
-        if manifest is None or manifest_problem(known.build_dir, known.library_path,
-                                                manifest) is not None:
+        if (
+            manifest is None
+            or manifest_problem(known.build_dir, known.library_path, manifest) is not None
+        ):
             return None
         return known.library_path
 
@@ -219,8 +223,10 @@ class JitSpec:
         build_dir = workspace / "cached_ops" / self.name / plan.digest
         library = build_dir / plan.ninja.output
         manifest = Manifest.load(build_dir)
-        if manifest is None or stale_reason(self.name, plan.identity, build_dir, library,
-                                             manifest) is not None:
+        if (
+            manifest is None
+            or stale_reason(self.name, plan.identity, build_dir, library, manifest) is not None
+        ):
             return None
         return library
 

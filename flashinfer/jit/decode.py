@@ -26,23 +26,62 @@ def gen_decode_module(dtype: Any, head_dim: int) -> JitSpec:
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
     uri = decode_uri(dtype, head_dim)
-    config = render_template("attention_config.jinja", uri, "attention_config.h", uri=uri,
-                             dtype_name=info.name, cuda_type=info.cuda_type,
-                             dlpack_code=info.dlpack_code, bits=info.bits, head_dim=head_dim)
+    config = render_template(
+        "attention_config.jinja",
+        uri,
+        "attention_config.h",
+        uri=uri,
+        dtype_name=info.name,
+        cuda_type=info.cuda_type,
+        dlpack_code=info.dlpack_code,
+        bits=info.bits,
+        head_dim=head_dim,
+    )
     return gen_jit_spec(
         uri,
         ["decode_kernel.cu", "decode.cc"],
         generated_sources=[config],
         supported_major_versions=[8, 9, 10, 11, 12],  # cp.async: sm_80 and later
         function_args={
-            "batch_decode": ("q", "k_cache", "v_cache", "kv_indptr", "kv_indices",
-                             "kv_last_page_len", "plan", "tmp_v", "tmp_lse", "out", "lse", "hnd",
-                             "work_capacity", "merge_capacity", "tmp_capacity", "grid_work",
-                             "grid_merge", "window_left", "score_scale", "score_cap",
-                             "enable_pdl"),
-            "single_decode": ("q", "k", "v", "tmp_v", "tmp_lse", "out", "lse", "hnd",
-                              "window_left", "chunk_tokens", "num_chunks", "score_scale",
-                              "score_cap", "enable_pdl"),
+            "batch_decode": (
+                "q",
+                "k_cache",
+                "v_cache",
+                "kv_indptr",
+                "kv_indices",
+                "kv_last_page_len",
+                "plan",
+                "tmp_v",
+                "tmp_lse",
+                "out",
+                "lse",
+                "hnd",
+                "work_capacity",
+                "merge_capacity",
+                "tmp_capacity",
+                "grid_work",
+                "grid_merge",
+                "window_left",
+                "score_scale",
+                "score_cap",
+                "enable_pdl",
+            ),
+            "single_decode": (
+                "q",
+                "k",
+                "v",
+                "tmp_v",
+                "tmp_lse",
+                "out",
+                "lse",
+                "hnd",
+                "window_left",
+                "chunk_tokens",
+                "num_chunks",
+                "score_scale",
+                "score_cap",
+                "enable_pdl",
+            ),
             "blocks_per_sm": ("group",),
         },
     )
@@ -62,5 +101,4 @@ def gen_cascade_module(dtype: Any) -> JitSpec:
 
 
 register_op("decode", lambda: [gen_decode_module(d, h) for d in DTYPES for h in HEAD_DIMS])
-register_op("cascade",
-            lambda: [gen_cascade_module(d) for d in ("float16", "bfloat16", "float32")])
+register_op("cascade", lambda: [gen_cascade_module(d) for d in ("float16", "bfloat16", "float32")])

@@ -41,8 +41,16 @@ def render_dtype_config(uri: str, output_name: str, dtype: Any) -> Path:
     """Render csrc/dtype_config.jinja (DType for the kernel TU, DLPack code and width for
     the binding) into the module's generated dir."""
     info = dtype_info(dtype)
-    return render_template("dtype_config.jinja", uri, output_name, uri=uri, dtype_name=info.name,
-                           cuda_type=info.cuda_type, dlpack_code=info.dlpack_code, bits=info.bits)
+    return render_template(
+        "dtype_config.jinja",
+        uri,
+        output_name,
+        uri=uri,
+        dtype_name=info.name,
+        cuda_type=info.cuda_type,
+        dlpack_code=info.dlpack_code,
+        bits=info.bits,
+    )
 
 
 def dtype_uri(op: str, dtype: Any) -> str:
@@ -50,8 +58,9 @@ def dtype_uri(op: str, dtype: Any) -> str:
     return f"{op}_dtype_{dtype_info(dtype).short}"
 
 
-def gen_dtype_module(op: str, dtype: Any, sources: list[str],
-                     function_args: dict[str, tuple[str, ...]]):  # noqa: ANN201 - JitSpec
+def gen_dtype_module(
+    op: str, dtype: Any, sources: list[str], function_args: dict[str, tuple[str, ...]]
+):  # noqa: ANN201 - JitSpec
     """The spec of ``op``'s module for ``dtype``: renders ``<op>_config.h`` from
     csrc/dtype_config.jinja and compiles ``sources`` (from csrc/) with it."""
     from .core import gen_jit_spec

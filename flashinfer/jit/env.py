@@ -8,7 +8,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..config import config
 from ..version import __version__
@@ -57,12 +57,21 @@ def _writable_base(base: Path) -> Path:
         return base
     fallback = Path(tempfile.gettempdir()) / f"flashinfer-{os.getuid()}"
     if (base / __version__).is_dir() and os.access(base / __version__, os.R_OK | os.X_OK):
-        logger.warning("JIT workspace %s is %s: modules built there are loaded from it, new "
-                       "ones compile into %s (set FLASHINFER_WORKSPACE_BASE to choose)",
-                       base, problem, fallback)
+        logger.warning(
+            "JIT workspace %s is %s: modules built there are loaded from it, new "
+            "ones compile into %s (set FLASHINFER_WORKSPACE_BASE to choose)",
+            base,
+            problem,
+            fallback,
+        )
     else:
-        logger.warning("JIT workspace %s is unusable (%s); using %s instead "
-                       "(set FLASHINFER_WORKSPACE_BASE to choose)", base, problem, fallback)
+        logger.warning(
+            "JIT workspace %s is unusable (%s); using %s instead "
+            "(set FLASHINFER_WORKSPACE_BASE to choose)",
+            base,
+            problem,
+            fallback,
+        )
     return fallback
 
 
@@ -102,15 +111,47 @@ def writing_workspace(action: str) -> Iterator[None]:
         raise WorkspaceError(
             f"cannot {action}: {path}: {reason}. Make the JIT workspace writable (remove "
             f"anything in the way, fix permissions) or set FLASHINFER_WORKSPACE_BASE to "
-            f"another dir") from err
+            f"another dir"
+        ) from err
+
+
+def gen_src_dir() -> Path:
+    return workspace_dir() / "generated"
 
 
 def generated_dir(uri: str) -> Path:
-    return workspace_dir() / "generated" / uri
+    return gen_src_dir() / uri
 
 
 def cached_ops_dir() -> Path:
     return workspace_dir() / "cached_ops"
+
+
+def _aot_dir() -> Path:
+    """The first FLASHINFER_AOT_DIR layer; none configured: the reference's fallback
+    location, ``flashinfer/data/aot`` (which need not exist)."""
+    layers = config.aot_dir
+    return layers[0] if layers else _PACKAGE_DIR / "data" / "aot"
+
+
+# The reference's ``jit_env`` names, for code written against it. They depend on the
+# environment (and resolving the workspace may create it), so they are computed on access.
+_DIR_NAMES: dict[str, Callable[[], Path]] = {
+    "FLASHINFER_WORKSPACE_DIR": workspace_dir,
+    "FLASHINFER_GEN_SRC_DIR": gen_src_dir,
+    "FLASHINFER_JIT_DIR": cached_ops_dir,
+    "FLASHINFER_AOT_DIR": _aot_dir,
+}
+
+
+def __getattr__(name: str) -> Path:
+    if name in _DIR_NAMES:
+        return _DIR_NAMES[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_DIR_NAMES])
 
 
 def lock_path(uri: str) -> Path:

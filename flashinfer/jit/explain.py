@@ -75,8 +75,11 @@ def explain_new_build(uri: str, identity: dict[str, Any], build_dir: Path) -> st
         previous = _identity_of(manifest_path)
         if previous is None:
             continue
-        diffs = [f"{label} changed ({_describe(key, previous.get(key), identity.get(key))})"
-                 for key, label in _ASPECTS if previous.get(key) != identity.get(key)]
+        diffs = [
+            f"{label} changed ({_describe(key, previous.get(key), identity.get(key))})"
+            for key, label in _ASPECTS
+            if previous.get(key) != identity.get(key)
+        ]
         if diffs:
             return "; ".join(diffs)
     return "first build"
@@ -91,8 +94,9 @@ def _identity_of(manifest_path: Path) -> dict[str, Any] | None:
     return identity if isinstance(identity, dict) else None
 
 
-def stale_reason(uri: str, identity: dict[str, Any], build_dir: Path, library: Path,
-                 manifest: Manifest | None) -> str | None:
+def stale_reason(
+    uri: str, identity: dict[str, Any], build_dir: Path, library: Path, manifest: Manifest | None
+) -> str | None:
     """None when the built library is up to date; else why it is not."""
     if manifest is None:
         if (build_dir / MANIFEST_NAME).exists():

@@ -73,8 +73,11 @@ def _record_owner(lock_path: Path) -> None:
     previous = read_owner(lock_path)
     host = socket.gethostname()
     if previous and previous.get("host") == host and not _pid_alive(int(previous.get("pid", 0))):
-        logger.warning("taking over the lock %s left by pid %s, which died while building",
-                       lock_path, previous.get("pid"))
+        logger.warning(
+            "taking over the lock %s left by pid %s, which died while building",
+            lock_path,
+            previous.get("pid"),
+        )
     record = {"host": host, "pid": os.getpid(), "since": time.time()}
     try:
         _owner_path(lock_path).write_text(json.dumps(record))
@@ -108,22 +111,32 @@ def module_lock(uri: str) -> Iterator[bool]:
                     logger.warning(
                         "lock for %s held by %s past FLASHINFER_JIT_LOCK_TIMEOUT=%g s; "
                         "building in a private staging dir instead",
-                        uri, _describe_owner(read_owner(path)), timeout)
+                        uri,
+                        _describe_owner(read_owner(path)),
+                        timeout,
+                    )
                     break
-                logger.info("waiting for %s: being built by %s (lock %s)",
-                            uri, _describe_owner(read_owner(path)), path)
+                logger.info(
+                    "waiting for %s: being built by %s (lock %s)",
+                    uri,
+                    _describe_owner(read_owner(path)),
+                    path,
+                )
                 try:
                     lock.acquire(timeout=min(_REPORT_EVERY_S, timeout - waited))
                     acquired = True
-                    logger.info("lock for %s acquired after %.1f s", uri,
-                                time.monotonic() - start)
+                    logger.info("lock for %s acquired after %.1f s", uri, time.monotonic() - start)
                 except Timeout:
                     pass
     except OSError as err:
         if err.errno not in _REFUSED:
             raise
-        logger.warning("the filesystem refused a lock on %s (%s); building without one, "
-                       "in a private staging dir", path, os.strerror(err.errno or 0))
+        logger.warning(
+            "the filesystem refused a lock on %s (%s); building without one, "
+            "in a private staging dir",
+            path,
+            os.strerror(err.errno or 0),
+        )
     if not acquired:
         yield False
         return

@@ -93,8 +93,9 @@ class Manifest:
             "format": _FORMAT,
             "identity": self.identity,
             "library": self.library,
-            "library_record": None if lib is None else
-            [lib.size, lib.mtime_ns, lib.inode, lib.sha256],
+            "library_record": None
+            if lib is None
+            else [lib.size, lib.mtime_ns, lib.inode, lib.sha256],
             "inputs": {p: [r.size, r.mtime_ns, r.sha256] for p, r in sorted(self.inputs.items())},
             "objects": self.objects,
         }
@@ -109,13 +110,17 @@ class Manifest:
             if not isinstance(data, dict) or data.get("format") != _FORMAT:
                 return None
             identity, library, objects = data["identity"], data["library"], data["objects"]
-            if not (isinstance(identity, dict) and isinstance(library, str)
-                    and isinstance(objects, dict)
-                    and all(isinstance(v, list) for v in objects.values())):
+            if not (
+                isinstance(identity, dict)
+                and isinstance(library, str)
+                and isinstance(objects, dict)
+                and all(isinstance(v, list) for v in objects.values())
+            ):
                 return None
             size, mtime_ns, inode, sha = data["library_record"]
-            if not all(isinstance(v, int) for v in (size, mtime_ns, inode)) or \
-                    not isinstance(sha, str):
+            if not all(isinstance(v, int) for v in (size, mtime_ns, inode)) or not isinstance(
+                sha, str
+            ):
                 return None
             return cls(
                 identity=identity,

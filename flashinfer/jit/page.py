@@ -16,9 +16,18 @@ def gen_page_module(dtype: Any) -> JitSpec:
         dtype,
         ["page_kernel.cu", "page.cc"],
         {
-            "append_paged_kv_cache": ("append_key", "append_value", "batch_indices", "positions",
-                                      "paged_k_cache", "paged_v_cache", "kv_indices",
-                                      "kv_indptr", "kv_last_page_len", "hnd"),
+            "append_paged_kv_cache": (
+                "append_key",
+                "append_value",
+                "batch_indices",
+                "positions",
+                "paged_k_cache",
+                "paged_v_cache",
+                "kv_indices",
+                "kv_indptr",
+                "kv_last_page_len",
+                "hnd",
+            ),
         },
     )
 

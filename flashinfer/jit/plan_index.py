@@ -51,13 +51,18 @@ def _entry_path(spec: PlannedSpec) -> Path:
 
     environment = [os.environ.get(name) for name in _VARIABLES]
     decided_by = [
-        spec.name, [str(s) for s in spec.sources], spec.extra_cflags, spec.extra_cuda_cflags,
-        spec.extra_ldflags, [str(p) for p in spec.extra_include_paths],
+        spec.name,
+        [str(s) for s in spec.sources],
+        spec.extra_cflags,
+        spec.extra_cuda_cflags,
+        spec.extra_ldflags,
+        [str(p) for p in spec.extra_include_paths],
         spec.supported_major_versions,
         [[str(p), _stat(p)] for p in spec.generated_sources],
         environment,
         visible_capabilities() if config.cuda_arch_list is None else None,
-        __version__, tvm_ffi.__version__,
+        __version__,
+        tvm_ffi.__version__,
     ]
     key = hashlib.sha256(json.dumps(decided_by, default=str).encode()).hexdigest()[:32]
     return env.workspace_dir() / "plans" / f"{spec.name}-{key}.json"
@@ -79,8 +84,12 @@ def lookup(spec: PlannedSpec) -> IndexedPlan | None:
 def record(spec: PlannedSpec, plan: BuildPlan) -> None:
     """Remember ``plan``'s build dir for this environment (best effort)."""
     binaries = {str(p): _stat(p) for p in (plan.toolchain.nvcc, plan.toolchain.cxx)}
-    entry = {"build_dir": str(plan.build_dir), "library": plan.ninja.output,
-             "digest": plan.digest, "binaries": binaries}
+    entry = {
+        "build_dir": str(plan.build_dir),
+        "library": plan.ninja.output,
+        "digest": plan.digest,
+        "binaries": binaries,
+    }
     try:
         atomic_write_text(_entry_path(spec), json.dumps(entry))
     except OSError:

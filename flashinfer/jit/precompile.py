@@ -30,8 +30,9 @@ class PrecompileResult:
     skipped: dict[str, str]  # module -> why it cannot target any of the requested archs
 
 
-def precompile(out_dir: Path, archs: str | Iterable[CudaArch], ops: Iterable[str] | None = None
-               ) -> PrecompileResult:
+def precompile(
+    out_dir: Path, archs: str | Iterable[CudaArch], ops: Iterable[str] | None = None
+) -> PrecompileResult:
     """Build every specialization of ``ops`` for ``archs`` into the layer ``out_dir``. A
     module that supports none of ``archs`` (decode needs sm_80+) is skipped and reported;
     one that supports some of them is built for those."""
@@ -49,8 +50,10 @@ def precompile(out_dir: Path, archs: str | Iterable[CudaArch], ops: Iterable[str
         except NoTargetArchError as err:
             skipped[spec.name] = str(err)
     if not supported:
-        raise ValueError("no requested module can target "
-                         f"{' '.join(str(a) for a in arch_list)}: {', '.join(skipped)}")
+        raise ValueError(
+            "no requested module can target "
+            f"{' '.join(str(a) for a in arch_list)}: {', '.join(skipped)}"
+        )
     out_dir = Path(out_dir)
     staging = out_dir / f".precompile-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
@@ -66,10 +69,15 @@ def precompile(out_dir: Path, archs: str | Iterable[CudaArch], ops: Iterable[str
             plans.append((spec, plan))
         top.append("build all: phony " + " ".join(p.ninja.target for _, p in plans))
         (staging / "build.ninja").write_text("\n".join(top) + "\n")
-        logger.info("precompiling %d module(s) for %s into %s", len(plans),
-                    " ".join(f"sm_{a.sm}" for a in arch_list), out_dir)
-        run_ninja(staging, f"{len(plans)} modules", targets=["all"],
-                  log_path=out_dir / "precompile.log")
+        logger.info(
+            "precompiling %d module(s) for %s into %s",
+            len(plans),
+            " ".join(f"sm_{a.sm}" for a in arch_list),
+            out_dir,
+        )
+        run_ninja(
+            staging, f"{len(plans)} modules", targets=["all"], log_path=out_dir / "precompile.log"
+        )
         published = [_publish(out_dir, staging, spec, plan) for spec, plan in plans]
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -41,6 +41,7 @@ def specs_for(ops: Iterable[str] | None = None) -> list[JitSpec]:
     names = list(available) if ops is None else list(ops)
     unknown = [n for n in names if n not in available]
     if unknown:
-        raise ValueError(f"unknown op(s) {', '.join(unknown)}; registered: "
-                         f"{', '.join(sorted(available))}")
+        raise ValueError(
+            f"unknown op(s) {', '.join(unknown)}; registered: {', '.join(sorted(available))}"
+        )
     return [spec for name in names for spec in available[name]()]

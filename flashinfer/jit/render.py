@@ -28,17 +28,18 @@ def _environment():  # noqa: ANN202 - jinja2 is imported only when a render is n
     )
 
 
-def render_template(
-    template: str | Path, module_uri: str, output_name: str, **params: Any
-) -> Path:
+def render_template(template: str | Path, module_uri: str, output_name: str, **params: Any) -> Path:
     """Render ``template`` (a path, or a file name in csrc/) with ``params`` into
     ``<workspace>/generated/<module_uri>/<output_name>``; an unchanged render keeps its mtime."""
     path = Path(template)
     if not path.is_absolute():
         path = env.FLASHINFER_CSRC_DIR / path
     st = path.stat()
-    key = hashlib.sha256(json.dumps([str(path), st.st_size, st.st_mtime_ns, params],
-                                    sort_keys=True, default=str).encode()).hexdigest()
+    key = hashlib.sha256(
+        json.dumps(
+            [str(path), st.st_size, st.st_mtime_ns, params], sort_keys=True, default=str
+        ).encode()
+    ).hexdigest()
     out = env.generated_dir(module_uri) / output_name
     key_file = out.with_name(f".{output_name}.key")
     try:

@@ -18,11 +18,23 @@ def gen_rope_module(dtype: Any) -> JitSpec:
         dtype,
         ["rope_kernel.cu", "rope.cc"],
         {
-            "apply_rope_pos_ids": (*_OUTPUTS_INPUTS, "rotary_dim", "interleave", "rope_scale",
-                                   "rope_theta"),
-            "apply_llama31_rope_pos_ids": (*_OUTPUTS_INPUTS, "rotary_dim", "interleave",
-                                           "rope_scale", "rope_theta", "low_freq_factor",
-                                           "high_freq_factor", "old_context_len"),
+            "apply_rope_pos_ids": (
+                *_OUTPUTS_INPUTS,
+                "rotary_dim",
+                "interleave",
+                "rope_scale",
+                "rope_theta",
+            ),
+            "apply_llama31_rope_pos_ids": (
+                *_OUTPUTS_INPUTS,
+                "rotary_dim",
+                "interleave",
+                "rope_scale",
+                "rope_theta",
+                "low_freq_factor",
+                "high_freq_factor",
+                "old_context_len",
+            ),
             "apply_rope_cos_sin_cache": (*_OUTPUTS_INPUTS, "cos_sin_cache", "interleave"),
         },
     )

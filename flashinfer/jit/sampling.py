@@ -18,18 +18,47 @@ def gen_sampling_module(dtype: Any) -> JitSpec:
         ["sampling_kernel.cu", "sampling.cc"],
         {
             "softmax": ("out", "logits", "temperatures", "temperature", "pdl"),
-            "sampling_from_probs": ("out", "valid", "probs", "indices", "top_k_values",
-                                    "top_p_values", "min_p_values", "top_k", "top_p", "min_p",
-                                    "which", "top_k_first", "seed_values", "offset_values",
-                                    "seed", "offset"),
-            "sampling_from_logits": ("out", "logits", "indices", "seed_values", "offset_values",
-                                     "seed", "offset"),
-            "renorm_probs": ("out", "probs", "top_k_values", "top_p_values", "top_k", "top_p",
-                             "which"),
+            "sampling_from_probs": (
+                "out",
+                "valid",
+                "probs",
+                "indices",
+                "top_k_values",
+                "top_p_values",
+                "min_p_values",
+                "top_k",
+                "top_p",
+                "min_p",
+                "which",
+                "top_k_first",
+                "seed_values",
+                "offset_values",
+                "seed",
+                "offset",
+            ),
+            "sampling_from_logits": (
+                "out",
+                "logits",
+                "indices",
+                "seed_values",
+                "offset_values",
+                "seed",
+                "offset",
+            ),
+            "renorm_probs": (
+                "out",
+                "probs",
+                "top_k_values",
+                "top_p_values",
+                "top_k",
+                "top_p",
+                "which",
+            ),
             "top_k_mask_logits": ("out", "logits", "top_k_values", "top_k"),
         },
     )
 
 
-register_op("sampling",
-            lambda: [gen_sampling_module(d) for d in ("float16", "bfloat16", "float32")])
+register_op(
+    "sampling", lambda: [gen_sampling_module(d) for d in ("float16", "bfloat16", "float32")]
+)

@@ -29,8 +29,16 @@ class ToolchainError(RuntimeError):
 def _which(program: str, variable: str) -> Path:
     found = shutil.which(program)
     if found is None:
-        raise ToolchainError(f"{program!r} not found on PATH (set {variable} to choose another)")
+        where = "" if os.sep in program else " on PATH"
+        raise ToolchainError(f"{program!r} not found{where} (set {variable} to choose another)")
     return Path(found)
+
+
+def _which_nvcc(program: str) -> Path:
+    from_cuda_home = not config.nvcc and config.cuda_home is not None
+    return _which(
+        program, "FLASHINFER_NVCC or fix CUDA_HOME" if from_cuda_home else "FLASHINFER_NVCC"
+    )
 
 
 @functools.cache
@@ -69,6 +77,16 @@ def _probe_version_cached(real: Path, size: int, mtime_ns: int, binary: Path) ->
     except OSError:
         pass  # a read-only workspace only costs a probe per process
     return version
+
+
+def nvcc_name() -> str:
+    """The nvcc FLASHINFER_NVCC names; unset: ``$CUDA_HOME/bin/nvcc`` when CUDA_HOME is set
+    (the compiler of the toolkit whose headers builds use), else ``nvcc`` on PATH."""
+    if config.nvcc:
+        return config.nvcc
+    if config.cuda_home:
+        return str(Path(config.cuda_home) / "bin" / "nvcc")
+    return "nvcc"
 
 
 def _cuda_home(nvcc: Path) -> Path:
@@ -130,9 +148,11 @@ def _tvm_ffi_paths() -> tuple[tuple[Path, ...], Path]:
 
     root = Path(tvm_ffi.__file__).parent
     include, lib = root / "include", root / "lib"
-    if (include / "tvm" / "ffi").is_dir() and (include / "dlpack").is_dir() and (
-        lib / "libtvm_ffi.so"
-    ).is_file():
+    if (
+        (include / "tvm" / "ffi").is_dir()
+        and (include / "dlpack").is_dir()
+        and (lib / "libtvm_ffi.so").is_file()
+    ):
         return (include,), lib
     from tvm_ffi import libinfo
 
@@ -145,11 +165,13 @@ def _tvm_ffi_paths() -> tuple[tuple[Path, ...], Path]:
 
 
 @functools.cache
-def _resolve(nvcc_name: str, cxx_name: str, cuda_home: str | None, search_path: str) -> Toolchain:
+def _resolve(
+    nvcc_program: str, cxx_name: str, cuda_home: str | None, search_path: str
+) -> Toolchain:
     del cuda_home, search_path  # cache key only: they change what the lookups find
     import tvm_ffi
 
-    nvcc = _which(nvcc_name, "FLASHINFER_NVCC")
+    nvcc = _which_nvcc(nvcc_program)
     include_dirs, lib_dir = _tvm_ffi_paths()
     return Toolchain(
         nvcc=nvcc,
@@ -163,7 +185,7 @@ def _resolve(nvcc_name: str, cxx_name: str, cuda_home: str | None, search_path: 
 
 def current_toolchain() -> Toolchain:
     """The tools the current environment selects (resolved once per distinct setting)."""
-    return _resolve(config.nvcc, config.cxx, config.cuda_home, config.search_path)
+    return _resolve(nvcc_name(), config.cxx, config.cuda_home, config.search_path)
 
 
 def default_max_jobs() -> int:
@@ -183,8 +205,8 @@ def default_max_jobs() -> int:
 
 
 def find_nvcc() -> Path:
-    """The CUDA compiler FLASHINFER_NVCC names, looked up on PATH as builds look it up."""
-    return _which(config.nvcc, "FLASHINFER_NVCC")
+    """The CUDA compiler builds use (:func:`nvcc_name`), looked up as builds look it up."""
+    return _which_nvcc(nvcc_name())
 
 
 def find_cxx() -> Path:
@@ -258,6 +280,8 @@ def nvcc_arch_problem(arch: CudaArch, nvcc: Path | None = None) -> str | None:
     if arch.suffix == "a" and arch.major < 9:
         return f"arch {arch} does not exist: arch-specific ('a') targets start at 9.0a"
     if arch.suffix == "f" and (arch.major < 10 or (release is not None and release < (12, 9))):
-        return (f"{name} cannot build arch {arch}: family ('f') targets start at 10.0f "
-                "and need CUDA 12.9 or newer")
+        return (
+            f"{name} cannot build arch {arch}: family ('f') targets start at 10.0f "
+            "and need CUDA 12.9 or newer"
+        )
     return None

@@ -18,9 +18,13 @@ def gemma_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> t
     return rmsnorm(x, weight.double() + 1, eps)
 
 
-def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                      eps: float = 1e-6, weight_offset: float = 0.0
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rmsnorm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float = 1e-6,
+    weight_offset: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(normalized, new residual). The sum is a float32 add, as the kernel forms it: the new
     residual is that sum rounded to the residual's dtype (so it compares exactly), and the
     norm is taken of the unrounded float32 sum."""
@@ -28,8 +32,9 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
     return rmsnorm(total, weight.double() + weight_offset, eps), total.to(residual.dtype)
 
 
-def layernorm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
-              eps: float = 1e-6) -> torch.Tensor:
+def layernorm(
+    x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-6
+) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) * gamma + beta over the last dim, in float64."""
     xd = x.double()
     mean = xd.mean(-1, keepdim=True)
@@ -48,8 +53,12 @@ def act_and_mul(x: torch.Tensor, act: str) -> torch.Tensor:
     return torch.nn.functional.gelu(gate, approximate=approximate) * up
 
 
-def rope_frequencies(rotary_dim: int, rope_scale: float = 1.0, rope_theta: float = 1e4,
-                     llama31: tuple[float, float, float] | None = None) -> torch.Tensor:
+def rope_frequencies(
+    rotary_dim: int,
+    rope_scale: float = 1.0,
+    rope_theta: float = 1e4,
+    llama31: tuple[float, float, float] | None = None,
+) -> torch.Tensor:
     """Per-pair frequencies in float32, as the kernel computes them (angles must agree to
     float32 precision, or large positions would not compare). ``llama31`` is
     (low_freq_factor, high_freq_factor, old_context_len); rope_scale is then its factor."""
@@ -61,8 +70,9 @@ def rope_frequencies(rotary_dim: int, rope_scale: float = 1.0, rope_theta: float
     wavelen = 2 * math.pi / freq
     smooth = (old / wavelen - low) / (high - low)
     mid = (1 - smooth) * freq / rope_scale + smooth * freq
-    return torch.where(wavelen < old / high, freq, torch.where(wavelen > old / low,
-                                                               freq / rope_scale, mid))
+    return torch.where(
+        wavelen < old / high, freq, torch.where(wavelen > old / low, freq / rope_scale, mid)
+    )
 
 
 def rope(x: torch.Tensor, angles: torch.Tensor, interleave: bool) -> torch.Tensor:
@@ -89,8 +99,9 @@ def mass_above(probs: torch.Tensor) -> torch.Tensor:
     ranked, order = p.sort(dim=-1, descending=True)
     exclusive = ranked.cumsum(-1) - ranked
     # ties share the mass above the first of them
-    first_of_tie = torch.cat([torch.ones_like(ranked[:, :1], dtype=torch.bool),
-                              ranked[:, 1:] != ranked[:, :-1]], dim=-1)
+    first_of_tie = torch.cat(
+        [torch.ones_like(ranked[:, :1], dtype=torch.bool), ranked[:, 1:] != ranked[:, :-1]], dim=-1
+    )
     group = first_of_tie.long().cumsum(-1) - 1
     starts = torch.where(first_of_tie, exclusive, torch.zeros_like(exclusive))
     group_start = torch.zeros_like(exclusive).scatter_add_(-1, group, starts)
@@ -158,8 +169,15 @@ def philox_words(seed: int, subsequence: int, offset: int, count: int) -> list[i
     for position in range(offset, offset + count):
         block, lane = divmod(position, 4)
         if block not in blocks:
-            blocks[block] = philox4x32_10((block & _MASK32, (block >> 32) & _MASK32,
-                                           subsequence & _MASK32, subsequence >> 32), key)
+            blocks[block] = philox4x32_10(
+                (
+                    block & _MASK32,
+                    (block >> 32) & _MASK32,
+                    subsequence & _MASK32,
+                    subsequence >> 32,
+                ),
+                key,
+            )
         words.append(blocks[block][lane])
     return words
 
@@ -182,36 +200,42 @@ def curand_uniform(bits: int) -> float:
     return 0.0 if value == 1.0 else value
 
 
-def exponential_race(probs: torch.Tensor, seed: int, offset: int, row: int,
-                     keep: torch.Tensor | None = None) -> tuple[int, float]:
+def exponential_race(
+    probs: torch.Tensor, seed: int, offset: int, row: int, keep: torch.Tensor | None = None
+) -> tuple[int, float]:
     """The token the sampling kernels draw from one row of float32 ``probs`` (elements
     outside ``keep`` excluded) for output row ``row``: argmax of p / E with
     E = -log1p(-u), u from word offset + j of subsequence ``row``; and the winner's score
     margin over the runner-up (relative), which tells a near-tie."""
     p = probs.detach().cpu().float()
-    u = torch.tensor([uniform_open01(b) for b in philox_words(seed, row, offset, p.numel())],
-                     dtype=torch.float32)
+    u = torch.tensor(
+        [uniform_open01(b) for b in philox_words(seed, row, offset, p.numel())], dtype=torch.float32
+    )
     score = p / -torch.log1p(-u)
     runs = p > 0 if keep is None else (p > 0) & keep.cpu()
     score = torch.where(runs, score, torch.tensor(float("-inf")))
     top = score.double().topk(min(2, p.numel()))
-    margin = 1.0 if p.numel() < 2 or top.values[1] <= 0 else float(
-        (top.values[0] - top.values[1]) / top.values[0])
+    margin = (
+        1.0
+        if p.numel() < 2 or top.values[1] <= 0
+        else float((top.values[0] - top.values[1]) / top.values[0])
+    )
     return int(score.argmax()), margin
 
 
 # -- whole-API references (fi_trace embeds these; built from the helpers above) -------------
 
 
-def rmsnorm_quant(x: torch.Tensor, weight: torch.Tensor, scale: float,
-                  eps: float = 1e-6) -> torch.Tensor:
+def rmsnorm_quant(
+    x: torch.Tensor, weight: torch.Tensor, scale: float, eps: float = 1e-6
+) -> torch.Tensor:
     """rmsnorm_quant's fp8 output: RMSNorm, divided by ``scale``, cast to e4m3."""
     return fp8_e4m3_quantize(rmsnorm(x, weight, eps), scale)
 
 
-def fused_add_rmsnorm_quant(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                            scale: float, eps: float = 1e-6
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
+def fused_add_rmsnorm_quant(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, scale: float, eps: float = 1e-6
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp8 output, new residual) of fused_add_rmsnorm_quant."""
     normalized, new_residual = fused_add_rmsnorm(x, residual, weight, eps)
     return fp8_e4m3_quantize(normalized, scale), new_residual
@@ -229,32 +253,49 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     return act_and_mul(x, "gelu_tanh")
 
 
-def rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
-                 rotary_dim: int | None = None, interleave: bool = False,
-                 rope_scale: float = 1.0, rope_theta: float = 1e4,
-                 llama31: tuple[float, float, float] | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_pos_ids(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 1.0,
+    rope_theta: float = 1e4,
+    llama31: tuple[float, float, float] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, k) rotated at ``pos_ids``; ``llama31`` as in :func:`rope_frequencies`."""
     freq = rope_frequencies(rotary_dim or q.shape[-1], rope_scale, rope_theta, llama31)
     angles = pos_ids.cpu().float()[:, None] * freq[None, :]
     return rope(q.cpu(), angles, interleave), rope(k.cpu(), angles, interleave)
 
 
-def rope_ragged(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: torch.Tensor,
-                rotary_dim: int | None = None, interleave: bool = False,
-                rope_scale: float = 1.0, rope_theta: float = 1e4,
-                llama31: tuple[float, float, float] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_ragged(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indptr: torch.Tensor,
+    offsets: torch.Tensor,
+    rotary_dim: int | None = None,
+    interleave: bool = False,
+    rope_scale: float = 1.0,
+    rope_theta: float = 1e4,
+    llama31: tuple[float, float, float] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """apply_rope: request i's tokens ``indptr[i]:indptr[i+1]`` sit at ``offsets[i] + j``."""
     bounds, starts = indptr.cpu().tolist(), offsets.cpu().tolist()
-    pos_ids = torch.cat([torch.arange(b - a) + s
-                         for a, b, s in zip(bounds[:-1], bounds[1:], starts)])
+    pos_ids = torch.cat(
+        [torch.arange(b - a) + s for a, b, s in zip(bounds[:-1], bounds[1:], starts)]
+    )
     return rope_pos_ids(q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta, llama31)
 
 
-def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
-                       head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin_cache(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    head_size: int,
+    cos_sin_cache: torch.Tensor,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """apply_rope_with_cos_sin_cache on flat ``[nnz, heads * head_size]`` query/key: the
     angles are atan2(sin, cos) of the cache rows at ``positions``."""
     half = cos_sin_cache.shape[1] // 2
@@ -265,8 +306,7 @@ def rope_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.
     return q.reshape(query.shape), k.reshape(key.shape)
 
 
-def softmax(logits: torch.Tensor, temperature: torch.Tensor | float | None = None
-            ) -> torch.Tensor:
+def softmax(logits: torch.Tensor, temperature: torch.Tensor | float | None = None) -> torch.Tensor:
     """softmax(logits / temperature) per row, in float64 (temperature per row or scalar)."""
     t = 1.0 if temperature is None else torch.as_tensor(temperature, dtype=torch.float64)
     return torch.softmax(logits.double() / torch.as_tensor(t).reshape(-1, 1), dim=-1)
@@ -277,17 +317,27 @@ def top_k_mask_logits(logits: torch.Tensor, top_k: torch.Tensor | int) -> torch.
     return torch.where(top_k_set(logits, top_k), logits.double(), -math.inf)
 
 
-def sample_rows(probs: torch.Tensor, keep: torch.Tensor | None = None, seed: int = 0,
-                offset: int = 0) -> torch.Tensor:
+def sample_rows(
+    probs: torch.Tensor, keep: torch.Tensor | None = None, seed: int = 0, offset: int = 0
+) -> torch.Tensor:
     """The tokens the sampling kernels draw, row by row (:func:`exponential_race`), from
     ``probs`` restricted to ``keep`` (e.g. :func:`top_p_set`)."""
-    return torch.tensor([exponential_race(probs[r], seed, offset, r,
-                                          None if keep is None else keep[r])[0]
-                         for r in range(probs.shape[0])], dtype=torch.int32)
+    return torch.tensor(
+        [
+            exponential_race(probs[r], seed, offset, r, None if keep is None else keep[r])[0]
+            for r in range(probs.shape[0])
+        ],
+        dtype=torch.int32,
+    )
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-              sm_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One request's attention in float64: q ``[qo_len, Hq, D]``, k/v ``[kv_len, Hk, D]``,
     qo head h reads kv head ``h // (Hq // Hk)``, causal aligned bottom right. Returns
     (out ``[qo_len, Hq, D]``, lse ``[qo_len, Hq]`` in base 2)."""
@@ -295,17 +345,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
     kv_len, group = k.shape[0], heads // k.shape[1]
     kd = k.double().repeat_interleave(group, dim=1)
     vd = v.double().repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.double(), kd) * (sm_scale or dim ** -0.5)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), kd) * (sm_scale or dim**-0.5)
     if causal:
         rows = torch.arange(qo_len, device=q.device)[:, None] + (kv_len - qo_len)
-        scores = scores.masked_fill(torch.arange(kv_len, device=q.device)[None, :] > rows,
-                                    -math.inf)
+        scores = scores.masked_fill(
+            torch.arange(kv_len, device=q.device)[None, :] > rows, -math.inf
+        )
     out = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), vd)
     return out, (torch.logsumexp(scores, dim=-1) / math.log(2)).transpose(0, 1)
 
 
-def paged_rows(cache: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor,
-               last_page_len: torch.Tensor, request: int) -> torch.Tensor:
+def paged_rows(
+    cache: torch.Tensor,
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    last_page_len: torch.Tensor,
+    request: int,
+) -> torch.Tensor:
     """Request ``request``'s rows ``[kv_len, Hk, D]`` of an NHD ``[pages, page_size, Hk, D]``
     cache under a page table."""
     begin, end = int(indptr[request]), int(indptr[request + 1])
@@ -313,11 +369,17 @@ def paged_rows(cache: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor,
     return pages[: (end - begin - 1) * cache.shape[1] + int(last_page_len[request])]
 
 
-def batch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
-                          kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor,
-                          causal: bool = False, sm_scale: float | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch attention over NHD paged caches, request i's queries ``qo_indptr[i]:[i+1]``
     (decode: ``qo_indptr = arange(batch + 1)``). Returns (out, lse base 2)."""
     outs, lses = [], []
@@ -331,10 +393,15 @@ def batch_paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     return torch.cat(outs), torch.cat(lses)
 
 
-def batch_ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           qo_indptr: torch.Tensor, kv_indptr: torch.Tensor,
-                           causal: bool = False, sm_scale: float | None = None
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_ragged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    causal: bool = False,
+    sm_scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Batch attention over ragged k/v ``[total_kv, Hk, D]`` (request i: ``kv_indptr[i]:[i+1]``)."""
     outs, lses = [], []
     for r in range(qo_indptr.shape[0] - 1):
@@ -346,8 +413,9 @@ def batch_ragged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return torch.cat(outs), torch.cat(lses)
 
 
-def merge_state(v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_state(
+    v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Two attention states (v ``[seq, H, D]``, base-2 LSE s ``[seq, H]``) merged, in float64."""
     return merge_states(torch.stack([v_a, v_b], dim=1), torch.stack([s_a, s_b], dim=1))
 
@@ -367,16 +435,19 @@ def packbits(x: torch.Tensor, bitorder: str = "big") -> torch.Tensor:
     return (bits.reshape(-1, 8).long() << shifts.to(bits.device)).sum(-1).to(torch.uint8)
 
 
-def seq_lens(kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor,
-             page_size: int) -> torch.Tensor:
+def seq_lens(
+    kv_indptr: torch.Tensor, kv_last_page_len: torch.Tensor, page_size: int
+) -> torch.Tensor:
     """Each request's KV length: full pages times page_size plus the last page's fill."""
     pages = (kv_indptr[1:] - kv_indptr[:-1]).tolist()
-    return torch.tensor([max(n - 1, 0) * page_size + int(last)
-                         for n, last in zip(pages, kv_last_page_len.tolist())])
+    return torch.tensor(
+        [max(n - 1, 0) * page_size + int(last) for n, last in zip(pages, kv_last_page_len.tolist())]
+    )
 
 
-def batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor,
-                            nnz: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch_indices_positions(
+    append_indptr: torch.Tensor, seq_lens: torch.Tensor, nnz: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each appended token's request (-1 past ``append_indptr[-1]``) and KV position."""
     batch, pos = [-1] * nnz, [0] * nnz
     bounds = append_indptr.tolist()
@@ -386,11 +457,16 @@ def batch_indices_positions(append_indptr: torch.Tensor, seq_lens: torch.Tensor,
     return torch.tensor(batch, dtype=torch.int32), torch.tensor(pos, dtype=torch.int32)
 
 
-def append_paged_kv_cache(append_key: torch.Tensor, append_value: torch.Tensor,
-                          batch_indices: torch.Tensor, positions: torch.Tensor,
-                          k_cache: torch.Tensor, v_cache: torch.Tensor,
-                          kv_indices: torch.Tensor, kv_indptr: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+def append_paged_kv_cache(
+    append_key: torch.Tensor,
+    append_value: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Copies of NHD ``k_cache``/``v_cache`` with token i at page
     ``kv_indices[kv_indptr[b] + p // page_size]``, slot ``p % page_size`` (b, p: its
     request and position); tokens with b < 0 are skipped."""

@@ -30,8 +30,9 @@ class IterationTimer(Protocol):
     """Times ``iterations`` calls of ``run``, calling ``prepare`` (untimed) before each;
     returns milliseconds per iteration."""
 
-    def measure(self, run: Callable[[], Any], prepare: Callable[[], Any],
-                iterations: int) -> list[float]: ...
+    def measure(
+        self, run: Callable[[], Any], prepare: Callable[[], Any], iterations: int
+    ) -> list[float]: ...
 
 
 # GPU cycles of busy-wait queued ahead of each timed iteration (~100 us at 2 GHz).
@@ -43,8 +44,9 @@ class CudaEventTimer:
     so the host's Python and launch overhead is hidden behind it: without it a small
     kernel's figure is the host's time between the two events, not the kernel's."""
 
-    def measure(self, run: Callable[[], Any], prepare: Callable[[], Any],
-                iterations: int) -> list[float]:
+    def measure(
+        self, run: Callable[[], Any], prepare: Callable[[], Any], iterations: int
+    ) -> list[float]:
         pairs = []
         for _ in range(iterations):
             prepare()
@@ -62,8 +64,9 @@ class CudaEventTimer:
 class CuptiTimer:
     """Per-iteration span of the kernels (and copies) CUPTI saw start inside the iteration."""
 
-    def measure(self, run: Callable[[], Any], prepare: Callable[[], Any],
-                iterations: int) -> list[float]:
+    def measure(
+        self, run: Callable[[], Any], prepare: Callable[[], Any], iterations: int
+    ) -> list[float]:
         from cupti import cupti
 
         records: list[tuple[int, int]] = []
@@ -74,8 +77,11 @@ class CuptiTimer:
         def completed(activities: list[Any]) -> None:
             records.extend((a.start, a.end) for a in activities)
 
-        kinds = (cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY,
-                 cupti.ActivityKind.MEMSET)
+        kinds = (
+            cupti.ActivityKind.CONCURRENT_KERNEL,
+            cupti.ActivityKind.MEMCPY,
+            cupti.ActivityKind.MEMSET,
+        )
         starts: list[int] = []
         cupti.activity_register_callbacks(requested, completed)
         try:
@@ -155,6 +161,7 @@ def bench_gpu_time(
         buffer = _l2_flush_buffer(torch.cuda.current_device())
         prepare: Callable[[], Any] = buffer.zero_
     else:
+
         def prepare() -> None:
             return None
 
@@ -176,14 +183,17 @@ def bench_gpu_time(
     return summarize(timer.measure(run, prepare, num_iters))
 
 
-def measure_copy_bandwidth(device: torch.device | str | int | None = None,
-                           size_bytes: int = 1 << 30) -> float:
+def measure_copy_bandwidth(
+    device: torch.device | str | int | None = None, size_bytes: int = 1 << 30
+) -> float:
     """Device-to-device copy bandwidth in GB/s, counting bytes read plus bytes written."""
-    device = torch.device("cuda", torch.cuda.current_device()) if device is None else (
-        torch.device("cuda", device) if isinstance(device, int) else torch.device(device))
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if device is None
+        else (torch.device("cuda", device) if isinstance(device, int) else torch.device(device))
+    )
     src = torch.empty(size_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     with torch.cuda.device(device):
-        median_ms, _ = bench_gpu_time(dst.copy_, (src,), num_warmup=3, num_iters=20,
-                                      l2_flush=False)
+        median_ms, _ = bench_gpu_time(dst.copy_, (src,), num_warmup=3, num_iters=20, l2_flush=False)
     return 2 * size_bytes / (median_ms * 1e-3) / 1e9

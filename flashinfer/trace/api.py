@@ -49,14 +49,17 @@ class ApiTrace:
         self.template = template
         self.fi_api = f"{func.__module__}.{func.__qualname__}"
         self.signature = inspect.signature(func)
-        self.__doc__ = (f"The flashinfer-bench definition of a {self.fi_api} call "
-                        f"(op_type {template.op_type!r}) from its arguments' shapes and dtypes.")
+        self.__doc__ = (
+            f"The flashinfer-bench definition of a {self.fi_api} call "
+            f"(op_type {template.op_type!r}) from its arguments' shapes and dtypes."
+        )
 
     def __call__(self, save_dir: str | Path | None = None, **kwargs: Any) -> dict[str, Any]:
         return self.trace(kwargs, save_dir=save_dir)
 
-    def trace(self, kwargs: Kwargs, instance: object = None,
-              save_dir: str | Path | None = None) -> dict[str, Any]:
+    def trace(
+        self, kwargs: Kwargs, instance: object = None, save_dir: str | Path | None = None
+    ) -> dict[str, Any]:
         """The definition for ``kwargs``; ``instance``: the wrapper whose plan() state fills
         the template's ``plan_attrs``; ``save_dir``: also write it there (always)."""
         definition = self.template.definition(self.fi_api, self._complete(kwargs, instance))
@@ -98,15 +101,15 @@ class ApiTrace:
             if key in _dumped:
                 return None
             _dumped.add(key)
-        return write_definition(self.template.definition(self.fi_api, full),
-                                config.trace_dump_dir)
+        return write_definition(self.template.definition(self.fi_api, full), config.trace_dump_dir)
 
 
 def attach_trace(func: F, template: TraceTemplate) -> ApiTrace:
     """Set ``func.fi_trace``; raise TypeError if ``template`` is not a TraceTemplate."""
     if not isinstance(template, TraceTemplate):
-        raise TypeError(f"trace must be a flashinfer.trace.TraceTemplate, got "
-                        f"{type(template).__name__}")
+        raise TypeError(
+            f"trace must be a flashinfer.trace.TraceTemplate, got {type(template).__name__}"
+        )
     api_trace = ApiTrace(func, template)
     func.fi_trace = api_trace  # type: ignore[attr-defined]
     return api_trace
@@ -128,15 +131,20 @@ def with_auto_dump(func: F, api_trace: ApiTrace) -> F:
                 pass  # arguments that do not bind: the call itself raises the error
             except Exception as err:  # noqa: BLE001 - tracing must never break the API
                 failed = True
-                _log.warning("fi_trace auto-dump of %s failed: %s: %s", api_trace.fi_api,
-                             type(err).__name__, err)
+                _log.warning(
+                    "fi_trace auto-dump of %s failed: %s: %s",
+                    api_trace.fi_api,
+                    type(err).__name__,
+                    err,
+                )
         return func(*args, **kwargs)
 
     return dumping  # type: ignore[return-value]
 
 
-def fi_trace(func_or_method: Callable[..., Any], save_dir: str | Path | None = None,
-             **kwargs: Any) -> dict[str, Any]:
+def fi_trace(
+    func_or_method: Callable[..., Any], save_dir: str | Path | None = None, **kwargs: Any
+) -> dict[str, Any]:
     """The definition of a call of a ``@flashinfer_api(trace=...)`` function or method.
 
     A bound method (``wrapper.run``) also reads what its wrapper's ``plan()`` stored
@@ -146,6 +154,7 @@ def fi_trace(func_or_method: Callable[..., Any], save_dir: str | Path | None = N
     api_trace = getattr(func, "fi_trace", None)
     if not isinstance(api_trace, ApiTrace):
         name = getattr(func, "__qualname__", repr(func))
-        raise ValueError(f"func_or_method: {name} has no fi_trace; only "
-                         "@flashinfer_api(trace=...) functions do")
+        raise ValueError(
+            f"func_or_method: {name} has no fi_trace; only @flashinfer_api(trace=...) functions do"
+        )
     return api_trace.trace(kwargs, instance=instance, save_dir=save_dir)

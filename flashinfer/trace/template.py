@@ -143,8 +143,9 @@ class TraceTemplate:
             if isinstance(desc, Tensor):
                 unknown = (set(desc.dims) | set(desc.hnd_dims or ())) - known
                 if unknown:
-                    raise ValueError(f"{self.op_type}: {key} uses undeclared axes "
-                                     f"{sorted(unknown)}")
+                    raise ValueError(
+                        f"{self.op_type}: {key} uses undeclared axes {sorted(unknown)}"
+                    )
 
     # -- axis values -----------------------------------------------------------------------
 
@@ -174,8 +175,9 @@ class TraceTemplate:
 
     def const_values(self, kwargs: Kwargs) -> tuple[tuple[str, int], ...]:
         values = self.axis_values(kwargs)
-        return tuple((a, values[a]) for a, m in self.axes.items()
-                     if isinstance(m, Const) and a in values)
+        return tuple(
+            (a, values[a]) for a, m in self.axes.items() if isinstance(m, Const) and a in values
+        )
 
     def definition_name(self, axis_values: dict[str, int]) -> str:
         """``<name_prefix or op_type>_<abbrev><value>...`` over the const axes."""
@@ -195,8 +197,11 @@ class TraceTemplate:
             entry: dict[str, Any] = {"shape": None, "dtype": dtype}
         else:
             value = _lookup(kwargs, key, desc)
-            dtype = (dtype_name(value.dtype) if isinstance(value, torch.Tensor)
-                     else desc.dtype or "unknown")
+            dtype = (
+                dtype_name(value.dtype)
+                if isinstance(value, torch.Tensor)
+                else desc.dtype or "unknown"
+            )
             entry = {"shape": list(desc.dims_for(kwargs)), "dtype": dtype}
         return self._finish(entry, desc)
 
@@ -209,8 +214,9 @@ class TraceTemplate:
             value = _lookup(kwargs, desc.dtype_from, source)
             if isinstance(value, torch.Tensor):
                 dtype = dtype_name(value.dtype)
-        return self._finish({"shape": list(desc.dims_for(kwargs)), "dtype": dtype or "unknown"},
-                            desc)
+        return self._finish(
+            {"shape": list(desc.dims_for(kwargs)), "dtype": dtype or "unknown"}, desc
+        )
 
     @staticmethod
     def _finish(entry: dict[str, Any], desc: Descriptor) -> dict[str, Any]:

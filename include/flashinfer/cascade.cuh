@@ -54,7 +54,7 @@ constexpr int kMaxDimsPerThread = 8;  // head_dim <= 512
 // merging nothing gives v = 0, s = -inf.
 struct StateMerger {
   float max_s = -INFINITY;
-  float weight = 0.f;                  // sum of 2^(s_i - max_s)
+  float weight = 0.f;                 // sum of 2^(s_i - max_s)
   float acc[kMaxDimsPerThread] = {};  // sum of 2^(s_i - max_s) * v_i
 
   template <typename T>
@@ -118,8 +118,8 @@ __global__ void __launch_bounds__(kMergeThreads)
 // are left alone). grid (positions, heads).
 template <typename T>
 __global__ void __launch_bounds__(kMergeThreads)
-    MergeTwoStatesKernel(OutputArray<T> out, StateArray<T> a, StateArray<T> b,
-                         const uint8_t* mask, bool in_place, int64_t head_dim) {
+    MergeTwoStatesKernel(OutputArray<T> out, StateArray<T> a, StateArray<T> b, const uint8_t* mask,
+                         bool in_place, int64_t head_dim) {
   const int64_t p = blockIdx.x, head = blockIdx.y;
   const bool merge = !mask || mask[p];
   if (!merge && in_place) return;
@@ -155,8 +155,7 @@ cudaError_t MergeTwoStates(OutputArray<T> out, StateArray<T> a, StateArray<T> b,
                            const uint8_t* mask, bool in_place, int64_t positions, int64_t heads,
                            int64_t head_dim, cudaStream_t stream) {
   if (positions == 0 || heads == 0) return cudaSuccess;
-  MergeTwoStatesKernel<T><<<dim3(static_cast<unsigned>(positions),
-                                 static_cast<unsigned>(heads)),
+  MergeTwoStatesKernel<T><<<dim3(static_cast<unsigned>(positions), static_cast<unsigned>(heads)),
                             kMergeThreads, 0, stream>>>(out, a, b, mask, in_place, head_dim);
   return launch_status(cudaSuccess);
 }

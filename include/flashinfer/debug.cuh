@@ -29,24 +29,24 @@ __device__ __forceinline__ bool IsFirstBlock() {
 }  // namespace debug
 }  // namespace flashinfer
 
-#define FLASHINFER_PRINTF_GROUP(group_size, fmt, ...)                                        \
-  do {                                                                                       \
-    const unsigned fi_tid_ = ::flashinfer::debug::LinearThreadIdx();                         \
-    if (fi_tid_ % static_cast<unsigned>(group_size) == 0) {                                  \
-      printf("[block (%u,%u,%u) thread %u] " fmt, blockIdx.x, blockIdx.y, blockIdx.z, fi_tid_, \
-             ##__VA_ARGS__);                                                                 \
-    }                                                                                        \
+#define FLASHINFER_PRINTF_GROUP(group_size, fmt, ...)                                 \
+  do {                                                                                \
+    const unsigned fi_tid_ = ::flashinfer::debug::LinearThreadIdx();                  \
+    if (fi_tid_ % static_cast<unsigned>(group_size) == 0) {                           \
+      printf("[block (%u,%u,%u) thread %u] " fmt, blockIdx.x, blockIdx.y, blockIdx.z, \
+             fi_tid_, ##__VA_ARGS__);                                                 \
+    }                                                                                 \
   } while (0)
 
-#define FLASHINFER_PRINTF_ONCE(fmt, ...)                                               \
-  do {                                                                                 \
+#define FLASHINFER_PRINTF_ONCE(fmt, ...)                                                      \
+  do {                                                                                        \
     if (::flashinfer::debug::IsFirstBlock() && ::flashinfer::debug::LinearThreadIdx() == 0) { \
-      printf("[block (0,0,0) thread 0] " fmt, ##__VA_ARGS__);                          \
-    }                                                                                  \
+      printf("[block (0,0,0) thread 0] " fmt, ##__VA_ARGS__);                                 \
+    }                                                                                         \
   } while (0)
 
 #define FLASHINFER_PRINTF_BLOCK(fmt, ...) \
-  FLASHINFER_PRINTF_GROUP(blockDim.x * blockDim.y * blockDim.z, fmt, ##__VA_ARGS__)
+  FLASHINFER_PRINTF_GROUP(blockDim.x* blockDim.y* blockDim.z, fmt, ##__VA_ARGS__)
 
 #define FLASHINFER_PRINTF_WARP(fmt, ...) FLASHINFER_PRINTF_GROUP(32, fmt, ##__VA_ARGS__)
 

@@ -82,8 +82,8 @@ __device__ __forceinline__ bool work_item(const WorkList& w, const PageTable& pt
 }
 
 struct Scores {
-  float scale;    // applied to q.k: sm_scale * log2e, or sm_scale / cap with a soft cap
-  float cap;      // > 0: score = cap * log2e * tanh(scaled q.k), else 0
+  float scale;  // applied to q.k: sm_scale * log2e, or sm_scale / cap with a soft cap
+  float cap;    // > 0: score = cap * log2e * tanh(scaled q.k), else 0
 };
 
 template <typename T>
@@ -94,8 +94,8 @@ struct DecodeParams {
   PageTable pages;
   T* out;
   int64_t out_batch_stride, out_head_stride;
-  float* lse;  // [batch, qo_heads] base-2 LSE, may be null
-  float* tmp_v;  // [tmp rows, qo_heads, head_dim]
+  float* lse;      // [batch, qo_heads] base-2 LSE, may be null
+  float* tmp_v;    // [tmp rows, qo_heads, head_dim]
   float* tmp_lse;  // [tmp rows, qo_heads]
   int64_t num_qo_heads;
   Scores scores;
@@ -158,10 +158,10 @@ __global__ void __launch_bounds__(1024) DecodeKernel(DecodeParams<T> p, WorkList
       int64_t page = -1, slot = 0;
       if (t < item.end) locate(p.pages, page_base, t, &page, &slot);
       const bool valid = page >= 0;
-      const int64_t k_at = page * p.k.page_stride + slot * p.k.slot_stride +
-                           kv_head * p.k.head_stride + part * kVec;
-      const int64_t v_at = page * p.v.page_stride + slot * p.v.slot_stride +
-                           kv_head * p.v.head_stride + part * kVec;
+      const int64_t k_at =
+          page * p.k.page_stride + slot * p.k.slot_stride + kv_head * p.k.head_stride + part * kVec;
+      const int64_t v_at =
+          page * p.v.page_stride + slot * p.v.slot_stride + kv_head * p.v.head_stride + part * kVec;
       // not scored: zero-fill from a valid dummy address
       cp_async_16(k_tile(stage) + token * kHeadDim + part * kVec, p.k.data + (valid ? k_at : 0),
                   valid);
@@ -188,8 +188,8 @@ __global__ void __launch_bounds__(1024) DecodeKernel(DecodeParams<T> p, WorkList
     const int64_t tile_start = item.start + i * kTile;
     for (int u = 0; u < per_lane; ++u) {
       const int token = tz * per_lane + u;
-      const Vec<T, kVec> kv = *reinterpret_cast<const Vec<T, kVec>*>(
-          k_tile(stage) + token * kHeadDim + tx * kVec);
+      const Vec<T, kVec> kv =
+          *reinterpret_cast<const Vec<T, kVec>*>(k_tile(stage) + token * kHeadDim + tx * kVec);
       float s = 0.f;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) s += q[j] * to_float(kv.data[j]);
@@ -202,8 +202,8 @@ __global__ void __launch_bounds__(1024) DecodeKernel(DecodeParams<T> p, WorkList
       const float m_new = fmaxf(m, s);
       const float rescale = exp2f(m - m_new);
       const float w = exp2f(s - m_new);
-      const Vec<T, kVec> vv = *reinterpret_cast<const Vec<T, kVec>*>(
-          v_tile(stage) + token * kHeadDim + tx * kVec);
+      const Vec<T, kVec> vv =
+          *reinterpret_cast<const Vec<T, kVec>*>(v_tile(stage) + token * kHeadDim + tx * kVec);
       d = d * rescale + w;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) o[j] = o[j] * rescale + w * to_float(vv.data[j]);
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(1024) DecodeKernel(DecodeParams<T> p, WorkList
   pdl_launch_dependents();  // the merge (or the next kernel) may start its prologue
 
   // Merge the bdz partial states of each query head, in tz order.
-  float* merge_o = reinterpret_cast<float*>(smem);  // [bdz][group][head_dim]
+  float* merge_o = reinterpret_cast<float*>(smem);     // [bdz][group][head_dim]
   float* merge_md = merge_o + bdz * group * kHeadDim;  // [bdz][group][2]
   const int slot = tz * group + ty;
 #pragma unroll
@@ -271,8 +271,8 @@ inline int TokenLanes(int group) {
 template <int kHeadDim>
 inline size_t SharedBytes(int group, int bdz) {
   const size_t merge = static_cast<size_t>(bdz) * group * (kHeadDim + 2) * sizeof(float);
-  const size_t stages = 2 * static_cast<size_t>(Tiling<kHeadDim>::kStageBytes) +
-                        Tiling<kHeadDim>::kFlagBytes;
+  const size_t stages =
+      2 * static_cast<size_t>(Tiling<kHeadDim>::kStageBytes) + Tiling<kHeadDim>::kFlagBytes;
   return merge > stages ? merge : stages;
 }
 
@@ -292,8 +292,8 @@ cudaError_t PrepareDecodeKernel(int group, dim3* block, size_t* smem) {
   if (err != cudaSuccess) return err;
   const bool tracked = device < kMaxDevices;
   if (tracked && bytes <= configured[device].load()) return cudaSuccess;
-  err = cudaFuncSetAttribute(DecodeKernel<T, kHeadDim>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  err = cudaFuncSetAttribute(DecodeKernel<T, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             bytes);
   if (err == cudaSuccess && tracked) configured[device].store(bytes);
   return err;
 }
@@ -327,10 +327,9 @@ cudaError_t Decode(const DecodeParams<T>& p, const WorkList& work, int64_t grid_
                       block, smem, stream, pdl, p, work);
   if (err != cudaSuccess || merge_positions == 0) return err;
   const int64_t h = p.num_qo_heads;
-  return cascade::MergeStates<float, T>(
-      {p.out, p.lse, p.out_batch_stride, p.out_head_stride, h, 1},
-      {p.tmp_v, p.tmp_lse, h * kHeadDim, kHeadDim, h, 1}, merge, merge_positions, h, kHeadDim,
-      stream, pdl);
+  return cascade::MergeStates<float, T>({p.out, p.lse, p.out_batch_stride, p.out_head_stride, h, 1},
+                                        {p.tmp_v, p.tmp_lse, h * kHeadDim, kHeadDim, h, 1}, merge,
+                                        merge_positions, h, kHeadDim, stream, pdl);
 }
 
 }  // namespace decode

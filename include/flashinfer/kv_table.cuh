@@ -33,8 +33,8 @@ struct PageTable {
 __device__ __forceinline__ int64_t request_length(const PageTable& pt, int64_t request) {
   const int64_t pages = static_cast<int64_t>(pt.indptr[request + 1]) - pt.indptr[request];
   if (pages <= 0) return 0;
-  const int64_t last = min(max(static_cast<int64_t>(pt.last_page_len[request]), int64_t{0}),
-                           pt.page_size);
+  const int64_t last =
+      min(max(static_cast<int64_t>(pt.last_page_len[request]), int64_t{0}), pt.page_size);
   return (pages - 1) * pt.page_size + last;
 }
 

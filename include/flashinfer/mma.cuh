@@ -47,8 +47,8 @@ __device__ __forceinline__ void mma_16816<__half>(float* c, const uint32_t* a, u
 }
 
 template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float* c, const uint32_t* a,
-                                                         uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float* c, const uint32_t* a, uint32_t b0,
+                                                         uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"

@@ -69,9 +69,9 @@ struct OutputConverter<__nv_fp8_e4m3> {
 // for rows up to a few hundred KiB) and writes it. `out` may be `in` itself (in place), so
 // neither is __restrict__.
 template <typename T, typename O, int VEC>
-__global__ void RMSNormKernel(O* out, const T* in, const T* __restrict__ weight,
-                              int64_t hidden, RowLayout in_layout, RowLayout out_layout,
-                              float eps, float weight_offset, QuantScale scale) {
+__global__ void RMSNormKernel(O* out, const T* in, const T* __restrict__ weight, int64_t hidden,
+                              RowLayout in_layout, RowLayout out_layout, float eps,
+                              float weight_offset, QuantScale scale) {
   pdl_wait();
   const T* x = in + in_layout.offset(blockIdx.x);
   O* y = out + out_layout.offset(blockIdx.x);
@@ -247,26 +247,25 @@ cudaError_t RMSNorm(O* out, const T* in, const T* weight, int64_t rows, int64_t 
                                           {out, out_layout, sizeof(O)},
                                           RowAccess::Vector(weight, sizeof(T))});
   return LaunchRows(vec ? RMSNormKernel<T, O, kVec> : RMSNormKernel<T, O, 1>, rows,
-                    vec ? hidden / kVec : hidden, pdl, stream, out, in, weight, hidden,
-                    in_layout, out_layout, eps, weight_offset, scale);
+                    vec ? hidden / kVec : hidden, pdl, stream, out, in, weight, hidden, in_layout,
+                    out_layout, eps, weight_offset, scale);
 }
 
 // `out` is `input` (with in_layout) for the in-place API, or a separate (fp8) output.
 template <typename T, typename O>
 cudaError_t FusedAddRMSNorm(O* out, const T* input, T* residual, const T* weight, int64_t rows,
                             int64_t hidden, RowLayout in_layout, RowLayout res_layout,
-                            RowLayout out_layout, float eps, float weight_offset,
-                            QuantScale scale, bool pdl, cudaStream_t stream) {
+                            RowLayout out_layout, float eps, float weight_offset, QuantScale scale,
+                            bool pdl, cudaStream_t stream) {
   if (rows == 0 || hidden == 0) return cudaSuccess;
   constexpr int kVec = 16 / sizeof(T);
   const bool vec = UseVectors<T>(hidden, {{input, in_layout, sizeof(T)},
                                           {residual, res_layout, sizeof(T)},
                                           {out, out_layout, sizeof(O)},
                                           RowAccess::Vector(weight, sizeof(T))});
-  return LaunchRows(vec ? FusedAddRMSNormKernel<T, O, kVec> : FusedAddRMSNormKernel<T, O, 1>,
-                    rows, vec ? hidden / kVec : hidden, pdl, stream, out, input, residual,
-                    weight, hidden, in_layout, res_layout, out_layout, eps, weight_offset,
-                    scale);
+  return LaunchRows(vec ? FusedAddRMSNormKernel<T, O, kVec> : FusedAddRMSNormKernel<T, O, 1>, rows,
+                    vec ? hidden / kVec : hidden, pdl, stream, out, input, residual, weight, hidden,
+                    in_layout, res_layout, out_layout, eps, weight_offset, scale);
 }
 
 template <typename T>
@@ -276,8 +275,8 @@ cudaError_t LayerNorm(T* out, const T* in, const float* gamma, const float* beta
   if (rows == 0 || hidden == 0) return cudaSuccess;
   constexpr int kVec = 16 / sizeof(T);
   // gamma[k] and beta[k] are read per element, so only the rows need vector alignment.
-  const bool vec = UseVectors<T>(hidden, {{in, in_layout, sizeof(T)},
-                                          {out, out_layout, sizeof(T)}});
+  const bool vec =
+      UseVectors<T>(hidden, {{in, in_layout, sizeof(T)}, {out, out_layout, sizeof(T)}});
   return LaunchRows(vec ? LayerNormKernel<T, kVec> : LayerNormKernel<T, 1>, rows,
                     vec ? hidden / kVec : hidden, pdl, stream, out, in, gamma, beta, hidden,
                     in_layout, out_layout, eps);

@@ -95,9 +95,9 @@ cudaError_t LaunchAppend(T* k_cache, T* v_cache, const T* key, const T* value,
   const dim3 block(lanes, static_cast<unsigned>(per_block));
   const dim3 grid(static_cast<unsigned>(nnz),
                   static_cast<unsigned>((heads + per_block - 1) / per_block));
-  AppendPagedKVKernel<T, VEC><<<grid, block, 0, stream>>>(
-      k_cache, v_cache, key, value, batch_indices, positions, table, heads, head_dim, k_in, v_in,
-      k_cache_l, v_cache_l);
+  AppendPagedKVKernel<T, VEC>
+      <<<grid, block, 0, stream>>>(k_cache, v_cache, key, value, batch_indices, positions, table,
+                                   heads, head_dim, k_in, v_in, k_cache_l, v_cache_l);
   return cudaGetLastError();
 }
 
@@ -123,14 +123,21 @@ cudaError_t AppendPagedKV(T* k_cache, T* v_cache, const T* key, const T* value,
                           CacheLayout v_cache_l, cudaStream_t stream) {
   if (nnz == 0 || heads == 0 || head_dim == 0) return cudaSuccess;
   const void* pointers[] = {k_cache, v_cache, key, value};
-  const int64_t counts[] = {head_dim, k_in.token_stride, k_in.head_stride, v_in.token_stride,
-                            v_in.head_stride, k_cache_l.page_stride, k_cache_l.slot_stride,
-                            k_cache_l.head_stride, v_cache_l.page_stride, v_cache_l.slot_stride,
+  const int64_t counts[] = {head_dim,
+                            k_in.token_stride,
+                            k_in.head_stride,
+                            v_in.token_stride,
+                            v_in.head_stride,
+                            k_cache_l.page_stride,
+                            k_cache_l.slot_stride,
+                            k_cache_l.head_stride,
+                            v_cache_l.page_stride,
+                            v_cache_l.slot_stride,
                             v_cache_l.head_stride};
   if (VectorAligned<T>(pointers, counts, 4, 11)) {
-    return LaunchAppend<T, 16 / sizeof(T)>(k_cache, v_cache, key, value, batch_indices,
-                                          positions, table, nnz, heads, head_dim, k_in, v_in,
-                                          k_cache_l, v_cache_l, stream);
+    return LaunchAppend<T, 16 / sizeof(T)>(k_cache, v_cache, key, value, batch_indices, positions,
+                                           table, nnz, heads, head_dim, k_in, v_in, k_cache_l,
+                                           v_cache_l, stream);
   }
   return LaunchAppend<T, 1>(k_cache, v_cache, key, value, batch_indices, positions, table, nnz,
                             heads, head_dim, k_in, v_in, k_cache_l, v_cache_l, stream);

@@ -28,8 +28,7 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // shared global data.
 template <typename... Params, typename... Args>
 inline cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block,
-                                 size_t smem_bytes, cudaStream_t stream, bool pdl,
-                                 Args... args) {
+                                 size_t smem_bytes, cudaStream_t stream, bool pdl, Args... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;

@@ -40,10 +40,10 @@ FLASHINFER_HOST_DEVICE PhiloxBlock philox4x32_10(PhiloxBlock ctr, uint32_t key0,
 // index in the counter's low 64 bits, the subsequence in its high 64 bits.
 FLASHINFER_HOST_DEVICE PhiloxBlock philox_block(uint64_t seed, uint64_t subsequence,
                                                 uint64_t block) {
-  return philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
-                        static_cast<uint32_t>(subsequence),
-                        static_cast<uint32_t>(subsequence >> 32)},
-                       static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  return philox4x32_10(
+      {static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),
+       static_cast<uint32_t>(subsequence), static_cast<uint32_t>(subsequence >> 32)},
+      static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
 
 // Words offset + 4 * group .. offset + 4 * group + 3 of subsequence `subsequence`: what

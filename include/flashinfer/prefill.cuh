@@ -45,7 +45,7 @@ constexpr int kTileRows = kWarps * 16;  // packed query rows per CTA
 template <int kHeadDim>
 struct Tiling {
   static_assert(kHeadDim % 64 == 0, "the swizzle needs at least 8 chunks of 16 bytes per row");
-  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static constexpr int kChunks = kHeadDim / 8;               // 16-byte chunks per row
   static constexpr int kTileKV = kHeadDim <= 128 ? 64 : 16;  // tokens per K/V tile (registers)
   static constexpr int kQElems = kTileRows * kHeadDim;
   static constexpr int kKVElems = kTileKV * kHeadDim;
@@ -100,8 +100,12 @@ __device__ __forceinline__ bool work_item(const WorkList& w, int64_t i, Item* it
   if (w.plan) {
     if (i >= w.plan[0]) return false;
     const int32_t* a = w.plan + 2;
-    *item = {a[i], a[w.capacity + i], a[2 * w.capacity + i], a[3 * w.capacity + i],
-             a[4 * w.capacity + i], max(w.plan[1], 1)};
+    *item = {a[i],
+             a[w.capacity + i],
+             a[2 * w.capacity + i],
+             a[3 * w.capacity + i],
+             a[4 * w.capacity + i],
+             max(w.plan[1], 1)};
     return true;
   }
   const int64_t chunks = w.single_chunks;
@@ -182,10 +186,10 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
         locate(p.pages, page_base, kv_offset + j, &page, &slot);
         valid = page >= 0;
       }
-      const int64_t k_at = page * p.k.page_stride + slot * p.k.slot_stride +
-                           kv_head * p.k.head_stride + col * 8;
-      const int64_t v_at = page * p.v.page_stride + slot * p.v.slot_stride +
-                           kv_head * p.v.head_stride + col * 8;
+      const int64_t k_at =
+          page * p.k.page_stride + slot * p.k.slot_stride + kv_head * p.k.head_stride + col * 8;
+      const int64_t v_at =
+          page * p.v.page_stride + slot * p.v.slot_stride + kv_head * p.v.head_stride + col * 8;
       cp_async_16(k_tile + swizzle<kHeadDim>(token, col), p.k.data + (valid ? k_at : 0), valid);
       cp_async_16(v_tile + swizzle<kHeadDim>(token, col), p.v.data + (valid ? v_at : 0), valid);
     }
@@ -234,8 +238,8 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       uint32_t a[4];
-      mma::ldmatrix_x4(a, q_base + 2 * swizzle<kHeadDim>(warp * 16 + lane % 16,
-                                                         ks * 2 + lane / 16));
+      mma::ldmatrix_x4(a,
+                       q_base + 2 * swizzle<kHeadDim>(warp * 16 + lane % 16, ks * 2 + lane / 16));
 #pragma unroll
       for (int n2 = 0; n2 < kTileKV / 16; ++n2) {
         uint32_t b[4];
@@ -377,9 +381,9 @@ cudaError_t PreparePrefillKernel() {
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device < kMaxDevices && configured[device].load()) return cudaSuccess;
-  err = cudaFuncSetAttribute(PrefillKernel<T, kHeadDim>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(Tiling<kHeadDim>::kSharedBytes));
+  err =
+      cudaFuncSetAttribute(PrefillKernel<T, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(Tiling<kHeadDim>::kSharedBytes));
   if (err == cudaSuccess && device < kMaxDevices) configured[device].store(true);
   return err;
 }
@@ -389,8 +393,8 @@ template <typename T, int kHeadDim>
 cudaError_t PrefillBlocksPerSM(int* blocks) {
   cudaError_t err = PreparePrefillKernel<T, kHeadDim>();
   if (err != cudaSuccess) return err;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, PrefillKernel<T, kHeadDim>,
-                                                       kThreads, Tiling<kHeadDim>::kSharedBytes);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, PrefillKernel<T, kHeadDim>, kThreads,
+                                                       Tiling<kHeadDim>::kSharedBytes);
 }
 
 // Launches the prefill kernel over `grid_work` work items, then (when merge_positions > 0)
@@ -408,10 +412,9 @@ cudaError_t Prefill(const PrefillParams<T>& p, const WorkList& work, int64_t gri
                       dim3(kThreads), Tiling<kHeadDim>::kSharedBytes, stream, pdl, p, work);
   if (err != cudaSuccess || merge_positions == 0) return err;
   const int64_t h = p.num_qo_heads;
-  return cascade::MergeStates<float, T>(
-      {p.out, p.lse, p.out_row_stride, p.out_head_stride, h, 1},
-      {p.tmp_v, p.tmp_lse, h * kHeadDim, kHeadDim, h, 1}, merge, merge_positions, h, kHeadDim,
-      stream, pdl);
+  return cascade::MergeStates<float, T>({p.out, p.lse, p.out_row_stride, p.out_head_stride, h, 1},
+                                        {p.tmp_v, p.tmp_lse, h * kHeadDim, kHeadDim, h, 1}, merge,
+                                        merge_positions, h, kHeadDim, stream, pdl);
 }
 
 }  // namespace prefill

@@ -48,8 +48,8 @@ __device__ __forceinline__ float Frequency(const RopeParams& p, int64_t i) {
   const float high_wavelen = p.old_context_len / p.high_freq_factor;
   if (wavelen < high_wavelen) return freq;
   if (wavelen > low_wavelen) return freq / p.llama_factor;
-  const float smooth = (p.old_context_len / wavelen - p.low_freq_factor) /
-                       (p.high_freq_factor - p.low_freq_factor);
+  const float smooth =
+      (p.old_context_len / wavelen - p.low_freq_factor) / (p.high_freq_factor - p.low_freq_factor);
   return (1.f - smooth) * freq / p.llama_factor + smooth * freq;
 }
 
@@ -100,13 +100,13 @@ cudaError_t ApplyRope(T* q_out, T* k_out, const T* q, const T* k, const IdT* pos
                       const RopeParams& p, cudaStream_t stream) {
   const int64_t heads = q_in.heads + k_in.heads;
   if (p.nnz == 0 || heads == 0) return cudaSuccess;
-  const int64_t work = p.rotary_dim / 2 > p.head_dim - p.rotary_dim ? p.rotary_dim / 2
-                                                                    : p.head_dim - p.rotary_dim;
+  const int64_t work =
+      p.rotary_dim / 2 > p.head_dim - p.rotary_dim ? p.rotary_dim / 2 : p.head_dim - p.rotary_dim;
   const int64_t warps = (work + 31) / 32;
   const unsigned threads = static_cast<unsigned>(32 * (warps < 1 ? 1 : (warps < 8 ? warps : 8)));
   const dim3 grid(static_cast<unsigned>(p.nnz), static_cast<unsigned>(heads));
-  RopeKernel<T, IdT><<<grid, threads, 0, stream>>>(q_out, k_out, q, k, pos_ids, q_in, k_in, q_o,
-                                                    k_o, p);
+  RopeKernel<T, IdT>
+      <<<grid, threads, 0, stream>>>(q_out, k_out, q, k, pos_ids, q_in, k_in, q_o, k_o, p);
   return cudaGetLastError();
 }
 

@@ -40,8 +40,8 @@ namespace flashinfer {
 namespace sampling {
 
 constexpr int kThreads = 1024;
-constexpr int kVec = 4;                // elements per thread per tile; also words per Philox block
-constexpr int kFixedPointBits = 40;    // a row's total mass lies in [2^39, 2^40) fixed point
+constexpr int kVec = 4;              // elements per thread per tile; also words per Philox block
+constexpr int kFixedPointBits = 40;  // a row's total mass lies in [2^39, 2^40) fixed point
 
 // The power of two that brings a row's total into [2^39, 2^40) (2^127 at most, for rows
 // whose total is below about 2^-87); 0 for a row without finite positive mass.
@@ -95,7 +95,7 @@ __device__ __forceinline__ void for_each_group(const T* row, int64_t n, F&& f) {
 // Calls f(i, x) for every element i (value x) of the row this thread owns.
 template <bool kAligned, typename T, typename F>
 __device__ __forceinline__ void for_each_element(const T* row, int64_t n, F&& f) {
-  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int valid) {
+  for_each_group<kAligned>(row, n, [&](int64_t g, const float (&x)[kVec], int valid) {
     for_lanes(valid, [&](int j) { f(g * kVec + j, x[j]); });
   });
 }
@@ -348,16 +348,15 @@ __global__ void __launch_bounds__(kThreads)
   for_each_element<kAligned>(row, n,
                              [&](int64_t, float x) { total += __expf(scaled(x) - largest); });
   const float inv_total = 1.f / block_reduce<kThreads / 32>(total, Sum(), 0.f);
-  for_each_element<kAligned>(row, n, [&](int64_t i, float x) {
-    dst[i] = __expf(scaled(x) - largest) * inv_total;
-  });
+  for_each_element<kAligned>(
+      row, n, [&](int64_t i, float x) { dst[i] = __expf(scaled(x) - largest) * inv_total; });
 }
 
 // The input row of this block's output row, or null (and token -1, not valid, written) when
 // its index is out of range.
 template <typename T, typename I>
-__device__ __forceinline__ const T* source_row(const T* base, const RowSource<I>& source,
-                                               I* out, bool* valid) {
+__device__ __forceinline__ const T* source_row(const T* base, const RowSource<I>& source, I* out,
+                                               bool* valid) {
   const int64_t src = source.row(blockIdx.x);
   if (src >= 0) return base + src * source.row_stride;
   if (threadIdx.x == 0) {
@@ -374,7 +373,7 @@ template <bool kAligned, typename T, typename I, typename Score>
 __device__ __forceinline__ void exponential_race(const T* row, int64_t n, const RandomStream& rng,
                                                  Score score, I* out, bool* valid) {
   Best best{0.f, -1};
-  for_each_group<kAligned>(row, n, [&](int64_t g, const float(&x)[kVec], int count) {
+  for_each_group<kAligned>(row, n, [&](int64_t g, const float (&x)[kVec], int count) {
     float e[kVec];
     rng.exponentials(g, e);
     for_lanes(count, [&](int j) {
@@ -432,9 +431,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* dst = out + blockIdx.x * out_stride;
   const uint32_t pivot = filter_pivot<kAligned>(row, n, filters, blockIdx.x, sh);
   float kept = 0.f;
-  for_each_element<kAligned>(row, n, [&](int64_t, float x) {
-    kept += ordered_key(x) >= pivot ? x : 0.f;
-  });
+  for_each_element<kAligned>(row, n,
+                             [&](int64_t, float x) { kept += ordered_key(x) >= pivot ? x : 0.f; });
   kept = block_reduce<kThreads / 32>(kept, Sum(), 0.f);
   const float scale = kept > 0.f ? 1.f / kept : 0.f;
   for_each_element<kAligned>(row, n, [&](int64_t i, float x) {
@@ -475,8 +473,8 @@ template <typename T>
 cudaError_t Softmax(float* out, const T* logits, int64_t rows, int64_t n, int64_t in_stride,
                     int64_t out_stride, Param<float> temperature, bool aligned, bool pdl,
                     cudaStream_t stream) {
-  return launch_rows(aligned ? SoftmaxKernel<true, T> : SoftmaxKernel<false, T>, rows, stream,
-                     pdl, out, logits, n, in_stride, out_stride, temperature, pdl);
+  return launch_rows(aligned ? SoftmaxKernel<true, T> : SoftmaxKernel<false, T>, rows, stream, pdl,
+                     out, logits, n, in_stride, out_stride, temperature, pdl);
 }
 
 // Tokens (and `valid`, when set) of type I, the type of the indices.
@@ -489,12 +487,10 @@ cudaError_t FilteredSampling(I* out, bool* valid, const float* probs, int64_t ro
 }
 
 template <typename T, typename I>
-cudaError_t LogitsSampling(I* out, const T* logits, int64_t rows, int64_t n,
-                           RowSource<I> source, RandomSource random, bool aligned,
-                           cudaStream_t stream) {
-  return launch_rows(
-      aligned ? LogitsSamplingKernel<true, T, I> : LogitsSamplingKernel<false, T, I>, rows,
-      stream, false, out, logits, n, source, random);
+cudaError_t LogitsSampling(I* out, const T* logits, int64_t rows, int64_t n, RowSource<I> source,
+                           RandomSource random, bool aligned, cudaStream_t stream) {
+  return launch_rows(aligned ? LogitsSamplingKernel<true, T, I> : LogitsSamplingKernel<false, T, I>,
+                     rows, stream, false, out, logits, n, source, random);
 }
 
 template <typename T>
@@ -508,8 +504,8 @@ template <typename T>
 cudaError_t MaskLogits(T* out, const T* logits, int64_t rows, int64_t n, int64_t in_stride,
                        int64_t out_stride, Param<int32_t> top_k, bool aligned,
                        cudaStream_t stream) {
-  return launch_rows(aligned ? MaskLogitsKernel<true, T> : MaskLogitsKernel<false, T>, rows,
-                     stream, false, out, logits, n, in_stride, out_stride, top_k);
+  return launch_rows(aligned ? MaskLogitsKernel<true, T> : MaskLogitsKernel<false, T>, rows, stream,
+                     false, out, logits, n, in_stride, out_stride, top_k);
 }
 
 }  // namespace sampling

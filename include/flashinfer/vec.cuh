@@ -43,7 +43,9 @@ __device__ __forceinline__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(float x) {
 
 struct Sum {
   template <typename V>
-  __device__ __forceinline__ V operator()(V a, V b) const { return a + b; }
+  __device__ __forceinline__ V operator()(V a, V b) const {
+    return a + b;
+  }
 };
 struct Max {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }

@@ -30,16 +30,19 @@ SIGNATURES = {
         flashinfer.single_decode_with_kv_cache,
         "(q, k, v, kv_layout='NHD', pos_encoding_mode='NONE', use_tensor_cores=False, "
         "q_scale=None, k_scale=None, v_scale=None, window_left=-1, logits_soft_cap=None, "
-        "sm_scale=None, rope_scale=None, rope_theta=None, return_lse=False)"),
+        "sm_scale=None, rope_scale=None, rope_theta=None, return_lse=False)",
+    ),
     "__init__": (
         Wrapper.__init__,
         "(self, float_workspace_buffer, kv_layout='NHD', use_cuda_graph=False, "
         "use_tensor_cores=False, paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, "
-        "paged_kv_last_page_len_buffer=None, backend='auto', jit_args=None)"),
+        "paged_kv_last_page_len_buffer=None, backend='auto', jit_args=None)",
+    ),
     "plan": (
         Wrapper.plan,
         "(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, "
-        "page_size, *deprecated_positional_args, **kwargs)"),
+        "page_size, *deprecated_positional_args, **kwargs)",
+    ),
     "plan keywords": (
         Wrapper._plan_impl,
         "(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, "
@@ -47,39 +50,49 @@ SIGNATURES = {
         "logits_soft_cap=None, q_data_type='float16', kv_data_type=None, o_data_type=None, "
         "data_type=None, sm_scale=None, rope_scale=None, rope_theta=None, non_blocking=True, "
         "block_tables=None, seq_lens=None, fixed_split_size=None, disable_split_kv=False, "
-        "q_len_per_req=1)"),
+        "q_len_per_req=1)",
+    ),
     "run": (
         Wrapper.run,
         "(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, "
         "lse=None, return_lse=False, enable_pdl=None, window_left=None, sinks=None, "
-        "q_len_per_req=None, skip_softmax_threshold_scale_factor=None, kv_cache_sf=None)"),
+        "q_len_per_req=None, skip_softmax_threshold_scale_factor=None, kv_cache_sf=None)",
+    ),
     "forward": (
         Wrapper.forward,
         "(self, q, paged_kv_cache, pos_encoding_mode='NONE', q_scale=None, k_scale=None, "
         "v_scale=None, window_left=-1, logits_soft_cap=None, sm_scale=None, rope_scale=None, "
-        "rope_theta=None)"),
+        "rope_theta=None)",
+    ),
     "forward_return_lse": (
         Wrapper.forward_return_lse,
         "(self, q, paged_kv_cache, pos_encoding_mode='NONE', q_scale=None, k_scale=None, "
         "v_scale=None, window_left=-1, logits_soft_cap=None, sm_scale=None, rope_scale=None, "
-        "rope_theta=None)"),
-    "reset_workspace_buffer": (Wrapper.reset_workspace_buffer,
-                               "(self, float_workspace_buffer, int_workspace_buffer)"),
+        "rope_theta=None)",
+    ),
+    "reset_workspace_buffer": (
+        Wrapper.reset_workspace_buffer,
+        "(self, float_workspace_buffer, int_workspace_buffer)",
+    ),
     "end_forward": (Wrapper.end_forward, "(self)"),
     "CUDAGraph wrapper": (
         flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper.__init__,
         "(self, workspace_buffer, indptr_buffer, indices_buffer, last_page_len_buffer, "
-        "kv_layout='NHD', use_tensor_cores=False)"),
+        "kv_layout='NHD', use_tensor_cores=False)",
+    ),
     "fast_decode_plan": (
         fast_decode_plan,
         "(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, "
         "page_size, pos_encoding_mode='NONE', window_left=-1, logits_soft_cap=None, "
         "q_data_type=None, kv_data_type=None, data_type=None, sm_scale=None, rope_scale=None, "
         "rope_theta=None, non_blocking=True, fixed_split_size=None, disable_split_kv=False, "
-        "q_len_per_req=1, global_override_indptr_cpu=None)"),
+        "q_len_per_req=1, global_override_indptr_cpu=None)",
+    ),
     "merge_state": (flashinfer.merge_state, "(v_a, s_a, v_b, s_b)"),
-    "merge_state_in_place": (flashinfer.merge_state_in_place,
-                             "(v, s, v_other, s_other, mask=None)"),
+    "merge_state_in_place": (
+        flashinfer.merge_state_in_place,
+        "(v, s, v_other, s_other, mask=None)",
+    ),
     "merge_states": (flashinfer.merge_states, "(v, s)"),
 }
 
@@ -115,8 +128,7 @@ def test_plan_accepts_the_deprecated_positional_order(cpu_plan: CpuPlan) -> None
     with pytest.warns(DeprecationWarning, match="positionally is deprecated"):
         # pos_encoding_mode, window_left, logits_soft_cap, q_data_type
         w.plan(*TABLE, *SHAPE, "NONE", 40, 30.0, torch.bfloat16)
-    assert (w._window_left, w._logits_soft_cap, w._cached_q_data_type) == (40, 30.0,
-                                                                           torch.bfloat16)
+    assert (w._window_left, w._logits_soft_cap, w._cached_q_data_type) == (40, 30.0, torch.bfloat16)
     with pytest.raises(TypeError, match="multiple values for argument 'window_left'"):
         w.plan(*TABLE, *SHAPE, "NONE", 40, window_left=3)
     with pytest.raises(TypeError, match="at most 16 optional positional arguments"):
@@ -125,18 +137,29 @@ def test_plan_accepts_the_deprecated_positional_order(cpu_plan: CpuPlan) -> None
         w.plan(*TABLE, *SHAPE, no_such_option=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the keyword form warns nothing
-        w.begin_forward(*TABLE, *SHAPE, data_type="bfloat16", non_blocking=False,
-                        block_tables=torch.zeros(2, 2, dtype=torch.int32))
+        w.begin_forward(
+            *TABLE,
+            *SHAPE,
+            data_type="bfloat16",
+            non_blocking=False,
+            block_tables=torch.zeros(2, 2, dtype=torch.int32),
+        )
     assert w._cached_q_data_type == torch.bfloat16 and w._window_left == -1
 
 
 PLAN_BAD = [
     ("window_right must be 0", ValueError, dict(window_right=5)),
     ("q_len_per_req must be 1", ValueError, dict(q_len_per_req=2)),
-    ("o_data_type torch.float16 differs from q_data_type torch.bfloat16", TypeError,
-     dict(o_data_type=torch.float16)),
-    ("kv_data_type 'float8_e4m3fn' is not a supported dtype", TypeError,
-     dict(kv_data_type="float8_e4m3fn")),
+    (
+        "o_data_type torch.float16 differs from q_data_type torch.bfloat16",
+        TypeError,
+        dict(o_data_type=torch.float16),
+    ),
+    (
+        "kv_data_type 'float8_e4m3fn' is not a supported dtype",
+        TypeError,
+        dict(kv_data_type="float8_e4m3fn"),
+    ),
     ("fixed_split_size must be >= 1", ValueError, dict(fixed_split_size=0)),
     ("disable_split_kv must be a bool", TypeError, dict(disable_split_kv=None)),
     ("non_blocking must be a bool", TypeError, dict(non_blocking=1)),
@@ -146,8 +169,9 @@ PLAN_BAD = [
 
 
 @pytest.mark.parametrize("message,error,kwargs", PLAN_BAD, ids=[b[0][:30] for b in PLAN_BAD])
-def test_plan_rejects_each_unsupported_keyword_value(cpu_plan: CpuPlan, message, error,
-                                                      kwargs) -> None:
+def test_plan_rejects_each_unsupported_keyword_value(
+    cpu_plan: CpuPlan, message, error, kwargs
+) -> None:
     with pytest.raises(error, match=message):
         _wrapper().plan(*TABLE, *SHAPE, q_data_type=torch.bfloat16, **kwargs)
     assert cpu_plan.uploads == []
@@ -159,15 +183,36 @@ def test_split_options_reach_the_schedule(cpu_plan: CpuPlan) -> None:
     assert cpu_plan.uploads[-1][:2] == [3, 16]  # 21 tokens -> 2 chunks, 16 -> 1
     w.plan(*TABLE, *SHAPE, q_data_type=torch.bfloat16, fixed_split_size=1, disable_split_kv=True)
     assert cpu_plan.uploads[-1][:2] == [2, 1]
-    w.plan(*TABLE, *SHAPE, q_data_type=torch.bfloat16, fixed_split_size=1,
-           seq_lens=_i32([40, 16]))  # the schedule follows seq_lens: 40 -> 3 chunks
+    w.plan(
+        *TABLE, *SHAPE, q_data_type=torch.bfloat16, fixed_split_size=1, seq_lens=_i32([40, 16])
+    )  # the schedule follows seq_lens: 40 -> 3 chunks
     assert cpu_plan.uploads[-1][:2] == [4, 16]
 
 
 def _launch_args(launch: tuple) -> dict:
-    names = ("q", "k_cache", "v_cache", "indptr", "indices", "last_page_len", "plan", "tmp_v",
-             "tmp_lse", "out", "lse", "hnd", "work_capacity", "merge_capacity", "tmp_capacity",
-             "grid_work", "grid_merge", "window_left", "scale", "cap", "enable_pdl")
+    names = (
+        "q",
+        "k_cache",
+        "v_cache",
+        "indptr",
+        "indices",
+        "last_page_len",
+        "plan",
+        "tmp_v",
+        "tmp_lse",
+        "out",
+        "lse",
+        "hnd",
+        "work_capacity",
+        "merge_capacity",
+        "tmp_capacity",
+        "grid_work",
+        "grid_merge",
+        "window_left",
+        "scale",
+        "cap",
+        "enable_pdl",
+    )
     assert len(launch) == len(names)
     return dict(zip(names, launch))
 
@@ -186,8 +231,9 @@ def test_every_cache_form_and_run_keyword(cpu_plan: CpuPlan) -> None:
     assert launch["scale"] == pytest.approx(0.5 * LOG2E) and launch["cap"] == 0.0
     assert launch["indptr"] is w._paged_kv_indptr_buf and launch["window_left"] == -1
 
-    out, lse = w.run(q, (k, v), q_scale=2.0, k_scale=3.0, v_scale=0.25, return_lse=True,
-                     enable_pdl=False)
+    out, lse = w.run(
+        q, (k, v), q_scale=2.0, k_scale=3.0, v_scale=0.25, return_lse=True, enable_pdl=False
+    )
     launch = _launch_args(cpu_plan.launches[-1])
     assert launch["scale"] == pytest.approx(0.5 * 6.0 * LOG2E) and launch["enable_pdl"] is False
     assert bool((out == 0.25).all()) and lse.shape == (2, 8) and lse.dtype == torch.float32
@@ -226,22 +272,31 @@ def test_every_cache_form_and_run_keyword(cpu_plan: CpuPlan) -> None:
 def test_page_size_one_caches_may_leave_the_page_dim_out(cpu_plan: CpuPlan) -> None:
     for layout in ("NHD", "HND"):
         w = _wrapper(kv_layout=layout)
-        w.plan(_i32([0, 3, 4]), _i32([0, 1, 2, 3]), _i32([1, 1]), 8, 2, 128, 1,
-               q_data_type=torch.bfloat16)
+        w.plan(
+            _i32([0, 3, 4]),
+            _i32([0, 1, 2, 3]),
+            _i32([1, 1]),
+            8,
+            2,
+            128,
+            1,
+            q_data_type=torch.bfloat16,
+        )
         k3, v3 = _bf16(4, 2, 128), _bf16(4, 2, 128)
         for form in ((k3, v3), torch.stack([k3, v3], dim=1)):
             w.run(_bf16(2, 8, 128), form)
             k_cache = _launch_args(cpu_plan.launches[-1])["k_cache"]
             assert k_cache.shape == ((4, 1, 2, 128) if layout == "NHD" else (4, 2, 1, 128))
-            assert k_cache.data_ptr() == k3.data_ptr() or k_cache.untyped_storage().data_ptr() \
-                == form.untyped_storage().data_ptr()  # a view, never a copy
+            assert (
+                k_cache.data_ptr() == k3.data_ptr()
+                or k_cache.untyped_storage().data_ptr() == form.untyped_storage().data_ptr()
+            )  # a view, never a copy
 
 
 def test_attributes_engines_read(cpu_plan: CpuPlan) -> None:
     w = _wrapper()
     assert not w.is_cuda_graph_enabled and not w.use_tensor_cores and w._fixed_batch_size == 0
-    w.plan(*TABLE, *SHAPE, q_data_type="bfloat16", sm_scale=0.2, logits_soft_cap=5.0,
-           window_left=9)
+    w.plan(*TABLE, *SHAPE, q_data_type="bfloat16", sm_scale=0.2, logits_soft_cap=5.0, window_left=9)
     assert (w._sm_scale, w._logits_soft_cap, w._window_left) == (0.2, 5.0, 9)
     assert w._cached_module is cpu_plan
     assert torch.equal(w._paged_kv_indptr_buf, TABLE[0])
@@ -251,8 +306,9 @@ def test_attributes_engines_read(cpu_plan: CpuPlan) -> None:
     assert w._int_workspace_buffer.nbytes == 8 << 20
     assert w._pin_memory_int_workspace_buffer.nbytes == 8 << 20
     assert w._float_workspace_buffer.nbytes == 1 << 20 and w.device == torch.device("cpu")
-    assert Wrapper(torch.empty(1024, dtype=torch.uint8), backend="fa2", use_tensor_cores=True) \
-        .use_tensor_cores
+    assert Wrapper(
+        torch.empty(1024, dtype=torch.uint8), backend="fa2", use_tensor_cores=True
+    ).use_tensor_cores
     with pytest.raises(ValueError, match="backend 'trtllm-gen' is not available"):
         _wrapper(backend="trtllm-gen")
     with pytest.raises(ValueError, match="jit_args"):
@@ -278,18 +334,24 @@ def test_wrappers_sharing_a_float_workspace_keep_schedules_apart(cpu_plan: CpuPl
 
 
 def _graph_wrapper(batch: int = 2, pages: int = 8) -> Wrapper:
-    return Wrapper(torch.empty(64 << 20, dtype=torch.uint8), use_cuda_graph=True,
-                   paged_kv_indptr_buffer=torch.full((batch + 1,), -7, dtype=torch.int32),
-                   paged_kv_indices_buffer=torch.full((pages,), -7, dtype=torch.int32),
-                   paged_kv_last_page_len_buffer=torch.full((batch,), -7, dtype=torch.int32))
+    return Wrapper(
+        torch.empty(64 << 20, dtype=torch.uint8),
+        use_cuda_graph=True,
+        paged_kv_indptr_buffer=torch.full((batch + 1,), -7, dtype=torch.int32),
+        paged_kv_indices_buffer=torch.full((pages,), -7, dtype=torch.int32),
+        paged_kv_last_page_len_buffer=torch.full((batch,), -7, dtype=torch.int32),
+    )
 
 
 def test_cuda_graph_plan_copies_into_the_fixed_buffers(cpu_plan: CpuPlan) -> None:
     w = _graph_wrapper()
     buffers = (w._paged_kv_indptr_buf, w._paged_kv_indices_buf, w._paged_kv_last_page_len_buf)
     w.plan(TABLE[0].long(), TABLE[1].long(), TABLE[2].long(), *SHAPE, q_data_type=torch.bfloat16)
-    assert (w._paged_kv_indptr_buf, w._paged_kv_indices_buf,
-            w._paged_kv_last_page_len_buf) == buffers  # the same tensors: captured addresses
+    assert (
+        w._paged_kv_indptr_buf,
+        w._paged_kv_indices_buf,
+        w._paged_kv_last_page_len_buf,
+    ) == buffers  # the same tensors: captured addresses
     assert buffers[0].tolist() == [0, 2, 3] and buffers[2].tolist() == [5, 16]
     assert buffers[1].tolist() == [4, 1, 0, -7, -7, -7, -7, -7]
     first = cpu_plan.uploads[-1]
@@ -308,8 +370,14 @@ def test_fast_decode_plan_reads_only_indptr_and_copies_nothing(cpu_plan: CpuPlan
     w._paged_kv_indices_buf[:3].copy_(TABLE[1])
     w._paged_kv_last_page_len_buf.copy_(TABLE[2])
     poisoned_last = torch.full((2,), 99, dtype=torch.int32)  # would fail plan()'s range check
-    w.begin_forward(w._paged_kv_indptr_buf, w._paged_kv_indices_buf, poisoned_last, *SHAPE,
-                    q_data_type=torch.bfloat16, global_override_indptr_cpu=TABLE[0])
+    w.begin_forward(
+        w._paged_kv_indptr_buf,
+        w._paged_kv_indices_buf,
+        poisoned_last,
+        *SHAPE,
+        q_data_type=torch.bfloat16,
+        global_override_indptr_cpu=TABLE[0],
+    )
     assert w._paged_kv_last_page_len_buf.tolist() == [5, 16]  # untouched
     plain = _wrapper()
     indptr, indices, last = TABLE
@@ -325,8 +393,7 @@ def test_fast_decode_plan_reads_only_indptr_and_copies_nothing(cpu_plan: CpuPlan
 def test_reset_workspace_buffer_needs_a_new_plan(cpu_plan: CpuPlan) -> None:
     w = _wrapper()
     w.plan(*TABLE, *SHAPE, q_data_type=torch.bfloat16)
-    float_ws, int_ws = torch.empty(2 << 20, dtype=torch.uint8), torch.empty(4096,
-                                                                            dtype=torch.uint8)
+    float_ws, int_ws = torch.empty(2 << 20, dtype=torch.uint8), torch.empty(4096, dtype=torch.uint8)
     w.reset_workspace_buffer(float_ws, int_ws)
     assert w._float_workspace_buffer is float_ws and w._int_workspace_buffer is int_ws
     assert w._pin_memory_int_workspace_buffer.nbytes == 4096
@@ -341,8 +408,9 @@ def test_reset_workspace_buffer_needs_a_new_plan(cpu_plan: CpuPlan) -> None:
 def test_single_decode_and_merge_call_forms_reach_the_device_check() -> None:
     q, k = _bf16(8, 128), _bf16(10, 2, 128)
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):
-        flashinfer.single_decode_with_kv_cache(q, k, k, "NHD", "NONE", False, 1.0, 1.0, 1.0, -1,
-                                               None, None, 1.0, 1e4, True)
+        flashinfer.single_decode_with_kv_cache(
+            q, k, k, "NHD", "NONE", False, 1.0, 1.0, 1.0, -1, None, None, 1.0, 1e4, True
+        )
     v, s = _bf16(4, 2, 64), torch.zeros(4, 2, dtype=torch.float16)  # cast like the reference
     with pytest.raises(ValueError, match="v_a must be a CUDA tensor"):
         flashinfer.merge_state(v, s, v, s)

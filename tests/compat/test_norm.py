@@ -20,8 +20,7 @@ SIGNATURES = {
     "fused_add_rmsnorm": "(input, residual, weight, eps=1e-6, enable_pdl=None)",
     "gemma_fused_add_rmsnorm": "(input, residual, weight, eps=1e-6, enable_pdl=None)",
     "rmsnorm_quant": "(out, input, weight, scale, eps=1e-6, enable_pdl=None)",
-    "fused_add_rmsnorm_quant":
-        "(out, input, residual, weight, scale, eps=1e-6, enable_pdl=None)",
+    "fused_add_rmsnorm_quant": "(out, input, residual, weight, scale, eps=1e-6, enable_pdl=None)",
     "layernorm": "(input, gemma, beta, eps=1e-6)",
 }
 
@@ -43,37 +42,57 @@ def _fp8(*shape: int) -> torch.Tensor:
 # check (a ValueError asking for a CUDA tensor), i.e. be accepted for its form.
 CALL_FORMS = {
     "rmsnorm positional": lambda: flashinfer.rmsnorm(_x(4, 64), _x(64), 1e-5, _x(4, 64), True),
-    "rmsnorm keywords": lambda: flashinfer.rmsnorm(input=_x(4, 64), weight=_x(64), eps=1e-5,
-                                                   out=None, enable_pdl=None),
+    "rmsnorm keywords": lambda: flashinfer.rmsnorm(
+        input=_x(4, 64), weight=_x(64), eps=1e-5, out=None, enable_pdl=None
+    ),
     "rmsnorm 3-D (QK norm)": lambda: flashinfer.rmsnorm(_x(4, 8, 64), _x(64)),
-    "gemma_rmsnorm positional": lambda: flashinfer.gemma_rmsnorm(_x(4, 64), _x(64), 1e-6, None,
-                                                                 False),
-    "gemma_rmsnorm keywords": lambda: flashinfer.gemma_rmsnorm(input=_x(4, 64), weight=_x(64),
-                                                               out=_x(4, 64), enable_pdl=True),
+    "gemma_rmsnorm positional": lambda: flashinfer.gemma_rmsnorm(
+        _x(4, 64), _x(64), 1e-6, None, False
+    ),
+    "gemma_rmsnorm keywords": lambda: flashinfer.gemma_rmsnorm(
+        input=_x(4, 64), weight=_x(64), out=_x(4, 64), enable_pdl=True
+    ),
     "fused_add_rmsnorm positional": lambda: flashinfer.fused_add_rmsnorm(
-        _x(4, 64), _x(4, 64), _x(64), 1e-6, False),
+        _x(4, 64), _x(4, 64), _x(64), 1e-6, False
+    ),
     "fused_add_rmsnorm keywords": lambda: flashinfer.fused_add_rmsnorm(
-        input=_x(4, 64), residual=_x(4, 64), weight=_x(64), eps=1e-6, enable_pdl=None),
+        input=_x(4, 64), residual=_x(4, 64), weight=_x(64), eps=1e-6, enable_pdl=None
+    ),
     "gemma_fused_add_rmsnorm positional": lambda: flashinfer.gemma_fused_add_rmsnorm(
-        _x(4, 64), _x(4, 64), _x(64), 1e-6, True),
+        _x(4, 64), _x(4, 64), _x(64), 1e-6, True
+    ),
     "gemma_fused_add_rmsnorm keywords": lambda: flashinfer.gemma_fused_add_rmsnorm(
-        input=_x(4, 64), residual=_x(4, 64), weight=_x(64)),
+        input=_x(4, 64), residual=_x(4, 64), weight=_x(64)
+    ),
     "rmsnorm_quant positional, float scale": lambda: flashinfer.rmsnorm_quant(
-        _fp8(4, 64), _x(4, 64), _x(64), 0.5, 1e-6, False),
+        _fp8(4, 64), _x(4, 64), _x(64), 0.5, 1e-6, False
+    ),
     "rmsnorm_quant keywords, (1,) scale": lambda: flashinfer.rmsnorm_quant(
-        out=_fp8(4, 64), input=_x(4, 64), weight=_x(64), scale=torch.tensor([0.5]), eps=1e-6,
-        enable_pdl=None),
+        out=_fp8(4, 64),
+        input=_x(4, 64),
+        weight=_x(64),
+        scale=torch.tensor([0.5]),
+        eps=1e-6,
+        enable_pdl=None,
+    ),
     "rmsnorm_quant 0-d scale": lambda: flashinfer.rmsnorm_quant(
-        _fp8(4, 64), _x(4, 64), _x(64), torch.tensor(0.5)),
+        _fp8(4, 64), _x(4, 64), _x(64), torch.tensor(0.5)
+    ),
     "fused_add_rmsnorm_quant positional": lambda: flashinfer.fused_add_rmsnorm_quant(
-        _fp8(4, 64), _x(4, 64), _x(4, 64), _x(64), torch.tensor([2.0]), 1e-6, True),
+        _fp8(4, 64), _x(4, 64), _x(4, 64), _x(64), torch.tensor([2.0]), 1e-6, True
+    ),
     "fused_add_rmsnorm_quant keywords, float scale": lambda: flashinfer.fused_add_rmsnorm_quant(
-        out=_fp8(4, 64), input=_x(4, 64), residual=_x(4, 64), weight=_x(64), scale=2.0),
+        out=_fp8(4, 64), input=_x(4, 64), residual=_x(4, 64), weight=_x(64), scale=2.0
+    ),
     "layernorm positional": lambda: flashinfer.layernorm(
-        _x(4, 64), _x(64, dtype=torch.float32), _x(64, dtype=torch.float32), 1e-5),
+        _x(4, 64), _x(64, dtype=torch.float32), _x(64, dtype=torch.float32), 1e-5
+    ),
     "layernorm keywords": lambda: flashinfer.layernorm(
-        input=_x(4, 64), gemma=_x(64, dtype=torch.float32), beta=_x(64, dtype=torch.float32),
-        eps=1e-5),
+        input=_x(4, 64),
+        gemma=_x(64, dtype=torch.float32),
+        beta=_x(64, dtype=torch.float32),
+        eps=1e-5,
+    ),
 }
 
 

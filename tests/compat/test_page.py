@@ -17,24 +17,30 @@ from .signature import assert_signature
 
 
 def test_signatures() -> None:
-    assert_signature(flashinfer.append_paged_kv_cache,
-                     "(append_key, append_value, batch_indices, positions, paged_kv_cache, "
-                     "kv_indices, kv_indptr, kv_last_page_len, kv_layout='NHD')")
-    assert_signature(flashinfer.get_batch_indices_positions,
-                     "(append_indptr, seq_lens, nnz, batch_indices=None, positions=None)")
+    assert_signature(
+        flashinfer.append_paged_kv_cache,
+        "(append_key, append_value, batch_indices, positions, paged_kv_cache, "
+        "kv_indices, kv_indptr, kv_last_page_len, kv_layout='NHD')",
+    )
+    assert_signature(
+        flashinfer.get_batch_indices_positions,
+        "(append_indptr, seq_lens, nnz, batch_indices=None, positions=None)",
+    )
     assert_signature(flashinfer.get_seq_lens, "(kv_indptr, kv_last_page_len, page_size)")
 
 
 def test_docstring_examples_values() -> None:
     """The reference's examples, on CPU tensors (ours also runs there)."""
     batch, positions = flashinfer.get_batch_indices_positions(
-        torch.tensor([0, 1, 3, 6, 10], dtype=torch.int32), torch.tensor([5, 5, 5, 5]), 10)
+        torch.tensor([0, 1, 3, 6, 10], dtype=torch.int32), torch.tensor([5, 5, 5, 5]), 10
+    )
     assert batch.tolist() == [0, 1, 1, 2, 2, 2, 3, 3, 3, 3]
     assert positions.tolist() == [4, 3, 4, 2, 3, 4, 1, 2, 3, 4]
     assert batch.dtype == positions.dtype == torch.int32
     out = (torch.empty(10, dtype=torch.int32), torch.empty(10, dtype=torch.int32))
     batch, positions = flashinfer.get_batch_indices_positions(
-        torch.tensor([0, 1, 3, 6, 10], dtype=torch.int32), torch.tensor([5, 5, 5, 5]), 10, *out)
+        torch.tensor([0, 1, 3, 6, 10], dtype=torch.int32), torch.tensor([5, 5, 5, 5]), 10, *out
+    )
     assert batch is out[0] and positions is out[1]
     assert positions.tolist() == [4, 3, 4, 2, 3, 4, 1, 2, 3, 4]
     kv_page_indptr = torch.tensor([0, 3, 4, 6, 8], dtype=torch.int32)
@@ -77,7 +83,8 @@ def _inputs(layout: str, page_size: int = 16, index_dtype: torch.dtype = torch.i
         batch_indices=torch.tensor([0, 0, 1, 1, 1], **ids),
         positions=torch.tensor([0, 1, 0, 1, 2], **ids),
         paged_kv_cache=torch.zeros(pages, 2, *page, dtype=torch.float16),
-        kv_indices=torch.tensor([4, 1, 2, 0, 3], **ids), kv_indptr=torch.tensor([0, 2, 5], **ids),
+        kv_indices=torch.tensor([4, 1, 2, 0, 3], **ids),
+        kv_indptr=torch.tensor([0, 2, 5], **ids),
         kv_last_page_len=torch.tensor([2, 3], **ids),
     )
 

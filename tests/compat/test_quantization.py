@@ -32,8 +32,9 @@ def test_docstring_examples_values() -> None:
     x = torch.tensor([1, 0, 1, 1, 0, 0, 1, 1], dtype=torch.bool)
     assert list(map(bin, quantization.packbits(x).tolist())) == ["0b10110011"]
     x = torch.tensor([1, 0, 1, 1, 0, 0, 1, 1, 1, 0, 1], dtype=torch.bool)
-    x_packed, new_indptr = quantization.segment_packbits(x, torch.tensor([0, 4, 7, 11]),
-                                                         bitorder="big")
+    x_packed, new_indptr = quantization.segment_packbits(
+        x, torch.tensor([0, 4, 7, 11]), bitorder="big"
+    )
     assert list(map(bin, x_packed.tolist())) == ["0b10110000", "0b100000", "0b11010000"]
     assert new_indptr.tolist() == [0, 1, 2, 3] and new_indptr.dtype == torch.int32
 
@@ -42,7 +43,8 @@ def test_call_forms() -> None:
     x = torch.ones(9, dtype=torch.bool)
     assert quantization.packbits(x=x, bitorder="little").tolist() == [255, 1]
     y, new_indptr = quantization.segment_packbits(
-        x=x, indptr=torch.tensor([0, 9], dtype=torch.int32), bitorder="little")
+        x=x, indptr=torch.tensor([0, 9], dtype=torch.int32), bitorder="little"
+    )
     assert y.tolist() == [255, 1] and new_indptr.tolist() == [0, 2]
 
 

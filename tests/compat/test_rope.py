@@ -14,8 +14,10 @@ from flashinfer import rope as rope_api
 from .signature import assert_signature
 
 ROPE = "(q, k, {ids}, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=1e4)"
-LLAMA31 = ("(q, k, {ids}, rotary_dim=None, interleave=False, rope_scale=8, rope_theta=5e5, "
-           "low_freq_factor=1, high_freq_factor=4, old_context_len=8192)")
+LLAMA31 = (
+    "(q, k, {ids}, rotary_dim=None, interleave=False, rope_scale=8, rope_theta=5e5, "
+    "low_freq_factor=1, high_freq_factor=4, old_context_len=8192)"
+)
 COS_SIN = "(positions, query, key, head_size, cos_sin_cache, is_neox=True)"
 
 SIGNATURES = {
@@ -51,8 +53,10 @@ def cpu_run(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _qk(nnz: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.randn(nnz, 4, 64, dtype=torch.float16),
-            torch.randn(nnz, 2, 64, dtype=torch.float16))
+    return (
+        torch.randn(nnz, 4, 64, dtype=torch.float16),
+        torch.randn(nnz, 2, 64, dtype=torch.float16),
+    )
 
 
 def _ragged() -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,15 +65,21 @@ def _ragged() -> tuple[torch.Tensor, torch.Tensor]:
 
 def _calls(name: str, q: torch.Tensor, k: torch.Tensor) -> list:
     """The reference's call forms of ``name``: positional, keyword, with its parameters."""
-    ids = {"pos_ids": torch.arange(q.shape[0])} if "pos_ids" in name else dict(
-        zip(("indptr", "offsets"), _ragged()))
+    ids = (
+        {"pos_ids": torch.arange(q.shape[0])}
+        if "pos_ids" in name
+        else dict(zip(("indptr", "offsets"), _ragged()))
+    )
     api = getattr(flashinfer, name)
     extra = dict(rotary_dim=32, interleave=True, rope_scale=2, rope_theta=1e5)
     if "llama31" in name:
         extra.update(low_freq_factor=1, high_freq_factor=4, old_context_len=4096)
-    return [lambda: api(q, k, *ids.values()), lambda: api(q=q, k=k, **ids),
-            lambda: api(q, k, *ids.values(), *extra.values()),
-            lambda: api(q, k, *ids.values(), **extra)]
+    return [
+        lambda: api(q, k, *ids.values()),
+        lambda: api(q=q, k=k, **ids),
+        lambda: api(q, k, *ids.values(), *extra.values()),
+        lambda: api(q, k, *ids.values(), **extra),
+    ]
 
 
 @pytest.mark.parametrize("name", [n for n in sorted(SIGNATURES) if "cos_sin" not in n])
@@ -87,15 +97,26 @@ def test_call_forms_and_return_types(cpu_run, name: str) -> None:
 
 @pytest.mark.parametrize("inplace", [False, True])
 def test_cos_sin_cache_call_forms_and_return_types(cpu_run, inplace: bool) -> None:
-    api = (flashinfer.apply_rope_with_cos_sin_cache_inplace if inplace
-           else flashinfer.apply_rope_with_cos_sin_cache)
+    api = (
+        flashinfer.apply_rope_with_cos_sin_cache_inplace
+        if inplace
+        else flashinfer.apply_rope_with_cos_sin_cache
+    )
     q, k = _qk()
     positions, cache = torch.arange(6), torch.ones(32, 64)
     for query, key in ((q.reshape(6, -1), k.reshape(6, -1)), (q, k)):
-        results = [api(positions, query, key, 64, cache),
-                   api(positions, query, key, 64, cache, False),
-                   api(positions=positions, query=query, key=key, head_size=64,
-                       cos_sin_cache=cache, is_neox=True)]
+        results = [
+            api(positions, query, key, 64, cache),
+            api(positions, query, key, 64, cache, False),
+            api(
+                positions=positions,
+                query=query,
+                key=key,
+                head_size=64,
+                cos_sin_cache=cache,
+                is_neox=True,
+            ),
+        ]
         for result in results:
             if inplace:
                 assert result is None
@@ -107,8 +128,12 @@ def test_cos_sin_cache_call_forms_and_return_types(cpu_run, inplace: bool) -> No
 def test_cpu_tensors_get_to_the_device_check(name: str) -> None:
     q, k = _qk()
     if "cos_sin" in name:
-        call = lambda: getattr(flashinfer, name)(torch.arange(6), q.reshape(6, -1),  # noqa: E731
-                                                 k.reshape(6, -1), 64, torch.ones(8, 64))
+
+        def call() -> None:
+            getattr(flashinfer, name)(
+                torch.arange(6), q.reshape(6, -1), k.reshape(6, -1), 64, torch.ones(8, 64)
+            )
+
     else:
         call = _calls(name, q, k)[0]
     with pytest.raises(ValueError, match="(q|query) must be a CUDA tensor"):

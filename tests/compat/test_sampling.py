@@ -16,24 +16,27 @@ from flashinfer import sampling
 
 from .signature import assert_signature
 
-_SAMPLING_TAIL = ("deterministic=True, generator=None, check_nan=False, seed=None, "
-                  "offset=None")
+_SAMPLING_TAIL = "deterministic=True, generator=None, check_nan=False, seed=None, offset=None"
 REFERENCE_SIGNATURES = {
     "softmax": "(logits, temperature=None, enable_pdl=None)",
     "sampling_from_logits": f"(logits, indices=None, {_SAMPLING_TAIL})",
     "sampling_from_probs": f"(probs, indices=None, {_SAMPLING_TAIL}, return_valid=False)",
-    "top_p_sampling_from_probs":
-        f"(probs, top_p, indices=None, {_SAMPLING_TAIL}, return_valid=False)",
-    "top_k_sampling_from_probs":
-        f"(probs, top_k, indices=None, {_SAMPLING_TAIL}, return_valid=False)",
-    "min_p_sampling_from_probs":
-        f"(probs, min_p, indices=None, {_SAMPLING_TAIL}, return_valid=False)",
-    "top_k_top_p_sampling_from_logits":
-        f"(logits, top_k, top_p, indices=None, filter_apply_order='top_k_first', "
-        f"{_SAMPLING_TAIL})",
-    "top_k_top_p_sampling_from_probs":
-        f"(probs, top_k, top_p, indices=None, filter_apply_order='top_k_first', "
-        f"{_SAMPLING_TAIL}, return_valid=False)",
+    "top_p_sampling_from_probs": (
+        f"(probs, top_p, indices=None, {_SAMPLING_TAIL}, return_valid=False)"
+    ),
+    "top_k_sampling_from_probs": (
+        f"(probs, top_k, indices=None, {_SAMPLING_TAIL}, return_valid=False)"
+    ),
+    "min_p_sampling_from_probs": (
+        f"(probs, min_p, indices=None, {_SAMPLING_TAIL}, return_valid=False)"
+    ),
+    "top_k_top_p_sampling_from_logits": (
+        f"(logits, top_k, top_p, indices=None, filter_apply_order='top_k_first', {_SAMPLING_TAIL})"
+    ),
+    "top_k_top_p_sampling_from_probs": (
+        "(probs, top_k, top_p, indices=None, filter_apply_order='top_k_first', "
+        f"{_SAMPLING_TAIL}, return_valid=False)"
+    ),
     "top_p_renorm_probs": "(probs, top_p, is_deterministic=False)",
     "top_k_renorm_probs": "(probs, top_k, is_deterministic=False)",
     "top_k_mask_logits": "(logits, top_k)",
@@ -61,28 +64,49 @@ CALL_FORMS = [
     # (api, args, kwargs): how engines and the reference's docs call these
     (flashinfer.softmax, (LOGITS,), {}),
     (flashinfer.softmax, (LOGITS, 0.7, True), {}),
-    (flashinfer.softmax, (LOGITS,), dict(temperature=torch.full((4,), 0.5, dtype=torch.float64),
-                                        enable_pdl=None)),
+    (
+        flashinfer.softmax,
+        (LOGITS,),
+        dict(temperature=torch.full((4,), 0.5, dtype=torch.float64), enable_pdl=None),
+    ),
     (flashinfer.sampling_from_logits, (LOGITS, None, True, None, False, 1, 2), {}),
     (flashinfer.sampling_from_logits, (LOGITS,), dict(indices=IDX64, generator=torch.Generator())),
     (flashinfer.sampling_from_probs, (PROBS, None, True, None, False, 1, 2, True), {}),
     (flashinfer.sampling_from_probs, (PROBS,), dict(deterministic=False, check_nan=True, **SEEDS)),
     (flashinfer.top_p_sampling_from_probs, (PROBS, 0.9, None, True, None, False, 3, 4, False), {}),
-    (flashinfer.top_p_sampling_from_probs, (PROBS,), dict(top_p=torch.full((6,), 0.9),
-                                                          indices=IDX64, return_valid=True)),
+    (
+        flashinfer.top_p_sampling_from_probs,
+        (PROBS,),
+        dict(top_p=torch.full((6,), 0.9), indices=IDX64, return_valid=True),
+    ),
     (flashinfer.top_k_sampling_from_probs, (PROBS, 20), dict(seed=5, offset=0)),
     (flashinfer.top_k_sampling_from_probs, (PROBS,), dict(top_k=torch.full((4,), 50 * 2**32))),
     (flashinfer.min_p_sampling_from_probs, (PROBS, torch.full((4,), 0.1)), dict(**SEEDS)),
     (flashinfer.min_p_sampling_from_probs, (PROBS,), dict(min_p=0.05, generator=None)),
-    (flashinfer.top_k_top_p_sampling_from_probs, (PROBS, 5, 0.9, None, "joint", True, None,
-                                                  False, 1, 2, True), {}),
-    (flashinfer.top_k_top_p_sampling_from_probs, (PROBS,),
-     dict(top_k=torch.full((4,), 40, dtype=torch.int32), top_p=torch.full((4,), 0.8),
-          filter_apply_order="top_k_first")),
-    (flashinfer.top_k_top_p_sampling_from_logits, (LOGITS, 5, 0.9, None, "top_k_first", True,
-                                                   None, False, 1, 2), {}),
-    (flashinfer.top_k_top_p_sampling_from_logits, (LOGITS.half(),),
-     dict(top_k=1000, top_p=1.0, filter_apply_order="joint", deterministic=True)),
+    (
+        flashinfer.top_k_top_p_sampling_from_probs,
+        (PROBS, 5, 0.9, None, "joint", True, None, False, 1, 2, True),
+        {},
+    ),
+    (
+        flashinfer.top_k_top_p_sampling_from_probs,
+        (PROBS,),
+        dict(
+            top_k=torch.full((4,), 40, dtype=torch.int32),
+            top_p=torch.full((4,), 0.8),
+            filter_apply_order="top_k_first",
+        ),
+    ),
+    (
+        flashinfer.top_k_top_p_sampling_from_logits,
+        (LOGITS, 5, 0.9, None, "top_k_first", True, None, False, 1, 2),
+        {},
+    ),
+    (
+        flashinfer.top_k_top_p_sampling_from_logits,
+        (LOGITS.half(),),
+        dict(top_k=1000, top_p=1.0, filter_apply_order="joint", deterministic=True),
+    ),
     (flashinfer.top_p_renorm_probs, (PROBS, 0.5, True), {}),
     (flashinfer.top_p_renorm_probs, (PROBS.double(),), dict(top_p=torch.full((4,), 0.5))),
     (flashinfer.top_k_renorm_probs, (PROBS.half(), 10), dict(is_deterministic=True)),
@@ -94,8 +118,11 @@ CALL_FORMS = [
 ]
 
 
-@pytest.mark.parametrize("api,args,kwargs", CALL_FORMS,
-                         ids=[f"{api.__name__}-{i}" for i, (api, _, _) in enumerate(CALL_FORMS)])
+@pytest.mark.parametrize(
+    "api,args,kwargs",
+    CALL_FORMS,
+    ids=[f"{api.__name__}-{i}" for i, (api, _, _) in enumerate(CALL_FORMS)],
+)
 def test_reference_call_forms_are_accepted(api, args, kwargs) -> None:  # noqa: ANN001
     """Every form binds and passes every check but the device's (CPU tensors here)."""
     with pytest.raises(ValueError, match="must be a CUDA tensor"):

@@ -12,10 +12,18 @@ from flashinfer.jit.core import check_cuda_arch
 
 from .signature import assert_signature
 
-DEVICE_HELPERS = ["get_compute_capability", "get_device_sm_count", "is_sm90a_supported",
-                  "is_sm100a_supported", "is_sm100f_supported", "is_sm110a_supported",
-                  "is_sm120a_supported", "is_sm120f_supported", "is_sm121a_supported",
-                  "is_sm12x_supported"]
+DEVICE_HELPERS = [
+    "get_compute_capability",
+    "get_device_sm_count",
+    "is_sm90a_supported",
+    "is_sm100a_supported",
+    "is_sm100f_supported",
+    "is_sm110a_supported",
+    "is_sm120a_supported",
+    "is_sm120f_supported",
+    "is_sm121a_supported",
+    "is_sm12x_supported",
+]
 
 
 @pytest.mark.parametrize("name", DEVICE_HELPERS)
@@ -27,10 +35,13 @@ def test_check_cuda_arch_signature() -> None:
     assert_signature(check_cuda_arch, "()")
 
 
-@pytest.mark.parametrize("archs,ok", [("7.5", True), ("9.0a", True), ("7.0 9.0a", True),
-                                      ("7.0", False), ("6.1 7.0", False)])
-def test_check_cuda_arch_needs_an_sm75_target(monkeypatch: pytest.MonkeyPatch, archs: str,
-                                              ok: bool) -> None:
+@pytest.mark.parametrize(
+    "archs,ok",
+    [("7.5", True), ("9.0a", True), ("7.0 9.0a", True), ("7.0", False), ("6.1 7.0", False)],
+)
+def test_check_cuda_arch_needs_an_sm75_target(
+    monkeypatch: pytest.MonkeyPatch, archs: str, ok: bool
+) -> None:
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", archs)
     if ok:
         check_cuda_arch()

@@ -17,8 +17,9 @@ class Mode(enum.Enum):
 
 
 @flashinfer_api
-def add_and_sub(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, *, mode: Mode = Mode.FAST
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def add_and_sub(
+    a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0, *, mode: Mode = Mode.FAST
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns a + alpha * b and a - alpha * b."""
     return a + alpha * b, a - alpha * b
 

@@ -105,7 +105,7 @@ def _calls(path: Path) -> list[list[str]]:
         end = body.index(RULE, 1)
         calls.append(body[: end + 1])
         assert body[end + 1] == "", "a blank line after each call"
-        body = body[end + 2:]
+        body = body[end + 2 :]
     return calls
 
 
@@ -120,6 +120,7 @@ def _doc_tensor(*shape: int) -> torch.Tensor:
 
 # -- levels --------------------------------------------------------------------------------
 
+
 def test_level_0_returns_the_function_itself(tmp_path: Path) -> None:
     assert _logger(0, tmp_path / "log").decorate(sample_api.scale_) is sample_api.scale_
     if api_logging._API_LOGGER is not None and api_logging._API_LOGGER.level == 0:
@@ -127,10 +128,13 @@ def test_level_0_returns_the_function_itself(tmp_path: Path) -> None:
     assert not (tmp_path / "log").exists()
 
 
-@pytest.mark.parametrize("raw,level", [("", 0), ("0", 0), ("1", 1), ("2", 2), ("3", 3),
-                                       ("4", 4), ("5", 5), ("10", 10), (" 3 ", 3)])
-def test_levels_0_to_5_and_10_are_accepted(raw: str, level: int,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "raw,level",
+    [("", 0), ("0", 0), ("1", 1), ("2", 2), ("3", 3), ("4", 4), ("5", 5), ("10", 10), (" 3 ", 3)],
+)
+def test_levels_0_to_5_and_10_are_accepted(
+    raw: str, level: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FLASHINFER_LOGLEVEL", raw)
     assert config.api_log_level == level
 
@@ -140,9 +144,12 @@ def test_other_levels_are_refused_naming_the_valid_ones(
     raw: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FLASHINFER_LOGLEVEL", raw)
-    with pytest.raises(ValueError, match=f"invalid value '{re.escape(raw)}' for "
-                                         r"FLASHINFER_LOGLEVEL: expected one of 0 \(off\), "
-                                         r"1 \(names\), 2 \(as 1\), 3 .*, 4 \(as 3\), 5 .*, 10"):
+    with pytest.raises(
+        ValueError,
+        match=f"invalid value '{re.escape(raw)}' for "
+        r"FLASHINFER_LOGLEVEL: expected one of 0 \(off\), "
+        r"1 \(names\), 2 \(as 1\), 3 .*, 4 \(as 3\), 5 .*, 10",
+    ):
         config.api_log_level  # noqa: B018
 
 
@@ -159,6 +166,7 @@ def test_level_2_logs_as_1_and_4_as_3(level: int, same_as: int, tmp_path: Path) 
 
 
 # -- the system-information block ----------------------------------------------------------
+
 
 def test_system_information_block_is_the_tutorials(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -199,6 +207,7 @@ def test_system_information_without_a_gpu_and_once_per_process(tmp_path: Path) -
 
 # -- per call: the tutorial's samples --------------------------------------------------------
 
+
 def test_level_1_is_the_tutorials_line(tmp_path: Path) -> None:
     log = tmp_path / "log"
     func = _logger(1, log).decorate(sample_api.batch_decode_with_padded_kv_cache)
@@ -206,8 +215,10 @@ def test_level_1_is_the_tutorials_line(tmp_path: Path) -> None:
     assert func(q, kv_cache=kv) is q
     func(q, kv)
     assert _body(log) == ["[ts] FlashInfer API Call: batch_decode_with_padded_kv_cache"] * 2
-    assert re.fullmatch(f"{STAMP} FlashInfer API Call: batch_decode_with_padded_kv_cache",
-                        log.read_text().splitlines()[-1])
+    assert re.fullmatch(
+        f"{STAMP} FlashInfer API Call: batch_decode_with_padded_kv_cache",
+        log.read_text().splitlines()[-1],
+    )
 
 
 def test_level_3_is_the_tutorials_sample_then_the_output(tmp_path: Path) -> None:
@@ -220,9 +231,16 @@ def test_level_3_is_the_tutorials_sample_then_the_output(tmp_path: Path) -> None
     (call,) = _calls(log)
     inputs = _unstamped(TUTORIAL_LEVEL_3)
     assert call[: len(inputs)] == inputs
-    assert call[len(inputs):-2] == ["Output value:", "  Tensor(", "    shape=(32, 8, 128)",
-                                    "    dtype=torch.bfloat16", "    device=cuda:0",
-                                    "    requires_grad=False", "    is_contiguous=True", "  )"]
+    assert call[len(inputs) : -2] == [
+        "Output value:",
+        "  Tensor(",
+        "    shape=(32, 8, 128)",
+        "    dtype=torch.bfloat16",
+        "    device=cuda:0",
+        "    requires_grad=False",
+        "    is_contiguous=True",
+        "  )",
+    ]
     assert re.fullmatch(r"Host time: \d+\.\d{3} ms", call[-2]) and call[-1] == RULE
 
 
@@ -234,9 +252,9 @@ def test_level_5_block_is_the_tutorials_sample(tmp_path: Path) -> None:
     (call,) = _calls(log)
     expected = TUTORIAL_LEVEL_5_BLOCK.replace("device=cuda:0", "device=cpu").splitlines()
     start = call.index("Output value:") + 1
-    assert call[start:start + len(expected)] == expected
+    assert call[start : start + len(expected)] == expected
     assert call[3:5] == ["Positional input arguments:", "  arg[0]:"]
-    assert call[5:5 + len(expected)] == ["  " + line for line in expected]  # one level further in
+    assert call[5 : 5 + len(expected)] == ["  " + line for line in expected]  # one level further in
 
 
 def test_level_5_nan_and_inf_show_as_the_tutorial_teaches(tmp_path: Path) -> None:
@@ -249,10 +267,20 @@ def test_level_5_nan_and_inf_show_as_the_tutorial_teaches(tmp_path: Path) -> Non
     y = torch.tensor([1.0, float("inf"), -3.0, float("-inf"), 4.0])
     func(y, 1.0)
     first, second = _calls(log)
-    assert first[11:16] == ["      min=nan", "      max=nan", "      mean=nan",
-                            "      nan_count=128", "      inf_count=0"]
-    assert second[11:16] == ["      min=-inf", "      max=inf", "      mean=nan",
-                             "      nan_count=0", "      inf_count=2"]
+    assert first[11:16] == [
+        "      min=nan",
+        "      max=nan",
+        "      mean=nan",
+        "      nan_count=128",
+        "      inf_count=0",
+    ]
+    assert second[11:16] == [
+        "      min=-inf",
+        "      max=inf",
+        "      mean=nan",
+        "      nan_count=0",
+        "      inf_count=2",
+    ]
 
 
 def test_level_5_statistics_match_torch_to_six_decimals(tmp_path: Path) -> None:
@@ -264,9 +292,13 @@ def test_level_5_statistics_match_torch_to_six_decimals(tmp_path: Path) -> None:
         func(x, 1.0)
         (call,) = _calls(log)[-1:]
         f = x.double() if dtype == torch.float64 else x.float()
-        assert call[11:16] == [f"      min={f.min().item():.6f}", f"      max={f.max().item():.6f}",
-                               f"      mean={f.mean().item():.6f}", "      nan_count=0",
-                               "      inf_count=0"], dtype
+        assert call[11:16] == [
+            f"      min={f.min().item():.6f}",
+            f"      max={f.max().item():.6f}",
+            f"      mean={f.mean().item():.6f}",
+            "      nan_count=0",
+            "      inf_count=0",
+        ], dtype
 
 
 def test_level_5_integer_bool_and_empty_tensors(tmp_path: Path) -> None:
@@ -315,10 +347,16 @@ def test_level_5_skips_statistics_during_graph_capture(
     log = tmp_path / "log"
     _logger(5, log).decorate(sample_api.scale_)(torch.ones(2), 2.0)
     (call,) = _calls(log)
-    assert call[5:13] == ["    Tensor(", "      shape=(2,)", "      dtype=torch.float32",
-                          "      device=cpu", "      requires_grad=False",
-                          "      is_contiguous=True",
-                          "      [statistics skipped: CUDA graph capture in progress]", "    )"]
+    assert call[5:13] == [
+        "    Tensor(",
+        "      shape=(2,)",
+        "      dtype=torch.float32",
+        "      device=cpu",
+        "      requires_grad=False",
+        "      is_contiguous=True",
+        "      [statistics skipped: CUDA graph capture in progress]",
+        "    )",
+    ]
 
 
 def test_level_5_statistics_that_cannot_be_computed_say_why(tmp_path: Path) -> None:
@@ -330,6 +368,7 @@ def test_level_5_statistics_that_cannot_be_computed_say_why(tmp_path: Path) -> N
 
 
 # -- per call: which arguments are inputs ----------------------------------------------------
+
 
 def test_positional_keyword_and_default_arguments(tmp_path: Path) -> None:
     """What the caller passed by position is arg[i], by name name=; defaults it did not
@@ -345,17 +384,36 @@ def test_positional_keyword_and_default_arguments(tmp_path: Path) -> None:
     def labels(call: list[str]) -> list[str]:
         return [ln for ln in call if not ln.startswith("    ") and ln not in (RULE, THIN)][1:]
 
-    assert labels(defaults) == ["Positional input arguments:", "  arg[0]:", "  arg[1]:",
-                                "Default parameters (not explicitly provided):",
-                                "  alpha= [DEFAULT]", "  mode= [DEFAULT]", "Output value:",
-                                "  (", "  )", defaults[-2]]
+    assert labels(defaults) == [
+        "Positional input arguments:",
+        "  arg[0]:",
+        "  arg[1]:",
+        "Default parameters (not explicitly provided):",
+        "  alpha= [DEFAULT]",
+        "  mode= [DEFAULT]",
+        "Output value:",
+        "  (",
+        "  )",
+        defaults[-2],
+    ]
     assert defaults[defaults.index("  alpha= [DEFAULT]") + 1] == "    1.0"
     assert defaults[defaults.index("  mode= [DEFAULT]") + 1] == "    Mode.FAST (value=1)"
-    assert labels(explicit)[:6] == ["Positional input arguments:", "  arg[0]:", "  arg[1]:",
-                                    "  arg[2]:", "Keyword input arguments:", "  mode="]
+    assert labels(explicit)[:6] == [
+        "Positional input arguments:",
+        "  arg[0]:",
+        "  arg[1]:",
+        "  arg[2]:",
+        "Keyword input arguments:",
+        "  mode=",
+    ]
     assert "Default parameters (not explicitly provided):" not in explicit
-    assert labels(by_name)[:5] == ["Keyword input arguments:", "  b=", "  a=", "  mode=",
-                                   "Default parameters (not explicitly provided):"]
+    assert labels(by_name)[:5] == [
+        "Keyword input arguments:",
+        "  b=",
+        "  a=",
+        "  mode=",
+        "Default parameters (not explicitly provided):",
+    ]
     assert "Positional input arguments:" not in by_name
     assert by_name[by_name.index("  mode=") + 1] == "    Mode.EXACT (value=2)"
 
@@ -379,7 +437,7 @@ def test_outputs_come_after_the_call(tmp_path: Path) -> None:
     _logger(3, log).decorate(peek)(torch.zeros(2, 2)[:, :1])
     assert seen["log"].rstrip("\n").endswith("    )") and "Output value:" not in seen["log"]
     (call,) = _calls(log)
-    out = call[call.index("Output value:"):]
+    out = call[call.index("Output value:") :]
     assert out[:2] == ["Output value:", "  ("] and out[2] == "    [0]:"
     assert "        stride=(2, 1)" in out and "    [1]:" in out and "      3" in out
     assert out[-3] == "  )" and out[-1] == RULE
@@ -405,17 +463,34 @@ def test_odd_values_are_readable_and_never_raise(tmp_path: Path) -> None:
 
     log = tmp_path / "log"
     func = _logger(3, log).decorate(takes_anything)
-    func(None, "text", list(range(20)), {"k": 1}, torch.float16, Unprintable(), 1e-6,
-         nested=[(1, 2), [3]], tensors={"t": torch.ones(1)})
+    func(
+        None,
+        "text",
+        list(range(20)),
+        {"k": 1},
+        torch.float16,
+        Unprintable(),
+        1e-6,
+        nested=[(1, 2), [3]],
+        tensors={"t": torch.ones(1)},
+    )
     (call,) = _calls(log)
     values = [call[i + 1] for i, line in enumerate(call) if line.startswith("  arg[")]
-    assert values == ["    None", "    'text'",
-                      "    [0, 1, 2, 3, 4, 5, 6, 7, ... (+12 more, 20 total)]", "    {'k': 1}",
-                      "    torch.float16", "    <Unprintable: unprintable (RuntimeError)>",
-                      "    1e-06"]
+    assert values == [
+        "    None",
+        "    'text'",
+        "    [0, 1, 2, 3, 4, 5, 6, 7, ... (+12 more, 20 total)]",
+        "    {'k': 1}",
+        "    torch.float16",
+        "    <Unprintable: unprintable (RuntimeError)>",
+        "    1e-06",
+    ]
     assert call[call.index("  nested=") + 1] == "    [(1, 2), [3]]"
-    assert call[call.index("  tensors=") + 1: call.index("  tensors=") + 4] == [
-        "    {", "      't':", "        Tensor("]
+    assert call[call.index("  tensors=") + 1 : call.index("  tensors=") + 4] == [
+        "    {",
+        "      't':",
+        "        Tensor(",
+    ]
     assert call[call.index("Output value:") + 1] == "  None"
 
 
@@ -428,6 +503,7 @@ def test_long_sequences_of_tensors_are_cut(tmp_path: Path) -> None:
 
 
 # -- the decorator ---------------------------------------------------------------------------
+
 
 def test_wrapper_preserves_name_doc_and_signature(tmp_path: Path) -> None:
     for level in (1, 2, 3, 4, 5):
@@ -495,7 +571,9 @@ def test_stdout_is_the_default_and_stderr_is_accepted(tmp_path: Path) -> None:
 
 
 def test_invalid_level_imports_and_each_api_call_names_the_valid_levels() -> None:
-    code = _CHILD + """
+    code = (
+        _CHILD
+        + """
 @flashinfer.flashinfer_api
 def scale(x):
     return x * 2
@@ -504,25 +582,32 @@ try:
 except ValueError as err:
     print("refused:", err)
 """
+    )
     proc = run_python(code, env={"FLASHINFER_LOGLEVEL": "7"})
     assert "refused: invalid value '7' for FLASHINFER_LOGLEVEL" in proc.stdout
-    assert "0 (off), 1 (names), 2 (as 1), 3 (inputs/outputs), 4 (as 3), 5 (statistics), " \
-           "10 (dumps)" in proc.stdout
+    assert (
+        "0 (off), 1 (names), 2 (as 1), 3 (inputs/outputs), 4 (as 3), 5 (statistics), "
+        "10 (dumps)" in proc.stdout
+    )
 
 
 @pytest.mark.parametrize("how", ["os._exit", "SIGKILL"])
 def test_inputs_are_on_disk_before_a_call_that_kills_the_process(tmp_path: Path, how: str) -> None:
     log = tmp_path / "log.txt"
     kill = "os._exit(3)" if how == "os._exit" else "os.kill(os.getpid(), signal.SIGKILL)"
-    code = _CHILD + f"""
+    code = (
+        _CHILD
+        + f"""
 import os, signal
 @flashinfer.flashinfer_api
 def crashes(x, note):
     {kill}
 crashes(torch.arange(6.0).reshape(2, 3), note="about to die")
 """
-    proc = run_python(code, env={"FLASHINFER_LOGLEVEL": "5", "FLASHINFER_LOGDEST": str(log)},
-                      check=False)
+    )
+    proc = run_python(
+        code, env={"FLASHINFER_LOGLEVEL": "5", "FLASHINFER_LOGDEST": str(log)}, check=False
+    )
     assert proc.returncode != 0
     body = _body(log)
     assert body[1] == "[ts] FlashInfer API Call: crashes"
@@ -533,12 +618,15 @@ crashes(torch.arange(6.0).reshape(2, 3), note="about to die")
 
 def test_a_real_api_at_level_3(tmp_path: Path) -> None:
     log = tmp_path / "log"
-    code = _CHILD + """
+    code = (
+        _CHILD
+        + """
 try:
     flashinfer.rmsnorm(torch.ones(2, 4, dtype=torch.float16), torch.ones(4, dtype=torch.float16))
 except ValueError as err:
     print(err)
 """
+    )
     proc = run_python(code, env={"FLASHINFER_LOGLEVEL": "3", "FLASHINFER_LOGDEST": str(log)})
     assert "must be a CUDA tensor" in proc.stdout
     (call,) = _calls(log)
@@ -549,6 +637,7 @@ except ValueError as err:
 
 
 # -- GPU -------------------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 def test_cuda_tensors_at_level_5(tmp_path: Path) -> None:
@@ -562,9 +651,15 @@ def test_cuda_tensors_at_level_5(tmp_path: Path) -> None:
     assert header[6] == f"  Compute capability: {major}.{minor} (SM{major * 10 + minor})"
     (call,) = _calls(log)
     expected = TUTORIAL_LEVEL_5_BLOCK.splitlines()
-    assert call[5:5 + len(expected)] == ["  " + line for line in expected]
-    kv = call[call.index("  kv_cache=") + 1:]
-    assert kv[:8] == ["    Tensor(", "      shape=(32, 8, 64)", "      dtype=torch.bfloat16",
-                      "      device=cuda:0", "      requires_grad=False",
-                      "      is_contiguous=False", "      stride=(1024, 128, 1)",
-                      f"      min={q[:, :, :64].float().min().item():.6f}"]
+    assert call[5 : 5 + len(expected)] == ["  " + line for line in expected]
+    kv = call[call.index("  kv_cache=") + 1 :]
+    assert kv[:8] == [
+        "    Tensor(",
+        "      shape=(32, 8, 64)",
+        "      dtype=torch.bfloat16",
+        "      device=cuda:0",
+        "      requires_grad=False",
+        "      is_contiguous=False",
+        "      stride=(1024, 128, 1)",
+        f"      min={q[:, :, :64].float().min().item():.6f}",
+    ]

@@ -51,8 +51,11 @@ def test_level_0_returns_the_module_itself(load) -> None:
 
 
 def test_invalid_level_names_the_valid_ones(load) -> None:
-    with pytest.raises(ValueError, match=r"FLASHINFER_DEBUG_PRINTER.*0 \(off\), 1 \(save\), "
-                                         r"2 \(print\), 3 \(kernel names only\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"FLASHINFER_DEBUG_PRINTER.*0 \(off\), 1 \(save\), "
+        r"2 \(print\), 3 \(kernel names only\)",
+    ):
         load(4)
 
 
@@ -62,9 +65,11 @@ def test_level_2_prints_every_argument_before_and_after(load) -> None:
     module.scale(out, x, 2.0)
     assert torch.equal(out, x * 2)
     lines = log.read_text().splitlines()
-    assert lines[0] == ("[ before_launch: debug_test.scale ] out: numel=6, shape=(2, 3), "
-                        "dtype=float32, device=cpu, mean=0, min=0, max=0, std=0, "
-                        "nan_count=0, inf_count=0")
+    assert lines[0] == (
+        "[ before_launch: debug_test.scale ] out: numel=6, shape=(2, 3), "
+        "dtype=float32, device=cpu, mean=0, min=0, max=0, std=0, "
+        "nan_count=0, inf_count=0"
+    )
     assert lines[1] == "    values: [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]"
     assert lines[2].startswith("[ before_launch: debug_test.scale ] x: numel=6")
     assert "mean=2.5, min=0, max=5, std=1.87083" in lines[2]
@@ -96,15 +101,19 @@ def test_level_1_saves_tensors_before_and_after(load, tmp_path: Path) -> None:
     saved = tmp_path / "saved"
     names = sorted(p.name for p in saved.iterdir())
     assert names == [
-        "after_launch_debug_test.scale_out_cpu.pt", "after_launch_debug_test.scale_x_cpu.pt",
-        "before_launch_debug_test.scale_out_cpu.pt", "before_launch_debug_test.scale_x_cpu.pt",
+        "after_launch_debug_test.scale_out_cpu.pt",
+        "after_launch_debug_test.scale_x_cpu.pt",
+        "before_launch_debug_test.scale_out_cpu.pt",
+        "before_launch_debug_test.scale_x_cpu.pt",
     ]
     assert recorder.messages(logging.INFO) == [
         f"Saved intermediate tensor {arg} for debug_test.scale to {saved / name}"
-        for arg, name in (("out", "before_launch_debug_test.scale_out_cpu.pt"),
-                          ("x", "before_launch_debug_test.scale_x_cpu.pt"),
-                          ("out", "after_launch_debug_test.scale_out_cpu.pt"),
-                          ("x", "after_launch_debug_test.scale_x_cpu.pt"))
+        for arg, name in (
+            ("out", "before_launch_debug_test.scale_out_cpu.pt"),
+            ("x", "before_launch_debug_test.scale_x_cpu.pt"),
+            ("out", "after_launch_debug_test.scale_out_cpu.pt"),
+            ("x", "after_launch_debug_test.scale_x_cpu.pt"),
+        )
     ]
     assert all(r.name == "flashinfer.debug_printer" for r in recorder.records)
 
@@ -119,11 +128,16 @@ def test_level_1_saves_tensors_before_and_after(load, tmp_path: Path) -> None:
 def test_saved_file_names_carry_the_device_as_torch_prints_it() -> None:
     """As the AOTI printer's manual shows: ``before_launch_<kernel>_<arg>_cuda:0.pt``;
     the kernel and argument parts go through the one file-name sanitizer of the tools."""
-    assert debug_printer.save_name("before_launch", "norm_dtype_bf16.rmsnorm", "out",
-                                   torch.device("cuda", 0)) == \
-        "before_launch_norm_dtype_bf16.rmsnorm_out_cuda:0.pt"
-    assert debug_printer.save_name("after_launch", "m/x y", "a[0]", torch.device("cpu")) == \
-        "after_launch_m_x_y_a_0__cpu.pt"
+    assert (
+        debug_printer.save_name(
+            "before_launch", "norm_dtype_bf16.rmsnorm", "out", torch.device("cuda", 0)
+        )
+        == "before_launch_norm_dtype_bf16.rmsnorm_out_cuda:0.pt"
+    )
+    assert (
+        debug_printer.save_name("after_launch", "m/x y", "a[0]", torch.device("cpu"))
+        == "after_launch_m_x_y_a_0__cpu.pt"
+    )
 
 
 def test_level_3_prints_syncs_then_prints(load, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,8 +157,11 @@ def test_level_3_prints_syncs_then_prints(load, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(Destination, "write", write)
     out, x = _inputs()
     module.scale(out, x, 2.0)
-    assert events == ["[ before_launch: debug_test.scale ]", "sync after out=2.0",
-                      "[ after_launch: debug_test.scale ]"]
+    assert events == [
+        "[ before_launch: debug_test.scale ]",
+        "sync after out=2.0",
+        "[ after_launch: debug_test.scale ]",
+    ]
     assert log.read_text().splitlines() == [events[0], events[2]]
 
 
@@ -153,8 +170,10 @@ def test_kernel_filter_full_or_bare_name_case_insensitive(load) -> None:
     out, x = _inputs()
     module.scale(out, x, 2.0)
     module.poison(out)
-    assert log.read_text().splitlines() == ["[ before_launch: debug_test.poison ]",
-                                            "[ after_launch: debug_test.poison ]"]
+    assert log.read_text().splitlines() == [
+        "[ before_launch: debug_test.poison ]",
+        "[ after_launch: debug_test.poison ]",
+    ]
     printer = LaunchPrinter(3, ["debug_test.scale"])
     assert printer.selects("debug_test.scale") and not printer.selects("other.scale")
     assert LaunchPrinter(3, ["scale"]).selects("other.scale")
@@ -189,8 +208,9 @@ def test_graph_capture_skips_syncs_statistics_and_saves(
     assert not (tmp_path / "saved").exists()
 
 
-def test_norm_module_names_its_arguments(load, monkeypatch: pytest.MonkeyPatch,
-                                         tmp_path: Path) -> None:
+def test_norm_module_names_its_arguments(
+    load, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from flashinfer.jit.norm import gen_norm_module
 
     monkeypatch.setenv("FLASHINFER_DEBUG_PRINTER", "2")
@@ -208,8 +228,9 @@ def test_norm_module_names_its_arguments(load, monkeypatch: pytest.MonkeyPatch,
 
 # -- device printf helpers -----------------------------------------------------------------
 
+
 def test_device_print_changes_the_hash_and_builds_both_ways(
-    monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     spec = debug_spec()
     plain = spec.build_dir
@@ -236,8 +257,16 @@ def test_printf_helpers_compile_to_nothing_unless_enabled(enabled: bool, tmp_pat
         "}\n"
     )
     ptx = tmp_path / "k.ptx"
-    cmd = [str(current_toolchain().nvcc), "-std=c++17", "-arch=sm_90a", "-ptx",
-           f"-I{jit_env.FLASHINFER_INCLUDE_DIR}", str(source), "-o", str(ptx)]
+    cmd = [
+        str(current_toolchain().nvcc),
+        "-std=c++17",
+        "-arch=sm_90a",
+        "-ptx",
+        f"-I{jit_env.FLASHINFER_INCLUDE_DIR}",
+        str(source),
+        "-o",
+        str(ptx),
+    ]
     if enabled:
         cmd.insert(1, "-DFLASHINFER_DEVICE_PRINT=1")
     subprocess.run(cmd, check=True, capture_output=True)
@@ -249,6 +278,7 @@ def test_printf_helpers_compile_to_nothing_unless_enabled(enabled: bool, tmp_pat
 
 
 # -- GPU -------------------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 def test_level_3_names_the_kernel_that_writes_out_of_bounds(tmp_path: Path) -> None:
@@ -302,8 +332,9 @@ def test_level_1_names_cuda_saves_as_the_aoti_printer_does(load, tmp_path: Path)
     device = str(x.device)
     assert re.fullmatch(r"cuda:\d+", device)
     saved = tmp_path / "saved"
-    names = [f"{phase}_debug_test.fill_x_{device}.pt"
-             for phase in ("after_launch", "before_launch")]
+    names = [
+        f"{phase}_debug_test.fill_x_{device}.pt" for phase in ("after_launch", "before_launch")
+    ]
     assert sorted(p.name for p in saved.iterdir()) == names
     after = torch.load(saved / names[0], weights_only=True)
     assert after.device.type == "cpu" and torch.equal(after, torch.full((100,), 3.0))

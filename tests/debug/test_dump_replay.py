@@ -67,8 +67,14 @@ def test_inputs_are_dumped_before_the_call_runs(tmp_path: Path) -> None:
     assert manifest["function"]["module"] == "tests.debug.sample_api"
     assert manifest["function"]["qualname"].endswith("<locals>.check")
     assert manifest["args"][0] | {"stride": None} == {
-        "name": "x", "param_kind": "POSITIONAL_OR_KEYWORD", "kind": "tensor", "key": "x",
-        "shape": [3, 5], "dtype": "float32", "device": "cpu", "stride": None,
+        "name": "x",
+        "param_kind": "POSITIONAL_OR_KEYWORD",
+        "kind": "tensor",
+        "key": "x",
+        "shape": [3, 5],
+        "dtype": "float32",
+        "device": "cpu",
+        "stride": None,
     }
     assert manifest["args"][1]["value"] == "t"
     outputs = torch.load(call / "outputs.pt", weights_only=True)
@@ -132,8 +138,12 @@ def test_unpicklable_arguments_do_not_break_the_dump(tmp_path: Path) -> None:
     assert logger.decorate(sample_api.Wrapper.plan)(obj, 5) == 10
     manifest = json.loads((_calls(root)[0] / "call.json").read_text())
     assert manifest["args"][0]["kind"] == "unsupported"
-    assert manifest["args"][1] == {"name": "n", "param_kind": "POSITIONAL_OR_KEYWORD",
-                                   "kind": "value", "value": 5}
+    assert manifest["args"][1] == {
+        "name": "n",
+        "param_kind": "POSITIONAL_OR_KEYWORD",
+        "kind": "value",
+        "value": 5,
+    }
 
 
 def _write_without_the_library(tensors: dict[str, torch.Tensor], path: Path) -> None:
@@ -143,8 +153,11 @@ def _write_without_the_library(tensors: dict[str, torch.Tensor], path: Path) -> 
     header, blobs, offset = {}, [], 0
     for name, tensor in tensors.items():
         data = tensor.contiguous().view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
-        header[name] = {"dtype": codes[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(data)]}
+        header[name] = {
+            "dtype": codes[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
         blobs.append(data)
         offset += len(data)
     encoded = json.dumps(header, separators=(",", ":")).encode()
@@ -155,8 +168,7 @@ def _write_without_the_library(tensors: dict[str, torch.Tensor], path: Path) -> 
 def test_safetensors_dumps_load_with_the_library_and_replay(tmp_path: Path) -> None:
     logger, root = _dumping(tmp_path, safetensors=True)
     a = torch.randn(4, 4).t()  # not contiguous: stored as a contiguous copy
-    logger.decorate(sample_api.add_and_sub)(a, torch.randn(4, 4), 0.5,
-                                            mode=sample_api.Mode.FAST)
+    logger.decorate(sample_api.add_and_sub)(a, torch.randn(4, 4), 0.5, mode=sample_api.Mode.FAST)
     (call,) = _calls(root)
     assert (call / "inputs.safetensors").is_file() and not (call / "inputs.pt").exists()
     inputs = load_file(call / "inputs.safetensors")
@@ -165,8 +177,13 @@ def test_safetensors_dumps_load_with_the_library_and_replay(tmp_path: Path) -> N
     assert outputs.keys() == {"return.0", "return.1"}
     manifest = json.loads((call / "call.json").read_text())
     assert manifest["args"][3] | {"param_kind": None} == {
-        "name": "mode", "param_kind": None, "kind": "enum",
-        "enum_module": "tests.debug.sample_api", "enum_qualname": "Mode", "member": "FAST"}
+        "name": "mode",
+        "param_kind": None,
+        "kind": "enum",
+        "enum_module": "tests.debug.sample_api",
+        "enum_qualname": "Mode",
+        "member": "FAST",
+    }
     logger.decorate(sample_api.concat)([torch.randn(2), torch.randn(3)])
     results = replay(root, allow_modules=SAMPLE)
     assert [r.status for r in results] == ["PASS", "PASS"]
@@ -174,8 +191,9 @@ def test_safetensors_dumps_load_with_the_library_and_replay(tmp_path: Path) -> N
 
 def test_safetensors_dumps_of_the_former_writer_still_replay(tmp_path: Path) -> None:
     logger, root = _dumping(tmp_path, safetensors=True)
-    logger.decorate(sample_api.concat)([torch.tensor([1.5, -2.0], dtype=torch.bfloat16),
-                                        torch.empty(0, dtype=torch.bfloat16)])
+    logger.decorate(sample_api.concat)(
+        [torch.tensor([1.5, -2.0], dtype=torch.bfloat16), torch.empty(0, dtype=torch.bfloat16)]
+    )
     (call,) = _calls(root)
     for name in ("inputs", "outputs"):
         path = call / f"{name}.safetensors"
@@ -231,11 +249,20 @@ import torch
 from tests.debug import sample_api
 sample_api.add_and_sub(torch.randn(3), torch.randn(3))  # decorated at import, at level 10
 """
-    run_python(code, env={"FLASHINFER_LOGLEVEL": "10", "FLASHINFER_DUMP_DIR": str(root),
-                          "FLASHINFER_LOGDEST": str(tmp_path / "log")})
+    run_python(
+        code,
+        env={
+            "FLASHINFER_LOGLEVEL": "10",
+            "FLASHINFER_DUMP_DIR": str(root),
+            "FLASHINFER_LOGDEST": str(tmp_path / "log"),
+        },
+    )
     argv = ["flashinfer", "replay", str(root), "--allow-module", SAMPLE]
-    proc = run_python(f"import runpy, sys\nsys.argv = {argv!r}\n"
-                      "runpy.run_module('flashinfer', run_name='__main__')", cwd=REPO_ROOT)
+    proc = run_python(
+        f"import runpy, sys\nsys.argv = {argv!r}\n"
+        "runpy.run_module('flashinfer', run_name='__main__')",
+        cwd=REPO_ROOT,
+    )
     assert "PASS" in proc.stdout and "1 pass, 0 fail" in proc.stdout
 
 

@@ -64,7 +64,12 @@ def test_special_cases() -> None:
     assert tensor_stats(torch.empty(0, 4)) == {"numel": 0}
     assert tensor_stats(torch.tensor([True, True, False])) == {"true_count": 2, "false_count": 1}
     assert tensor_stats(torch.tensor(3.5)) == {
-        "min": 3.5, "max": 3.5, "mean": 3.5, "nan_count": 0, "inf_count": 0}
+        "min": 3.5,
+        "max": 3.5,
+        "mean": 3.5,
+        "nan_count": 0,
+        "inf_count": 0,
+    }
     assert tensor_stats(torch.tensor([3 + 4j, 0j]))["max"] == 5.0  # complex: by magnitude
     assert format_stats({"numel": 0}) == "[statistics: empty tensor]"
     assert format_stats({"min": 1.0, "nan_count": 2}) == "[min=1, nan_count=2]"
@@ -72,20 +77,41 @@ def test_special_cases() -> None:
 
 def test_stats_fields_have_six_decimals_and_integer_counts() -> None:
     assert stats_fields(torch.tensor([0.5, -1.25, float("nan")])) == [
-        "min=nan", "max=nan", "mean=nan", "nan_count=1", "inf_count=0"]
+        "min=nan",
+        "max=nan",
+        "mean=nan",
+        "nan_count=1",
+        "inf_count=0",
+    ]
     assert stats_fields(torch.tensor([2, 4], dtype=torch.int32)) == [
-        "min=2", "max=4", "mean=3.000000"]
+        "min=2",
+        "max=4",
+        "mean=3.000000",
+    ]
     assert stats_fields(torch.empty(0)) == []
 
 
 def test_tensor_block_one_field_a_line() -> None:
     t = torch.zeros(2, 3)[:, :2]
     assert tensor_block(t, "  ", stats=False) == [
-        "  Tensor(", "    shape=(2, 2)", "    dtype=torch.float32", "    device=cpu",
-        "    requires_grad=False", "    is_contiguous=False", "    stride=(3, 1)", "  )"]
+        "  Tensor(",
+        "    shape=(2, 2)",
+        "    dtype=torch.float32",
+        "    device=cpu",
+        "    requires_grad=False",
+        "    is_contiguous=False",
+        "    stride=(3, 1)",
+        "  )",
+    ]
     assert tensor_block(torch.ones(1, requires_grad=True), "", stats=True)[4:-1] == [
-        "  requires_grad=True", "  is_contiguous=True", "  min=1.000000", "  max=1.000000",
-        "  mean=1.000000", "  nan_count=0", "  inf_count=0"]
+        "  requires_grad=True",
+        "  is_contiguous=True",
+        "  min=1.000000",
+        "  max=1.000000",
+        "  mean=1.000000",
+        "  nan_count=0",
+        "  inf_count=0",
+    ]
 
 
 def test_value_lines_nest_containers_of_tensors_only() -> None:

@@ -61,8 +61,10 @@ def _unusable_path(kind: str, tmp_path: Path) -> Path:
 
 # -- item 5: FLASHINFER_LOGDEST --------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["directory", "under_a_file", "proc", "unknown_user",
-                                  "no_permission"])
+
+@pytest.mark.parametrize(
+    "kind", ["directory", "under_a_file", "proc", "unknown_user", "no_permission"]
+)
 def test_unusable_log_destination_falls_back_to_stderr_with_one_warning(
     kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -81,7 +83,7 @@ def test_unusable_log_destination_falls_back_to_stderr_with_one_warning(
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
 def test_a_destination_that_fails_on_write_falls_back_too(
-    capsys: pytest.CaptureFixture[str]
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """/dev/full opens, and every write fails (ENOSPC): the failure after opening."""
     func = ApiLogger(1, Destination("/dev/full")).decorate(sample_api.concat)
@@ -130,6 +132,7 @@ print("result", x.tolist())
 
 # -- item 5: FLASHINFER_DUMP_DIR and FLASHINFER_DEBUG_PRINTER_DIR -----------------------------
 
+
 @pytest.mark.parametrize("kind", ["under_a_file", "proc", "no_permission"])
 def test_unusable_dump_dir_stops_dumps_with_one_warning(
     kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -165,9 +168,14 @@ import torch
 from tests.debug import sample_api
 print("result", [sample_api.concat([torch.ones(1), torch.zeros(1)]).tolist() for _ in range(3)])
 """
-    proc = run_python(code, env={"FLASHINFER_LOGLEVEL": "10",
-                                 "FLASHINFER_DUMP_DIR": str(tmp_path / "a_file" / "dumps"),
-                                 "FLASHINFER_LOGDEST": str(tmp_path / "log")})
+    proc = run_python(
+        code,
+        env={
+            "FLASHINFER_LOGLEVEL": "10",
+            "FLASHINFER_DUMP_DIR": str(tmp_path / "a_file" / "dumps"),
+            "FLASHINFER_LOGDEST": str(tmp_path / "log"),
+        },
+    )
     assert "result [[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]]" in proc.stdout
     assert len(_warnings(proc.stderr, "dumps stopped")) == 1
     assert "Traceback" not in proc.stderr
@@ -190,23 +198,38 @@ def test_unusable_debug_printer_dir_stops_saves_with_one_warning(
 
 # -- item 12 (part): the level-2 printer and launches without arguments ----------------------
 
+
 def test_level_2_prints_a_line_for_a_launch_without_arguments(tmp_path: Path) -> None:
     log = tmp_path / "log"
     printer = LaunchPrinter(2, dest=Destination(str(log)))
     assert printer.wrap("m.sync", lambda: 7, ())() == 7
-    assert log.read_text().splitlines() == ["[ before_launch: m.sync ] (no arguments)",
-                                            "[ after_launch: m.sync ] (no arguments)"]
+    assert log.read_text().splitlines() == [
+        "[ before_launch: m.sync ] (no arguments)",
+        "[ after_launch: m.sync ] (no arguments)",
+    ]
 
 
 # -- item 6: replay runs only @flashinfer_api functions ---------------------------------------
 
-def _write_dump(directory: Path, module: str, qualname: str, args: list[dict[str, Any]],
-                tensors: dict[str, torch.Tensor] | None = None, status: str = "completed"
-                ) -> Path:
+
+def _write_dump(
+    directory: Path,
+    module: str,
+    qualname: str,
+    args: list[dict[str, Any]],
+    tensors: dict[str, torch.Tensor] | None = None,
+    status: str = "completed",
+) -> Path:
     directory.mkdir(parents=True)
-    manifest = {"format": 1, "function": {"module": module, "qualname": qualname},
-                "call_index": 0, "pid": 1, "tensor_format": "pt", "args": args,
-                "status": status}
+    manifest = {
+        "format": 1,
+        "function": {"module": module, "qualname": qualname},
+        "call_index": 0,
+        "pid": 1,
+        "tensor_format": "pt",
+        "args": args,
+        "status": status,
+    }
     (directory / "call.json").write_text(json.dumps(manifest))
     torch.save(tensors or {}, directory / "inputs.pt")
     return directory
@@ -217,8 +240,16 @@ def _value(name: str, value: Any, param_kind: str = "POSITIONAL_OR_KEYWORD") -> 
 
 
 def _tensor(name: str) -> dict[str, Any]:
-    return {"name": name, "param_kind": "POSITIONAL_OR_KEYWORD", "kind": "tensor", "key": name,
-            "device": "cpu", "shape": [2], "dtype": "float32", "stride": [1]}
+    return {
+        "name": name,
+        "param_kind": "POSITIONAL_OR_KEYWORD",
+        "kind": "tensor",
+        "key": name,
+        "device": "cpu",
+        "shape": [2],
+        "dtype": "float32",
+        "stride": [1],
+    }
 
 
 def _hostile(case: str, marker: Path, tmp_path: Path) -> tuple[str, str, list[dict[str, Any]]]:
@@ -230,26 +261,43 @@ def _hostile(case: str, marker: Path, tmp_path: Path) -> tuple[str, str, list[di
     if case == "subprocess.run":
         return "subprocess", "run", [_value("args", ["touch", str(marker)])]
     if case == "builtins.eval":
-        return "builtins", "eval", [_value("source", f"open({str(marker)!r}, 'w').close()",
-                                           "POSITIONAL_ONLY")]
+        return (
+            "builtins",
+            "eval",
+            [_value("source", f"open({str(marker)!r}, 'w').close()", "POSITIONAL_ONLY")],
+        )
     if case == "flashinfer.dump.os.system":  # through a module flashinfer imports
-        return "flashinfer.dump", "os.system", [_value("command", f"touch {marker}",
-                                                       "POSITIONAL_ONLY")]
+        return (
+            "flashinfer.dump",
+            "os.system",
+            [_value("command", f"touch {marker}", "POSITIONAL_ONLY")],
+        )
     if case == "undecorated flashinfer function":
-        return "flashinfer.jit.fileutil", "atomic_write_text", [_value("path", str(marker)),
-                                                                _value("text", "ran")]
+        return (
+            "flashinfer.jit.fileutil",
+            "atomic_write_text",
+            [_value("path", str(marker)), _value("text", "ran")],
+        )
     if case == "flashinfer_lookalike":
         return "flashinfer_evil", "run", []
     if case == "import side effect":
         (tmp_path / "evil_import_mod.py").write_text(
-            f"open({str(marker)!r}, 'w').close()\ndef run():\n    pass\n")
+            f"open({str(marker)!r}, 'w').close()\ndef run():\n    pass\n"
+        )
         return "evil_import_mod", "run", []
     raise AssertionError(case)
 
 
-HOSTILE = ["os.system", "posix.system", "subprocess.run", "builtins.eval",
-           "flashinfer.dump.os.system", "undecorated flashinfer function", "flashinfer_lookalike",
-           "import side effect"]
+HOSTILE = [
+    "os.system",
+    "posix.system",
+    "subprocess.run",
+    "builtins.eval",
+    "flashinfer.dump.os.system",
+    "undecorated flashinfer function",
+    "flashinfer_lookalike",
+    "import side effect",
+]
 
 
 @pytest.mark.parametrize("allow", [(), ("os", "posix", "subprocess", "builtins")])
@@ -269,26 +317,39 @@ def test_hostile_dumps_are_refused_and_do_not_run(
     assert "evil_import_mod" not in sys.modules  # refused before any import
 
 
-@pytest.mark.parametrize("enum_module,enum_qualname,reason", [
-    ("os", "system", "outside the modules replay may use"),
-    ("flashinfer.dump", "os.system", "is not a class"),
-    (SAMPLE, "add_and_sub", "is not an enum class"),
-    (SAMPLE, "Wrapper", "is not an enum class"),
-])
+@pytest.mark.parametrize(
+    "enum_module,enum_qualname,reason",
+    [
+        ("os", "system", "outside the modules replay may use"),
+        ("flashinfer.dump", "os.system", "is not a class"),
+        (SAMPLE, "add_and_sub", "is not an enum class"),
+        (SAMPLE, "Wrapper", "is not an enum class"),
+    ],
+)
 def test_enum_arguments_resolve_only_to_enum_classes(
     enum_module: str, enum_qualname: str, reason: str, tmp_path: Path
 ) -> None:
-    args = [_tensor("a"), _tensor("b"),
-            {"name": "mode", "param_kind": "KEYWORD_ONLY", "kind": "enum",
-             "enum_module": enum_module, "enum_qualname": enum_qualname, "member": "FAST"}]
+    args = [
+        _tensor("a"),
+        _tensor("b"),
+        {
+            "name": "mode",
+            "param_kind": "KEYWORD_ONLY",
+            "kind": "enum",
+            "enum_module": enum_module,
+            "enum_qualname": enum_qualname,
+            "member": "FAST",
+        },
+    ]
     tensors = {"a": torch.ones(2), "b": torch.ones(2)}
     call = _write_dump(tmp_path / "000000_1_add", SAMPLE, "add_and_sub", args, tensors)
     result = replay_call(call, allow_modules=SAMPLE)
     assert result.status == "REFUSED" and reason in result.detail, result
 
     args[2].update(enum_module=SAMPLE, enum_qualname="Mode", member="EXACT")
-    (call / "call.json").write_text(json.dumps(
-        json.loads((call / "call.json").read_text()) | {"args": args}))
+    (call / "call.json").write_text(
+        json.dumps(json.loads((call / "call.json").read_text()) | {"args": args})
+    )
     assert replay_call(call, allow_modules=SAMPLE).status == "RAN"  # a real enum: it runs
 
 
@@ -296,18 +357,22 @@ def _sample_dump(root: Path) -> Path:
     """One faithful dump of sample_api.scale_ under ``root``; returns its directory."""
     dumper = Dumper(root)
     ApiLogger(10, Destination(str(root.parent / "log")), dumper).decorate(sample_api.scale_)(
-        torch.randn(5), 3.0)
+        torch.randn(5), 3.0
+    )
     (call,) = root.iterdir()
     return call
 
 
-@pytest.mark.parametrize("allow,status", [
-    ((), "REFUSED"),
-    ((SAMPLE,), "PASS"),
-    (("tests",), "PASS"),  # a package allows its submodules
-    (SAMPLE, "PASS"),  # a single name as a string
-    (("tests.debug.sample",), "REFUSED"),  # a name prefix is not a parent package
-])
+@pytest.mark.parametrize(
+    "allow,status",
+    [
+        ((), "REFUSED"),
+        ((SAMPLE,), "PASS"),
+        (("tests",), "PASS"),  # a package allows its submodules
+        (SAMPLE, "PASS"),  # a single name as a string
+        (("tests.debug.sample",), "REFUSED"),  # a name prefix is not a parent package
+    ],
+)
 def test_allow_modules(allow: Any, status: str, tmp_path: Path) -> None:
     call = _sample_dump(tmp_path / "dumps")
     (result,) = replay(call.parent, allow_modules=allow)
@@ -321,8 +386,9 @@ def test_flashinfer_apis_are_marked_and_replayed_without_allow(tmp_path: Path) -
     assert getattr(sample_api.Wrapper.run, API_MARKER) is True
     args = [_tensor("input"), _tensor("weight"), _value("eps", 1e-6)]
     tensors = {"input": torch.ones(1, 2), "weight": torch.ones(2)}
-    call = _write_dump(tmp_path / "000000_1_rmsnorm", "flashinfer.norm", "rmsnorm", args,
-                       tensors, status="raised")
+    call = _write_dump(
+        tmp_path / "000000_1_rmsnorm", "flashinfer.norm", "rmsnorm", args, tensors, status="raised"
+    )
     result = replay_call(call)
     assert result.status == "RAN" and "CUDA" in result.detail, result  # it ran, and refused CPU
 
@@ -331,8 +397,13 @@ def _malformed_dumps(root: Path, good: Path) -> dict[str, str]:
     """Writes broken dumps next to ``good``; returns directory name -> expected reason."""
     expected: dict[str, str] = {}
 
-    def broken(name: str, reason: str, manifest: Any = None, text: str | None = None,
-               inputs: bytes | None = None) -> Path:
+    def broken(
+        name: str,
+        reason: str,
+        manifest: Any = None,
+        text: str | None = None,
+        inputs: bytes | None = None,
+    ) -> Path:
         directory = root / name
         directory.mkdir()
         if text is None:
@@ -348,29 +419,46 @@ def _malformed_dumps(root: Path, good: Path) -> dict[str, str]:
     manifest = json.loads((good / "call.json").read_text())
     broken("a_bad_json", "call.json is unreadable", text="{not json")
     broken("b_array", "does not hold a JSON object", [])
-    broken("c_no_function", "has no 'function'",
-           {k: v for k, v in manifest.items() if k != "function"})
+    broken(
+        "c_no_function", "has no 'function'", {k: v for k, v in manifest.items() if k != "function"}
+    )
     broken("d_function_str", "'function' is a str", manifest | {"function": "os.system"})
     broken("e_args_dict", "'args' is a dict", manifest | {"args": {}})
     broken("f_arg_no_kind", "has no 'kind'", manifest | {"args": [{"name": "x"}]})
     broken("g_arg_name_int", "'name' is a int", manifest | {"args": [{"name": 3}]})
-    broken("h_unknown_function", "has no function no_such_api",
-           manifest | {"function": {"module": SAMPLE, "qualname": "no_such_api"}})
-    broken("i_unknown_module", "cannot import flashinfer.no_such_module",
-           manifest | {"function": {"module": "flashinfer.no_such_module", "qualname": "f"}})
+    broken(
+        "h_unknown_function",
+        "has no function no_such_api",
+        manifest | {"function": {"module": SAMPLE, "qualname": "no_such_api"}},
+    )
+    broken(
+        "i_unknown_module",
+        "cannot import flashinfer.no_such_module",
+        manifest | {"function": {"module": "flashinfer.no_such_module", "qualname": "f"}},
+    )
     broken("j_garbage_inputs", "inputs.pt is unreadable", manifest, inputs=b"garbage")
     broken("k_empty_inputs", "inputs.pt is unreadable", manifest, inputs=b"")
     pickled = root / "pickled.pt"
     torch.save([torch.ones(1)], pickled)
-    broken("l_inputs_not_a_dict", "does not hold named tensors", manifest,
-           inputs=pickled.read_bytes())
-    broken("m_missing_tensor", "has no tensor 'y'",
-           manifest | {"args": [manifest["args"][0] | {"key": "y"}]})
+    broken(
+        "l_inputs_not_a_dict", "does not hold named tensors", manifest, inputs=pickled.read_bytes()
+    )
+    broken(
+        "m_missing_tensor",
+        "has no tensor 'y'",
+        manifest | {"args": [manifest["args"][0] | {"key": "y"}]},
+    )
     broken("n_tensor_format", "unknown tensor_format", manifest | {"tensor_format": "../x"})
-    broken("o_unknown_kind", "unknown kind 'pickle'",
-           manifest | {"args": [{"name": "x", "kind": "pickle"}]})
-    broken("p_bad_device", "unknown device 'nowhere'",
-           manifest | {"args": [manifest["args"][0] | {"device": "nowhere"}]})
+    broken(
+        "o_unknown_kind",
+        "unknown kind 'pickle'",
+        manifest | {"args": [{"name": "x", "kind": "pickle"}]},
+    )
+    broken(
+        "p_bad_device",
+        "unknown device 'nowhere'",
+        manifest | {"args": [manifest["args"][0] | {"device": "nowhere"}]},
+    )
     outputs = broken("q_garbage_outputs", "outputs.pt is unreadable", manifest)
     (outputs / "outputs.pt").write_bytes(b"not a tensor file")
     (root / "r_manifest_is_a_dir" / "call.json").mkdir(parents=True)
@@ -398,8 +486,9 @@ def test_malformed_dumps_are_one_error_row_each_and_the_run_goes_on(
     assert len(captured.out.splitlines()) == len(expected) + 3  # header, rows, summary
 
 
-@pytest.mark.parametrize("option,value", [("--rtol", "-1"), ("--rtol", "nan"),
-                                          ("--atol", "inf"), ("--atol", "-0.5")])
+@pytest.mark.parametrize(
+    "option,value", [("--rtol", "-1"), ("--rtol", "nan"), ("--atol", "inf"), ("--atol", "-0.5")]
+)
 def test_bad_tolerances_are_rejected_before_anything_runs(
     option: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -35,8 +35,11 @@ class Run:
 
     def lines(self, name: str) -> list[str]:
         """The ``[ok]``/``[FAIL]`` lines of check ``name``."""
-        return [ln for ln in self.out.splitlines()
-                if ln.startswith((f"[ok] {name}: ", f"[FAIL] {name}: "))]
+        return [
+            ln
+            for ln in self.out.splitlines()
+            if ln.startswith((f"[ok] {name}: ", f"[FAIL] {name}: "))
+        ]
 
     def line(self, name: str) -> str:
         (found,) = self.lines(name)
@@ -52,14 +55,17 @@ class Run:
 def _base_env(root: Path) -> dict[str, str]:
     """The test process's environment without its flashinfer settings (the arch list
     conftest sets without a GPU excepted), a private workspace and temp dir."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("FLASHINFER_") and k != "MAX_JOBS"}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("FLASHINFER_") and k != "MAX_JOBS"
+    }
     if "FLASHINFER_CUDA_ARCH_LIST" in os.environ:
         env["FLASHINFER_CUDA_ARCH_LIST"] = os.environ["FLASHINFER_CUDA_ARCH_LIST"]
     (root / "tmp").mkdir()
-    env.update(FLASHINFER_WORKSPACE_BASE=str(root / "ws"), TMPDIR=str(root / "tmp"),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT),
-                                                        os.environ.get("PYTHONPATH")])))
+    env.update(
+        FLASHINFER_WORKSPACE_BASE=str(root / "ws"),
+        TMPDIR=str(root / "tmp"),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    )
     return env
 
 
@@ -97,8 +103,11 @@ def _host_cxx() -> str | None:
 
 def _no_nvcc(root: Path) -> dict[str, str]:
     (root / "a_file").write_text("not a directory")
-    path = [d for d in os.environ.get("PATH", "").split(os.pathsep)
-            if d and not (Path(d) / "nvcc").exists()]
+    path = [
+        d
+        for d in os.environ.get("PATH", "").split(os.pathsep)
+        if d and not (Path(d) / "nvcc").exists()
+    ]
     return {
         "PATH": os.pathsep.join(path),
         "FLASHINFER_NVCC": "/nonexistent",
@@ -127,8 +136,13 @@ def runs(scenario_roots: dict[str, Path]) -> dict[str, Run]:
         root = scenario_roots[name]
         env = {**_base_env(root), **make_env(root)}
         procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "flashinfer", "doctor"], cwd=root, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [sys.executable, "-m", "flashinfer", "doctor"],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     results = {}
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=120)
@@ -140,8 +154,17 @@ def test_sound_environment_passes(runs: dict[str, Run], scenario_roots: dict[str
     run = runs["sound"]
     assert run.returncode == 0, run.out + run.stderr
     assert run.out.rstrip().endswith("all checks passed")
-    for name in ("versions", "configuration", "nvcc", "host compiler", "ninja", "GPU",
-                 "target archs", "workspace", "log destination"):
+    for name in (
+        "versions",
+        "configuration",
+        "nvcc",
+        "host compiler",
+        "ninja",
+        "GPU",
+        "target archs",
+        "workspace",
+        "log destination",
+    ):
         assert run.line(name).startswith("[ok] "), run.out
     assert str(scenario_roots["sound"] / "ws") in run.line("workspace")
     assert "writable" in run.line("log destination")
@@ -153,9 +176,13 @@ def test_invalid_settings_start_doctor_and_fail_configuration(runs: dict[str, Ru
     assert run.returncode == 1, run.out + run.stderr
     line = run.line("configuration")
     assert line.startswith("[FAIL] configuration: ")
-    for name, value in (("FLASHINFER_LOGLEVEL", "7"), ("FLASHINFER_LOGGING_LEVEL", "loud"),
-                        ("MAX_JOBS", "0"), ("FLASHINFER_CACHE_MAX_GB", "-1"),
-                        ("FLASHINFER_JIT_VERBOSE", "maybe")):
+    for name, value in (
+        ("FLASHINFER_LOGLEVEL", "7"),
+        ("FLASHINFER_LOGGING_LEVEL", "loud"),
+        ("MAX_JOBS", "0"),
+        ("FLASHINFER_CACHE_MAX_GB", "-1"),
+        ("FLASHINFER_JIT_VERBOSE", "maybe"),
+    ):
         assert f"invalid value {value!r} for {name}" in line
     assert "unset" in run.fix_after(line)
     assert "Traceback" not in run.stderr
@@ -206,11 +233,14 @@ def test_unusable_workspace_base_fails_naming_base_and_fallback(
     assert str(root / "tmp" / f"flashinfer-{os.getuid()}") in line  # the fallback
 
 
-@pytest.mark.parametrize(("scenario", "reason"), [
-    ("bad_settings", "Is a directory"),
-    ("unbuildable", "No such file or directory"),  # /proc takes no new files
-    ("no_nvcc", "Not a directory"),  # a parent is a regular file
-])
+@pytest.mark.parametrize(
+    ("scenario", "reason"),
+    [
+        ("bad_settings", "Is a directory"),
+        ("unbuildable", "No such file or directory"),  # /proc takes no new files
+        ("no_nvcc", "Not a directory"),  # a parent is a regular file
+    ],
+)
 def test_unusable_log_destination_fails_with_the_os_reason(
     runs: dict[str, Run], scenario: str, reason: str
 ) -> None:
@@ -266,10 +296,17 @@ def test_log_probe_leaves_an_existing_file_untouched(tmp_path: Path) -> None:
     assert sorted(tmp_path.iterdir()) == [log]
 
 
-@pytest.mark.parametrize(("arch", "gpu", "runs_there"), [
-    ("9.0a", (9, 0), True), ("8.0", (8, 6), True), ("8.6", (8, 0), False),
-    ("8.0", (9, 0), False), ("10.0a", (10, 3), False), ("10.0f", (10, 3), True),
-])
+@pytest.mark.parametrize(
+    ("arch", "gpu", "runs_there"),
+    [
+        ("9.0a", (9, 0), True),
+        ("8.0", (8, 6), True),
+        ("8.6", (8, 0), False),
+        ("8.0", (9, 0), False),
+        ("10.0a", (10, 3), False),
+        ("10.0f", (10, 3), True),
+    ],
+)
 def test_arch_coverage_of_a_gpu(arch: str, gpu: tuple[int, int], runs_there: bool) -> None:
     assert runs_on(CudaArch.parse(arch), gpu) is runs_there
 

@@ -37,9 +37,16 @@ for name, call in cases:
 def test_non_monotone_indptrs_raise_in_five_fresh_processes() -> None:
     """torch's repeat_interleave(output_size=...) trusts its input: before the shared
     indptr check, these aborted with 'free(): invalid next size' in some runs."""
-    procs = [subprocess.Popen([sys.executable, "-c", HEAP_CASES], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
-             for _ in range(5)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", HEAP_CASES],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO_ROOT,
+        )
+        for _ in range(5)
+    ]
     for proc in procs:
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
@@ -52,13 +59,16 @@ def test_non_monotone_indptrs_raise_in_five_fresh_processes() -> None:
 P = torch.rand(2, 16).softmax(-1)
 
 
-@pytest.mark.parametrize("api,args,param", [
-    (flashinfer.top_p_sampling_from_probs, (P, None), "top_p"),
-    (flashinfer.top_k_sampling_from_probs, (P, None), "top_k"),
-    (flashinfer.min_p_sampling_from_probs, (P, None), "min_p"),
-    (flashinfer.top_k_renorm_probs, (P, None), "top_k"),
-    (flashinfer.top_p_renorm_probs, (P, None), "top_p"),
-])
+@pytest.mark.parametrize(
+    "api,args,param",
+    [
+        (flashinfer.top_p_sampling_from_probs, (P, None), "top_p"),
+        (flashinfer.top_k_sampling_from_probs, (P, None), "top_k"),
+        (flashinfer.min_p_sampling_from_probs, (P, None), "min_p"),
+        (flashinfer.top_k_renorm_probs, (P, None), "top_k"),
+        (flashinfer.top_p_renorm_probs, (P, None), "top_p"),
+    ],
+)
 def test_none_for_a_required_filter_is_a_type_error_naming_it(api, args, param: str) -> None:
     with pytest.raises(TypeError, match=f"^{param} must be"):
         api(*args)

@@ -43,8 +43,9 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture
-def warm(template: tuple[Path, Path], tmp_path: Path,
-         monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+def warm(
+    template: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Path, Path]:
     """(sources, this test's copy of the built workspace), selected as the workspace."""
     src, base = template
     copy = tmp_path / "workspace"
@@ -54,16 +55,20 @@ def warm(template: tuple[Path, Path], tmp_path: Path,
 
 
 def _load_code(src: Path) -> str:
-    return (f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
-            "from pathlib import Path\n"
-            "from tests.jit.tiny_module import tiny_spec\n"
-            f"print(tiny_spec(Path({str(src)!r})).build_and_load().a_value())\n")
+    return (
+        f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+        "from pathlib import Path\n"
+        "from tests.jit.tiny_module import tiny_spec\n"
+        f"print(tiny_spec(Path({str(src)!r})).build_and_load().a_value())\n"
+    )
 
 
-def _load_in_fresh_process(src: Path, base: Path, **env_vars: str
-                            ) -> subprocess.CompletedProcess[str]:
-    return run_python(_load_code(src), env={"FLASHINFER_WORKSPACE_BASE": str(base), **env_vars},
-                      check=False)
+def _load_in_fresh_process(
+    src: Path, base: Path, **env_vars: str
+) -> subprocess.CompletedProcess[str]:
+    return run_python(
+        _load_code(src), env={"FLASHINFER_WORKSPACE_BASE": str(base), **env_vars}, check=False
+    )
 
 
 def _library(base: Path) -> Path:
@@ -111,12 +116,14 @@ def edits_during_compile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_a_header_saved_during_the_first_build_is_compiled_before_publishing(
-        workspace: Path, tmp_path: Path, edits_during_compile, jit_log) -> None:
+    workspace: Path, tmp_path: Path, edits_during_compile, jit_log
+) -> None:
     src = write_tiny_sources(tmp_path / "src")
     edits_during_compile(src, 1)
     assert tiny_spec(src).build_and_load().a_value() == 100
-    assert any("changed while tiny_test_module compiled; compiling again" in m
-               for m in jit_log.messages())
+    assert any(
+        "changed while tiny_test_module compiled; compiling again" in m for m in jit_log.messages()
+    )
     # A fresh process trusts the manifest: it must describe what was compiled.
     proc = _load_in_fresh_process(src, workspace, FLASHINFER_NVCC_LAUNCHER="")
     assert proc.stdout.strip() == "100", proc.stderr
@@ -124,7 +131,8 @@ def test_a_header_saved_during_the_first_build_is_compiled_before_publishing(
 
 
 def test_a_tracked_header_saved_during_a_rebuild_is_compiled_before_publishing(
-        warm, tmp_path: Path, edits_during_compile, jit_log) -> None:
+    warm, tmp_path: Path, edits_during_compile, jit_log
+) -> None:
     _, base = warm
     src = write_tiny_sources(tmp_path / "src")  # own sources: this test edits them
     tiny_spec(src).build_and_load()
@@ -137,7 +145,8 @@ def test_a_tracked_header_saved_during_a_rebuild_is_compiled_before_publishing(
 
 
 def test_a_header_that_keeps_changing_is_rebuilt_by_the_next_load(
-        workspace: Path, tmp_path: Path, edits_during_compile, jit_log) -> None:
+    workspace: Path, tmp_path: Path, edits_during_compile, jit_log
+) -> None:
     src = write_tiny_sources(tmp_path / "src")
     edits_during_compile(src, 99)
     spec = tiny_spec(src)
@@ -170,7 +179,7 @@ def test_a_library_rewritten_in_place_is_rebuilt(warm) -> None:
     src, base = warm
     library = _library(base)
     data = bytearray(library.read_bytes())
-    data[len(data) // 3: len(data) // 3 + 4096] = os.urandom(4096)
+    data[len(data) // 3 : len(data) // 3 + 4096] = os.urandom(4096)
     library.write_bytes(bytes(data))
     proc = _load_in_fresh_process(src, base)
     assert proc.returncode == 0 and proc.stdout.strip() == "1", proc.stderr
@@ -186,7 +195,8 @@ def test_a_copied_workspace_is_hashed_once_then_warm(warm, jit_log) -> None:
 
 
 def test_cache_list_reports_damage_and_verify_removes_it(
-        warm, capsys: pytest.CaptureFixture[str]) -> None:
+    warm, capsys: pytest.CaptureFixture[str]
+) -> None:
     src, base = warm
     library = _library(base)
     assert cli(["cache", "list"]) == 0
@@ -228,8 +238,9 @@ def aot_layer(warm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Pa
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garble"])
-def test_a_damaged_aot_library_is_skipped_with_a_warning(aot_layer, damage: str,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_a_damaged_aot_library_is_skipped_with_a_warning(
+    aot_layer, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
     src, library = aot_layer
     data = library.read_bytes()
     library.chmod(0o644)
@@ -262,14 +273,16 @@ def test_cache_verify_hashes_aot_libraries(aot_layer, capsys: pytest.CaptureFixt
 
 
 def test_a_relative_workspace_is_resolved_once_against_the_first_working_dir(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     src = write_tiny_sources(tmp_path / "src")
     (tmp_path / "elsewhere").mkdir()
-    code = (_load_code(src) +
-            "import os\nfrom flashinfer.jit import env\n"
-            "os.chdir('elsewhere')\n"
-            f"print(tiny_spec(Path({str(src)!r})).build_and_load().a_value())\n"
-            "print(env.workspace_dir())\n")
+    code = (
+        _load_code(src) + "import os\nfrom flashinfer.jit import env\n"
+        "os.chdir('elsewhere')\n"
+        f"print(tiny_spec(Path({str(src)!r})).build_and_load().a_value())\n"
+        "print(env.workspace_dir())\n"
+    )
     proc = run_python(code, env={"FLASHINFER_WORKSPACE_BASE": "rel-ws"}, cwd=tmp_path)
     first, second, workspace = proc.stdout.split()
     assert first == second == "1"
@@ -289,10 +302,13 @@ def test_an_empty_workspace_setting_means_the_default(monkeypatch: pytest.Monkey
 # -- 9. settings are validated when a module loads from the cache too ---------------------
 
 
-@pytest.mark.parametrize("name,value", [("MAX_JOBS", "0"), ("FLASHINFER_CACHE_MAX_GB", "-1"),
-                                        ("FLASHINFER_JIT_VERBOSE", "maybe")])
-def test_an_invalid_setting_is_reported_on_a_cache_hit(warm, monkeypatch: pytest.MonkeyPatch,
-                                                       name: str, value: str) -> None:
+@pytest.mark.parametrize(
+    "name,value",
+    [("MAX_JOBS", "0"), ("FLASHINFER_CACHE_MAX_GB", "-1"), ("FLASHINFER_JIT_VERBOSE", "maybe")],
+)
+def test_an_invalid_setting_is_reported_on_a_cache_hit(
+    warm, monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
     src, _ = warm
     spec = tiny_spec(src)
     assert not spec.is_stale
@@ -312,16 +328,19 @@ def test_cache_gc_rejects_a_negative_size(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_an_unsupported_arch_flag_headlines_nvccs_error(
-        workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FLASHINFER_EXTRA_CUDAFLAGS", "-gencode=arch=compute_70,code=sm_70")
     with pytest.raises(JitCompileError) as err:
         tiny_spec(write_tiny_sources(tmp_path / "src")).build()
     assert str(err.value).splitlines()[0] == (
-        "nvcc fatal   : Unsupported gpu architecture 'compute_70'")
+        "nvcc fatal   : Unsupported gpu architecture 'compute_70'"
+    )
 
 
 def test_an_arch_nvcc_cannot_build_is_refused_before_compiling(
-        workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jit_log) -> None:
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jit_log
+) -> None:
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "7.0")
     with pytest.raises(JitCompileError, match=r"cannot build arch 7\.0.*FLASHINFER_CUDA_ARCH_LIST"):
         tiny_spec(write_tiny_sources(tmp_path / "src")).build()
@@ -333,7 +352,8 @@ def test_an_arch_nvcc_cannot_build_is_refused_before_compiling(
 
 @pytest.mark.parametrize("obstacle", ["cached_ops", f"cached_ops/{URI}"])
 def test_a_file_in_the_way_of_the_cache_is_one_clear_error(
-        workspace: Path, tmp_path: Path, obstacle: str) -> None:
+    workspace: Path, tmp_path: Path, obstacle: str
+) -> None:
     blocked = workspace / __version__ / obstacle
     blocked.parent.mkdir(parents=True, exist_ok=True)
     blocked.write_text("not a dir")
@@ -345,24 +365,35 @@ def test_a_file_in_the_way_of_the_cache_is_one_clear_error(
 
 
 def test_a_file_in_the_way_of_generated_sources_is_one_clear_error(
-        workspace: Path, tmp_path: Path) -> None:
+    workspace: Path, tmp_path: Path
+) -> None:
     template = tmp_path / "t.jinja"
     template.write_text("#define X {{ x }}\n")
     blocked = workspace / __version__ / "generated"
     blocked.parent.mkdir(parents=True)
     blocked.write_text("not a dir")
-    with pytest.raises(WorkspaceError, match=r"cannot write the rendered t\.h of faults_gen: .*"
-                                             r"generated"):
+    with pytest.raises(
+        WorkspaceError,
+        match=r"cannot write the rendered t\.h of faults_gen: .*"
+        r"generated",
+    ):
         render_template(template, "faults_gen", "t.h", x=1)
 
 
-@pytest.mark.parametrize("manifest", [
-    "[]", '"text"', "null", '{"format": 2, "identity": [], "library": 1, "inputs": {}, '
-    '"objects": {}, "library_record": [1, 2, 3, "x"]}',
-    "MUTATE_INPUTS", "MUTATE_RECORD", "{truncated",
-])
-def test_a_manifest_that_does_not_parse_is_treated_as_absent(warm, manifest: str,
-                                                            jit_log) -> None:
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        "[]",
+        '"text"',
+        "null",
+        '{"format": 2, "identity": [], "library": 1, "inputs": {}, '
+        '"objects": {}, "library_record": [1, 2, 3, "x"]}',
+        "MUTATE_INPUTS",
+        "MUTATE_RECORD",
+        "{truncated",
+    ],
+)
+def test_a_manifest_that_does_not_parse_is_treated_as_absent(warm, manifest: str, jit_log) -> None:
     src, base = warm
     path = _library(base).with_name("manifest.json")
     if manifest.startswith("MUTATE"):
@@ -374,17 +405,19 @@ def test_a_manifest_that_does_not_parse_is_treated_as_absent(warm, manifest: str
     assert spec.is_stale
     assert spec.build_and_load().a_value() == 1
     assert jit_log.compiles() == [
-        "compiling tiny_test_module for sm_90a (its manifest is unreadable or from an older "
-        "format)"]
+        "compiling tiny_test_module for sm_90a (its manifest is unreadable or from an older format)"
+    ]
 
 
 def test_a_read_only_workspace_is_still_read_and_new_modules_compile_elsewhere(
-        warm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jit_log) -> None:
+    warm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, jit_log
+) -> None:
     src, base = warm
     # Root can write anywhere, so the read-only verdict is given to the probe directly.
     real_problem = env._problem
-    monkeypatch.setattr(env, "_problem",
-                        lambda path: "read-only" if path == base else real_problem(path))
+    monkeypatch.setattr(
+        env, "_problem", lambda path: "read-only" if path == base else real_problem(path)
+    )
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     env._writable_base.cache_clear()
     try:
@@ -412,13 +445,14 @@ def test_a_deleted_library_is_rebuilt_with_the_reason(warm, jit_log) -> None:
     library.unlink()
     assert tiny_spec(src).build_and_load().a_value() == 1
     assert jit_log.compiles() == [
-        f"rebuilding tiny_test_module for sm_90a: its library {LIBRARY} is missing"]
+        f"rebuilding tiny_test_module for sm_90a: its library {LIBRARY} is missing"
+    ]
     assert not stale_log.exists()
 
 
-def test_cache_list_does_not_create_the_workspace(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_cache_list_does_not_create_the_workspace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = tmp_path / "absent"
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(base))
     assert cli(["cache", "list"]) == 0
@@ -426,8 +460,9 @@ def test_cache_list_does_not_create_the_workspace(tmp_path: Path,
     assert not base.exists()
 
 
-def test_precompile_arch_errors_name_the_option(tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_precompile_arch_errors_name_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert cli(["precompile", "--arch", "foo", "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert "--arch" in err and "FLASHINFER_CUDA_ARCH_LIST" not in err
@@ -436,8 +471,12 @@ def test_precompile_arch_errors_name_the_option(tmp_path: Path,
 
 
 def test_the_cli_has_a_version_and_prints_no_warnings() -> None:
-    proc = subprocess.run([sys.executable, "-m", "flashinfer", "--version"], capture_output=True,
-                          text=True, env={k: v for k, v in os.environ.items()
-                                          if k != "PYTHONWARNINGS"}, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "flashinfer", "--version"],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"},
+        check=True,
+    )
     assert proc.stdout.strip() == f"flashinfer {__version__}"
     assert proc.stderr == ""

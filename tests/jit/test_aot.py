@@ -25,9 +25,14 @@ def layer(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _no_nvcc_env(layer: Path, tmp_path: Path, **extra: str) -> dict[str, str]:
-    return {"PATH": "/usr/bin:/bin", "FLASHINFER_DISABLE_JIT": "1",
-            "FLASHINFER_AOT_DIR": str(layer), "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws"),
-            "FLASHINFER_CUDA_ARCH_LIST": "9.0a", **extra}
+    return {
+        "PATH": "/usr/bin:/bin",
+        "FLASHINFER_DISABLE_JIT": "1",
+        "FLASHINFER_AOT_DIR": str(layer),
+        "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws"),
+        "FLASHINFER_CUDA_ARCH_LIST": "9.0a",
+        **extra,
+    }
 
 
 def test_precompile_publishes_every_specialization(layer: Path) -> None:
@@ -73,8 +78,11 @@ def test_the_layer_is_skipped_when_it_does_not_match(
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
     assert aot.find("norm_dtype_f16") == layer / "norm_dtype_f16" / "norm_dtype_f16.so"
     assert aot.find("no_such_module") is None
-    for var, value in [("FLASHINFER_JIT_DEBUG", "1"), ("FLASHINFER_EXTRA_CUDAFLAGS", "-DX"),
-                       ("FLASHINFER_CUDA_ARCH_LIST", "10.0a")]:
+    for var, value in [
+        ("FLASHINFER_JIT_DEBUG", "1"),
+        ("FLASHINFER_EXTRA_CUDAFLAGS", "-DX"),
+        ("FLASHINFER_CUDA_ARCH_LIST", "10.0a"),
+    ]:
         with monkeypatch.context() as m:
             m.setenv(var, value)
             assert aot.find("norm_dtype_f16") is None, var
@@ -92,8 +100,10 @@ def test_the_layer_is_skipped_when_it_does_not_match(
     (edited / "norm_dtype_f32").unlink()
     (edited / "norm_dtype_f32").mkdir()
     (edited / "norm_dtype_f32" / "aot.json").write_text(json.dumps(record))
-    os.symlink(layer / "norm_dtype_f32" / "norm_dtype_f32.so",
-               edited / "norm_dtype_f32" / "norm_dtype_f32.so")
+    os.symlink(
+        layer / "norm_dtype_f32" / "norm_dtype_f32.so",
+        edited / "norm_dtype_f32" / "norm_dtype_f32.so",
+    )
     monkeypatch.setenv("FLASHINFER_AOT_DIR", str(edited))
     assert aot.find("norm_dtype_f32") is None
     assert aot.find("norm_dtype_f16") is not None
@@ -106,9 +116,11 @@ def test_an_installed_flashinfer_aot_package_is_a_layer(layer: Path, tmp_path: P
     os.symlink(layer, package / "modules")
     env = _no_nvcc_env(layer, tmp_path, PYTHONPATH=str(tmp_path / "site"))
     env["FLASHINFER_AOT_DIR"] = ""
-    proc = run_python("import torch, flashinfer\n"
-                      "print(flashinfer.get_norm_module(torch.float32).dtype())",
-                      env=env, cwd=tmp_path)
+    proc = run_python(
+        "import torch, flashinfer\nprint(flashinfer.get_norm_module(torch.float32).dtype())",
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.stdout.strip() == "float32"
 
 
@@ -116,31 +128,56 @@ def test_registry_and_precompile_errors(capsys: pytest.CaptureFixture[str]) -> N
     names = [spec.name for spec in registry.specs_for(["norm"])]
     assert sorted(names) == NORM_URIS
     assert {"norm", "activation"} <= set(registry.registered_ops())
-    with pytest.raises(ValueError, match="unknown op.*nope.*registered: activation, cascade, decode, norm, norm_quant, page, prefill, rope, sampling"):
+    with pytest.raises(
+        ValueError,
+        match="unknown op.*nope.*registered: activation, cascade, "
+        "decode, norm, norm_quant, page, prefill, rope, sampling",
+    ):
         registry.specs_for(["nope"])
     assert cli(["precompile", "--arch", "9.0a", "--ops", "nope", "--out", "/tmp/x"]) == 1
     assert "unknown op(s) nope" in capsys.readouterr().err
 
 
 def test_precompile_skips_modules_that_cannot_target_the_archs(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """decode needs sm_80+ (cp.async): at 7.5 it is skipped and named, the rest is built;
     with nothing buildable the command fails with one line, never a traceback."""
     built: list[str] = []
     monkeypatch.setattr(precompile_module, "run_ninja", lambda *a, **k: None)
-    monkeypatch.setattr(precompile_module, "_publish", lambda out, staging, spec, plan: (
-        built.append(f"{spec.name}@{' '.join(map(str, plan.archs))}") or out / spec.name))
+    monkeypatch.setattr(
+        precompile_module,
+        "_publish",
+        lambda out, staging, spec, plan: (
+            built.append(f"{spec.name}@{' '.join(map(str, plan.archs))}") or out / spec.name
+        ),
+    )
     result = precompile(tmp_path / "layer", "7.5 9.0a", ["norm", "decode"])
-    assert sorted(built) == sorted([f"{u}@7.5 9.0a" for u in NORM_URIS] + [
-        f"decode_{d}_hd{h}@9.0a" for d in ("bf16", "f16") for h in (64, 128, 256)])
+    assert sorted(built) == sorted(
+        [f"{u}@7.5 9.0a" for u in NORM_URIS]
+        + [f"decode_{d}_hd{h}@9.0a" for d in ("bf16", "f16") for h in (64, 128, 256)]
+    )
     assert result.skipped == {}
     built.clear()
-    assert cli(["precompile", "--arch", "7.5", "--ops", "norm,decode",
-                "--out", str(tmp_path / "layer")]) == 0
+    assert (
+        cli(
+            [
+                "precompile",
+                "--arch",
+                "7.5",
+                "--ops",
+                "norm,decode",
+                "--out",
+                str(tmp_path / "layer"),
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert sorted(built) == [f"{u}@7.5" for u in NORM_URIS]
     assert err.count("skipped decode_") == 6 and "supports SM majors [8, 9, 10, 11, 12]" in err
-    assert cli(["precompile", "--arch", "7.5", "--ops", "decode",
-                "--out", str(tmp_path / "layer")]) == 1
+    assert (
+        cli(["precompile", "--arch", "7.5", "--ops", "decode", "--out", str(tmp_path / "layer")])
+        == 1
+    )
     assert "precompile: no requested module can target 7.5: decode_" in capsys.readouterr().err

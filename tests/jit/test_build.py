@@ -40,8 +40,13 @@ def test_norm_module_builds_for_sm90a_and_loads_through_tvm_ffi() -> None:
     assert not spec.is_stale
 
     flags = _ninja_vars(spec.build_dir)
-    for flag in ("-O3", "-std=c++17", "--expt-relaxed-constexpr",
-                 "-gencode=arch=compute_90a,code=sm_90a", "--threads=1"):
+    for flag in (
+        "-O3",
+        "-std=c++17",
+        "--expt-relaxed-constexpr",
+        "-gencode=arch=compute_90a,code=sm_90a",
+        "--threads=1",
+    ):
         assert flag in flags["cuda_cflags"]
     assert "-lcudart" in flags["ldflags"] and "-lcuda" not in flags["ldflags"]
     assert Path(flags["nvcc"][-1]).name == "nvcc"
@@ -120,8 +125,9 @@ def test_second_call_in_process_does_not_rebuild(workspace: Path, tmp_path: Path
     assert len(jit_log.compiles()) == 1
 
 
-def test_header_edits_rebuild_exactly_the_dependent_objects(built_tiny, jit_log,
-                                                            tmp_path: Path) -> None:
+def test_header_edits_rebuild_exactly_the_dependent_objects(
+    built_tiny, jit_log, tmp_path: Path
+) -> None:
     src, spec = built_tiny
     build_dir = spec.build_dir
     binding_obj = next(build_dir.glob("binding.*.o"))
@@ -157,8 +163,9 @@ def test_touch_without_content_change_does_not_rebuild(built_tiny, jit_log) -> N
     assert jit_log.compiles() == []
 
 
-def test_new_content_with_an_older_mtime_still_rebuilds(built_tiny, jit_log,
-                                                       tmp_path: Path) -> None:
+def test_new_content_with_an_older_mtime_still_rebuilds(
+    built_tiny, jit_log, tmp_path: Path
+) -> None:
     """A reinstall can write new files with old mtimes; ninja alone would miss it."""
     src, spec = built_tiny
     header = src / "include" / "tiny" / "a.cuh"
@@ -191,8 +198,11 @@ def test_flags_and_archs_change_the_build_dir(
     assert all(d != base and d.parent == base.parent for d in changed.values())
     assert len(set(changed.values())) == len(changed)
     # Output-neutral settings keep the identity.
-    for var, value in [("FLASHINFER_JIT_VERBOSE", "1"), ("FLASHINFER_NVCC_LAUNCHER", "env"),
-                       ("MAX_JOBS", "3")]:
+    for var, value in [
+        ("FLASHINFER_JIT_VERBOSE", "1"),
+        ("FLASHINFER_NVCC_LAUNCHER", "env"),
+        ("MAX_JOBS", "3"),
+    ]:
         with monkeypatch.context() as m:
             m.setenv(var, value)
             assert spec.build_dir == base
@@ -286,7 +296,8 @@ def test_render_writes_only_when_different(workspace: Path, tmp_path: Path) -> N
 
 
 def test_an_edited_template_renders_again_and_a_touched_one_keeps_the_output(
-        workspace: Path, tmp_path: Path) -> None:
+    workspace: Path, tmp_path: Path
+) -> None:
     template = tmp_path / "t.jinja"
     template.write_text("constexpr int kValue = {{ value }};\n")
     out = render_template(template, "render_test", "cfg.h", value=1)
@@ -297,7 +308,8 @@ def test_an_edited_template_renders_again_and_a_touched_one_keeps_the_output(
     assert out.stat().st_mtime_ns == before
     template.write_text("constexpr int kValue = {{ value }}; // !\n")  # same params
     assert render_template(template, "render_test", "cfg.h", value=1).read_text() == (
-        "constexpr int kValue = 1; // !\n")
+        "constexpr int kValue = 1; // !\n"
+    )
 
 
 def test_missing_source_is_a_clear_error(tmp_path: Path) -> None:
@@ -317,8 +329,13 @@ print(tiny_spec(Path({str(src)!r})).build_and_load().a_value())
     loud = run_python(code, env={"FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws1")})
     assert "[flashinfer] compiling tiny_test_module for sm_90a (first build)" in loud.stderr
     assert "[flashinfer] compiled tiny_test_module in" in loud.stderr
-    quiet = run_python(code, env={"FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws2"),
-                                  "FLASHINFER_LOGGING_LEVEL": "WARNING"})
+    quiet = run_python(
+        code,
+        env={
+            "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws2"),
+            "FLASHINFER_LOGGING_LEVEL": "WARNING",
+        },
+    )
     assert quiet.stdout.strip() == "1" and "compil" not in quiet.stderr
 
 

@@ -24,8 +24,7 @@ def _fake_variant(root: Path, uri: str, digest: str, size: int, last_used: float
     variant.mkdir(parents=True)
     library = variant / f"{uri}.so"
     library.write_bytes(b"\0" * size)
-    Manifest({"archs": ["9.0a"]}, library.name, {}, {},
-             LibraryRecord.of(library)).save(variant)
+    Manifest({"archs": ["9.0a"]}, library.name, {}, {}, LibraryRecord.of(library)).save(variant)
     (variant / cache.STAMP).touch()
     os.utime(variant / cache.STAMP, (last_used, last_used))
     return variant
@@ -83,16 +82,18 @@ def test_max_size_evicts_after_a_build(
     first = tiny_spec(write_tiny_sources(tmp_path / "a"), name="tiny_first")
     first.build()  # built, never loaded here: evictable
     os.utime(first.build_dir / cache.STAMP, (1, 1))
-    monkeypatch.setenv("FLASHINFER_CACHE_MAX_GB", str(first_size_gb := (
-        cache.entries()[0].size_bytes * 1.5 / 1e9)))
+    monkeypatch.setenv(
+        "FLASHINFER_CACHE_MAX_GB", str(first_size_gb := (cache.entries()[0].size_bytes * 1.5 / 1e9))
+    )
     second = tiny_spec(write_tiny_sources(tmp_path / "b"), name="tiny_second")
     second.build()
     assert not first.build_dir.exists(), f"limit {first_size_gb} GB did not evict"
     assert second.library_path.is_file()
 
 
-def test_clear_by_pattern_and_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_clear_by_pattern_and_cli(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("FLASHINFER_WORKSPACE_BASE", str(tmp_path / "ws"))
     root = jit_env.cached_ops_dir()
     now = time.time()

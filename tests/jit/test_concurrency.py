@@ -30,7 +30,11 @@ def _spawn(code: str, **kwargs) -> subprocess.Popen[str]:
     env.update(kwargs.pop("env", {}))
     return subprocess.Popen(
         [sys.executable, "-c", _CHILD_PRELUDE + code],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kwargs,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        **kwargs,
     )
 
 
@@ -93,9 +97,7 @@ def test_racing_processes_compile_once_and_all_load(workspace: Path, tmp_path: P
     assert compiles == 1, [err for _, err in results]
 
 
-def test_lock_of_a_killed_holder_does_not_block(
-    workspace: Path, tmp_path: Path, jit_log
-) -> None:
+def test_lock_of_a_killed_holder_does_not_block(workspace: Path, tmp_path: Path, jit_log) -> None:
     spec = tiny_spec(write_tiny_sources(tmp_path / "src"))
     holder = _hold_lock("tiny_test_module")
     result: dict[str, object] = {}
@@ -110,8 +112,10 @@ def test_lock_of_a_killed_holder_does_not_block(
     builder.start()
     try:
         deadline = time.monotonic() + 30
-        while not any(m.startswith("waiting for tiny_test_module: being built by pid "
-                                   f"{holder.pid} on ") for m in jit_log.messages()):
+        while not any(
+            m.startswith(f"waiting for tiny_test_module: being built by pid {holder.pid} on ")
+            for m in jit_log.messages()
+        ):
             assert time.monotonic() < deadline, "the waiting builder never said who holds the lock"
             time.sleep(0.05)
     finally:
@@ -119,8 +123,10 @@ def test_lock_of_a_killed_holder_does_not_block(
         holder.wait()
     builder.join(timeout=300)
     assert result.get("value") == 1, result
-    assert any("taking over the lock" in m and f"left by pid {holder.pid}" in m
-               for m in jit_log.messages(logging.WARNING))
+    assert any(
+        "taking over the lock" in m and f"left by pid {holder.pid}" in m
+        for m in jit_log.messages(logging.WARNING)
+    )
 
 
 def test_lock_is_reentrant_across_sequential_uses(workspace: Path) -> None:
@@ -147,8 +153,10 @@ def test_build_killed_mid_step_recovers(
         body = f'echo $$ >> {pids}\ntouch {marker}\nexec "$@"\n'
         env = {"FLASHINFER_NVCC_LAUNCHER": str(launcher)}
     elif phase == "c++":
-        body = (f'case " $* " in *" -shared "*) exec "$@";; *) echo $$ >> {pids}; '
-                f'touch {marker}; exec "$@";; esac\n')
+        body = (
+            f'case " $* " in *" -shared "*) exec "$@";; *) echo $$ >> {pids}; '
+            f'touch {marker}; exec "$@";; esac\n'
+        )
         env = {"FLASHINFER_CXX_LAUNCHER": str(launcher)}
     else:
         body = (
@@ -245,8 +253,9 @@ def test_a_lock_held_past_the_timeout_is_taken_over(
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
     warnings = jit_log.messages(logging.WARNING)
-    assert any(f"held by pid {holder.pid}" in m and "FLASHINFER_JIT_LOCK_TIMEOUT=2" in m
-               for m in warnings), warnings
+    assert any(
+        f"held by pid {holder.pid}" in m and "FLASHINFER_JIT_LOCK_TIMEOUT=2" in m for m in warnings
+    ), warnings
 
 
 def test_a_failed_staging_build_points_at_a_log_that_exists(

@@ -31,10 +31,17 @@ def test_defaults_and_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(
-    "var,value", [("FLASHINFER_JIT_DEBUG", "maybe"), ("FLASHINFER_NVCC_THREADS", "0"),
-                  ("MAX_JOBS", "many"), ("FLASHINFER_LOGGING_LEVEL", "LOUD")]
+    "var,value",
+    [
+        ("FLASHINFER_JIT_DEBUG", "maybe"),
+        ("FLASHINFER_NVCC_THREADS", "0"),
+        ("MAX_JOBS", "many"),
+        ("FLASHINFER_LOGGING_LEVEL", "LOUD"),
+    ],
 )
-def test_bad_values_name_the_variable(monkeypatch: pytest.MonkeyPatch, var: str, value: str) -> None:
+def test_bad_values_name_the_variable(
+    monkeypatch: pytest.MonkeyPatch, var: str, value: str
+) -> None:
     monkeypatch.setenv(var, value)
     attr = next(name for name, v in vars(Config).items() if getattr(v, "name", None) == var)
     with pytest.raises(ValueError, match=var):

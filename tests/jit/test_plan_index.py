@@ -27,8 +27,9 @@ def _no_planning(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(core, "make_plan", refuse)
 
 
-def test_a_warm_load_uses_the_index_without_planning(built, monkeypatch: pytest.MonkeyPatch,
-                                                     jit_log) -> None:
+def test_a_warm_load_uses_the_index_without_planning(
+    built, monkeypatch: pytest.MonkeyPatch, jit_log
+) -> None:
     src, spec = built
     known = plan_index.lookup(tiny_spec(src))
     assert known is not None and known.build_dir == spec.build_dir
@@ -37,12 +38,18 @@ def test_a_warm_load_uses_the_index_without_planning(built, monkeypatch: pytest.
     assert jit_log.compiles() == []
 
 
-@pytest.mark.parametrize("name,value", [("FLASHINFER_EXTRA_CUDAFLAGS", "-DX=1"),
-                                        ("FLASHINFER_JIT_DEBUG", "1"),
-                                        ("FLASHINFER_CUDA_ARCH_LIST", "8.0 9.0a"),
-                                        ("PATH", os.environ["PATH"] + os.pathsep + "/nowhere")])
-def test_a_setting_that_decides_the_plan_misses(built, monkeypatch: pytest.MonkeyPatch,
-                                                name: str, value: str) -> None:
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("FLASHINFER_EXTRA_CUDAFLAGS", "-DX=1"),
+        ("FLASHINFER_JIT_DEBUG", "1"),
+        ("FLASHINFER_CUDA_ARCH_LIST", "8.0 9.0a"),
+        ("PATH", os.environ["PATH"] + os.pathsep + "/nowhere"),
+    ],
+)
+def test_a_setting_that_decides_the_plan_misses(
+    built, monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
     src, _ = built
     monkeypatch.setenv(name, value)
     assert plan_index.lookup(tiny_spec(src)) is None
@@ -59,17 +66,18 @@ def test_a_changed_rendered_source_misses(built, tmp_path: Path) -> None:
     assert plan_index.lookup(spec) is None
 
 
-def test_a_replaced_compiler_misses(workspace: Path, tmp_path: Path,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_replaced_compiler_misses(
+    workspace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     nvcc = tmp_path / "bin" / "nvcc"
     nvcc.parent.mkdir()
-    nvcc.write_text("#!/bin/sh\nexec nvcc \"$@\"\n")
+    nvcc.write_text('#!/bin/sh\nexec nvcc "$@"\n')
     nvcc.chmod(0o755)
     monkeypatch.setenv("FLASHINFER_NVCC", str(nvcc))
     spec = tiny_spec(write_tiny_sources(tmp_path / "src"))
     plan_index.record(spec, spec.plan())
     assert plan_index.lookup(spec) is not None
-    nvcc.write_text("#!/bin/sh\n# upgraded\nexec nvcc \"$@\"\n")
+    nvcc.write_text('#!/bin/sh\n# upgraded\nexec nvcc "$@"\n')
     assert plan_index.lookup(spec) is None
 
 
@@ -95,9 +103,11 @@ def test_an_entry_pointing_at_a_damaged_library_rebuilds(built, jit_log) -> None
     # A fresh process (the damaged file is not yet mapped in this one).
     from tests.conftest import REPO_ROOT, run_python
 
-    proc = run_python(f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
-                      "from pathlib import Path\n"
-                      "from tests.jit.tiny_module import tiny_spec\n"
-                      f"print(tiny_spec(Path({str(src)!r})).build_and_load().a_value())\n")
+    proc = run_python(
+        f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+        "from pathlib import Path\n"
+        "from tests.jit.tiny_module import tiny_spec\n"
+        f"print(tiny_spec(Path({str(src)!r})).build_and_load().a_value())\n"
+    )
     assert proc.stdout.strip() == "1"
     assert "changed size" in proc.stderr

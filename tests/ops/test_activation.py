@@ -37,11 +37,17 @@ BAD_CALLS = [
     ("input has dtype torch.float64", TypeError, lambda: (_x(4, 8, dtype=torch.float64), None)),
     ("input must be contiguous in its last dim", ValueError, lambda: (_x(8, 4).t(), None)),
     (r"out has shape \(4, 8\), expected \(4, 4\)", ValueError, lambda: (_x(4, 8), _x(4, 8))),
-    ("out has dtype torch.bfloat16, but input has torch.float16", TypeError,
-     lambda: (_x(4, 8), _x(4, 4, dtype=torch.bfloat16))),
+    (
+        "out has dtype torch.bfloat16, but input has torch.float16",
+        TypeError,
+        lambda: (_x(4, 8), _x(4, 4, dtype=torch.bfloat16)),
+    ),
     ("out must be a torch.Tensor", TypeError, lambda: (_x(4, 8), "out")),
-    ("input's leading dims cannot be merged without a copy", ValueError,
-     lambda: (_x(3, 5, 8).transpose(0, 1), None)),
+    (
+        "input's leading dims cannot be merged without a copy",
+        ValueError,
+        lambda: (_x(3, 5, 8).transpose(0, 1), None),
+    ),
     ("input must be a CUDA tensor, got device cpu", ValueError, lambda: (_x(2, 3, 8), None)),
 ]
 
@@ -117,20 +123,25 @@ def test_act_and_mul_3d_strided_output_and_neighbours(act: str) -> None:
     buffer = torch.full((3, 17, 1024 + 64), 7.0, dtype=torch.bfloat16, device="cuda")
     out = buffer[:, :, 32:1056]  # a strided view: untouched columns around it
     APIS[act](x, out=out)
-    torch.testing.assert_close(out.double(), reference.act_and_mul(x, act),
-                               **TOLERANCE[torch.bfloat16])
+    torch.testing.assert_close(
+        out.double(), reference.act_and_mul(x, act), **TOLERANCE[torch.bfloat16]
+    )
     assert bool((buffer[:, :, :32] == 7).all()) and bool((buffer[:, :, 1056:] == 7).all())
     misaligned = torch.randn(5, 2 * 1024 + 1, dtype=torch.float16, device="cuda")[:, 1:]
-    torch.testing.assert_close(APIS[act](misaligned).double(),
-                               reference.act_and_mul(misaligned, act), **TOLERANCE[torch.float16])
+    torch.testing.assert_close(
+        APIS[act](misaligned).double(),
+        reference.act_and_mul(misaligned, act),
+        **TOLERANCE[torch.float16],
+    )
 
 
 @pytest.mark.gpu
 def test_more_rows_than_one_grid_dimension_holds() -> None:
     x = torch.randn(70_000, 16, dtype=torch.float16, device="cuda")  # rows > 65535
     out = flashinfer.silu_and_mul(x)
-    torch.testing.assert_close(out.double(), reference.act_and_mul(x, "silu"),
-                               **TOLERANCE[torch.float16])
+    torch.testing.assert_close(
+        out.double(), reference.act_and_mul(x, "silu"), **TOLERANCE[torch.float16]
+    )
 
 
 @pytest.mark.gpu
@@ -145,8 +156,13 @@ def test_pdl_on_and_off_give_bitwise_identical_results(act: str) -> None:
         x = torch.mul(src, 0.5)  # a torch kernel writes the input right before the launch
         y = APIS[act](x, enable_pdl=enable_pdl)  # [4096, 8192]
         z = APIS[act](y, enable_pdl=enable_pdl)  # reads y, written by the kernel before
-        return [y, z, APIS[act](z, out=torch.empty(4096, 2048, dtype=z.dtype, device="cuda"),
-                                enable_pdl=enable_pdl)]
+        return [
+            y,
+            z,
+            APIS[act](
+                z, out=torch.empty(4096, 2048, dtype=z.dtype, device="cuda"), enable_pdl=enable_pdl
+            ),
+        ]
 
     expected = chain(False)
     for _ in range(3):

@@ -33,6 +33,7 @@ Level = list[tuple[int, int]]
 class CascadeBatch:
     """Each level's page table (CPU int32 ``qo_indptr, kv_indptr, indices, last_page_len``)
     over one pool of shuffled pages, and each request's ``(page ids, kv_len)`` per level."""
+
     qo_lens: list[int]
     tables: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
     segments: list[list[tuple[torch.Tensor, int]]]
@@ -68,8 +69,9 @@ def _offsets(lengths: list[int]) -> list[int]:
     return out
 
 
-def build_cascade(qo_lens: list[int], levels: list[Level], page_size: int, num_pages: int,
-                  seed: int = 0) -> CascadeBatch:
+def build_cascade(
+    qo_lens: list[int], levels: list[Level], page_size: int, num_pages: int, seed: int = 0
+) -> CascadeBatch:
     pool = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed))
     pool = pool.to(torch.int32)
     used = 0
@@ -81,32 +83,37 @@ def build_cascade(qo_lens: list[int], levels: list[Level], page_size: int, num_p
         first = 0
         for requests, kv_len in level:
             pages = math.ceil(kv_len / page_size)
-            ids = pool[used: used + pages]
+            ids = pool[used : used + pages]
             used += pages
             assert ids.numel() == pages, "the page pool is too small"
-            node_qo.append(sum(qo_lens[first: first + requests]))
+            node_qo.append(sum(qo_lens[first : first + requests]))
             kv_indptr.append(kv_indptr[-1] + pages)
             indices.append(ids)
             last.append(kv_len - (pages - 1) * page_size if pages else 0)
             for r in range(first, first + requests):
                 segments[r].append((ids, kv_len))
             first += requests
-        tables.append((_i32(_offsets(node_qo)), _i32(kv_indptr), torch.cat(indices),
-                       _i32(last)))
+        tables.append((_i32(_offsets(node_qo)), _i32(kv_indptr), torch.cat(indices), _i32(last)))
     return CascadeBatch(qo_lens, tables, segments)
 
 
 def request_kv(cache: torch.Tensor, segments: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
     """A request's keys (or values) of every level, concatenated: ``[kv_len, Hk, D]`` from
     an NHD ``[num_pages, page_size, Hk, D]`` cache."""
-    parts = [cache[ids.long().to(cache.device)].reshape(-1, *cache.shape[2:])[:n]
-             for ids, n in segments]
+    parts = [
+        cache[ids.long().to(cache.device)].reshape(-1, *cache.shape[2:])[:n] for ids, n in segments
+    ]
     return torch.cat(parts)
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                        sm_scale: float | None = None, logits_soft_cap: float | None = None
-                        ) -> torch.Tensor:
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    sm_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+) -> torch.Tensor:
     """float64 attention of one request (q ``[qo_len, Hq, D]``, k/v ``[kv_len, Hk, D]``),
     causal aligned to the bottom right; qo head h uses kv head ``h // (Hq // Hk)``."""
     qo_len, heads, dim = q.shape
@@ -114,7 +121,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     group = heads // k.shape[1]
     kd = k.double().repeat_interleave(group, dim=1)
     vd = v.double().repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.double(), kd) * (sm_scale or dim ** -0.5)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), kd) * (sm_scale or dim**-0.5)
     if logits_soft_cap:
         scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
     if causal:
@@ -124,14 +131,28 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), vd)
 
 
-def expected_output(batch: CascadeBatch, q: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, causal: bool, **options: float) -> torch.Tensor:
+def expected_output(
+    batch: CascadeBatch,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    causal: bool,
+    **options: float,
+) -> torch.Tensor:
     """Flat attention of every request over its keys of all levels (NHD caches)."""
     rows = _offsets(batch.qo_lens)
-    return torch.cat([
-        reference_attention(q[rows[b]: rows[b + 1]], request_kv(k_cache, segments),
-                            request_kv(v_cache, segments), causal, **options)
-        for b, segments in enumerate(batch.segments)])
+    return torch.cat(
+        [
+            reference_attention(
+                q[rows[b] : rows[b + 1]],
+                request_kv(k_cache, segments),
+                request_kv(v_cache, segments),
+                causal,
+                **options,
+            )
+            for b, segments in enumerate(batch.segments)
+        ]
+    )
 
 
 def _to_layout(cache: torch.Tensor, layout: str) -> torch.Tensor:
@@ -142,9 +163,15 @@ def _to_layout(cache: torch.Tensor, layout: str) -> torch.Tensor:
 # -- stand-in modules ---------------------------------------------------------------------------
 
 
-def _attend_log2(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                 window_left: int, scale: float, cap: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def _attend_log2(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    window_left: int,
+    scale: float,
+    cap: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """What the kernel computes for one request, in its log2 units: ``s = q.k * scale`` or
     ``cap * tanh(q.k * scale)``; returns (out, base-2 lse), 0 / -inf for a row without keys."""
     qo_len, kv_len = q.shape[0], k.shape[0]
@@ -187,19 +214,32 @@ class CpuAttention:
         ids = launch["kv_indices"].long()
         last = launch["kv_last_page_len"].tolist()
         for b in range(len(qo) - 1):
-            pages = ids[kv[b]: kv[b + 1]]
+            pages = ids[kv[b] : kv[b + 1]]
             kv_len = (pages.numel() - 1) * page_size + last[b] if pages.numel() else 0
             out, lse = _attend_log2(
-                launch["q"][qo[b]: qo[b + 1]], k[pages].reshape(-1, *k.shape[2:])[:kv_len],
-                v[pages].reshape(-1, *v.shape[2:])[:kv_len], launch["causal"],
-                launch["window_left"], launch["score_scale"], launch["score_cap"])
-            launch["out"][qo[b]: qo[b + 1]] = out.to(launch["out"].dtype)
+                launch["q"][qo[b] : qo[b + 1]],
+                k[pages].reshape(-1, *k.shape[2:])[:kv_len],
+                v[pages].reshape(-1, *v.shape[2:])[:kv_len],
+                launch["causal"],
+                launch["window_left"],
+                launch["score_scale"],
+                launch["score_cap"],
+            )
+            launch["out"][qo[b] : qo[b + 1]] = out.to(launch["out"].dtype)
             if launch["lse"] is not None:
-                launch["lse"][qo[b]: qo[b + 1]] = lse.float()
+                launch["lse"][qo[b] : qo[b + 1]] = lse.float()
 
-    def merge_state(self, v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor,
-                    s_b: torch.Tensor, v_out: torch.Tensor, s_out: torch.Tensor,
-                    mask: torch.Tensor | None, in_place: bool) -> None:
+    def merge_state(
+        self,
+        v_a: torch.Tensor,
+        s_a: torch.Tensor,
+        v_b: torch.Tensor,
+        s_b: torch.Tensor,
+        v_out: torch.Tensor,
+        s_out: torch.Tensor,
+        mask: torch.Tensor | None,
+        in_place: bool,
+    ) -> None:
         assert mask is None and in_place
         self.merges += 1
         s = torch.logaddexp2(s_a.double(), s_b.double())
@@ -230,8 +270,7 @@ def _workspace() -> torch.Tensor:
     return torch.empty(1 << 20, dtype=torch.uint8)
 
 
-def _cache(num_pages: int = 16, dtype: torch.dtype = torch.bfloat16,
-           seed: int = 0) -> torch.Tensor:
+def _cache(num_pages: int = 16, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> torch.Tensor:
     """An NHD ``[num_pages, 2, page_size, Hk, D]`` cache."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(num_pages, 2, PAGE, KV_HEADS, DIM, generator=gen).to(dtype)
@@ -254,33 +293,56 @@ def _q(total: int = sum(QO_LENS), dtype: torch.dtype = torch.bfloat16) -> torch.
 CONSTRUCTOR_BAD = [
     ("num_levels must be >= 1, got 0", ValueError, dict(num_levels=0)),
     ("num_levels must be an int, got float", TypeError, dict(num_levels=2.0)),
-    ("float_workspace_buffer must be a contiguous 1-D tensor", ValueError,
-     dict(float_workspace_buffer=torch.empty(2, 512, dtype=torch.uint8))),
+    (
+        "float_workspace_buffer must be a contiguous 1-D tensor",
+        ValueError,
+        dict(float_workspace_buffer=torch.empty(2, 512, dtype=torch.uint8)),
+    ),
     ("kv_layout must be 'NHD' or 'HND', got 'NDH'", ValueError, dict(kv_layout="NDH")),
     ("use_cuda_graph must be a bool", TypeError, dict(use_cuda_graph=1)),
-    ("use_cuda_graph=True needs paged_kv_indices_buf_arr", ValueError,
-     dict(use_cuda_graph=True, paged_kv_indices_buf_arr=None)),
-    ("paged_kv_indptr_buf_arr has 1 entries; num_levels is 2", ValueError,
-     dict(use_cuda_graph=True, paged_kv_indptr_buf_arr=[_i32([0] * 4)])),
-    ("qo_indptr_buf_arr must be a list with one entry per level, got Tensor", TypeError,
-     dict(use_cuda_graph=True, qo_indptr_buf_arr=_i32([0] * 4))),
-    ("level 1: paged_kv_last_page_len_buf has 2 elements; qo_indptr_buf's batch size 3 "
-     "needs 3", ValueError,
-     dict(use_cuda_graph=True, paged_kv_last_page_len_buf_arr=[_i32([0] * 1), _i32([0] * 2)])),
-    ("level 0: use_cuda_graph=True needs paged_kv_indptr_buf", ValueError,
-     dict(use_cuda_graph=True, paged_kv_indptr_buf_arr=[None, _i32([0] * 4)])),
+    (
+        "use_cuda_graph=True needs paged_kv_indices_buf_arr",
+        ValueError,
+        dict(use_cuda_graph=True, paged_kv_indices_buf_arr=None),
+    ),
+    (
+        "paged_kv_indptr_buf_arr has 1 entries; num_levels is 2",
+        ValueError,
+        dict(use_cuda_graph=True, paged_kv_indptr_buf_arr=[_i32([0] * 4)]),
+    ),
+    (
+        "qo_indptr_buf_arr must be a list with one entry per level, got Tensor",
+        TypeError,
+        dict(use_cuda_graph=True, qo_indptr_buf_arr=_i32([0] * 4)),
+    ),
+    (
+        "level 1: paged_kv_last_page_len_buf has 2 elements; qo_indptr_buf's batch size 3 needs 3",
+        ValueError,
+        dict(use_cuda_graph=True, paged_kv_last_page_len_buf_arr=[_i32([0] * 1), _i32([0] * 2)]),
+    ),
+    (
+        "level 0: use_cuda_graph=True needs paged_kv_indptr_buf",
+        ValueError,
+        dict(use_cuda_graph=True, paged_kv_indptr_buf_arr=[None, _i32([0] * 4)]),
+    ),
 ]
 
 
-@pytest.mark.parametrize("message,error,overrides", CONSTRUCTOR_BAD,
-                         ids=[c[0][:40] for c in CONSTRUCTOR_BAD])
+@pytest.mark.parametrize(
+    "message,error,overrides", CONSTRUCTOR_BAD, ids=[c[0][:40] for c in CONSTRUCTOR_BAD]
+)
 def test_constructor_bad_arguments(cpu_attention, message, error, overrides) -> None:
     # level 0 is the shared prefix (one request), level 1 three requests
-    args = dict(num_levels=2, float_workspace_buffer=_workspace(), kv_layout="NHD",
-                use_cuda_graph=False, qo_indptr_buf_arr=[_i32([0] * 2), _i32([0] * 4)],
-                paged_kv_indptr_buf_arr=[_i32([0] * 2), _i32([0] * 4)],
-                paged_kv_indices_buf_arr=[_i32([0] * 64)] * 2,
-                paged_kv_last_page_len_buf_arr=[_i32([0] * 1), _i32([0] * 3)])
+    args = dict(
+        num_levels=2,
+        float_workspace_buffer=_workspace(),
+        kv_layout="NHD",
+        use_cuda_graph=False,
+        qo_indptr_buf_arr=[_i32([0] * 2), _i32([0] * 4)],
+        paged_kv_indptr_buf_arr=[_i32([0] * 2), _i32([0] * 4)],
+        paged_kv_indices_buf_arr=[_i32([0] * 64)] * 2,
+        paged_kv_last_page_len_buf_arr=[_i32([0] * 1), _i32([0] * 3)],
+    )
     args.update(overrides)
     with pytest.raises(error, match=message):
         Cascade(**args)
@@ -291,52 +353,94 @@ _QO, _INDPTR, _INDICES, _LAST = (list(t) for t in zip(*SMALL.tables))
 
 PLAN_BAD = [  # found before any level is planned
     ("qo_indptr_arr has 1 entries; num_levels is 2", ValueError, dict(qo_indptr_arr=_QO[:1])),
-    ("paged_kv_indices_arr has 3 entries; num_levels is 2", ValueError,
-     dict(paged_kv_indices_arr=_INDICES + _INDICES[:1])),
-    ("paged_kv_last_page_len must be a list with one entry per level, got Tensor", TypeError,
-     dict(paged_kv_last_page_len=_LAST[1])),
-    ("pos_encoding_mode 'ROPE_LLAMA' is not supported", ValueError,
-     dict(pos_encoding_mode="ROPE_LLAMA")),
-    ("use_fp16_qk_reduction=True is not supported", ValueError,
-     dict(use_fp16_qk_reduction=True)),
+    (
+        "paged_kv_indices_arr has 3 entries; num_levels is 2",
+        ValueError,
+        dict(paged_kv_indices_arr=_INDICES + _INDICES[:1]),
+    ),
+    (
+        "paged_kv_last_page_len must be a list with one entry per level, got Tensor",
+        TypeError,
+        dict(paged_kv_last_page_len=_LAST[1]),
+    ),
+    (
+        "pos_encoding_mode 'ROPE_LLAMA' is not supported",
+        ValueError,
+        dict(pos_encoding_mode="ROPE_LLAMA"),
+    ),
+    ("use_fp16_qk_reduction=True is not supported", ValueError, dict(use_fp16_qk_reduction=True)),
     ("head_dim must be one of 64, 128, 256, got 96", ValueError, dict(head_dim=96)),
-    ("num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3\\)", ValueError,
-     dict(num_kv_heads=3)),
-    ("kv_data_type torch.float16 differs from q_data_type torch.bfloat16", TypeError,
-     dict(kv_data_type=torch.float16)),
+    (
+        "num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3\\)",
+        ValueError,
+        dict(num_kv_heads=3),
+    ),
+    (
+        "kv_data_type torch.float16 differs from q_data_type torch.bfloat16",
+        TypeError,
+        dict(kv_data_type=torch.float16),
+    ),
     ("causal must be a bool", TypeError, dict(causal=1)),
     ("window_left must be >= -1", ValueError, dict(window_left=-2)),
     ("sm_scale must be > 0.0", ValueError, dict(sm_scale=0.0)),
     ("page_size must be >= 1, got 0", ValueError, dict(page_size=0)),
-    ("qo_indptr_arr\\[1\\] must start at 0", ValueError,
-     dict(qo_indptr_arr=[_QO[0], _i32([1, 3, 4, 9])])),
-    ("qo_indptr_arr\\[1\\]\\[-1\\] is 8, qo_indptr_arr\\[0\\]\\[-1\\] is 9: every level "
-     "covers the same rows of q", ValueError, dict(qo_indptr_arr=[_QO[0], _i32([0, 3, 4, 8])])),
-    ("qo_indptr_arr\\[0\\] must be a torch.Tensor, got list", TypeError,
-     dict(qo_indptr_arr=[[0, 9], _QO[1]])),
+    (
+        "qo_indptr_arr\\[1\\] must start at 0",
+        ValueError,
+        dict(qo_indptr_arr=[_QO[0], _i32([1, 3, 4, 9])]),
+    ),
+    (
+        "qo_indptr_arr\\[1\\]\\[-1\\] is 8, qo_indptr_arr\\[0\\]\\[-1\\] is 9: every level "
+        "covers the same rows of q",
+        ValueError,
+        dict(qo_indptr_arr=[_QO[0], _i32([0, 3, 4, 8])]),
+    ),
+    (
+        "qo_indptr_arr\\[0\\] must be a torch.Tensor, got list",
+        TypeError,
+        dict(qo_indptr_arr=[[0, 9], _QO[1]]),
+    ),
 ]
 
 LEVEL_BAD = [  # found by a level's plan: they name the level
-    ("level 1: paged_kv_last_page_len\\[0\\] is 5, must be in \\[1, page_size=4\\]", ValueError,
-     dict(paged_kv_last_page_len=[_LAST[0], _i32([5, 1, 1])])),
-    ("level 0: paged_kv_indptr has 3 elements, expected 2", ValueError,
-     dict(paged_kv_indptr_arr=[_i32([0, 1, 3]), _INDPTR[1]])),
-    ("level 1: paged_kv_indices has dtype torch.float32", TypeError,
-     dict(paged_kv_indices_arr=[_INDICES[0], _INDICES[1].float()])),
+    (
+        "level 1: paged_kv_last_page_len\\[0\\] is 5, must be in \\[1, page_size=4\\]",
+        ValueError,
+        dict(paged_kv_last_page_len=[_LAST[0], _i32([5, 1, 1])]),
+    ),
+    (
+        "level 0: paged_kv_indptr has 3 elements, expected 2",
+        ValueError,
+        dict(paged_kv_indptr_arr=[_i32([0, 1, 3]), _INDPTR[1]]),
+    ),
+    (
+        "level 1: paged_kv_indices has dtype torch.float32",
+        TypeError,
+        dict(paged_kv_indices_arr=[_INDICES[0], _INDICES[1].float()]),
+    ),
 ]
 
 
 def _plan_with(wrapper: Cascade, overrides: dict, batch: CascadeBatch = SMALL) -> None:
-    names = ("qo_indptr_arr", "paged_kv_indptr_arr", "paged_kv_indices_arr",
-             "paged_kv_last_page_len", "num_qo_heads", "num_kv_heads", "head_dim", "page_size")
+    names = (
+        "qo_indptr_arr",
+        "paged_kv_indptr_arr",
+        "paged_kv_indices_arr",
+        "paged_kv_last_page_len",
+        "num_qo_heads",
+        "num_kv_heads",
+        "head_dim",
+        "page_size",
+    )
     args = dict(zip(names, _plan_args(batch)), q_data_type=torch.bfloat16)
     args.update(overrides)
     wrapper.plan(**args)
 
 
 @pytest.mark.parametrize("message,error,overrides", PLAN_BAD, ids=[c[0][:40] for c in PLAN_BAD])
-def test_plan_bad_arguments_keep_the_previous_plan(cpu_attention, cpu_prefill, message, error,
-                                                   overrides) -> None:
+def test_plan_bad_arguments_keep_the_previous_plan(
+    cpu_attention, cpu_prefill, message, error, overrides
+) -> None:
     wrapper = _planned(SMALL)
     uploads = len(cpu_prefill.uploads)
     with pytest.raises(error, match=message):
@@ -346,10 +450,10 @@ def test_plan_bad_arguments_keep_the_previous_plan(cpu_attention, cpu_prefill, m
     assert len(cpu_attention.launches) == 2
 
 
-@pytest.mark.parametrize("message,error,overrides", LEVEL_BAD,
-                         ids=[c[0][:40] for c in LEVEL_BAD])
-def test_a_level_that_fails_to_plan_is_named_and_unplans(cpu_attention, message, error,
-                                                         overrides) -> None:
+@pytest.mark.parametrize("message,error,overrides", LEVEL_BAD, ids=[c[0][:40] for c in LEVEL_BAD])
+def test_a_level_that_fails_to_plan_is_named_and_unplans(
+    cpu_attention, message, error, overrides
+) -> None:
     wrapper = _planned(SMALL)
     with pytest.raises(error, match=message):
         _plan_with(wrapper, overrides)
@@ -363,8 +467,9 @@ def test_run_before_plan_and_bad_inputs_raise_before_any_launch(cpu_attention) -
     with pytest.raises(RuntimeError, match="call plan\\(\\) before run\\(\\)"):
         wrapper.run(_q(), _cache())
     wrapper.plan(*_plan_args(SMALL), q_data_type=torch.bfloat16)
-    with pytest.raises(ValueError, match="q has shape \\(8, 8, 64\\); plan\\(\\) was for "
-                                         "\\(9, 8, 64\\)"):
+    with pytest.raises(
+        ValueError, match="q has shape \\(8, 8, 64\\); plan\\(\\) was for \\(9, 8, 64\\)"
+    ):
         wrapper.run(_q(8), _cache())
     with pytest.raises(TypeError, match="q has dtype torch.float16"):
         wrapper.run(_q(dtype=torch.float16), _cache())
@@ -377,16 +482,17 @@ def test_causal_applies_to_the_last_level_and_options_to_every_level(cpu_attenti
     wrapper = _planned(SMALL, causal=True, sm_scale=0.3, window_left=5, logits_soft_cap=20.0)
     levels = wrapper._batch_prefill_wrappers
     assert [w._causal for w in levels] == [False, True]
-    assert all((w._sm_scale, w._window_left, w._logits_soft_cap) == (0.3, 5, 20.0)
-               for w in levels)
+    assert all((w._sm_scale, w._window_left, w._logits_soft_cap) == (0.3, 5, 20.0) for w in levels)
     wrapper.run(_q(), _cache())
     # the reference's order: the last level first, then each other level merged into it
     first, second = cpu_attention.launches
     assert torch.equal(first["qo_indptr"], SMALL.tables[1][0].to(first["qo_indptr"].dtype))
     assert (first["causal"], second["causal"]) == (True, False)
     assert first["window_left"] == second["window_left"] == 5
-    assert (first["score_scale"], first["score_cap"]) == (second["score_scale"],
-                                                          second["score_cap"])
+    assert (first["score_scale"], first["score_cap"]) == (
+        second["score_scale"],
+        second["score_cap"],
+    )
     assert first["lse"] is not None and second["lse"] is not None
     assert cpu_attention.merges == 1
 
@@ -408,11 +514,13 @@ def test_reset_workspace_buffer(cpu_attention) -> None:
     ints = torch.empty(2, 8 << 20, dtype=torch.uint8)
     with pytest.raises(ValueError, match="int_workspace_buffers has 1 entries; num_levels is 2"):
         wrapper.reset_workspace_buffer(_workspace(), [ints[0]])
-    with pytest.raises(ValueError, match="int_workspace_buffers\\[0\\] and "
-                                         "int_workspace_buffers\\[1\\] overlap"):
+    with pytest.raises(
+        ValueError, match="int_workspace_buffers\\[0\\] and int_workspace_buffers\\[1\\] overlap"
+    ):
         wrapper.reset_workspace_buffer(_workspace(), [ints[0], ints[0, 1024:]])
-    with pytest.raises(ValueError, match="int_workspace_buffers\\[1\\] must be a contiguous "
-                                         "1-D tensor"):
+    with pytest.raises(
+        ValueError, match="int_workspace_buffers\\[1\\] must be a contiguous 1-D tensor"
+    ):
         wrapper.reset_workspace_buffer(_workspace(), [ints[0], ints])
     wrapper.run(_q(), _cache())  # rejected resets change nothing
     workspace = _workspace()
@@ -428,8 +536,9 @@ def test_reset_workspace_buffer(cpu_attention) -> None:
 
 def test_prewarm_checks_the_call(cpu_attention) -> None:
     wrapper = Cascade(2, _workspace())
-    with pytest.raises(RuntimeError, match="call plan\\(\\) before "
-                                           "prewarm_paged_kv_stride_variant\\(\\)"):
+    with pytest.raises(
+        RuntimeError, match="call plan\\(\\) before prewarm_paged_kv_stride_variant\\(\\)"
+    ):
         wrapper.prewarm_paged_kv_stride_variant()
     _plan_with(wrapper, {})
     with pytest.raises(ValueError, match="variant must be 'independent'"):
@@ -442,8 +551,7 @@ def test_cuda_graph_mode_gives_each_level_its_buffers(cpu_attention) -> None:
     indptr_bufs = [torch.zeros(2, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)]
     indices_bufs = [torch.zeros(32, dtype=torch.int32) for _ in range(2)]
     last_bufs = [torch.zeros(1, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)]
-    wrapper = Cascade(2, _workspace(), "NHD", True, qo_bufs, indptr_bufs, indices_bufs,
-                      last_bufs)
+    wrapper = Cascade(2, _workspace(), "NHD", True, qo_bufs, indptr_bufs, indices_bufs, last_bufs)
     assert wrapper.is_cuda_graph_enabled
     _plan_with(wrapper, {})
     for level, table in enumerate(SMALL.tables):
@@ -454,8 +562,11 @@ def test_cuda_graph_mode_gives_each_level_its_buffers(cpu_attention) -> None:
         assert torch.equal(indptr_bufs[level], table[1])
         assert torch.equal(indices_bufs[level][: table[2].numel()], table[2])
         assert torch.equal(last_bufs[level], table[3])
-    with pytest.raises(ValueError, match="level 1: in CUDA-graph mode the batch size is fixed "
-                                         "to the buffers' 3; plan\\(\\) got 2"):
+    with pytest.raises(
+        ValueError,
+        match="level 1: in CUDA-graph mode the batch size is fixed "
+        "to the buffers' 3; plan\\(\\) got 2",
+    ):
         other = build_cascade([4, 5], [[(2, 10)], [(1, 6), (1, 9)]], PAGE, 16)
         _plan_with(wrapper, {}, other)
 
@@ -473,33 +584,52 @@ def test_one_level_is_one_batch_prefill(cpu_attention) -> None:
 
 
 CPU_CASES = [  # (qo_lens, levels, layout, dtype, causal, options)
-    ([3, 1, 5, 2], [[(4, 13)], [(1, 6), (1, 1), (1, 9), (1, 2)]], "NHD", torch.bfloat16, True,
-     {}),
-    ([3, 1, 5, 2], [[(4, 16)], [(1, 6), (1, 1), (1, 9), (1, 2)]], "HND", torch.float16, False,
-     dict(sm_scale=0.2, logits_soft_cap=3.0)),
-    ([2, 4, 1, 3, 2], [[(5, 11)], [(2, 8), (1, 0), (2, 5)], [(1, 2), (1, 7), (1, 3), (1, 3),
-                                                              (1, 4)]],
-     "HND", torch.bfloat16, True, {}),
-    ([6, 1, 2], [[(3, 0)], [(1, 4), (2, 9)], [(1, 3), (1, 0), (1, 5)]], "NHD", torch.float16,
-     False, {}),
+    ([3, 1, 5, 2], [[(4, 13)], [(1, 6), (1, 1), (1, 9), (1, 2)]], "NHD", torch.bfloat16, True, {}),
+    (
+        [3, 1, 5, 2],
+        [[(4, 16)], [(1, 6), (1, 1), (1, 9), (1, 2)]],
+        "HND",
+        torch.float16,
+        False,
+        dict(sm_scale=0.2, logits_soft_cap=3.0),
+    ),
+    (
+        [2, 4, 1, 3, 2],
+        [[(5, 11)], [(2, 8), (1, 0), (2, 5)], [(1, 2), (1, 7), (1, 3), (1, 3), (1, 4)]],
+        "HND",
+        torch.bfloat16,
+        True,
+        {},
+    ),
+    (
+        [6, 1, 2],
+        [[(3, 0)], [(1, 4), (2, 9)], [(1, 3), (1, 0), (1, 5)]],
+        "NHD",
+        torch.float16,
+        False,
+        {},
+    ),
 ]
 
 
 @pytest.mark.parametrize("qo_lens,levels,layout,dtype,causal,options", CPU_CASES)
-def test_cascade_equals_flat_attention_on_the_cpu(cpu_attention, qo_lens, levels, layout, dtype,
-                                                  causal, options) -> None:
+def test_cascade_equals_flat_attention_on_the_cpu(
+    cpu_attention, qo_lens, levels, layout, dtype, causal, options
+) -> None:
     """The levels' states merged equal attention over each request's concatenated keys
     (causal on the last level is causal over all of them: a request's queries are its
     newest keys). Empty levels and nodes contribute nothing."""
     num_pages = 40
     batch = build_cascade(qo_lens, levels, PAGE, num_pages, seed=len(levels))
     gen = torch.Generator().manual_seed(7)
-    k_cache, v_cache = (torch.randn(num_pages, PAGE, KV_HEADS, DIM, generator=gen).to(dtype)
-                        for _ in range(2))
+    k_cache, v_cache = (
+        torch.randn(num_pages, PAGE, KV_HEADS, DIM, generator=gen).to(dtype) for _ in range(2)
+    )
     q = torch.randn(batch.total_q, HEADS, DIM, generator=gen).to(dtype)
     wrapper = Cascade(len(levels), _workspace(), layout)
-    wrapper.plan(*_plan_args(batch), causal=causal, q_data_type=dtype, kv_data_type=dtype,
-                 **options)
+    wrapper.plan(
+        *_plan_args(batch), causal=causal, q_data_type=dtype, kv_data_type=dtype, **options
+    )
     out = wrapper.run(q, (_to_layout(k_cache, layout), _to_layout(v_cache, layout)))
     assert out.dtype == dtype and out.shape == q.shape
     assert cpu_attention.merges == len(levels) - 1
@@ -510,11 +640,11 @@ def test_cascade_equals_flat_attention_on_the_cpu(cpu_attention, qo_lens, levels
 # -- GPU ----------------------------------------------------------------------------------------
 
 
-def _nan_pool(num_pages: int, heads: int, dim: int, dtype: torch.dtype,
-              batch: CascadeBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def _nan_pool(
+    num_pages: int, heads: int, dim: int, dtype: torch.dtype, batch: CascadeBatch
+) -> tuple[torch.Tensor, torch.Tensor]:
     """NHD key and value pages on the GPU, NaN in every page no level owns."""
-    k, v = (torch.randn(num_pages, 16, heads, dim, dtype=dtype, device="cuda")
-            for _ in range(2))
+    k, v = (torch.randn(num_pages, 16, heads, dim, dtype=dtype, device="cuda") for _ in range(2))
     unused = torch.ones(num_pages, dtype=torch.bool)
     unused[batch.used_pages()] = False
     k[unused.cuda()] = NAN
@@ -541,11 +671,9 @@ def _tolerance(dtype: torch.dtype) -> dict[str, float]:
 
 GPU_BATCHES = {
     # a prefix shared by all, then each request's own keys (at least its queries)
-    2: ([17, 1, 64, 5, 130],
-        [[(5, 1024)], [(1, 40), (1, 1), (1, 100), (1, 5), (1, 300)]]),
+    2: ([17, 1, 64, 5, 130], [[(5, 1024)], [(1, 40), (1, 1), (1, 100), (1, 5), (1, 300)]]),
     # a prefix shared by all, prefixes shared by pairs, then each request's own keys
-    3: ([7, 33, 1, 20],
-        [[(4, 2048)], [(2, 512), (2, 160)], [(1, 7), (1, 50), (1, 9), (1, 200)]]),
+    3: ([7, 33, 1, 20], [[(4, 2048)], [(2, 512), (2, 160)], [(1, 7), (1, 50), (1, 9), (1, 200)]]),
 }
 
 GPU_CASES = [  # (levels, dtype, layout, causal, qo_heads, kv_heads, head_dim)
@@ -559,8 +687,9 @@ GPU_CASES = [  # (levels, dtype, layout, causal, qo_heads, kv_heads, head_dim)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("levels,dtype,layout,causal,qo_heads,kv_heads,head_dim", GPU_CASES)
-def test_cascade_matches_flat_attention(levels, dtype, layout, causal, qo_heads, kv_heads,
-                                        head_dim) -> None:
+def test_cascade_matches_flat_attention(
+    levels, dtype, layout, causal, qo_heads, kv_heads, head_dim
+) -> None:
     qo_lens, spec = GPU_BATCHES[levels]
     num_pages = 600
     batch = build_cascade(qo_lens, spec, 16, num_pages, seed=levels)
@@ -569,8 +698,15 @@ def test_cascade_matches_flat_attention(levels, dtype, layout, causal, qo_heads,
     q = torch.randn(batch.total_q, qo_heads, head_dim, dtype=dtype, device="cuda")
     cache = (_to_layout(k_cache, layout), _to_layout(v_cache, layout))
     wrapper = Cascade(levels, _nan_workspace(), layout)
-    wrapper.plan(*[[t[i] for t in batch.tables] for i in range(4)], qo_heads, kv_heads,
-                 head_dim, 16, causal=causal, q_data_type=dtype)
+    wrapper.plan(
+        *[[t[i] for t in batch.tables] for i in range(4)],
+        qo_heads,
+        kv_heads,
+        head_dim,
+        16,
+        causal=causal,
+        q_data_type=dtype,
+    )
     _leave_nan_in_freed_blocks(q.shape, dtype)
     out = wrapper.run(q, cache)
     assert out.shape == q.shape and out.dtype == dtype and not out.isnan().any()
@@ -578,8 +714,9 @@ def test_cascade_matches_flat_attention(levels, dtype, layout, causal, qo_heads,
     torch.testing.assert_close(out.double(), expected, **_tolerance(dtype))
 
     flat = BatchPrefillWithPagedKVCacheWrapper(_nan_workspace(), layout)
-    flat.plan(*batch.flat_table(16), qo_heads, kv_heads, head_dim, 16, causal=causal,
-              q_data_type=dtype)
+    flat.plan(
+        *batch.flat_table(16), qo_heads, kv_heads, head_dim, 16, causal=causal, q_data_type=dtype
+    )
     torch.testing.assert_close(out.float(), flat.run(q, cache).float(), **_tolerance(dtype))
 
 
@@ -596,8 +733,15 @@ def test_every_level_splits_through_the_shared_float_workspace(dtype) -> None:
     k_cache, v_cache = _nan_pool(num_pages, 2, 128, dtype, batch)
     q = torch.randn(batch.total_q, 16, 128, dtype=dtype, device="cuda")
     wrapper = Cascade(3, _nan_workspace())
-    wrapper.plan(*[[t[i] for t in batch.tables] for i in range(4)], 16, 2, 128, 16,
-                 causal=True, q_data_type=dtype)
+    wrapper.plan(
+        *[[t[i] for t in batch.tables] for i in range(4)],
+        16,
+        2,
+        128,
+        16,
+        causal=True,
+        q_data_type=dtype,
+    )
     assert all(w._plan_info.schedule.num_merge > 0 for w in wrapper._batch_prefill_wrappers)
     _leave_nan_in_freed_blocks(q.shape, dtype)
     out = wrapper.run(q, (k_cache, v_cache))
@@ -613,8 +757,18 @@ def test_one_level_is_bitwise_batch_prefill() -> None:
     q = torch.randn(batch.total_q, 32, 128, dtype=torch.bfloat16, device="cuda")
     table = batch.tables[0]
     wrapper = Cascade(1, _nan_workspace())
-    wrapper.plan([table[0]], [table[1]], [table[2]], [table[3]], 32, 4, 128, 16, causal=True,
-                 q_data_type=torch.bfloat16)
+    wrapper.plan(
+        [table[0]],
+        [table[1]],
+        [table[2]],
+        [table[3]],
+        32,
+        4,
+        128,
+        16,
+        causal=True,
+        q_data_type=torch.bfloat16,
+    )
     flat = BatchPrefillWithPagedKVCacheWrapper(_nan_workspace())
     flat.plan(*table, 32, 4, 128, 16, causal=True, q_data_type=torch.bfloat16)
     assert torch.equal(wrapper.run(q, (k_cache, v_cache)), flat.run(q, (k_cache, v_cache)))
@@ -635,9 +789,16 @@ def test_cuda_graph_capture_and_replay_after_replanning() -> None:
     def zeros(n: int) -> torch.Tensor:
         return torch.zeros(n, dtype=torch.int32, device="cuda")
 
-    wrapper = Cascade(2, _nan_workspace(), "NHD", True, [zeros(2), zeros(5)],
-                      [zeros(2), zeros(5)], [zeros(num_pages), zeros(num_pages)],
-                      [zeros(1), zeros(4)])
+    wrapper = Cascade(
+        2,
+        _nan_workspace(),
+        "NHD",
+        True,
+        [zeros(2), zeros(5)],
+        [zeros(2), zeros(5)],
+        [zeros(num_pages), zeros(num_pages)],
+        [zeros(1), zeros(4)],
+    )
     torch.manual_seed(3)
     k_cache = torch.randn(num_pages, 16, kv_heads, dim, dtype=dtype, device="cuda")
     v_cache = torch.randn_like(k_cache)
@@ -645,8 +806,15 @@ def test_cuda_graph_capture_and_replay_after_replanning() -> None:
 
     def plan(step: int) -> CascadeBatch:
         batch = build_cascade(qo_lens, specs[step], 16, num_pages, seed=step)
-        wrapper.plan(*[[t[i] for t in batch.tables] for i in range(4)], heads, kv_heads, dim,
-                     16, causal=True, q_data_type=dtype)
+        wrapper.plan(
+            *[[t[i] for t in batch.tables] for i in range(4)],
+            heads,
+            kv_heads,
+            dim,
+            16,
+            causal=True,
+            q_data_type=dtype,
+        )
         return batch
 
     batch = plan(0)

@@ -42,8 +42,9 @@ def model_chunk(lens: list[int], heads: int, max_ctas: int, min_chunk: int) -> i
 def check_covers(schedule, lens: list[int], begins: list[int]) -> None:
     """Each request's range is covered once, in order, by chunks of at most chunk_size."""
     by_request: dict[int, list[tuple[int, int, int]]] = {}
-    for r, s, e, t in zip(schedule.work_request, schedule.work_start, schedule.work_end,
-                          schedule.work_tmp_row):
+    for r, s, e, t in zip(
+        schedule.work_request, schedule.work_start, schedule.work_end, schedule.work_tmp_row
+    ):
         by_request.setdefault(r, []).append((s, e, t))
     assert sorted(by_request) == list(range(len(lens)))
     chunk_ids: dict[int, list[tuple[int, int]]] = {}
@@ -63,7 +64,8 @@ def check_covers(schedule, lens: list[int], begins: list[int]) -> None:
             tmp_rows += [t for _, _, t in items]
             i = schedule.merge_request.index(r)
             assert list(range(schedule.merge_indptr[i], schedule.merge_indptr[i + 1])) == [
-                t for _, _, t in items]
+                t for _, _, t in items
+            ]
     assert sorted(tmp_rows) == list(range(schedule.num_tmp_rows))
 
 
@@ -71,8 +73,10 @@ def check_covers(schedule, lens: list[int], begins: list[int]) -> None:
 def test_scheduler_matches_the_model(seed: int) -> None:
     rnd = random.Random(seed)
     batch = rnd.choice([1, 1, 2, 3, 8, 16, 64, 300])
-    lens = [rnd.choice([0, 1, 7, 255, 256, 257, 4096, 32768, rnd.randint(1, 131072)])
-            for _ in range(batch)]
+    lens = [
+        rnd.choice([0, 1, 7, 255, 256, 257, 4096, 32768, rnd.randint(1, 131072)])
+        for _ in range(batch)
+    ]
     heads = rnd.choice([1, 2, 8, 32])
     max_ctas = rnd.choice([132, 528, 924, 4224])
     schedule = plan_decode_schedule(lens, heads, max_ctas)
@@ -144,18 +148,33 @@ def _bf16(*shape: int) -> torch.Tensor:
 
 SINGLE_BAD = [
     ("kv_layout must be 'NHD' or 'HND'", ValueError, dict(kv_layout="NDH")),
-    ("pos_encoding_mode 'ROPE_LLAMA' is not supported", ValueError,
-     dict(pos_encoding_mode="ROPE_LLAMA")),
+    (
+        "pos_encoding_mode 'ROPE_LLAMA' is not supported",
+        ValueError,
+        dict(pos_encoding_mode="ROPE_LLAMA"),
+    ),
     ("q must be 2-D", ValueError, dict(q=_bf16(1, 8, 128))),
-    ("q has dtype torch.float32; supported: float16, bfloat16", TypeError,
-     dict(q=torch.randn(8, 128))),
-    ("k has dtype torch.float16, but q has torch.bfloat16", TypeError,
-     dict(k=torch.randn(10, 2, 128, dtype=torch.float16))),
+    (
+        "q has dtype torch.float32; supported: float16, bfloat16",
+        TypeError,
+        dict(q=torch.randn(8, 128)),
+    ),
+    (
+        "k has dtype torch.float16, but q has torch.bfloat16",
+        TypeError,
+        dict(k=torch.randn(10, 2, 128, dtype=torch.float16)),
+    ),
     ("v has shape \\(11, 2, 128\\), k has \\(10, 2, 128\\)", ValueError, dict(v=_bf16(11, 2, 128))),
-    ("head_dim must be one of 64, 128, 256, got 96", ValueError,
-     dict(q=_bf16(8, 96), k=_bf16(10, 2, 96), v=_bf16(10, 2, 96))),
-    ("num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3\\)", ValueError,
-     dict(k=_bf16(10, 3, 128), v=_bf16(10, 3, 128))),
+    (
+        "head_dim must be one of 64, 128, 256, got 96",
+        ValueError,
+        dict(q=_bf16(8, 96), k=_bf16(10, 2, 96), v=_bf16(10, 2, 96)),
+    ),
+    (
+        "num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3\\)",
+        ValueError,
+        dict(k=_bf16(10, 3, 128), v=_bf16(10, 3, 128)),
+    ),
     ("k has head_dim 64, q has 128", ValueError, dict(k=_bf16(10, 2, 64), v=_bf16(10, 2, 64))),
     ("sm_scale must be > 0.0", ValueError, dict(sm_scale=0.0)),
     ("logits_soft_cap must be >= 0.0", ValueError, dict(logits_soft_cap=-1.0)),
@@ -166,8 +185,7 @@ SINGLE_BAD = [
     ("rope_theta must be > 0.0", ValueError, dict(rope_theta=0.0)),
     ("return_lse must be a bool", TypeError, dict(return_lse=None)),
     ("window_left must be >= -1", ValueError, dict(window_left=-2)),
-    ("k must be contiguous in its last dim", ValueError,
-     dict(k=_bf16(10, 128, 2).transpose(1, 2))),
+    ("k must be contiguous in its last dim", ValueError, dict(k=_bf16(10, 128, 2).transpose(1, 2))),
     ("q must be a CUDA tensor", ValueError, dict()),
 ]
 
@@ -202,8 +220,11 @@ def cpu_plan(monkeypatch: pytest.MonkeyPatch) -> CpuPlan:
     monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: 64)
     monkeypatch.setattr(decode_api, "get_device_sm_count", lambda device: 2)
     monkeypatch.setattr(decode_api, "get_decode_module", record.get_decode_module)
-    monkeypatch.setattr(decode_api.BatchDecodeWithPagedKVCacheWrapper, "_upload",
-                        lambda self, words, target: record.uploads.append(list(words)))
+    monkeypatch.setattr(
+        decode_api.BatchDecodeWithPagedKVCacheWrapper,
+        "_upload",
+        lambda self, words, target: record.uploads.append(list(words)),
+    )
     monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
     return record
 
@@ -213,21 +234,37 @@ def _i32(values: list[int]) -> torch.Tensor:
 
 
 def _plan_args(**overrides):  # noqa: ANN202
-    args = dict(indptr=_i32([0, 2, 3]), indices=_i32([4, 1, 0]), last_page_len=_i32([5, 16]),
-                num_qo_heads=8, num_kv_heads=2, head_dim=128, page_size=16,
-                q_data_type=torch.bfloat16)
+    args = dict(
+        indptr=_i32([0, 2, 3]),
+        indices=_i32([4, 1, 0]),
+        last_page_len=_i32([5, 16]),
+        num_qo_heads=8,
+        num_kv_heads=2,
+        head_dim=128,
+        page_size=16,
+        q_data_type=torch.bfloat16,
+    )
     args.update(overrides)
     return args
 
 
 PLAN_BAD = [
-    ("indptr must be non-decreasing, but indptr\\[2\\] = 2 < indptr\\[1\\] = 3", ValueError,
-     dict(indptr=_i32([0, 3, 2]))),
+    (
+        "indptr must be non-decreasing, but indptr\\[2\\] = 2 < indptr\\[1\\] = 3",
+        ValueError,
+        dict(indptr=_i32([0, 3, 2])),
+    ),
     ("indptr must start at 0, got indptr\\[0\\] = 1", ValueError, dict(indptr=_i32([1, 2, 3]))),
-    ("indptr\\[-1\\] must be at most len\\(indices\\) = 2, got 3", ValueError,
-     dict(indices=_i32([0, 1]))),
-    ("last_page_len\\[0\\] is 17, must be in \\[1, page_size=16\\]", ValueError,
-     dict(last_page_len=_i32([17, 1]))),
+    (
+        "indptr\\[-1\\] must be at most len\\(indices\\) = 2, got 3",
+        ValueError,
+        dict(indices=_i32([0, 1])),
+    ),
+    (
+        "last_page_len\\[0\\] is 17, must be in \\[1, page_size=16\\]",
+        ValueError,
+        dict(last_page_len=_i32([17, 1])),
+    ),
     ("last_page_len\\[1\\] is 0", ValueError, dict(last_page_len=_i32([1, 0]))),
     ("last_page_len has 3 elements, expected 2", ValueError, dict(last_page_len=_i32([1, 1, 1]))),
     ("indptr has dtype torch.float32", TypeError, dict(indptr=torch.zeros(3))),
@@ -235,8 +272,11 @@ PLAN_BAD = [
     ("must be a multiple of num_kv_heads", ValueError, dict(num_kv_heads=3)),
     ("page_size must be >= 1", ValueError, dict(page_size=0)),
     ("q_data_type is torch.float32; supported", TypeError, dict(q_data_type=torch.float32)),
-    ("kv_data_type torch.float16 differs from q_data_type", TypeError,
-     dict(kv_data_type="float16")),
+    (
+        "kv_data_type torch.float16 differs from q_data_type",
+        TypeError,
+        dict(kv_data_type="float16"),
+    ),
     ("window_left must be an int", TypeError, dict(window_left=1.5)),
 ]
 
@@ -261,19 +301,37 @@ def test_plan_uploads_the_schedule_and_run_checks_against_it(cpu_plan) -> None:
     assert words == pack_schedule(schedule, schedule.num_work, schedule.num_merge)
     cache = (_bf16(5, 16, 2, 128), _bf16(5, 16, 2, 128))
     bad_runs = [
-        ("q has shape \\(3, 8, 128\\); plan\\(\\) was for \\(2, 8, 128\\)", ValueError,
-         (_bf16(3, 8, 128), cache)),
-        ("q has dtype torch.float16; plan\\(\\) was for torch.bfloat16", TypeError,
-         (torch.randn(2, 8, 128, dtype=torch.float16), cache)),
-        ("paged_kv_cache\\[0\\] has shape \\(5, 2, 16, 128\\); plan\\(\\) was for pages of "
-         "\\(16, 2, 128\\)",
-         ValueError, (_bf16(2, 8, 128), (_bf16(5, 2, 16, 128), _bf16(5, 2, 16, 128)))),
-        ("paged_kv_cache\\[1\\] has dtype torch.float16", TypeError,
-         (_bf16(2, 8, 128), (cache[0], torch.zeros(5, 16, 2, 128, dtype=torch.float16)))),
-        ("paged_kv_cache must hold keys and values in dim 1", ValueError,
-         (_bf16(2, 8, 128), _bf16(5, 3, 16, 2, 128))),
-        ("paged_kv_cache must be a \\(k_cache, v_cache\\) pair", ValueError,
-         (_bf16(2, 8, 128), (cache[0],))),
+        (
+            "q has shape \\(3, 8, 128\\); plan\\(\\) was for \\(2, 8, 128\\)",
+            ValueError,
+            (_bf16(3, 8, 128), cache),
+        ),
+        (
+            "q has dtype torch.float16; plan\\(\\) was for torch.bfloat16",
+            TypeError,
+            (torch.randn(2, 8, 128, dtype=torch.float16), cache),
+        ),
+        (
+            "paged_kv_cache\\[0\\] has shape \\(5, 2, 16, 128\\); plan\\(\\) was for pages of "
+            "\\(16, 2, 128\\)",
+            ValueError,
+            (_bf16(2, 8, 128), (_bf16(5, 2, 16, 128), _bf16(5, 2, 16, 128))),
+        ),
+        (
+            "paged_kv_cache\\[1\\] has dtype torch.float16",
+            TypeError,
+            (_bf16(2, 8, 128), (cache[0], torch.zeros(5, 16, 2, 128, dtype=torch.float16))),
+        ),
+        (
+            "paged_kv_cache must hold keys and values in dim 1",
+            ValueError,
+            (_bf16(2, 8, 128), _bf16(5, 3, 16, 2, 128)),
+        ),
+        (
+            "paged_kv_cache must be a \\(k_cache, v_cache\\) pair",
+            ValueError,
+            (_bf16(2, 8, 128), (cache[0],)),
+        ),
     ]
     for message, error, args in bad_runs:
         with pytest.raises(error, match=message):
@@ -288,13 +346,19 @@ def test_cuda_graph_mode_needs_fixed_buffers_and_fixes_the_batch(cpu_plan) -> No
     with pytest.raises(ValueError, match="use_cuda_graph=True needs paged_kv_indptr_buffer"):
         flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, use_cuda_graph=True)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        ws, use_cuda_graph=True, paged_kv_indptr_buffer=torch.zeros(3, dtype=torch.int32),
+        ws,
+        use_cuda_graph=True,
+        paged_kv_indptr_buffer=torch.zeros(3, dtype=torch.int32),
         paged_kv_indices_buffer=torch.zeros(8, dtype=torch.int32),
-        paged_kv_last_page_len_buffer=torch.zeros(2, dtype=torch.int32))
+        paged_kv_last_page_len_buffer=torch.zeros(2, dtype=torch.int32),
+    )
     # a captured run() reads q/out at the captured batch: any other batch is refused
     for indptr, last in (([0, 1, 2, 3], [1, 1, 1]), ([0, 1], [1])):
-        with pytest.raises(ValueError, match=r"batch size is fixed to the buffers' 2; plan\(\) "
-                                             f"got {len(last)}"):
+        with pytest.raises(
+            ValueError,
+            match=r"batch size is fixed to the buffers' 2; plan\(\) "
+            f"got {len(last)}",
+        ):
             wrapper.plan(**_plan_args(indptr=_i32(indptr), last_page_len=_i32(last)))
     with pytest.raises(ValueError, match="9 page indices exceed the CUDA-graph buffer's 8"):
         wrapper.plan(**_plan_args(indices=torch.arange(9, dtype=torch.int32)))
@@ -303,34 +367,73 @@ def test_cuda_graph_mode_needs_fixed_buffers_and_fixes_the_batch(cpu_plan) -> No
 
 def test_workspace_too_small_is_reported(cpu_plan) -> None:
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16384, dtype=torch.uint8))
-    long_request = _plan_args(indptr=_i32([0, 3]), last_page_len=_i32([16]), page_size=16,
-                              indices=_i32([0, 1, 2]))
+    long_request = _plan_args(
+        indptr=_i32([0, 3]), last_page_len=_i32([16]), page_size=16, indices=_i32([0, 1, 2])
+    )
     wrapper.plan(**long_request)  # 48 tokens: no split, no tmp rows; fits
     with pytest.raises(ValueError, match="float_workspace_buffer has 16384 bytes; this plan needs"):
-        wrapper.plan(**_plan_args(indptr=_i32([0, 300]), last_page_len=_i32([16]),
-                                  indices=torch.arange(300, dtype=torch.int32)))
+        wrapper.plan(
+            **_plan_args(
+                indptr=_i32([0, 300]),
+                last_page_len=_i32([16]),
+                indices=torch.arange(300, dtype=torch.int32),
+            )
+        )
 
 
 MERGE_BAD = [
-    ("s_a has shape \\(4, 3\\), expected \\(4, 2\\)", ValueError,
-     lambda: flashinfer.merge_state(_bf16(4, 2, 64), torch.zeros(4, 3), _bf16(4, 2, 64),
-                                    torch.zeros(4, 2))),
-    ("s_b has dtype torch.int32; supported: float16, bfloat16, float32, float64", TypeError,
-     lambda: flashinfer.merge_state(_bf16(4, 2, 64), torch.zeros(4, 2), _bf16(4, 2, 64),
-                                    torch.zeros(4, 2, dtype=torch.int32))),
-    ("v_b has shape \\(4, 2, 32\\), v_a has \\(4, 2, 64\\)", ValueError,
-     lambda: flashinfer.merge_state(_bf16(4, 2, 64), torch.zeros(4, 2), _bf16(4, 2, 32),
-                                    torch.zeros(4, 2))),
-    ("v_a must be a CUDA tensor", ValueError,
-     lambda: flashinfer.merge_state(_bf16(4, 2, 64), torch.zeros(4, 2), _bf16(4, 2, 64),
-                                    torch.zeros(4, 2))),
-    ("mask has 3 elements, v has 4 positions", ValueError,
-     lambda: flashinfer.merge_state_in_place(_bf16(4, 2, 64), torch.zeros(4, 2), _bf16(4, 2, 64),
-                                             torch.zeros(4, 2), torch.ones(3, dtype=torch.bool))),
-    ("v must be 4-D", ValueError, lambda: flashinfer.merge_states(_bf16(4, 2, 64),
-                                                                  torch.zeros(4, 2))),
-    ("v has head_dim 1024 > 512", ValueError,
-     lambda: flashinfer.merge_states(_bf16(1, 2, 1, 1024), torch.zeros(1, 2, 1))),
+    (
+        "s_a has shape \\(4, 3\\), expected \\(4, 2\\)",
+        ValueError,
+        lambda: flashinfer.merge_state(
+            _bf16(4, 2, 64), torch.zeros(4, 3), _bf16(4, 2, 64), torch.zeros(4, 2)
+        ),
+    ),
+    (
+        "s_b has dtype torch.int32; supported: float16, bfloat16, float32, float64",
+        TypeError,
+        lambda: flashinfer.merge_state(
+            _bf16(4, 2, 64),
+            torch.zeros(4, 2),
+            _bf16(4, 2, 64),
+            torch.zeros(4, 2, dtype=torch.int32),
+        ),
+    ),
+    (
+        "v_b has shape \\(4, 2, 32\\), v_a has \\(4, 2, 64\\)",
+        ValueError,
+        lambda: flashinfer.merge_state(
+            _bf16(4, 2, 64), torch.zeros(4, 2), _bf16(4, 2, 32), torch.zeros(4, 2)
+        ),
+    ),
+    (
+        "v_a must be a CUDA tensor",
+        ValueError,
+        lambda: flashinfer.merge_state(
+            _bf16(4, 2, 64), torch.zeros(4, 2), _bf16(4, 2, 64), torch.zeros(4, 2)
+        ),
+    ),
+    (
+        "mask has 3 elements, v has 4 positions",
+        ValueError,
+        lambda: flashinfer.merge_state_in_place(
+            _bf16(4, 2, 64),
+            torch.zeros(4, 2),
+            _bf16(4, 2, 64),
+            torch.zeros(4, 2),
+            torch.ones(3, dtype=torch.bool),
+        ),
+    ),
+    (
+        "v must be 4-D",
+        ValueError,
+        lambda: flashinfer.merge_states(_bf16(4, 2, 64), torch.zeros(4, 2)),
+    ),
+    (
+        "v has head_dim 1024 > 512",
+        ValueError,
+        lambda: flashinfer.merge_states(_bf16(1, 2, 1, 1024), torch.zeros(1, 2, 1)),
+    ),
 ]
 
 
@@ -349,8 +452,9 @@ def test_decode_and_cascade_bindings_check_too() -> None:
     tmp = torch.empty(1)
 
     def single(q=q, k=k, chunk=10, chunks=1):  # noqa: ANN001, ANN202
-        return module.single_decode(q, k, k, tmp, tmp, out, None, False, -1, chunk, chunks, 1.0,
-                                    0.0, False)
+        return module.single_decode(
+            q, k, k, tmp, tmp, out, None, False, -1, chunk, chunks, 1.0, 0.0, False
+        )
 
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):
         single()
@@ -389,9 +493,14 @@ def test_every_cascade_specialization_compiles(dtype: str) -> None:
 # -- GPU: numerics ------------------------------------------------------------------------------
 
 
-def reference_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float,
-                     soft_cap: float | None = None, window_left: int = -1
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sm_scale: float,
+    soft_cap: float | None = None,
+    window_left: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 attention of q [H, D] over k, v [L, Hk, D]; returns (out [H, D], lse [H]), the
     LSE in base 2 as the library (and the reference library) defines it."""
     heads, kv_heads = q.shape[0], k.shape[1]
@@ -427,27 +536,45 @@ SINGLE_CASES = [  # (kv_len, qo_heads, kv_heads, head_dim, layout, dtype)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_len,qo_heads,kv_heads,head_dim,layout,dtype", SINGLE_CASES)
-def test_single_decode_matches_the_reference(kv_len, qo_heads, kv_heads, head_dim, layout,
-                                             dtype) -> None:
+def test_single_decode_matches_the_reference(
+    kv_len, qo_heads, kv_heads, head_dim, layout, dtype
+) -> None:
     torch.manual_seed(kv_len)
     q = torch.randn(qo_heads, head_dim, dtype=dtype, device="cuda")
     k = torch.randn(kv_len, kv_heads, head_dim, dtype=dtype, device="cuda")
     v = torch.randn(kv_len, kv_heads, head_dim, dtype=dtype, device="cuda")
-    kk, vv = (k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()) if layout == "HND" \
+    kk, vv = (
+        (k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous())
+        if layout == "HND"
         else (k, v)
+    )
     for sm_scale, cap, window in ((None, None, -1), (0.3, 30.0, -1), (None, None, 100)):
         scale = sm_scale or 1 / math.sqrt(head_dim)
         want, want_lse = reference_decode(q, k, v, scale, cap, window)
         out, lse = flashinfer.single_decode_with_kv_cache(
-            q, kk, vv, kv_layout=layout, sm_scale=sm_scale, logits_soft_cap=cap,
-            window_left=window, return_lse=True)
+            q,
+            kk,
+            vv,
+            kv_layout=layout,
+            sm_scale=sm_scale,
+            logits_soft_cap=cap,
+            window_left=window,
+            return_lse=True,
+        )
         assert out.dtype == dtype and out.shape == q.shape
         torch.testing.assert_close(out.float(), want, **_tolerance(dtype))
         torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3)
 
 
-def _paged_batch(lens: list[int], page_size: int, kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, layout: str, seed: int):  # noqa: ANN202
+def _paged_batch(
+    lens: list[int],
+    page_size: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    layout: str,
+    seed: int,
+):  # noqa: ANN202
     """Caches filled with flashinfer.append_paged_kv_cache over shuffled pages; returns the
     per-request K/V and the page table."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -455,27 +582,45 @@ def _paged_batch(lens: list[int], page_size: int, kv_heads: int, head_dim: int,
     num_pages = sum(pages_per) + 5
     order = torch.randperm(num_pages, generator=gen, device="cuda")[: sum(pages_per)]
     indices = order.to(torch.int32)
-    indptr = torch.tensor([0, *torch.tensor(pages_per).cumsum(0).tolist()], dtype=torch.int32,
-                          device="cuda")
-    last = torch.tensor([n - (p - 1) * page_size if p else 0 for n, p in zip(lens, pages_per)],
-                        dtype=torch.int32, device="cuda")
-    shape = ((num_pages, page_size, kv_heads, head_dim) if layout == "NHD"
-             else (num_pages, kv_heads, page_size, head_dim))
+    indptr = torch.tensor(
+        [0, *torch.tensor(pages_per).cumsum(0).tolist()], dtype=torch.int32, device="cuda"
+    )
+    last = torch.tensor(
+        [n - (p - 1) * page_size if p else 0 for n, p in zip(lens, pages_per)],
+        dtype=torch.int32,
+        device="cuda",
+    )
+    shape = (
+        (num_pages, page_size, kv_heads, head_dim)
+        if layout == "NHD"
+        else (num_pages, kv_heads, page_size, head_dim)
+    )
     k_cache = torch.full(shape, float("nan"), dtype=dtype, device="cuda")  # poison unused slots
     v_cache = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
-    ks = [torch.randn(n, kv_heads, head_dim, dtype=dtype, device="cuda", generator=gen)
-          for n in lens]
-    vs = [torch.randn(n, kv_heads, head_dim, dtype=dtype, device="cuda", generator=gen)
-          for n in lens]
+    ks = [
+        torch.randn(n, kv_heads, head_dim, dtype=dtype, device="cuda", generator=gen) for n in lens
+    ]
+    vs = [
+        torch.randn(n, kv_heads, head_dim, dtype=dtype, device="cuda", generator=gen) for n in lens
+    ]
     nnz = sum(lens)
     if nnz:
-        append_indptr = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()],
-                                     dtype=torch.int32, device="cuda")
+        append_indptr = torch.tensor(
+            [0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda"
+        )
         seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
         batch, positions = flashinfer.get_batch_indices_positions(append_indptr, seq_lens, nnz)
-        flashinfer.append_paged_kv_cache(torch.cat(ks), torch.cat(vs), batch, positions,
-                                         (k_cache, v_cache), indices, indptr, last,
-                                         kv_layout=layout)
+        flashinfer.append_paged_kv_cache(
+            torch.cat(ks),
+            torch.cat(vs),
+            batch,
+            positions,
+            (k_cache, v_cache),
+            indices,
+            indptr,
+            last,
+            kv_layout=layout,
+        )
     last = torch.where(last == 0, torch.ones_like(last), last)  # empty requests: any valid value
     return ks, vs, k_cache, v_cache, indptr, indices, last
 
@@ -492,17 +637,29 @@ BATCH_CASES = [  # (lens, page_size, qo_heads, kv_heads, head_dim, layout, dtype
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("lens,page_size,qo_heads,kv_heads,head_dim,layout,dtype", BATCH_CASES)
-def test_batch_decode_matches_the_reference(lens, page_size, qo_heads, kv_heads, head_dim, layout,
-                                            dtype) -> None:
+def test_batch_decode_matches_the_reference(
+    lens, page_size, qo_heads, kv_heads, head_dim, layout, dtype
+) -> None:
     ks, vs, k_cache, v_cache, indptr, indices, last = _paged_batch(
-        lens, page_size, kv_heads, head_dim, dtype, layout, seed=len(lens))
+        lens, page_size, kv_heads, head_dim, dtype, layout, seed=len(lens)
+    )
     q = torch.randn(len(lens), qo_heads, head_dim, dtype=dtype, device="cuda")
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout=layout)
     for sm_scale, cap, window in ((None, None, -1), (0.1, 50.0, -1), (None, None, 31)):
-        wrapper.plan(indptr, indices, last, qo_heads, kv_heads, head_dim, page_size,
-                     q_data_type=dtype, sm_scale=sm_scale, logits_soft_cap=cap,
-                     window_left=window)
+        wrapper.plan(
+            indptr,
+            indices,
+            last,
+            qo_heads,
+            kv_heads,
+            head_dim,
+            page_size,
+            q_data_type=dtype,
+            sm_scale=sm_scale,
+            logits_soft_cap=cap,
+            window_left=window,
+        )
         out = torch.full_like(q, float("nan"))
         got, lse = wrapper.run(q, (k_cache, v_cache), out=out, return_lse=True)
         assert got is out
@@ -520,7 +677,8 @@ def test_batch_decode_matches_the_reference(lens, page_size, qo_heads, kv_heads,
 def test_batch_decode_is_independent_of_page_order_and_cache_form() -> None:
     lens, page_size, dtype = [50, 700, 3], 16, torch.bfloat16
     ks, vs, k_cache, v_cache, indptr, indices, last = _paged_batch(
-        lens, page_size, 4, 128, dtype, "NHD", seed=3)
+        lens, page_size, 4, 128, dtype, "NHD", seed=3
+    )
     q = torch.randn(3, 16, 128, dtype=dtype, device="cuda")
     workspace = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace)
@@ -531,8 +689,16 @@ def test_batch_decode_is_independent_of_page_order_and_cache_form() -> None:
     inverse = torch.empty_like(perm)
     inverse[perm] = torch.arange(perm.numel(), device="cuda")
     k2, v2 = k_cache[perm], v_cache[perm]
-    wrapper.plan(indptr, inverse[indices.long()].to(torch.int32), last, 16, 4, 128, page_size,
-                 q_data_type=dtype)
+    wrapper.plan(
+        indptr,
+        inverse[indices.long()].to(torch.int32),
+        last,
+        16,
+        4,
+        128,
+        page_size,
+        q_data_type=dtype,
+    )
     assert torch.equal(wrapper.run(q, torch.stack([k2, v2], dim=1)), first)
 
 
@@ -544,8 +710,12 @@ def test_cuda_graph_capture_and_replay_with_new_data_and_plans() -> None:
     indices_buf = torch.zeros(8192, dtype=torch.int32, device="cuda")
     last_buf = torch.zeros(batch, dtype=torch.int32, device="cuda")
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        workspace, use_cuda_graph=True, paged_kv_indptr_buffer=indptr_buf,
-        paged_kv_indices_buffer=indices_buf, paged_kv_last_page_len_buffer=last_buf)
+        workspace,
+        use_cuda_graph=True,
+        paged_kv_indptr_buffer=indptr_buf,
+        paged_kv_indices_buffer=indices_buf,
+        paged_kv_last_page_len_buffer=last_buf,
+    )
     assert wrapper.is_cuda_graph_enabled
     num_pages = 8000  # the largest plan below needs 6443 pages
     k_cache = torch.randn(num_pages, page_size, kv_heads, head_dim, dtype=dtype, device="cuda")
@@ -555,8 +725,7 @@ def test_cuda_graph_capture_and_replay_with_new_data_and_plans() -> None:
 
     def plan(lens: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         indptr, ids, last = _page_table(lens, page_size, num_pages, seed)
-        wrapper.plan(indptr, ids, last, qo_heads, kv_heads, head_dim, page_size,
-                     q_data_type=dtype)
+        wrapper.plan(indptr, ids, last, qo_heads, kv_heads, head_dim, page_size, q_data_type=dtype)
         return indptr, ids
 
     table = plan([100, 5000, 1, 20000], 0)
@@ -575,31 +744,40 @@ def test_cuda_graph_capture_and_replay_with_new_data_and_plans() -> None:
         k_cache.copy_(torch.randn_like(k_cache))
         out.fill_(float("nan"))
         graph.replay()
-        torch.testing.assert_close(out.float(), _expected_batch(q, k_cache, v_cache, *table,
-                                                                new_lens),
-                                   atol=5e-3, rtol=5e-3)
+        torch.testing.assert_close(
+            out.float(),
+            _expected_batch(q, k_cache, v_cache, *table, new_lens),
+            atol=5e-3,
+            rtol=5e-3,
+        )
 
 
-def _page_table(lens: list[int], page_size: int, num_pages: int, seed: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _page_table(
+    lens: list[int], page_size: int, num_pages: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(indptr, indices, last_page_len) on the CPU over shuffled pages of [0, num_pages)."""
     gen = torch.Generator().manual_seed(seed)
     pages = [math.ceil(n / page_size) for n in lens]
     ids = torch.randperm(num_pages, generator=gen)[: sum(pages)].to(torch.int32)
     indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)
-    last = torch.tensor([n - (p - 1) * page_size for n, p in zip(lens, pages)],
-                        dtype=torch.int32)
+    last = torch.tensor([n - (p - 1) * page_size for n, p in zip(lens, pages)], dtype=torch.int32)
     return indptr, ids, last
 
 
-def _expected_batch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    indptr: torch.Tensor, ids: torch.Tensor, lens: list[int],
-                    sm_scale: float | None = None) -> torch.Tensor:
+def _expected_batch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    indptr: torch.Tensor,
+    ids: torch.Tensor,
+    lens: list[int],
+    sm_scale: float | None = None,
+) -> torch.Tensor:
     """The float32 reference over an NHD paged cache, request by request."""
     rows = []
     heads, dim = k_cache.shape[2], k_cache.shape[3]
     for b, n in enumerate(lens):
-        pages = ids[indptr[b]: indptr[b + 1]].long().to(k_cache.device)
+        pages = ids[indptr[b] : indptr[b + 1]].long().to(k_cache.device)
         k = k_cache[pages].reshape(-1, heads, dim)[:n]
         v = v_cache[pages].reshape(-1, heads, dim)[:n]
         rows.append(reference_decode(q[b], k, v, sm_scale or 1 / math.sqrt(dim))[0])
@@ -618,8 +796,12 @@ def test_cuda_graph_replay_after_writing_the_buffers_directly() -> None:
     indices_buf = torch.zeros(num_pages, dtype=torch.int32, device="cuda")
     last_buf = torch.zeros(batch, dtype=torch.int32, device="cuda")
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        workspace, use_cuda_graph=True, paged_kv_indptr_buffer=indptr_buf,
-        paged_kv_indices_buffer=indices_buf, paged_kv_last_page_len_buffer=last_buf)
+        workspace,
+        use_cuda_graph=True,
+        paged_kv_indptr_buffer=indptr_buf,
+        paged_kv_indices_buffer=indices_buf,
+        paged_kv_last_page_len_buffer=last_buf,
+    )
     k_cache = torch.randn(num_pages, page_size, kv_heads, head_dim, dtype=dtype, device="cuda")
     v_cache = torch.randn_like(k_cache)
     q = torch.randn(batch, qo_heads, head_dim, dtype=dtype, device="cuda")
@@ -641,22 +823,40 @@ def test_cuda_graph_replay_after_writing_the_buffers_directly() -> None:
         last_buf.copy_(last)
         return indptr, ids
 
-    for step, (lens, how) in enumerate((([5000, 1, 33], "none"), ([17, 20000, 300], "fast"),
-                                        ([100, 100, 100], "plan"))):
+    for step, (lens, how) in enumerate(
+        (([5000, 1, 33], "none"), ([17, 20000, 300], "fast"), ([100, 100, 100], "plan"))
+    ):
         table = write_buffers(lens, step + 1)
         if how == "fast":
             wrapper.begin_forward = flashinfer.decode.fast_decode_plan.__get__(wrapper)
-            wrapper.begin_forward(indptr_buf, indices_buf, last_buf, qo_heads, kv_heads,
-                                  head_dim, page_size, q_data_type=dtype,
-                                  global_override_indptr_cpu=table[0])
+            wrapper.begin_forward(
+                indptr_buf,
+                indices_buf,
+                last_buf,
+                qo_heads,
+                kv_heads,
+                head_dim,
+                page_size,
+                q_data_type=dtype,
+                global_override_indptr_cpu=table[0],
+            )
         elif how == "plan":
-            wrapper.plan(table[0], table[1], last_buf.cpu(), qo_heads, kv_heads, head_dim,
-                         page_size, q_data_type=dtype)
+            wrapper.plan(
+                table[0],
+                table[1],
+                last_buf.cpu(),
+                qo_heads,
+                kv_heads,
+                head_dim,
+                page_size,
+                q_data_type=dtype,
+            )
         q.copy_(torch.randn_like(q))
         out.fill_(float("nan"))
         graph.replay()
-        torch.testing.assert_close(out.float(), _expected_batch(q, k_cache, v_cache, *table, lens),
-                                   atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(
+            out.float(), _expected_batch(q, k_cache, v_cache, *table, lens), atol=2e-2, rtol=2e-2
+        )
 
 
 @pytest.mark.gpu
@@ -675,9 +875,12 @@ def test_two_wrappers_sharing_a_float_workspace_keep_their_own_schedules() -> No
     b.plan(*table_b, heads, kv_heads, dim, page_size, q_data_type=dtype)
     q_a = torch.randn(4, heads, dim, dtype=dtype, device="cuda")
     out = a.run(q_a, (k_cache, v_cache))
-    torch.testing.assert_close(out.float(), _expected_batch(q_a, k_cache, v_cache, table_a[0],
-                                                            table_a[1], lens_a),
-                               atol=5e-3, rtol=5e-3)
+    torch.testing.assert_close(
+        out.float(),
+        _expected_batch(q_a, k_cache, v_cache, table_a[0], table_a[1], lens_a),
+        atol=5e-3,
+        rtol=5e-3,
+    )
 
 
 @pytest.mark.gpu
@@ -692,21 +895,26 @@ def test_scales_lse_and_pdl() -> None:
     lens = [5000, 3, 900]
     indptr, ids, last = _page_table(lens, page_size, num_pages, 5)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        torch.empty(64 << 20, dtype=torch.uint8, device="cuda"))
-    wrapper.plan(indptr, ids, last, heads, kv_heads, dim, page_size, q_data_type=dtype,
-                 sm_scale=0.05)
+        torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    )
+    wrapper.plan(
+        indptr, ids, last, heads, kv_heads, dim, page_size, q_data_type=dtype, sm_scale=0.05
+    )
     q = torch.randn(3, heads, dim, dtype=dtype, device="cuda")
-    out, lse = wrapper.run(q, (k_cache, v_cache), q_scale=0.5, k_scale=2.5, v_scale=0.25,
-                           return_lse=True)
+    out, lse = wrapper.run(
+        q, (k_cache, v_cache), q_scale=0.5, k_scale=2.5, v_scale=0.25, return_lse=True
+    )
     want = _expected_batch(q, k_cache, v_cache, indptr, ids, lens, sm_scale=0.05 * 0.5 * 2.5)
     torch.testing.assert_close(out.float(), want * 0.25, atol=1e-2, rtol=2e-2)
     for b, n in enumerate(lens):
-        pages = ids[indptr[b]: indptr[b + 1]].long().cuda()
+        pages = ids[indptr[b] : indptr[b + 1]].long().cuda()
         k = k_cache[pages].reshape(-1, kv_heads, dim)[:n].float()
-        scores = torch.einsum("hd,lhd->hl", q[b].float(),
-                              k.repeat_interleave(heads // kv_heads, 1)) * (0.05 * 1.25)
-        torch.testing.assert_close(lse[b], torch.logsumexp(scores, -1) / math.log(2),
-                                   atol=1e-3, rtol=1e-3)
+        scores = torch.einsum(
+            "hd,lhd->hl", q[b].float(), k.repeat_interleave(heads // kv_heads, 1)
+        ) * (0.05 * 1.25)
+        torch.testing.assert_close(
+            lse[b], torch.logsumexp(scores, -1) / math.log(2), atol=1e-3, rtol=1e-3
+        )
     source = torch.randn_like(q)
     results = []
     for pdl in (False, True, None):
@@ -717,10 +925,12 @@ def test_scales_lse_and_pdl() -> None:
     single_q = q[0]
     k0 = k_cache[ids[: indptr[1]].long().cuda()].reshape(-1, kv_heads, dim)[: lens[0]]
     v0 = v_cache[ids[: indptr[1]].long().cuda()].reshape(-1, kv_heads, dim)[: lens[0]]
-    got = flashinfer.single_decode_with_kv_cache(single_q, k0, v0, q_scale=2.0, k_scale=0.5,
-                                                 v_scale=3.0, sm_scale=0.1)
-    torch.testing.assert_close(got.float(), reference_decode(single_q, k0, v0, 0.1)[0] * 3.0,
-                               atol=6e-2, rtol=2e-2)
+    got = flashinfer.single_decode_with_kv_cache(
+        single_q, k0, v0, q_scale=2.0, k_scale=0.5, v_scale=3.0, sm_scale=0.1
+    )
+    torch.testing.assert_close(
+        got.float(), reference_decode(single_q, k0, v0, 0.1)[0] * 3.0, atol=6e-2, rtol=2e-2
+    )
 
 
 @pytest.mark.gpu
@@ -732,15 +942,17 @@ def test_out_of_range_page_ids_are_skipped_not_scored() -> None:
     ids = torch.tensor([2, 99, 5], dtype=torch.int32)  # 99: no such page
     last = torch.tensor([16], dtype=torch.int32)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        torch.empty(16 << 20, dtype=torch.uint8, device="cuda"))
+        torch.empty(16 << 20, dtype=torch.uint8, device="cuda")
+    )
     wrapper.plan(indptr, ids, last, heads, heads, dim, page_size, q_data_type=dtype)
     q = torch.randn(1, heads, dim, dtype=dtype, device="cuda")
     out = wrapper.run(q, (k_cache, v_cache))
     kept = torch.tensor([2, 5], device="cuda")
     k = k_cache[kept].reshape(-1, heads, dim)
     v = v_cache[kept].reshape(-1, heads, dim)
-    torch.testing.assert_close(out[0].float(), reference_decode(q[0], k, v, dim ** -0.5)[0],
-                               atol=5e-3, rtol=5e-3)
+    torch.testing.assert_close(
+        out[0].float(), reference_decode(q[0], k, v, dim**-0.5)[0], atol=5e-3, rtol=5e-3
+    )
 
 
 @pytest.mark.gpu
@@ -751,7 +963,7 @@ def test_odd_and_large_gqa_groups_launch(group: int, head_dim: int) -> None:
     q = torch.randn(group * kv_heads, head_dim, dtype=dtype, device="cuda")
     k = torch.randn(700, kv_heads, head_dim, dtype=dtype, device="cuda")
     v = torch.randn_like(k)
-    want, want_lse = reference_decode(q, k, v, head_dim ** -0.5)
+    want, want_lse = reference_decode(q, k, v, head_dim**-0.5)
     out, lse = flashinfer.single_decode_with_kv_cache(q, k, v, return_lse=True)
     torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3)
@@ -767,31 +979,42 @@ def test_merge_state_matches_the_softmax_merge_formula(dtype) -> None:
     s_b = torch.randn(seq, heads, device="cuda") * 5
     s_b[0, 0] = float("-inf")  # an empty state contributes nothing
     s_want = torch.logaddexp2(s_a.double(), s_b.double())  # base-2 LSEs
-    v_want = (torch.exp2(s_a.double() - s_want)[..., None] * v_a.double()
-              + torch.exp2(s_b.double() - s_want)[..., None] * v_b.double())
+    v_want = (
+        torch.exp2(s_a.double() - s_want)[..., None] * v_a.double()
+        + torch.exp2(s_b.double() - s_want)[..., None] * v_b.double()
+    )
     tol = dict(atol=1e-2, rtol=1e-2) if dtype != torch.float32 else dict(atol=1e-5, rtol=1e-5)
     v, s = flashinfer.merge_state(v_a, s_a, v_b, s_b)
     torch.testing.assert_close(v.double(), v_want, **tol)
     torch.testing.assert_close(s.double(), s_want, atol=1e-5, rtol=1e-5)
     v16, s16 = flashinfer.merge_state(v_a, s_a.half(), v_b, s_b.half())  # cast to float32
     assert s16.dtype == torch.float32
-    torch.testing.assert_close(s16.double(), torch.logaddexp2(s_a.half().double(),
-                                                              s_b.half().double()),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        s16.double(),
+        torch.logaddexp2(s_a.half().double(), s_b.half().double()),
+        atol=1e-5,
+        rtol=1e-5,
+    )
     mask = torch.rand(seq, device="cuda") > 0.5
     v_in, s_in = v_a.clone(), s_a.clone()
     flashinfer.merge_state_in_place(v_in, s_in, v_b, s_b, mask=mask)
-    torch.testing.assert_close(v_in.double(), torch.where(mask[:, None, None], v_want,
-                                                          v_a.double()), **tol)
-    torch.testing.assert_close(s_in.double(), torch.where(mask[:, None], s_want, s_a.double()),
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        v_in.double(), torch.where(mask[:, None, None], v_want, v_a.double()), **tol
+    )
+    torch.testing.assert_close(
+        s_in.double(), torch.where(mask[:, None], s_want, s_a.double()), atol=1e-5, rtol=1e-5
+    )
     states = torch.randn(seq, 5, heads, dim, device="cuda").to(dtype)
     lses = torch.randn(seq, 5, heads, device="cuda") * 3
     v_all, s_all = flashinfer.merge_states(states, lses)
     weights = torch.softmax(lses.double() * math.log(2), dim=1)
     torch.testing.assert_close(v_all.double(), (weights[..., None] * states.double()).sum(1), **tol)
-    torch.testing.assert_close(s_all.double(), torch.logsumexp(lses.double() * math.log(2), 1)
-                               / math.log(2), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        s_all.double(),
+        torch.logsumexp(lses.double() * math.log(2), 1) / math.log(2),
+        atol=1e-5,
+        rtol=1e-5,
+    )
 
 
 @pytest.mark.gpu
@@ -814,11 +1037,14 @@ def test_wrapper_calls_are_api_logged_with_the_plan() -> None:
         "try:\n"
         "    w.run(torch.zeros(1, 8, 128, dtype=torch.float16), (torch.zeros(1), torch.zeros(1)))\n"
         "except RuntimeError as e:\n"
-        "    print('caught', e)\n")
+        "    print('caught', e)\n"
+    )
     out = run_python(code, env={"FLASHINFER_LOGLEVEL": "3", "FLASHINFER_LOGDEST": "stdout"}).stdout
     assert "FlashInfer API Call: BatchDecodeWithPagedKVCacheWrapper.run" in out
-    assert "BatchDecodeWithPagedKVCacheWrapper(kv_layout='NHD', use_cuda_graph=False, " \
-           "not planned)" in out
+    assert (
+        "BatchDecodeWithPagedKVCacheWrapper(kv_layout='NHD', use_cuda_graph=False, "
+        "not planned)" in out
+    )
     assert "raised RuntimeError: call plan() before run()" in out and "caught" in out
 
 

@@ -17,15 +17,17 @@ from flashinfer import decode as decode_api
 from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper, fast_decode_plan
 from flashinfer.decode_schedule import kv_lengths
 from flashinfer.prefill_schedule import pack_schedule, plan_length, plan_prefill_schedule
-from tests.ops.test_prefill import (  # noqa: F401 - cpu_prefill is a fixture used by cpu_tc
-    BATCH_ARGS, MAX_CTAS, CpuPrefill, _bf16, _i32, cpu_prefill)
+from tests.ops.test_prefill import BATCH_ARGS, MAX_CTAS, CpuPrefill, _bf16, _i32, cpu_prefill  # noqa: F401 - cpu_prefill is a fixture used by cpu_tc
 
 LOG2E = 1.4426950408889634
 NAN = float("nan")
 
 # two requests of 21 and 16 tokens, pages of 16, 8 query heads over 2 KV heads, head_dim 128
-TABLE = (torch.tensor([0, 2, 3], dtype=torch.int32), torch.tensor([4, 1, 0], dtype=torch.int32),
-         torch.tensor([5, 16], dtype=torch.int32))
+TABLE = (
+    torch.tensor([0, 2, 3], dtype=torch.int32),
+    torch.tensor([4, 1, 0], dtype=torch.int32),
+    torch.tensor([5, 16], dtype=torch.int32),
+)
 SHAPE = (8, 2, 128, 16)
 
 
@@ -42,17 +44,20 @@ def cpu_tc(cpu_prefill: CpuPrefill, monkeypatch: pytest.MonkeyPatch) -> CpuPrefi
     return cpu_prefill
 
 
-def _wrapper(workspace: int = 1 << 20,
-             **kwargs) -> BatchDecodeWithPagedKVCacheWrapper:  # noqa: ANN003
-    return BatchDecodeWithPagedKVCacheWrapper(torch.empty(workspace, dtype=torch.uint8),
-                                              use_tensor_cores=True, **kwargs)
+def _wrapper(workspace: int = 1 << 20, **kwargs) -> BatchDecodeWithPagedKVCacheWrapper:  # noqa: ANN003
+    return BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(workspace, dtype=torch.uint8), use_tensor_cores=True, **kwargs
+    )
 
 
 def _graph_wrapper(batch: int = 2, pages: int = 8) -> BatchDecodeWithPagedKVCacheWrapper:
-    return _wrapper(64 << 20, use_cuda_graph=True,
-                    paged_kv_indptr_buffer=torch.full((batch + 1,), -7, dtype=torch.int32),
-                    paged_kv_indices_buffer=torch.full((pages,), -7, dtype=torch.int32),
-                    paged_kv_last_page_len_buffer=torch.full((batch,), -7, dtype=torch.int32))
+    return _wrapper(
+        64 << 20,
+        use_cuda_graph=True,
+        paged_kv_indptr_buffer=torch.full((batch + 1,), -7, dtype=torch.int32),
+        paged_kv_indices_buffer=torch.full((pages,), -7, dtype=torch.int32),
+        paged_kv_last_page_len_buffer=torch.full((batch,), -7, dtype=torch.int32),
+    )
 
 
 def _cache() -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,8 +75,12 @@ def _expected_words(kv_lens: list[int], group: int = 4, heads: int = 2, **kwargs
 
 
 def test_the_mode_is_reported_and_shares_this_wrappers_buffers(cpu_tc: CpuPrefill) -> None:
-    assert _wrapper().use_tensor_cores and not BatchDecodeWithPagedKVCacheWrapper(
-        torch.empty(1024, dtype=torch.uint8)).use_tensor_cores
+    assert (
+        _wrapper().use_tensor_cores
+        and not BatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(1024, dtype=torch.uint8)
+        ).use_tensor_cores
+    )
     w = _wrapper()
     assert w._int_workspace_buffer.nbytes == 8 << 20  # one int workspace, as the reference
     assert w._pin_memory_int_workspace_buffer.nbytes == 8 << 20
@@ -84,15 +93,20 @@ def test_the_mode_is_reported_and_shares_this_wrappers_buffers(cpu_tc: CpuPrefil
     assert inner._paged_kv_last_page_len_buf is g._paged_kv_last_page_len_buf
     assert inner._qo_indptr_buf.tolist() == [0, 1, 2] and inner._qo_indptr_buf.dtype == torch.int32
     cuda_graph = flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(
-        torch.empty(1 << 20, dtype=torch.uint8), _i32([0, 0]), _i32([0]), _i32([1]),
-        use_tensor_cores=True)
+        torch.empty(1 << 20, dtype=torch.uint8),
+        _i32([0, 0]),
+        _i32([0]),
+        _i32([1]),
+        use_tensor_cores=True,
+    )
     assert cuda_graph.use_tensor_cores and cuda_graph.is_cuda_graph_enabled
 
 
 def test_plan_uploads_a_prefill_schedule_of_one_token_per_request(cpu_tc: CpuPrefill) -> None:
     w = _wrapper()
-    w.plan(*TABLE, *SHAPE, q_data_type=torch.bfloat16, sm_scale=0.2, logits_soft_cap=5.0,
-           window_left=9)
+    w.plan(
+        *TABLE, *SHAPE, q_data_type=torch.bfloat16, sm_scale=0.2, logits_soft_cap=5.0, window_left=9
+    )
     assert cpu_tc.uploads == [_expected_words([21, 16])]
     plan = w._plan_info
     assert (plan.batch, plan.total_q, plan.num_qo_heads, plan.num_kv_heads) == (2, 2, 8, 2)
@@ -103,8 +117,9 @@ def test_plan_uploads_a_prefill_schedule_of_one_token_per_request(cpu_tc: CpuPre
     assert w._cached_module is cpu_tc and w._batch_size == 2
     assert w._paged_kv_indptr_buf is TABLE[0] and w._paged_kv_indices_buf is TABLE[1]
     assert w._paged_kv_last_page_len_buf is TABLE[2]
-    assert w._cached_q_data_type == w._cached_kv_data_type == w._cached_o_data_type \
-        == torch.bfloat16
+    assert (
+        w._cached_q_data_type == w._cached_kv_data_type == w._cached_o_data_type == torch.bfloat16
+    )
     assert "work_items=2" in repr(w)
 
     long_table = (_i32([0, 63, 64]), torch.arange(64, dtype=torch.int32), _i32([7, 16]))
@@ -142,21 +157,38 @@ PLAN_BAD = [
     ("head_dim must be one of 64, 128, 256, got 96", ValueError, dict(head_dim=96)),
     ("must be a multiple of num_kv_heads", ValueError, dict(num_kv_heads=3)),
     ("num_qo_heads must be <= 65535", ValueError, dict(num_qo_heads=65536, num_kv_heads=1)),
-    ("kv_data_type torch.float16 differs from q_data_type", TypeError,
-     dict(kv_data_type="float16")),
-    ("last_page_len\\[0\\] is 17, must be in \\[1, page_size=16\\]", ValueError,
-     dict(last_page_len=_i32([17, 1]))),
+    (
+        "kv_data_type torch.float16 differs from q_data_type",
+        TypeError,
+        dict(kv_data_type="float16"),
+    ),
+    (
+        "last_page_len\\[0\\] is 17, must be in \\[1, page_size=16\\]",
+        ValueError,
+        dict(last_page_len=_i32([17, 1])),
+    ),
     ("logits_soft_cap must be >= 0.0", ValueError, dict(logits_soft_cap=-1.0)),
-    ("pos_encoding_mode 'ROPE_LLAMA' is not supported", ValueError,
-     dict(pos_encoding_mode="ROPE_LLAMA")),
+    (
+        "pos_encoding_mode 'ROPE_LLAMA' is not supported",
+        ValueError,
+        dict(pos_encoding_mode="ROPE_LLAMA"),
+    ),
     ("fixed_split_size must be >= 1", ValueError, dict(fixed_split_size=0)),
 ]
 
 
 @pytest.mark.parametrize("message,error,overrides", PLAN_BAD, ids=[b[0][:40] for b in PLAN_BAD])
 def test_plan_bad_arguments(cpu_tc, message, error, overrides) -> None:
-    args = dict(indptr=TABLE[0], indices=TABLE[1], last_page_len=TABLE[2], num_qo_heads=8,
-                num_kv_heads=2, head_dim=128, page_size=16, q_data_type=torch.bfloat16)
+    args = dict(
+        indptr=TABLE[0],
+        indices=TABLE[1],
+        last_page_len=TABLE[2],
+        num_qo_heads=8,
+        num_kv_heads=2,
+        head_dim=128,
+        page_size=16,
+        q_data_type=torch.bfloat16,
+    )
     args.update(overrides)
     w = _wrapper()
     with pytest.raises(error, match=message):
@@ -168,10 +200,14 @@ def test_a_workspace_too_small_is_reported_before_anything_changes(cpu_tc: CpuPr
     w = _wrapper(16384)
     w.plan(*TABLE, *SHAPE, q_data_type=torch.bfloat16)  # no split: no tmp rows
     before = w._plan_info
-    with pytest.raises(ValueError, match="float_workspace_buffer has 16384 bytes; this plan "
-                                         "needs"):
-        w.plan(_i32([0, 300]), torch.arange(300, dtype=torch.int32), _i32([16]), *SHAPE,
-               q_data_type=torch.bfloat16)
+    with pytest.raises(ValueError, match="float_workspace_buffer has 16384 bytes; this plan needs"):
+        w.plan(
+            _i32([0, 300]),
+            torch.arange(300, dtype=torch.int32),
+            _i32([16]),
+            *SHAPE,
+            q_data_type=torch.bfloat16,
+        )
     assert w._plan_info is before and len(cpu_tc.uploads) == 1
 
 
@@ -202,8 +238,16 @@ def test_run_launches_batch_prefill_with_the_decode_arguments(cpu_tc: CpuPrefill
     assert launch["score_scale"] == pytest.approx(0.5 * LOG2E) and launch["score_cap"] == 0.0
     assert launch["enable_pdl"] is False  # not on a CPU device
 
-    out, lse = w.run(q, (k, v), q_scale=2.0, k_scale=3.0, v_scale=0.5, return_lse=True,
-                     window_left=7, enable_pdl=True)
+    out, lse = w.run(
+        q,
+        (k, v),
+        q_scale=2.0,
+        k_scale=3.0,
+        v_scale=0.5,
+        return_lse=True,
+        window_left=7,
+        enable_pdl=True,
+    )
     launch = cpu_tc.launches[-1]
     assert launch["score_scale"] == pytest.approx(0.5 * 6.0 * LOG2E)
     assert bool((out == 0.5).all()) and lse is launch["lse"] and lse.shape == (2, 8)
@@ -230,8 +274,9 @@ def test_run_launches_batch_prefill_with_the_decode_arguments(cpu_tc: CpuPrefill
 
 def test_page_size_one_caches_may_leave_the_page_dim_out(cpu_tc: CpuPrefill) -> None:
     w = _wrapper()
-    w.plan(_i32([0, 3, 4]), _i32([0, 1, 2, 3]), _i32([1, 1]), 8, 2, 128, 1,
-           q_data_type=torch.bfloat16)
+    w.plan(
+        _i32([0, 3, 4]), _i32([0, 1, 2, 3]), _i32([1, 1]), 8, 2, 128, 1, q_data_type=torch.bfloat16
+    )
     assert cpu_tc.uploads[-1] == _expected_words([3, 1])
     k3, v3 = _bf16(4, 2, 128), _bf16(4, 2, 128)
     w.run(_bf16(2, 8, 128), (k3, v3))
@@ -239,20 +284,42 @@ def test_page_size_one_caches_may_leave_the_page_dim_out(cpu_tc: CpuPrefill) -> 
 
 
 RUN_BAD = [
-    ("q has shape \\(3, 8, 128\\); plan\\(\\) was for \\(2, 8, 128\\)", ValueError,
-     dict(q=_bf16(3, 8, 128))),
-    ("q has dtype torch.float16; plan\\(\\) was for torch.bfloat16", TypeError,
-     dict(q=torch.randn(2, 8, 128, dtype=torch.float16))),
-    ("q's strides must be multiples of 8 elements", ValueError,
-     dict(q=_bf16(2, 8, 130)[..., :128])),
-    ("paged_kv_cache\\[0\\] has shape \\(5, 2, 16, 128\\); plan\\(\\) was for pages of "
-     "\\(16, 2, 128\\)", ValueError, dict(cache=(_bf16(5, 2, 16, 128), _bf16(5, 2, 16, 128)))),
-    ("paged_kv_cache\\[1\\] has dtype torch.float16", TypeError,
-     dict(cache=(_bf16(5, 16, 2, 128), torch.zeros(5, 16, 2, 128, dtype=torch.float16)))),
-    ("paged_kv_cache\\[0\\] must be 16-byte aligned", ValueError,
-     dict(cache=(_bf16(5 * 16 * 2 * 128 + 1)[1:].view(5, 16, 2, 128), _bf16(5, 16, 2, 128)))),
-    ("out has shape \\(2, 8, 64\\), expected \\(2, 8, 128\\)", ValueError,
-     dict(out=_bf16(2, 8, 64))),
+    (
+        "q has shape \\(3, 8, 128\\); plan\\(\\) was for \\(2, 8, 128\\)",
+        ValueError,
+        dict(q=_bf16(3, 8, 128)),
+    ),
+    (
+        "q has dtype torch.float16; plan\\(\\) was for torch.bfloat16",
+        TypeError,
+        dict(q=torch.randn(2, 8, 128, dtype=torch.float16)),
+    ),
+    (
+        "q's strides must be multiples of 8 elements",
+        ValueError,
+        dict(q=_bf16(2, 8, 130)[..., :128]),
+    ),
+    (
+        "paged_kv_cache\\[0\\] has shape \\(5, 2, 16, 128\\); plan\\(\\) was for pages of "
+        "\\(16, 2, 128\\)",
+        ValueError,
+        dict(cache=(_bf16(5, 2, 16, 128), _bf16(5, 2, 16, 128))),
+    ),
+    (
+        "paged_kv_cache\\[1\\] has dtype torch.float16",
+        TypeError,
+        dict(cache=(_bf16(5, 16, 2, 128), torch.zeros(5, 16, 2, 128, dtype=torch.float16))),
+    ),
+    (
+        "paged_kv_cache\\[0\\] must be 16-byte aligned",
+        ValueError,
+        dict(cache=(_bf16(5 * 16 * 2 * 128 + 1)[1:].view(5, 16, 2, 128), _bf16(5, 16, 2, 128))),
+    ),
+    (
+        "out has shape \\(2, 8, 64\\), expected \\(2, 8, 128\\)",
+        ValueError,
+        dict(out=_bf16(2, 8, 64)),
+    ),
     ("lse has dtype torch.bfloat16, expected torch.float32", TypeError, dict(lse=_bf16(2, 8))),
     ("return_lse must be a bool", TypeError, dict(return_lse=None)),
     ("sinks is not supported", ValueError, dict(sinks=torch.zeros(8))),
@@ -290,9 +357,12 @@ def model_batch_prefill(launch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:2], -math.inf, dtype=torch.float64)
     for b in range(len(qo_indptr) - 1):
-        pages = launch["kv_indices"][kv_indptr[b]:kv_indptr[b + 1]].long()
-        kv_len = 0 if pages.numel() == 0 else (
-            (pages.numel() - 1) * k_cache.shape[1] + int(launch["kv_last_page_len"][b]))
+        pages = launch["kv_indices"][kv_indptr[b] : kv_indptr[b + 1]].long()
+        kv_len = (
+            0
+            if pages.numel() == 0
+            else ((pages.numel() - 1) * k_cache.shape[1] + int(launch["kv_last_page_len"][b]))
+        )
         k = k_cache[pages].flatten(0, 1)[:kv_len].double()
         v = v_cache[pages].flatten(0, 1)[:kv_len].double()
         qo_len = qo_indptr[b + 1] - qo_indptr[b]
@@ -313,8 +383,7 @@ def model_batch_prefill(launch: dict) -> tuple[torch.Tensor, torch.Tensor]:
             scores = scores[:, visible]
             lse[row] = torch.logsumexp(scores * math.log(2), -1) / math.log(2)
             weights = torch.exp2(scores - lse[row][:, None])
-            out[row] = torch.einsum("hl,lhd->hd", weights,
-                                    v[visible].repeat_interleave(group, 1))
+            out[row] = torch.einsum("hl,lhd->hd", weights, v[visible].repeat_interleave(group, 1))
     return out, lse
 
 
@@ -337,23 +406,40 @@ def test_the_launch_computes_decode_attention(cpu_tc, monkeypatch, layout) -> No
     indptr = _i32([0, *torch.tensor(pages).cumsum(0).tolist()])
     indices = torch.randperm(sum(pages) + 2)[: sum(pages)].to(torch.int32)
     last = _i32([n - (p - 1) * page_size if p else 1 for n, p in zip(lens, pages)])
-    shape = ((sum(pages) + 2, page_size, kv_heads, dim) if layout == "NHD"
-             else (sum(pages) + 2, kv_heads, page_size, dim))
+    shape = (
+        (sum(pages) + 2, page_size, kv_heads, dim)
+        if layout == "NHD"
+        else (sum(pages) + 2, kv_heads, page_size, dim)
+    )
     k_cache, v_cache = torch.randn(shape).to(torch.bfloat16), torch.randn(shape).to(torch.bfloat16)
     q = _bf16(len(lens), heads, dim)
     w = _wrapper(kv_layout=layout)
     for sm_scale, cap, window in ((None, None, -1), (0.3, 20.0, -1), (None, None, 5)):
-        w.plan(indptr, indices, last, heads, kv_heads, dim, page_size,
-               q_data_type=torch.bfloat16, sm_scale=sm_scale, logits_soft_cap=cap,
-               window_left=window)
+        w.plan(
+            indptr,
+            indices,
+            last,
+            heads,
+            kv_heads,
+            dim,
+            page_size,
+            q_data_type=torch.bfloat16,
+            sm_scale=sm_scale,
+            logits_soft_cap=cap,
+            window_left=window,
+        )
         out, lse = w.run(q, (k_cache, v_cache), q_scale=2.0, v_scale=0.5, return_lse=True)
-        nhd = (k_cache, v_cache) if layout == "NHD" else (k_cache.transpose(1, 2),
-                                                          v_cache.transpose(1, 2))
+        nhd = (
+            (k_cache, v_cache)
+            if layout == "NHD"
+            else (k_cache.transpose(1, 2), v_cache.transpose(1, 2))
+        )
         for b, n in enumerate(lens):
-            ids = indices[indptr[b]:indptr[b + 1]].long()
+            ids = indices[indptr[b] : indptr[b + 1]].long()
             k, v = (c[ids].flatten(0, 1)[:n] for c in nhd)
-            want, want_lse = reference_decode(q[b], k, v, (sm_scale or dim ** -0.5) * 2.0, cap,
-                                              window)
+            want, want_lse = reference_decode(
+                q[b], k, v, (sm_scale or dim**-0.5) * 2.0, cap, window
+            )
             torch.testing.assert_close(out[b].double(), want * 0.5, atol=2e-2, rtol=2e-2)
             torch.testing.assert_close(lse[b].double(), want_lse, atol=1e-5, rtol=1e-5)
 
@@ -366,8 +452,13 @@ def test_reset_workspace_buffer_moves_the_next_plan(cpu_tc: CpuPrefill) -> None:
     w.reset_workspace_buffer(new_float, new_int)
     with pytest.raises(RuntimeError, match="call plan\\(\\) before run\\(\\)"):
         w.run(_bf16(2, 8, 128), _cache())
-    w.plan(_i32([0, 63, 64]), torch.arange(64, dtype=torch.int32), _i32([7, 16]), *SHAPE,
-           q_data_type=torch.bfloat16)
+    w.plan(
+        _i32([0, 63, 64]),
+        torch.arange(64, dtype=torch.int32),
+        _i32([7, 16]),
+        *SHAPE,
+        q_data_type=torch.bfloat16,
+    )
     plan = w._plan_info
     assert plan.plan_words.data_ptr() == new_int.data_ptr()
     assert plan.tmp_v.data_ptr() == new_float.data_ptr() and plan.tmp_capacity == 4
@@ -380,11 +471,19 @@ def test_reset_workspace_buffer_moves_the_next_plan(cpu_tc: CpuPrefill) -> None:
 
 def test_cuda_graph_plan_copies_into_the_fixed_buffers(cpu_tc: CpuPrefill) -> None:
     w = _graph_wrapper()
-    buffers = (w._paged_kv_indptr_buf, w._paged_kv_indices_buf, w._paged_kv_last_page_len_buf,
-               w._prefill._qo_indptr_buf)
+    buffers = (
+        w._paged_kv_indptr_buf,
+        w._paged_kv_indices_buf,
+        w._paged_kv_last_page_len_buf,
+        w._prefill._qo_indptr_buf,
+    )
     w.plan(TABLE[0].long(), TABLE[1].long(), TABLE[2].long(), *SHAPE, q_data_type=torch.bfloat16)
-    assert (w._paged_kv_indptr_buf, w._paged_kv_indices_buf, w._paged_kv_last_page_len_buf,
-            w._prefill._qo_indptr_buf) == buffers  # the same tensors: captured addresses
+    assert (
+        w._paged_kv_indptr_buf,
+        w._paged_kv_indices_buf,
+        w._paged_kv_last_page_len_buf,
+        w._prefill._qo_indptr_buf,
+    ) == buffers  # the same tensors: captured addresses
     assert buffers[0].tolist() == [0, 2, 3] and buffers[2].tolist() == [5, 16]
     assert buffers[1].tolist() == [4, 1, 0, -7, -7, -7, -7, -7]
     assert buffers[3].tolist() == [0, 1, 2]
@@ -395,8 +494,13 @@ def test_cuda_graph_plan_copies_into_the_fixed_buffers(cpu_tc: CpuPrefill) -> No
     assert (plan.work_capacity, plan.merge_capacity, plan.tmp_capacity) == (MAX_CTAS, 2, fit)
     first = cpu_tc.uploads[-1]
     assert len(first) == plan_length(MAX_CTAS, 2)
-    w.plan(_i32([0, 7, 8]), torch.arange(8, dtype=torch.int32), _i32([16, 1]), *SHAPE,
-           q_data_type=torch.bfloat16)  # 112 keys: a new schedule in the same capacity
+    w.plan(
+        _i32([0, 7, 8]),
+        torch.arange(8, dtype=torch.int32),
+        _i32([16, 1]),
+        *SHAPE,
+        q_data_type=torch.bfloat16,
+    )  # 112 keys: a new schedule in the same capacity
     assert len(cpu_tc.uploads[-1]) == len(first)
     assert buffers[1].tolist() == list(range(8))
     w.run(_bf16(2, 8, 128), _cache())
@@ -410,8 +514,13 @@ def test_cuda_graph_plan_copies_into_the_fixed_buffers(cpu_tc: CpuPrefill) -> No
         with pytest.raises(ValueError, match="batch size is fixed to the buffers' 2"):
             w.plan(_i32(indptr), _i32([0, 0, 0]), _i32(last), *SHAPE, q_data_type=torch.bfloat16)
     with pytest.raises(ValueError, match="9 page indices exceed the CUDA-graph buffer's 8"):
-        w.plan(*TABLE[:1], torch.arange(9, dtype=torch.int32), TABLE[2], *SHAPE,
-               q_data_type=torch.bfloat16)
+        w.plan(
+            *TABLE[:1],
+            torch.arange(9, dtype=torch.int32),
+            TABLE[2],
+            *SHAPE,
+            q_data_type=torch.bfloat16,
+        )
 
 
 def test_fast_decode_plan_schedules_whole_pages_and_copies_nothing(cpu_tc: CpuPrefill) -> None:
@@ -420,12 +529,18 @@ def test_fast_decode_plan_schedules_whole_pages_and_copies_nothing(cpu_tc: CpuPr
     w._paged_kv_indices_buf.copy_(torch.arange(64, dtype=torch.int32))
     w._paged_kv_last_page_len_buf.copy_(_i32([7, 3]))
     w.begin_forward = fast_decode_plan.__get__(w)
-    w.begin_forward(w._paged_kv_indptr_buf, w._paged_kv_indices_buf,
-                    w._paged_kv_last_page_len_buf, *SHAPE, q_data_type=torch.bfloat16,
-                    global_override_indptr_cpu=_i32([0, 63, 64]))
+    w.begin_forward(
+        w._paged_kv_indptr_buf,
+        w._paged_kv_indices_buf,
+        w._paged_kv_last_page_len_buf,
+        *SHAPE,
+        q_data_type=torch.bfloat16,
+        global_override_indptr_cpu=_i32([0, 63, 64]),
+    )
     full_pages = [63 * 16, 16]  # last_page_len is never read on the host
     assert cpu_tc.uploads[-1] == pack_schedule(
-        plan_prefill_schedule([0, 1, 2], full_pages, 4, 2, MAX_CTAS), MAX_CTAS, 2)
+        plan_prefill_schedule([0, 1, 2], full_pages, 4, 2, MAX_CTAS), MAX_CTAS, 2
+    )
     assert w._paged_kv_last_page_len_buf.tolist() == [7, 3]  # untouched
     w.run(_bf16(2, 8, 128), _cache())
     assert cpu_tc.launches[-1]["kv_last_page_len"] is w._paged_kv_last_page_len_buf
@@ -443,8 +558,17 @@ def test_fast_decode_plan_schedules_whole_pages_and_copies_nothing(cpu_tc: CpuPr
 def test_single_decode_runs_a_single_prefill_of_one_token(cpu_tc: CpuPrefill) -> None:
     q, k, v = _bf16(8, 128), _bf16(10, 2, 128), _bf16(10, 2, 128)
     out, lse = flashinfer.single_decode_with_kv_cache(
-        q, k, v, use_tensor_cores=True, q_scale=2.0, k_scale=3.0, v_scale=0.5, sm_scale=0.1,
-        window_left=4, return_lse=True)
+        q,
+        k,
+        v,
+        use_tensor_cores=True,
+        q_scale=2.0,
+        k_scale=3.0,
+        v_scale=0.5,
+        sm_scale=0.1,
+        window_left=4,
+        return_lse=True,
+    )
     launch = cpu_tc.launches[-1]
     assert launch["q"].shape == (1, 8, 128) and torch.equal(launch["q"][0], q)
     assert launch["k"] is k and launch["v"] is v and not launch["hnd"]
@@ -453,32 +577,39 @@ def test_single_decode_runs_a_single_prefill_of_one_token(cpu_tc: CpuPrefill) ->
     assert launch["score_scale"] == pytest.approx(0.1 * 6.0 * LOG2E)
     assert out.shape == (8, 128) and out.dtype == torch.bfloat16 and bool((out == 0.5).all())
     assert lse.shape == (8,) and lse.dtype == torch.float32
-    out = flashinfer.single_decode_with_kv_cache(q, k.transpose(0, 1).contiguous(),
-                                                 v.transpose(0, 1).contiguous(),
-                                                 kv_layout="HND", use_tensor_cores=True,
-                                                 logits_soft_cap=30.0)
+    out = flashinfer.single_decode_with_kv_cache(
+        q,
+        k.transpose(0, 1).contiguous(),
+        v.transpose(0, 1).contiguous(),
+        kv_layout="HND",
+        use_tensor_cores=True,
+        logits_soft_cap=30.0,
+    )
     launch = cpu_tc.launches[-1]
     assert out.shape == (8, 128) and launch["hnd"] and launch["lse"] is None
-    assert launch["score_scale"] == pytest.approx(128 ** -0.5 / 30.0)
+    assert launch["score_scale"] == pytest.approx(128**-0.5 / 30.0)
     assert launch["score_cap"] == pytest.approx(30.0 * LOG2E)
     # a group the CUDA-core kernel refuses (256 heads of 128 dims per thread block)
-    flashinfer.single_decode_with_kv_cache(_bf16(256, 128), k[:, :1], v[:, :1],
-                                           use_tensor_cores=True)
+    flashinfer.single_decode_with_kv_cache(
+        _bf16(256, 128), k[:, :1], v[:, :1], use_tensor_cores=True
+    )
     assert cpu_tc.launches[-1]["q"].shape == (1, 256, 128)
 
 
 SINGLE_BAD = [
     ("q must be 2-D", ValueError, dict(q=_bf16(1, 8, 128))),
-    ("num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3\\)", ValueError,
-     dict(k=_bf16(10, 3, 128), v=_bf16(10, 3, 128))),
+    (
+        "num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3\\)",
+        ValueError,
+        dict(k=_bf16(10, 3, 128), v=_bf16(10, 3, 128)),
+    ),
     ("q_scale must be > 0.0", ValueError, dict(q_scale=0.0)),
     ("k must be 16-byte aligned", ValueError, dict(k=_bf16(2561)[1:].view(10, 2, 128))),
     ("window_left must be >= -1", ValueError, dict(window_left=-2)),
 ]
 
 
-@pytest.mark.parametrize("message,error,overrides", SINGLE_BAD,
-                         ids=[b[0][:40] for b in SINGLE_BAD])
+@pytest.mark.parametrize("message,error,overrides", SINGLE_BAD, ids=[b[0][:40] for b in SINGLE_BAD])
 def test_single_decode_bad_arguments(cpu_tc, message, error, overrides) -> None:
     args = dict(q=_bf16(8, 128), k=_bf16(10, 2, 128), v=_bf16(10, 2, 128), use_tensor_cores=True)
     args.update(overrides)
@@ -490,15 +621,22 @@ def test_single_decode_bad_arguments(cpu_tc, message, error, overrides) -> None:
 # -- GPU: numerics ------------------------------------------------------------------------------
 
 
-def reference_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float,
-                     soft_cap: float | None = None, window_left: int = -1
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sm_scale: float,
+    soft_cap: float | None = None,
+    window_left: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 attention of q ``[Hq, D]`` over k, v ``[kv_len, Hk, D]`` (qo head h uses kv
     head ``h // (Hq // Hk)``): (out ``[Hq, D]``, base-2 lse ``[Hq]``); no keys: 0 and -inf."""
     (heads, dim), (kv_len, kv_heads) = q.shape, k.shape[:2]
     if kv_len == 0:
-        return (torch.zeros(q.shape, dtype=torch.float64, device=q.device),
-                torch.full((heads,), -math.inf, dtype=torch.float64, device=q.device))
+        return (
+            torch.zeros(q.shape, dtype=torch.float64, device=q.device),
+            torch.full((heads,), -math.inf, dtype=torch.float64, device=q.device),
+        )
     qg = q.double().view(kv_heads, heads // kv_heads, dim)  # [Hk, group, D]: no K/V copies
     scores = torch.einsum("kgd,lkd->kgl", qg, k.double()) * sm_scale
     if soft_cap:
@@ -517,8 +655,15 @@ def _tolerance(dtype: torch.dtype) -> dict[str, float]:
 LSE_TOLERANCE = dict(atol=1e-2, rtol=1e-3)
 
 
-def _paged(lens: list[int], page_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-           layout: str, seed: int):  # noqa: ANN202
+def _paged(
+    lens: list[int],
+    page_size: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    layout: str,
+    seed: int,
+):  # noqa: ANN202
     """Per-request K/V and a NaN-poisoned paged cache holding them over shuffled pages (with
     spare pages): (ks, vs, k_cache, v_cache, indptr, indices, last_page_len), the table on
     the host."""
@@ -526,10 +671,12 @@ def _paged(lens: list[int], page_size: int, kv_heads: int, head_dim: int, dtype:
     pages = [-(-n // page_size) for n in lens]
     num_pages = sum(pages) + 3
     indices = torch.randperm(num_pages, generator=gen)[: sum(pages)].to(torch.int32)
-    indptr = torch.tensor([0, *torch.tensor(pages, dtype=torch.int64).cumsum(0).tolist()],
-                          dtype=torch.int32)
-    last = torch.tensor([n - (p - 1) * page_size if p else 1 for n, p in zip(lens, pages)],
-                        dtype=torch.int32)
+    indptr = torch.tensor(
+        [0, *torch.tensor(pages, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int32
+    )
+    last = torch.tensor(
+        [n - (p - 1) * page_size if p else 1 for n, p in zip(lens, pages)], dtype=torch.int32
+    )
     page = (page_size, kv_heads, head_dim) if layout == "NHD" else (kv_heads, page_size, head_dim)
     k_cache = torch.full((num_pages, *page), NAN, dtype=dtype, device="cuda")
     v_cache = torch.full_like(k_cache, NAN)
@@ -537,7 +684,7 @@ def _paged(lens: list[int], page_size: int, kv_heads: int, head_dim: int, dtype:
     vs = [torch.randn(n, kv_heads, head_dim, dtype=dtype, device="cuda") for n in lens]
     for b, (k, v) in enumerate(zip(ks, vs)):
         position = torch.arange(k.shape[0], device="cuda")
-        ids = indices[indptr[b]: indptr[b + 1]].long().cuda()[position // page_size]
+        ids = indices[indptr[b] : indptr[b + 1]].long().cuda()[position // page_size]
         slots = position % page_size
         for cache, values in ((k_cache, k), (v_cache, v)):
             if layout == "NHD":
@@ -566,8 +713,9 @@ GPU_CASES = [  # (group, head_dim, page_size, layout, dtype)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("group,head_dim,page_size,layout,dtype", GPU_CASES)
-def test_tensor_core_decode_matches_cuda_cores_and_float64(group, head_dim, page_size, layout,
-                                                           dtype) -> None:
+def test_tensor_core_decode_matches_cuda_cores_and_float64(
+    group, head_dim, page_size, layout, dtype
+) -> None:
     """Empty, one-token, page-straddling and long (split and merged) requests; full
     attention, a soft cap with a custom sm_scale, and a sliding window; the LSE; outputs
     poisoned with NaN, so a row left unwritten fails."""
@@ -575,24 +723,35 @@ def test_tensor_core_decode_matches_cuda_cores_and_float64(group, head_dim, page
     kv_heads = 2
     qo_heads = group * kv_heads
     lens = [1, 17, 0, 300, 4099, 33]
-    ks, vs, k_cache, v_cache, indptr, indices, last = _paged(lens, page_size, kv_heads, head_dim,
-                                                             dtype, layout, seed=head_dim)
+    ks, vs, k_cache, v_cache, indptr, indices, last = _paged(
+        lens, page_size, kv_heads, head_dim, dtype, layout, seed=head_dim
+    )
     q = torch.randn(len(lens), qo_heads, head_dim, dtype=dtype, device="cuda")
     tensor_cores = BatchDecodeWithPagedKVCacheWrapper(_workspace(), layout, use_tensor_cores=True)
     cuda_cores = BatchDecodeWithPagedKVCacheWrapper(_workspace(), layout)
     for sm_scale, cap, window in ((None, None, -1), (0.1, 30.0, -1), (None, None, 31)):
         results = []
         for w in (tensor_cores, cuda_cores):
-            w.plan(indptr, indices, last, qo_heads, kv_heads, head_dim, page_size,
-                   q_data_type=dtype, sm_scale=sm_scale, logits_soft_cap=cap,
-                   window_left=window)
+            w.plan(
+                indptr,
+                indices,
+                last,
+                qo_heads,
+                kv_heads,
+                head_dim,
+                page_size,
+                q_data_type=dtype,
+                sm_scale=sm_scale,
+                logits_soft_cap=cap,
+                window_left=window,
+            )
             out = torch.full_like(q, NAN)
             lse = torch.full((len(lens), qo_heads), NAN, device="cuda")
             got, got_lse = w.run(q, (k_cache, v_cache), out=out, lse=lse, return_lse=True)
             assert got is out and got_lse is lse
             results.append((out, lse))
         (out, lse), (core_out, core_lse) = results
-        scale = head_dim ** -0.5 if sm_scale is None else sm_scale
+        scale = head_dim**-0.5 if sm_scale is None else sm_scale
         for b, n in enumerate(lens):
             if n == 0:
                 assert (out[b] == 0).all() and (lse[b] == -math.inf).all()
@@ -612,13 +771,29 @@ def test_large_groups_scales_and_the_5d_cache_form() -> None:
     for qo_heads, kv_heads in ((128, 1), (32, 1)):
         lens = [9000, 5, 700]
         ks, vs, k_cache, v_cache, indptr, indices, last = _paged(
-            lens, page_size, kv_heads, head_dim, dtype, "NHD", seed=qo_heads)
+            lens, page_size, kv_heads, head_dim, dtype, "NHD", seed=qo_heads
+        )
         q = torch.randn(len(lens), qo_heads, head_dim, dtype=dtype, device="cuda")
         w = BatchDecodeWithPagedKVCacheWrapper(_workspace(), use_tensor_cores=True)
-        w.plan(indptr, indices, last, qo_heads, kv_heads, head_dim, page_size,
-               q_data_type=dtype, sm_scale=0.05)
-        out, lse = w.run(q, torch.stack([k_cache, v_cache], dim=1), q_scale=0.5, k_scale=2.5,
-                         v_scale=0.25, return_lse=True)
+        w.plan(
+            indptr,
+            indices,
+            last,
+            qo_heads,
+            kv_heads,
+            head_dim,
+            page_size,
+            q_data_type=dtype,
+            sm_scale=0.05,
+        )
+        out, lse = w.run(
+            q,
+            torch.stack([k_cache, v_cache], dim=1),
+            q_scale=0.5,
+            k_scale=2.5,
+            v_scale=0.25,
+            return_lse=True,
+        )
         for b in range(len(lens)):
             want, want_lse = reference_decode(q[b], ks[b], vs[b], 0.05 * 0.5 * 2.5)
             torch.testing.assert_close(out[b].double(), want * 0.25, **_tolerance(dtype))
@@ -635,9 +810,13 @@ def test_cuda_graph_replay_after_re_planning_and_rewriting_the_buffers() -> None
     indices_buf = torch.zeros(num_pages, dtype=torch.int32, device="cuda")
     last_buf = torch.zeros(batch, dtype=torch.int32, device="cuda")
     w = BatchDecodeWithPagedKVCacheWrapper(
-        _workspace(), use_cuda_graph=True, use_tensor_cores=True,
-        paged_kv_indptr_buffer=indptr_buf, paged_kv_indices_buffer=indices_buf,
-        paged_kv_last_page_len_buffer=last_buf)
+        _workspace(),
+        use_cuda_graph=True,
+        use_tensor_cores=True,
+        paged_kv_indptr_buffer=indptr_buf,
+        paged_kv_indices_buffer=indices_buf,
+        paged_kv_last_page_len_buffer=last_buf,
+    )
     k_cache = torch.randn(num_pages, page_size, kv_heads, head_dim, dtype=dtype, device="cuda")
     v_cache = torch.randn_like(k_cache)
     q = torch.randn(batch, qo_heads, head_dim, dtype=dtype, device="cuda")
@@ -649,18 +828,20 @@ def test_cuda_graph_replay_after_re_planning_and_rewriting_the_buffers() -> None
         pages = [-(-n // page_size) for n in lens]
         ids = torch.randperm(num_pages, generator=gen)[: sum(pages)].to(torch.int32)
         indptr = torch.tensor([0, *torch.tensor(pages).cumsum(0).tolist()], dtype=torch.int32)
-        last = torch.tensor([n - (p - 1) * page_size for n, p in zip(lens, pages)],
-                            dtype=torch.int32)
+        last = torch.tensor(
+            [n - (p - 1) * page_size for n, p in zip(lens, pages)], dtype=torch.int32
+        )
         return indptr, ids, last
 
-    def expected(lens: list[int], indptr: torch.Tensor, ids: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def expected(
+        lens: list[int], indptr: torch.Tensor, ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         outs, lses = [], []
         for b, n in enumerate(lens):
-            pages = ids[indptr[b]: indptr[b + 1]].long().cuda()
+            pages = ids[indptr[b] : indptr[b + 1]].long().cuda()
             k = k_cache[pages].reshape(-1, kv_heads, head_dim)[:n]
             v = v_cache[pages].reshape(-1, kv_heads, head_dim)[:n]
-            o, s = reference_decode(q[b], k, v, head_dim ** -0.5)
+            o, s = reference_decode(q[b], k, v, head_dim**-0.5)
             outs.append(o)
             lses.append(s)
         return torch.stack(outs), torch.stack(lses)
@@ -676,21 +857,34 @@ def test_cuda_graph_replay_after_re_planning_and_rewriting_the_buffers() -> None
     with torch.cuda.graph(graph):
         w.run(q, (k_cache, v_cache), out=out, lse=lse)
 
-    steps = (([40, 3000, 7], "plan"), ([20000, 1, 300], "plan"), ([5000, 1, 33], "none"),
-             ([17, 20000, 300], "fast"), ([100, 100, 100], "plan"))
+    steps = (
+        ([40, 3000, 7], "plan"),
+        ([20000, 1, 300], "plan"),
+        ([5000, 1, 33], "none"),
+        ([17, 20000, 300], "fast"),
+        ([100, 100, 100], "plan"),
+    )
     for step, (lens, how) in enumerate(steps):
         indptr, ids, last = table(lens, step + 1)
         if how == "plan":
-            w.plan(indptr, ids, last, qo_heads, kv_heads, head_dim, page_size,
-                   q_data_type=dtype)
+            w.plan(indptr, ids, last, qo_heads, kv_heads, head_dim, page_size, q_data_type=dtype)
         else:  # the engine writes the buffers itself
             indptr_buf.copy_(indptr)
             indices_buf[: ids.numel()].copy_(ids)
             last_buf.copy_(last)
             if how == "fast":
-                fast_decode_plan(w, indptr_buf, indices_buf, last_buf, qo_heads, kv_heads,
-                                 head_dim, page_size, q_data_type=dtype,
-                                 global_override_indptr_cpu=indptr)
+                fast_decode_plan(
+                    w,
+                    indptr_buf,
+                    indices_buf,
+                    last_buf,
+                    qo_heads,
+                    kv_heads,
+                    head_dim,
+                    page_size,
+                    q_data_type=dtype,
+                    global_override_indptr_cpu=indptr,
+                )
         q.copy_(torch.randn_like(q))
         out.fill_(NAN)
         lse.fill_(NAN)
@@ -711,27 +905,42 @@ SINGLE_GPU_CASES = [  # (kv_len, qo_heads, kv_heads, head_dim, layout, dtype)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_len,qo_heads,kv_heads,head_dim,layout,dtype", SINGLE_GPU_CASES)
-def test_single_decode_with_tensor_cores_matches(kv_len, qo_heads, kv_heads, head_dim, layout,
-                                                 dtype) -> None:
+def test_single_decode_with_tensor_cores_matches(
+    kv_len, qo_heads, kv_heads, head_dim, layout, dtype
+) -> None:
     torch.manual_seed(kv_len)
     q = torch.randn(qo_heads, head_dim, dtype=dtype, device="cuda")
     k = torch.randn(kv_len, kv_heads, head_dim, dtype=dtype, device="cuda")
     v = torch.randn_like(k)
-    kk, vv = ((k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous())
-              if layout == "HND" else (k, v))
+    kk, vv = (
+        (k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous())
+        if layout == "HND"
+        else (k, v)
+    )
     for sm_scale, cap, window in ((None, None, -1), (0.3, 30.0, -1), (None, None, 100)):
-        scale = head_dim ** -0.5 if sm_scale is None else sm_scale
+        scale = head_dim**-0.5 if sm_scale is None else sm_scale
         want, want_lse = reference_decode(q, k, v, scale * 2.0, cap, window)
         got = []
         for use_tensor_cores in (True, False):
             # single decode allocates its outputs: free NaN blocks of their sizes first, so
             # the caching allocator (best effort) hands them out and an unwritten row is NaN
-            poison = (torch.full((qo_heads, head_dim), NAN, dtype=dtype, device="cuda"),
-                      torch.full((qo_heads,), NAN, device="cuda"))
+            poison = (
+                torch.full((qo_heads, head_dim), NAN, dtype=dtype, device="cuda"),
+                torch.full((qo_heads,), NAN, device="cuda"),
+            )
             del poison
             out, lse = flashinfer.single_decode_with_kv_cache(
-                q, kk, vv, kv_layout=layout, use_tensor_cores=use_tensor_cores, q_scale=2.0,
-                sm_scale=sm_scale, logits_soft_cap=cap, window_left=window, return_lse=True)
+                q,
+                kk,
+                vv,
+                kv_layout=layout,
+                use_tensor_cores=use_tensor_cores,
+                q_scale=2.0,
+                sm_scale=sm_scale,
+                logits_soft_cap=cap,
+                window_left=window,
+                return_lse=True,
+            )
             assert out.shape == q.shape and out.dtype == dtype and lse.shape == (qo_heads,)
             got.append((out, lse))
         (out, lse), (core_out, core_lse) = got

@@ -43,10 +43,16 @@ RMSNORM_BAD_CALLS = [
     ("input must be 2-D [tokens, hidden] or 3-D", ValueError, lambda: (_x(2, 3, 4, 8), _x(8))),
     ("weight must be 1-D", ValueError, lambda: (_x(4, 8), _x(1, 8))),
     ("weight has 7 elements, but input's last dim is 8", ValueError, lambda: (_x(4, 8), _x(7))),
-    ("weight has dtype torch.bfloat16, but input has torch.float16", TypeError,
-     lambda: (_x(4, 8), _x(8, dtype=torch.bfloat16))),
-    ("input has dtype torch.float64; supported: float16, bfloat16, float32", TypeError,
-     lambda: (_x(4, 8, dtype=torch.float64), _x(8, dtype=torch.float64))),
+    (
+        "weight has dtype torch.bfloat16, but input has torch.float16",
+        TypeError,
+        lambda: (_x(4, 8), _x(8, dtype=torch.bfloat16)),
+    ),
+    (
+        "input has dtype torch.float64; supported: float16, bfloat16, float32",
+        TypeError,
+        lambda: (_x(4, 8, dtype=torch.float64), _x(8, dtype=torch.float64)),
+    ),
     ("input must be contiguous in its last dim", ValueError, lambda: (_x(8, 4).t(), _x(8))),
     ("weight must be contiguous", ValueError, lambda: (_x(4, 8), _x(16)[::2])),
     ("input must be a CUDA tensor, got device cpu", ValueError, lambda: (_x(4, 8), _x(8))),
@@ -55,8 +61,9 @@ RMSNORM_BAD_CALLS = [
 
 
 @pytest.mark.parametrize("api", [flashinfer.rmsnorm, flashinfer.gemma_rmsnorm])
-@pytest.mark.parametrize("message,error,make", RMSNORM_BAD_CALLS,
-                         ids=[c[0][:40] for c in RMSNORM_BAD_CALLS])
+@pytest.mark.parametrize(
+    "message,error,make", RMSNORM_BAD_CALLS, ids=[c[0][:40] for c in RMSNORM_BAD_CALLS]
+)
 def test_rmsnorm_bad_arguments_raise_before_launch(no_launch, api, message, error, make) -> None:
     x, w = make()
     with pytest.raises(error, match=_escape(message)):
@@ -78,15 +85,16 @@ def test_bad_out_raises_before_launch(no_launch, out, message, error) -> None:
 
 
 @pytest.mark.parametrize(
-    "eps,error", [(-1e-6, ValueError), (float("nan"), ValueError), ("1e-6", TypeError),
-                  (True, TypeError)]
+    "eps,error",
+    [(-1e-6, ValueError), (float("nan"), ValueError), ("1e-6", TypeError), (True, TypeError)],
 )
 def test_bad_eps(no_launch, eps, error) -> None:
     with pytest.raises(error, match="eps"):
         flashinfer.rmsnorm(_x(4, 8), _x(8), eps=eps)
     with pytest.raises(error, match="eps"):
-        flashinfer.layernorm(_x(4, 8), _x(8, dtype=torch.float32), _x(8, dtype=torch.float32),
-                             eps=eps)
+        flashinfer.layernorm(
+            _x(4, 8), _x(8, dtype=torch.float32), _x(8, dtype=torch.float32), eps=eps
+        )
     with pytest.raises(error, match="eps"):
         flashinfer.rmsnorm_quant(_fp8(4, 8), _x(4, 8), _x(8), 1.0, eps=eps)
 
@@ -95,14 +103,18 @@ def test_bad_eps(no_launch, eps, error) -> None:
 PDL_CALLS = {
     "rmsnorm": lambda pdl: flashinfer.rmsnorm(_x(4, 8), _x(8), enable_pdl=pdl),
     "gemma_rmsnorm": lambda pdl: flashinfer.gemma_rmsnorm(_x(4, 8), _x(8), enable_pdl=pdl),
-    "fused_add_rmsnorm": lambda pdl: flashinfer.fused_add_rmsnorm(_x(4, 8), _x(4, 8), _x(8),
-                                                                  enable_pdl=pdl),
+    "fused_add_rmsnorm": lambda pdl: flashinfer.fused_add_rmsnorm(
+        _x(4, 8), _x(4, 8), _x(8), enable_pdl=pdl
+    ),
     "gemma_fused_add_rmsnorm": lambda pdl: flashinfer.gemma_fused_add_rmsnorm(
-        _x(4, 8), _x(4, 8), _x(8), enable_pdl=pdl),
-    "rmsnorm_quant": lambda pdl: flashinfer.rmsnorm_quant(_fp8(4, 8), _x(4, 8), _x(8), 0.5,
-                                                          enable_pdl=pdl),
+        _x(4, 8), _x(4, 8), _x(8), enable_pdl=pdl
+    ),
+    "rmsnorm_quant": lambda pdl: flashinfer.rmsnorm_quant(
+        _fp8(4, 8), _x(4, 8), _x(8), 0.5, enable_pdl=pdl
+    ),
     "fused_add_rmsnorm_quant": lambda pdl: flashinfer.fused_add_rmsnorm_quant(
-        _fp8(4, 8), _x(4, 8), _x(4, 8), _x(8), torch.tensor([0.5]), enable_pdl=pdl),
+        _fp8(4, 8), _x(4, 8), _x(4, 8), _x(8), torch.tensor([0.5]), enable_pdl=pdl
+    ),
 }
 
 
@@ -122,9 +134,16 @@ def test_valid_enable_pdl_reaches_the_device_check(no_launch, api, enable_pdl) -
 
 FUSED_BAD_CALLS = [
     ("residual must be a torch.Tensor", TypeError, lambda x: (x, None, _x(8))),
-    (r"residual has shape \(4, 9\), input has \(4, 8\)", ValueError, lambda x: (x, _x(4, 9), _x(8))),
-    ("residual has dtype torch.bfloat16, but input has torch.float16", TypeError,
-     lambda x: (x, _x(4, 8, dtype=torch.bfloat16), _x(8))),
+    (
+        r"residual has shape \(4, 9\), input has \(4, 8\)",
+        ValueError,
+        lambda x: (x, _x(4, 9), _x(8)),
+    ),
+    (
+        "residual has dtype torch.bfloat16, but input has torch.float16",
+        TypeError,
+        lambda x: (x, _x(4, 8, dtype=torch.bfloat16), _x(8)),
+    ),
     ("residual must be contiguous in its last dim", ValueError, lambda x: (x, _x(8, 4).t(), _x(8))),
     ("weight has 4 elements", ValueError, lambda x: (x, _x(4, 8), _x(4))),
     ("input and residual must be different tensors", ValueError, lambda x: (x, x, _x(8))),
@@ -134,18 +153,21 @@ FUSED_BAD_CALLS = [
 
 
 @pytest.mark.parametrize("api", [flashinfer.fused_add_rmsnorm, flashinfer.gemma_fused_add_rmsnorm])
-@pytest.mark.parametrize("message,error,make", FUSED_BAD_CALLS,
-                         ids=[c[0][:40] for c in FUSED_BAD_CALLS])
+@pytest.mark.parametrize(
+    "message,error,make", FUSED_BAD_CALLS, ids=[c[0][:40] for c in FUSED_BAD_CALLS]
+)
 def test_fused_add_rmsnorm_bad_arguments(no_launch, api, message, error, make) -> None:
     args = make(_x(4, 8))
     with pytest.raises(error, match=message):
         api(*args)
 
 
-@pytest.mark.parametrize("message,error,make", FUSED_BAD_CALLS,
-                         ids=[c[0][:40] for c in FUSED_BAD_CALLS])
-def test_fused_add_rmsnorm_quant_checks_input_residual_and_weight(no_launch, message, error,
-                                                                  make) -> None:
+@pytest.mark.parametrize(
+    "message,error,make", FUSED_BAD_CALLS, ids=[c[0][:40] for c in FUSED_BAD_CALLS]
+)
+def test_fused_add_rmsnorm_quant_checks_input_residual_and_weight(
+    no_launch, message, error, make
+) -> None:
     x, residual, w = make(_x(4, 8))
     out = _fp8(*x.shape) if isinstance(x, torch.Tensor) else None
     with pytest.raises(error, match=message):
@@ -154,8 +176,11 @@ def test_fused_add_rmsnorm_quant_checks_input_residual_and_weight(no_launch, mes
 
 QUANT_OUT_BAD = [
     ("out has dtype torch.float16; supported: float8_e4m3fn", TypeError, lambda: _x(4, 8)),
-    ("out has dtype torch.float8_e5m2; supported: float8_e4m3fn", TypeError,
-     lambda: torch.zeros(4, 8, dtype=torch.float8_e5m2)),
+    (
+        "out has dtype torch.float8_e5m2; supported: float8_e4m3fn",
+        TypeError,
+        lambda: torch.zeros(4, 8, dtype=torch.float8_e5m2),
+    ),
     (r"out has shape \(4, 9\), input has \(4, 8\)", ValueError, lambda: _fp8(4, 9)),
     (r"out has shape \(2, 2, 8\), input has \(4, 8\)", ValueError, lambda: _fp8(2, 2, 8)),
     ("out must be contiguous in its last dim", ValueError, lambda: _fp8(8, 4).t()),
@@ -170,12 +195,21 @@ SCALE_BAD = [
     ("scale must be > 0.0, got -2.0", ValueError, -2),
     ("scale must be finite", ValueError, float("inf")),
     ("scale must be finite", ValueError, float("nan")),
-    (r"scale must be a scalar tensor or have shape \(1,\), got shape \(2,\)", ValueError,
-     torch.ones(2)),
-    (r"scale must be a scalar tensor or have shape \(1,\), got shape \(1, 1\)", ValueError,
-     torch.ones(1, 1)),
-    ("scale has dtype torch.int32; expected a floating dtype", TypeError,
-     torch.ones(1, dtype=torch.int32)),
+    (
+        r"scale must be a scalar tensor or have shape \(1,\), got shape \(2,\)",
+        ValueError,
+        torch.ones(2),
+    ),
+    (
+        r"scale must be a scalar tensor or have shape \(1,\), got shape \(1, 1\)",
+        ValueError,
+        torch.ones(1, 1),
+    ),
+    (
+        "scale has dtype torch.int32; expected a floating dtype",
+        TypeError,
+        torch.ones(1, dtype=torch.int32),
+    ),
 ]
 
 
@@ -187,10 +221,10 @@ def _quant_call(api: str, out, scale) -> None:  # noqa: ANN001
 
 
 @pytest.mark.parametrize("api", ["rmsnorm_quant", "fused_add_rmsnorm_quant"])
-@pytest.mark.parametrize("message,error,make", QUANT_OUT_BAD,
-                         ids=[c[0][:40] for c in QUANT_OUT_BAD])
-def test_quant_out_must_be_fp8_e4m3_shaped_like_input(no_launch, api, message, error,
-                                                      make) -> None:
+@pytest.mark.parametrize(
+    "message,error,make", QUANT_OUT_BAD, ids=[c[0][:40] for c in QUANT_OUT_BAD]
+)
+def test_quant_out_must_be_fp8_e4m3_shaped_like_input(no_launch, api, message, error, make) -> None:
     with pytest.raises(error, match=message):
         _quant_call(api, make(), 1.0)
 
@@ -203,9 +237,11 @@ def test_quant_scale_is_checked(no_launch, api, message, error, scale) -> None:
 
 
 @pytest.mark.parametrize("api", ["rmsnorm_quant", "fused_add_rmsnorm_quant"])
-@pytest.mark.parametrize("scale", [0.5, 2, torch.tensor(0.5), torch.tensor([0.5]),
-                                   torch.tensor([0.5], dtype=torch.bfloat16)],
-                         ids=["float", "int", "0-d", "1-elem", "bf16"])
+@pytest.mark.parametrize(
+    "scale",
+    [0.5, 2, torch.tensor(0.5), torch.tensor([0.5]), torch.tensor([0.5], dtype=torch.bfloat16)],
+    ids=["float", "int", "0-d", "1-elem", "bf16"],
+)
 def test_quant_accepts_the_reference_scale_forms(no_launch, api, scale) -> None:
     with pytest.raises(ValueError, match="input must be a CUDA tensor"):
         _quant_call(api, _fp8(4, 8), scale)
@@ -227,19 +263,29 @@ LAYERNORM_BAD_CALLS = [
     ("input must be 2-D", ValueError, lambda: (_x(8), _f32(8), _f32(8))),
     ("gemma has 7 elements", ValueError, lambda: (_x(4, 8), _f32(7), _f32(8))),
     ("beta must be 1-D", ValueError, lambda: (_x(4, 8), _f32(8), _x(2, 8, dtype=torch.float32))),
-    ("gemma has dtype torch.float16; supported: float32", TypeError,
-     lambda: (_x(4, 8), _x(8), _f32(8))),
-    ("beta has dtype torch.bfloat16; supported: float32", TypeError,
-     lambda: (_x(4, 8), _f32(8), _x(8, dtype=torch.bfloat16))),
+    (
+        "gemma has dtype torch.float16; supported: float32",
+        TypeError,
+        lambda: (_x(4, 8), _x(8), _f32(8)),
+    ),
+    (
+        "beta has dtype torch.bfloat16; supported: float32",
+        TypeError,
+        lambda: (_x(4, 8), _f32(8), _x(8, dtype=torch.bfloat16)),
+    ),
     ("gemma must be contiguous", ValueError, lambda: (_x(4, 8), _f32(16)[::2], _f32(8))),
-    ("input has dtype torch.int32", TypeError,
-     lambda: (torch.ones(4, 8, dtype=torch.int32), _f32(8), _f32(8))),
+    (
+        "input has dtype torch.int32",
+        TypeError,
+        lambda: (torch.ones(4, 8, dtype=torch.int32), _f32(8), _f32(8)),
+    ),
     ("input must be a CUDA tensor", ValueError, lambda: (_x(4, 8), _f32(8), _f32(8))),
 ]
 
 
-@pytest.mark.parametrize("message,error,make", LAYERNORM_BAD_CALLS,
-                         ids=[c[0][:40] for c in LAYERNORM_BAD_CALLS])
+@pytest.mark.parametrize(
+    "message,error,make", LAYERNORM_BAD_CALLS, ids=[c[0][:40] for c in LAYERNORM_BAD_CALLS]
+)
 def test_layernorm_bad_arguments(no_launch, message, error, make) -> None:
     with pytest.raises(error, match=message):
         flashinfer.layernorm(*make())
@@ -284,12 +330,15 @@ def build_with_ptxas_report(spec, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN
 
 
 def test_quant_module_compiles_without_spills_and_rechecks_arguments(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     module = build_with_ptxas_report(gen_norm_quant_module(torch.float16), monkeypatch)
     assert module.dtype() == "float16"
     x, w, out = _x(2, 8), _x(8), _fp8(2, 8)
-    for args in ((out, x, w, None, 0.5, 1e-6, True), (out, x, w, torch.tensor([0.5]), 1.0, 1e-6,
-                                                       False)):
+    for args in (
+        (out, x, w, None, 0.5, 1e-6, True),
+        (out, x, w, torch.tensor([0.5]), 1.0, 1e-6, False),
+    ):
         with pytest.raises(ValueError, match="input must be a CUDA tensor"):
             module.rmsnorm_quant(*args)
     with pytest.raises(ValueError, match="input must be a CUDA tensor"):
@@ -326,8 +375,9 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 HIDDEN = [1, 7, 64, 128, 1000, 4096, 4097, 5120, 8192, 16384]
 
 
-def _inputs(batch: int, hidden: int, dtype: torch.dtype, seed: int
-            ) -> tuple[torch.Tensor, torch.Tensor]:
+def _inputs(
+    batch: int, hidden: int, dtype: torch.dtype, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     torch.manual_seed(seed)
     x = torch.randn(batch, hidden, dtype=dtype, device="cuda") * 3 + 0.5
     w = torch.rand(hidden, dtype=dtype, device="cuda") + 0.5
@@ -339,8 +389,9 @@ def _inputs(batch: int, hidden: int, dtype: torch.dtype, seed: int
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", HIDDEN)
 @pytest.mark.parametrize("batch", [1, 3, 19, 128])
-def test_rmsnorm_matches_reference(gemma: bool, dtype: torch.dtype, hidden: int,
-                                   batch: int) -> None:
+def test_rmsnorm_matches_reference(
+    gemma: bool, dtype: torch.dtype, hidden: int, batch: int
+) -> None:
     x, w = _inputs(batch, hidden, dtype, hidden * 1000 + batch)
     out = torch.full_like(x, float("nan"))
     api = flashinfer.gemma_rmsnorm if gemma else flashinfer.rmsnorm
@@ -356,18 +407,19 @@ def test_rmsnorm_per_head_on_a_strided_3d_slice(dtype: torch.dtype) -> None:
     tokens, heads, kv_heads, head_dim = 37, 8, 2, 128
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, dtype=dtype, device="cuda")
     q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
-    k = qkv[:, heads * head_dim:(heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
     w = torch.rand(head_dim, dtype=dtype, device="cuda") + 0.5
     for t in (q, k):
         expected = reference.rmsnorm(t, w, 1e-6)
-        torch.testing.assert_close(flashinfer.rmsnorm(t, w).double(), expected,
-                                   **TOLERANCE[dtype])
+        torch.testing.assert_close(flashinfer.rmsnorm(t, w).double(), expected, **TOLERANCE[dtype])
     before = qkv.clone()
     flashinfer.rmsnorm(q, w, out=q)  # in place on the slice: k and v stay untouched
-    torch.testing.assert_close(q.double(), reference.rmsnorm(before[:, : heads * head_dim]
-                                                             .view(tokens, heads, head_dim),
-                                                             w, 1e-6), **TOLERANCE[dtype])
-    assert torch.equal(qkv[:, heads * head_dim:], before[:, heads * head_dim:])
+    torch.testing.assert_close(
+        q.double(),
+        reference.rmsnorm(before[:, : heads * head_dim].view(tokens, heads, head_dim), w, 1e-6),
+        **TOLERANCE[dtype],
+    )
+    assert torch.equal(qkv[:, heads * head_dim :], before[:, heads * head_dim :])
 
 
 @pytest.mark.gpu
@@ -378,12 +430,12 @@ def test_rmsnorm_strided_and_misaligned_rows(dtype: torch.dtype) -> None:
     for x in (wide[:, :4096], wide[:, 1:4097], wide[:, 3:4099]):  # vectorized, then scalar
         out = torch.full((33, 4096), float("nan"), dtype=dtype, device="cuda")
         flashinfer.rmsnorm(x, w, out=out)
-        torch.testing.assert_close(out.double(), reference.rmsnorm(x, w, 1e-6),
-                                   **TOLERANCE[dtype])
+        torch.testing.assert_close(out.double(), reference.rmsnorm(x, w, 1e-6), **TOLERANCE[dtype])
     strided_out = torch.full_like(wide, float("nan"))[:, 8:4104]
     flashinfer.rmsnorm(wide[:, :4096], w, out=strided_out)
-    torch.testing.assert_close(strided_out.double(), reference.rmsnorm(wide[:, :4096], w, 1e-6),
-                               **TOLERANCE[dtype])
+    torch.testing.assert_close(
+        strided_out.double(), reference.rmsnorm(wide[:, :4096], w, 1e-6), **TOLERANCE[dtype]
+    )
 
 
 @pytest.mark.gpu
@@ -425,8 +477,9 @@ def test_rmsnorm_launches_on_the_current_stream_under_graph_capture() -> None:
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(out.double(), reference.rmsnorm(x, w, 1e-6),
-                               **TOLERANCE[torch.float16])
+    torch.testing.assert_close(
+        out.double(), reference.rmsnorm(x, w, 1e-6), **TOLERANCE[torch.float16]
+    )
 
 
 @pytest.mark.gpu
@@ -434,12 +487,14 @@ def test_rmsnorm_launches_on_the_current_stream_under_graph_capture() -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", [1, 7, 128, 4096, 4097, 8192])
 @pytest.mark.parametrize("batch", [1, 19, 128])
-def test_fused_add_rmsnorm_matches_reference(gemma: bool, dtype: torch.dtype, hidden: int,
-                                             batch: int) -> None:
+def test_fused_add_rmsnorm_matches_reference(
+    gemma: bool, dtype: torch.dtype, hidden: int, batch: int
+) -> None:
     x, w = _inputs(batch, hidden, dtype, hidden + batch)
     residual = torch.randn_like(x)
     expected, expected_residual = reference.fused_add_rmsnorm(
-        x, residual, w, 1e-6, weight_offset=1.0 if gemma else 0.0)
+        x, residual, w, 1e-6, weight_offset=1.0 if gemma else 0.0
+    )
     api = flashinfer.gemma_fused_add_rmsnorm if gemma else flashinfer.fused_add_rmsnorm
     assert api(x, residual, w, 1e-6) is None
     torch.testing.assert_close(residual, expected_residual, atol=0, rtol=0)
@@ -503,8 +558,7 @@ def test_layernorm_matches_reference(dtype: torch.dtype, hidden: int, batch: int
     out = flashinfer.layernorm(x, gemma=gemma, beta=beta, eps=1e-5)
     # float32: the mean's reduction error over 8k elements is ~1e-6 relative to |x| ~ 5
     tolerance = dict(atol=5e-5, rtol=5e-5) if dtype == torch.float32 else TOLERANCE[dtype]
-    torch.testing.assert_close(out.double(), reference.layernorm(x, gemma, beta, 1e-5),
-                               **tolerance)
+    torch.testing.assert_close(out.double(), reference.layernorm(x, gemma, beta, 1e-5), **tolerance)
 
 
 # -- fp8 quantized norms (GPU) --------------------------------------------------------------
@@ -523,8 +577,7 @@ def _fp8_ordinal(t: torch.Tensor) -> torch.Tensor:
     return torch.where(bits >= 0x80, -magnitude, magnitude)
 
 
-def assert_fp8_close(out: torch.Tensor, expected: torch.Tensor,
-                     unquantized: torch.Tensor) -> None:
+def assert_fp8_close(out: torch.Tensor, expected: torch.Tensor, unquantized: torch.Tensor) -> None:
     """``out`` equals torch's e4m3 cast of the float64 reference, or is its fp8 neighbour.
 
     Why one fp8 ulp: the kernel computes in float32 (reduction, rsqrt, products: ~1e-6
@@ -549,8 +602,9 @@ QUANT_SCALES = [0.02, 1.0, 0.0005]  # mostly normal values, unit, mostly saturat
 @pytest.mark.parametrize("hidden", [1, 7, 128, 4096, 4097, 8192])
 @pytest.mark.parametrize("batch", [1, 19, 128])
 @pytest.mark.parametrize("scale", QUANT_SCALES)
-def test_rmsnorm_quant_matches_reference(dtype: torch.dtype, hidden: int, batch: int,
-                                         scale: float) -> None:
+def test_rmsnorm_quant_matches_reference(
+    dtype: torch.dtype, hidden: int, batch: int, scale: float
+) -> None:
     x, w = _inputs(batch, hidden, dtype, hidden * 3 + batch)
     out = _poisoned_fp8(batch, hidden)
     assert flashinfer.rmsnorm_quant(out, x, w, scale, 1e-6) is None
@@ -565,10 +619,12 @@ def test_rmsnorm_quant_scale_tensor_forms(form: str) -> None:
     """A tensor scale is read on the device; other devices and dtypes are converted first,
     as the reference library does."""
     x, w = _inputs(64, 2048, torch.bfloat16, 5)
-    scale = {"0-d": torch.tensor(0.03, device="cuda"),
-             "1-elem": torch.tensor([0.03], device="cuda"),
-             "cpu": torch.tensor([0.03]),
-             "float64": torch.tensor([0.03], dtype=torch.float64, device="cuda")}[form]
+    scale = {
+        "0-d": torch.tensor(0.03, device="cuda"),
+        "1-elem": torch.tensor([0.03], device="cuda"),
+        "cpu": torch.tensor([0.03]),
+        "float64": torch.tensor([0.03], dtype=torch.float64, device="cuda"),
+    }[form]
     out = _poisoned_fp8(64, 2048)
     flashinfer.rmsnorm_quant(out, x, w, scale)
     y = reference.rmsnorm(x, w, 1e-6)
@@ -583,12 +639,12 @@ def test_rmsnorm_quant_per_head_3d_and_strided_output() -> None:
     q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
     w = torch.rand(head_dim, dtype=torch.float16, device="cuda") + 0.5
     buffer = _poisoned_fp8(tokens, heads, head_dim + 32)
-    out = buffer[:, :, 16:16 + head_dim]
+    out = buffer[:, :, 16 : 16 + head_dim]
     flashinfer.rmsnorm_quant(out, q, w, 0.015625)  # 2^-6: exact in float32
     y = reference.rmsnorm(q, w, 1e-6)
     assert_fp8_close(out, reference.fp8_e4m3_quantize(y, 0.015625), y / 0.015625)
     raw = buffer.view(torch.uint8)
-    assert bool((raw[:, :, :16] == 0x7F).all()) and bool((raw[:, :, 16 + head_dim:] == 0x7F).all())
+    assert bool((raw[:, :, :16] == 0x7F).all()) and bool((raw[:, :, 16 + head_dim :] == 0x7F).all())
 
 
 @pytest.mark.gpu
@@ -596,8 +652,9 @@ def test_rmsnorm_quant_per_head_3d_and_strided_output() -> None:
 @pytest.mark.parametrize("hidden", [1, 7, 128, 4096, 4097, 8192])
 @pytest.mark.parametrize("batch", [1, 19, 128])
 @pytest.mark.parametrize("tensor_scale", [False, True])
-def test_fused_add_rmsnorm_quant_matches_reference(dtype: torch.dtype, hidden: int, batch: int,
-                                                   tensor_scale: bool) -> None:
+def test_fused_add_rmsnorm_quant_matches_reference(
+    dtype: torch.dtype, hidden: int, batch: int, tensor_scale: bool
+) -> None:
     x, w = _inputs(batch, hidden, dtype, hidden * 5 + batch)
     residual = torch.randn_like(x)
     x_before = x.clone()
@@ -614,8 +671,14 @@ def test_fused_add_rmsnorm_quant_matches_reference(dtype: torch.dtype, hidden: i
 # -- programmatic dependent launch (GPU) ----------------------------------------------------
 
 
-def _norm_chain(src: torch.Tensor, residual0: torch.Tensor, w: torch.Tensor,
-                gemma: torch.Tensor, beta: torch.Tensor, enable_pdl: bool) -> list[torch.Tensor]:
+def _norm_chain(
+    src: torch.Tensor,
+    residual0: torch.Tensor,
+    w: torch.Tensor,
+    gemma: torch.Tensor,
+    beta: torch.Tensor,
+    enable_pdl: bool,
+) -> list[torch.Tensor]:
     """Each step reads what the kernel just before it wrote, on one stream: with PDL a
     kernel that touched memory before its griddepcontrol.wait would read stale data."""
     x = torch.mul(src, 1.5)  # a torch kernel writes the first norm's input right before it

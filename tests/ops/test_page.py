@@ -18,16 +18,19 @@ def _i32(values: list[int], device: str = "cpu") -> torch.Tensor:
 
 # -- index helpers (CPU) ---------------------------------------------------------------------
 
+
 def test_batch_indices_and_positions() -> None:
     # request 0 appends 3 tokens reaching length 10; request 1 appends 1 reaching 1; 2 appends 2
-    batch, positions = flashinfer.get_batch_indices_positions(_i32([0, 3, 4, 6]),
-                                                              _i32([10, 1, 7]), 6)
+    batch, positions = flashinfer.get_batch_indices_positions(
+        _i32([0, 3, 4, 6]), _i32([10, 1, 7]), 6
+    )
     assert batch.tolist() == [0, 0, 0, 1, 2, 2]
     assert positions.tolist() == [7, 8, 9, 0, 5, 6]
     assert batch.dtype == positions.dtype == torch.int32
     # int64 inputs (the reference's own example passes int64 seq_lens); empty requests
     batch, positions = flashinfer.get_batch_indices_positions(
-        torch.tensor([0, 1, 1, 3]), torch.tensor([5, 2, 5]), 3)
+        torch.tensor([0, 1, 1, 3]), torch.tensor([5, 2, 5]), 3
+    )
     assert batch.tolist() == [0, 2, 2] and positions.tolist() == [4, 3, 4]
     batch, positions = flashinfer.get_batch_indices_positions(_i32([0, 0]), _i32([4]), 0)
     assert batch.shape == positions.shape == (0,)
@@ -39,8 +42,12 @@ BATCH_BAD = [
     ("nnz must be an int", TypeError, ([0, 1], [1], 1.0)),
     ("append_indptr needs batch_size \\+ 1 elements", ValueError, ([], [], 0)),
     (r"append_indptr must start at 0, got append_indptr\[0\] = 1", ValueError, ([1, 2], [3], 1)),
-    (r"append_indptr must be non-decreasing, but append_indptr\[2\] = 2 < append_indptr\[1\] = 5",
-     ValueError, ([0, 5, 2], [5, 2], 2)),
+    (
+        r"append_indptr must be non-decreasing, but append_indptr\[2\] = 2 "
+        r"< append_indptr\[1\] = 5",
+        ValueError,
+        ([0, 5, 2], [5, 2], 2),
+    ),
     (r"append_indptr\[-1\] must be at most nnz = 4, got 5", ValueError, ([0, 1, 5], [1, 4], 4)),
 ]
 
@@ -60,19 +67,24 @@ def test_tokens_past_the_last_request_are_padding() -> None:
 def test_output_buffers_are_filled_and_returned() -> None:
     batch_out, positions_out = _i32([9] * 5), _i32([7] * 5)
     batch, positions = flashinfer.get_batch_indices_positions(
-        _i32([0, 1, 3]), _i32([2, 5]), 5, batch_indices=batch_out, positions=positions_out)
+        _i32([0, 1, 3]), _i32([2, 5]), 5, batch_indices=batch_out, positions=positions_out
+    )
     assert batch is batch_out and positions is positions_out
     # as in the reference: padding tokens get batch index -1 and keep their position
     assert batch.tolist() == [0, 1, 1, -1, -1] and positions.tolist() == [1, 3, 4, 7, 7]
-    batch, positions = flashinfer.get_batch_indices_positions(_i32([0, 2]), _i32([4]), 2,
-                                                              positions=positions_out[:2])
+    batch, positions = flashinfer.get_batch_indices_positions(
+        _i32([0, 2]), _i32([4]), 2, positions=positions_out[:2]
+    )
     assert batch.tolist() == [0, 0] and positions_out.tolist() == [2, 3, 4, 7, 7]
 
 
 OUTPUT_BAD = [
     ("batch_indices has 4 elements, expected 5", ValueError, dict(batch_indices=_i32([0] * 4))),
-    ("positions has dtype torch.int64", TypeError,
-     dict(positions=torch.zeros(5, dtype=torch.long))),
+    (
+        "positions has dtype torch.int64",
+        TypeError,
+        dict(positions=torch.zeros(5, dtype=torch.long)),
+    ),
     ("batch_indices must be a torch.Tensor", TypeError, dict(batch_indices=[0] * 5)),
     ("positions is on meta", ValueError, dict(positions=_i32([0] * 5).to("meta"))),
     ("positions must be contiguous", ValueError, dict(positions=_i32([0] * 10)[::2])),
@@ -109,8 +121,14 @@ def test_get_seq_lens() -> None:
 def test_token_mapping_is_memory_safe_for_any_indptr() -> None:
     """The mapping a CUDA indptr gets (it is not validated on the host): tokens no request
     owns are marked, and every index stays within the batch."""
-    cases = [([0, 5, 2], 4), ([3, 1], 5), ([0], 3), ([0, 0, 0], 4), ([-7, 2, 9], 12),
-             ([0, 2, 2, 5], 5)]
+    cases = [
+        ([0, 5, 2], 4),
+        ([3, 1], 5),
+        ([0], 3),
+        ([0, 0, 0], 4),
+        ([-7, 2, 9], 12),
+        ([0, 2, 2, 5], 5),
+    ]
     for indptr, nnz in cases:
         tokens = ragged.token_requests(torch.tensor(indptr, dtype=torch.int32), nnz)
         batch_size = len(indptr) - 1
@@ -148,6 +166,7 @@ def test_decreasing_append_indptr_no_longer_corrupts_the_heap() -> None:
 
 # -- append_paged_kv_cache: argument forms and checks (CPU) -----------------------------------
 
+
 @pytest.fixture
 def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(dtype):  # noqa: ANN001, ANN202
@@ -159,8 +178,12 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
 NNZ, HEADS, DIM, PAGES, PAGE_SIZE = 3, 2, 16, 4, 8
 
 
-def _cache(layout: str = "NHD", page_size: int = PAGE_SIZE, dtype: torch.dtype = torch.float16,
-           pages: int = PAGES) -> torch.Tensor:
+def _cache(
+    layout: str = "NHD",
+    page_size: int = PAGE_SIZE,
+    dtype: torch.dtype = torch.float16,
+    pages: int = PAGES,
+) -> torch.Tensor:
     page = (page_size, HEADS, DIM) if layout == "NHD" else (HEADS, page_size, DIM)
     return torch.zeros(pages, 2, *page, dtype=dtype)
 
@@ -169,9 +192,12 @@ def _args(**overrides):  # noqa: ANN202
     args = dict(
         append_key=torch.randn(NNZ, HEADS, DIM, dtype=torch.float16),
         append_value=torch.randn(NNZ, HEADS, DIM, dtype=torch.float16),
-        batch_indices=_i32([0, 0, 1]), positions=_i32([0, 1, 0]),
+        batch_indices=_i32([0, 0, 1]),
+        positions=_i32([0, 1, 0]),
         paged_kv_cache=_cache(),
-        kv_indices=_i32([0, 1]), kv_indptr=_i32([0, 1, 2]), kv_last_page_len=_i32([2, 1]),
+        kv_indices=_i32([0, 1]),
+        kv_indptr=_i32([0, 1, 2]),
+        kv_last_page_len=_i32([2, 1]),
         kv_layout="NHD",
     )
     args.update(overrides)
@@ -183,9 +209,14 @@ def _cache_forms(layout: str) -> list:
     five = _cache(layout)
     one = _cache(layout, page_size=1)
     slot = 2 if layout == "NHD" else 3
-    return [five, (five[:, 0], five[:, 1]), (five[:, 0].clone(), five[:, 1].clone()),
-            [five[:, 0], five[:, 1]], one.squeeze(slot), (one[:, 0].squeeze(slot - 1),
-                                                         one[:, 1].squeeze(slot - 1))]
+    return [
+        five,
+        (five[:, 0], five[:, 1]),
+        (five[:, 0].clone(), five[:, 1].clone()),
+        [five[:, 0], five[:, 1]],
+        one.squeeze(slot),
+        (one[:, 0].squeeze(slot - 1), one[:, 1].squeeze(slot - 1)),
+    ]
 
 
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
@@ -196,9 +227,13 @@ def test_every_cache_form_gets_to_the_device_check(no_launch, layout: str) -> No
 
 
 def test_int64_indices_are_accepted(no_launch) -> None:
-    long = dict(batch_indices=torch.tensor([0, 0, 1]), positions=torch.tensor([0, 1, 0]),
-                kv_indices=torch.tensor([0, 1]), kv_indptr=torch.tensor([0, 1, 2]),
-                kv_last_page_len=torch.tensor([2, 1]))
+    long = dict(
+        batch_indices=torch.tensor([0, 0, 1]),
+        positions=torch.tensor([0, 1, 0]),
+        kv_indices=torch.tensor([0, 1]),
+        kv_indptr=torch.tensor([0, 1, 2]),
+        kv_last_page_len=torch.tensor([2, 1]),
+    )
     with pytest.raises(ValueError, match="append_key must be a CUDA tensor"):
         flashinfer.append_paged_kv_cache(**_args(**long))
 
@@ -214,40 +249,82 @@ def test_the_cache_is_unpacked_without_a_copy() -> None:
 
 BAD = [
     ("append_key must be 3-D", ValueError, dict(append_key=torch.zeros(3, 32))),
-    ("append_value has shape", ValueError,
-     dict(append_value=torch.zeros(3, 2, 8, dtype=torch.float16))),
+    (
+        "append_value has shape",
+        ValueError,
+        dict(append_value=torch.zeros(3, 2, 8, dtype=torch.float16)),
+    ),
     ("kv_layout must be 'NHD' or 'HND'", ValueError, dict(kv_layout="NDH")),
     (r"paged_kv_cache holds 8 heads of dim 16 \(HND\)", ValueError, dict(kv_layout="HND")),
-    ("paged_kv_cache has dtype torch.bfloat16", TypeError,
-     dict(paged_kv_cache=_cache(dtype=torch.bfloat16))),
-    (r"paged_kv_cache\[1\] has dtype torch.bfloat16", TypeError,
-     dict(paged_kv_cache=(_cache()[:, 0], _cache(dtype=torch.bfloat16)[:, 1]))),
-    (r"paged_kv_cache must be 5-D .*got 3-D", ValueError,
-     dict(paged_kv_cache=torch.zeros(4, 2, 16, dtype=torch.float16))),
-    ("paged_kv_cache must hold keys and values in dim 1", ValueError,
-     dict(paged_kv_cache=torch.zeros(4, 3, 8, 2, 16, dtype=torch.float16))),
-    (r"paged_kv_cache must be a \(k_cache, v_cache\) pair, got 3 items", ValueError,
-     dict(paged_kv_cache=(_cache()[:, 0],) * 3)),
-    (r"paged_kv_cache\[0\] must be a torch.Tensor", TypeError,
-     dict(paged_kv_cache=(None, _cache()[:, 1]))),
-    (r"paged_kv_cache\[1\] must be 4-D", ValueError,
-     dict(paged_kv_cache=(_cache()[:, 0], _cache()))),
+    (
+        "paged_kv_cache has dtype torch.bfloat16",
+        TypeError,
+        dict(paged_kv_cache=_cache(dtype=torch.bfloat16)),
+    ),
+    (
+        r"paged_kv_cache\[1\] has dtype torch.bfloat16",
+        TypeError,
+        dict(paged_kv_cache=(_cache()[:, 0], _cache(dtype=torch.bfloat16)[:, 1])),
+    ),
+    (
+        r"paged_kv_cache must be 5-D .*got 3-D",
+        ValueError,
+        dict(paged_kv_cache=torch.zeros(4, 2, 16, dtype=torch.float16)),
+    ),
+    (
+        "paged_kv_cache must hold keys and values in dim 1",
+        ValueError,
+        dict(paged_kv_cache=torch.zeros(4, 3, 8, 2, 16, dtype=torch.float16)),
+    ),
+    (
+        r"paged_kv_cache must be a \(k_cache, v_cache\) pair, got 3 items",
+        ValueError,
+        dict(paged_kv_cache=(_cache()[:, 0],) * 3),
+    ),
+    (
+        r"paged_kv_cache\[0\] must be a torch.Tensor",
+        TypeError,
+        dict(paged_kv_cache=(None, _cache()[:, 1])),
+    ),
+    (
+        r"paged_kv_cache\[1\] must be 4-D",
+        ValueError,
+        dict(paged_kv_cache=(_cache()[:, 0], _cache())),
+    ),
     ("paged_kv_cache must be a torch.Tensor or a", TypeError, dict(paged_kv_cache={"k": 1})),
-    ("key and value caches of paged_kv_cache differ in shape", ValueError,
-     dict(paged_kv_cache=(_cache()[:, 0], _cache(pages=5)[:, 1]))),
-    (r"paged_kv_cache must be contiguous in its last dim", ValueError,
-     dict(paged_kv_cache=_cache().transpose(-1, -2).contiguous().transpose(-1, -2))),
+    (
+        "key and value caches of paged_kv_cache differ in shape",
+        ValueError,
+        dict(paged_kv_cache=(_cache()[:, 0], _cache(pages=5)[:, 1])),
+    ),
+    (
+        r"paged_kv_cache must be contiguous in its last dim",
+        ValueError,
+        dict(paged_kv_cache=_cache().transpose(-1, -2).contiguous().transpose(-1, -2)),
+    ),
     ("positions has 2 elements, expected 3", ValueError, dict(positions=_i32([0, 1]))),
     ("kv_indices has dtype torch.float32", TypeError, dict(kv_indices=torch.zeros(2))),
-    ("kv_last_page_len has 3 elements, expected 2", ValueError,
-     dict(kv_last_page_len=_i32([1, 1, 1]))),
-    ("kv_indptr needs batch_size \\+ 1 elements", ValueError,
-     dict(kv_indptr=_i32([]), kv_last_page_len=_i32([]))),
-    (r"kv_indptr must be non-decreasing, but kv_indptr\[2\] = 1 < kv_indptr\[1\] = 2",
-     ValueError, dict(kv_indptr=_i32([0, 2, 1]))),
+    (
+        "kv_last_page_len has 3 elements, expected 2",
+        ValueError,
+        dict(kv_last_page_len=_i32([1, 1, 1])),
+    ),
+    (
+        "kv_indptr needs batch_size \\+ 1 elements",
+        ValueError,
+        dict(kv_indptr=_i32([]), kv_last_page_len=_i32([])),
+    ),
+    (
+        r"kv_indptr must be non-decreasing, but kv_indptr\[2\] = 1 < kv_indptr\[1\] = 2",
+        ValueError,
+        dict(kv_indptr=_i32([0, 2, 1])),
+    ),
     (r"kv_indptr must start at 0", ValueError, dict(kv_indptr=_i32([1, 1, 2]))),
-    (r"kv_indptr\[-1\] must be at most len\(kv_indices\) = 2, got 3", ValueError,
-     dict(kv_indptr=_i32([0, 1, 3]))),
+    (
+        r"kv_indptr\[-1\] must be at most len\(kv_indices\) = 2, got 3",
+        ValueError,
+        dict(kv_indptr=_i32([0, 1, 3])),
+    ),
     ("append_key must be a CUDA tensor", ValueError, dict()),
 ]
 
@@ -261,9 +338,18 @@ def test_bad_arguments_raise_before_launch(no_launch, message, error, overrides)
 def test_the_binding_checks_too() -> None:
     module = page_api.get_page_module(torch.float16)
     a = _args()
-    call = [a["append_key"], a["append_value"], a["batch_indices"], a["positions"],
-            a["paged_kv_cache"][:, 0], a["paged_kv_cache"][:, 1], a["kv_indices"],
-            a["kv_indptr"], a["kv_last_page_len"], False]
+    call = [
+        a["append_key"],
+        a["append_value"],
+        a["batch_indices"],
+        a["positions"],
+        a["paged_kv_cache"][:, 0],
+        a["paged_kv_cache"][:, 1],
+        a["kv_indices"],
+        a["kv_indptr"],
+        a["kv_last_page_len"],
+        False,
+    ]
     with pytest.raises(ValueError, match="append_key must be a CUDA tensor"):
         module.append_paged_kv_cache(*call)
     call[9] = True
@@ -276,8 +362,9 @@ def test_the_binding_checks_too() -> None:
 SENTINEL = 1234.0
 
 
-def _gpu_cache(form: str, layout: str, num_pages: int, page_size: int, heads: int, dim: int,
-               dtype: torch.dtype):  # noqa: ANN202
+def _gpu_cache(
+    form: str, layout: str, num_pages: int, page_size: int, heads: int, dim: int, dtype: torch.dtype
+):  # noqa: ANN202
     """(the paged_kv_cache argument in ``form``, 4-D key view, 4-D value view); keys poisoned
     with SENTINEL and values with -SENTINEL. The views alias the argument's memory."""
     page = (page_size, heads, dim) if layout == "NHD" else (heads, page_size, dim)
@@ -292,8 +379,15 @@ def _gpu_cache(form: str, layout: str, num_pages: int, page_size: int, heads: in
     return ((k.squeeze(slot), v.squeeze(slot)) if form == "tuple_squeezed" else (k, v)), k, v
 
 
-def _paged_setup(form: str, layout: str, dtype: torch.dtype, page_size: int, seed: int,
-                 dim: int = 128, index_dtype: torch.dtype = torch.int32):  # noqa: ANN202
+def _paged_setup(
+    form: str,
+    layout: str,
+    dtype: torch.dtype,
+    page_size: int,
+    seed: int,
+    dim: int = 128,
+    index_dtype: torch.dtype = torch.int32,
+):  # noqa: ANN202
     """Three requests with existing lengths, a shuffled page table with spare pages, and the
     appended tokens' indices from get_batch_indices_positions/get_seq_lens."""
     torch.manual_seed(seed)
@@ -309,16 +403,27 @@ def _paged_setup(form: str, layout: str, dtype: torch.dtype, page_size: int, see
     nnz = sum(add_lens)
     key = torch.randn(nnz, heads, dim, dtype=dtype, device="cuda")
     value = torch.randn(nnz, heads, dim, dtype=dtype, device="cuda")
-    append_indptr = torch.tensor([0, *torch.tensor(add_lens).cumsum(0).tolist()],
-                                 dtype=index_dtype, device="cuda")
+    append_indptr = torch.tensor(
+        [0, *torch.tensor(add_lens).cumsum(0).tolist()], dtype=index_dtype, device="cuda"
+    )
     to_gpu = dict(dtype=index_dtype, device="cuda")
     seq_lens = flashinfer.get_seq_lens(kv_indptr.to(**to_gpu), last.to(**to_gpu), page_size)
     assert seq_lens.tolist() == new_lens
     batch, positions = flashinfer.get_batch_indices_positions(append_indptr, seq_lens, nnz)
-    return dict(key=key, value=value, batch=batch.to(index_dtype),
-                positions=positions.to(index_dtype), cache=arg, k_view=k_view, v_view=v_view,
-                kv_indices=page_ids.to(**to_gpu), kv_indptr=kv_indptr.to(**to_gpu),
-                last=last.to(**to_gpu), page_size=page_size, old_lens=old_lens)
+    return dict(
+        key=key,
+        value=value,
+        batch=batch.to(index_dtype),
+        positions=positions.to(index_dtype),
+        cache=arg,
+        k_view=k_view,
+        v_view=v_view,
+        kv_indices=page_ids.to(**to_gpu),
+        kv_indptr=kv_indptr.to(**to_gpu),
+        last=last.to(**to_gpu),
+        page_size=page_size,
+        old_lens=old_lens,
+    )
 
 
 def _slot(cache: torch.Tensor, layout: str, page: int, slot: int) -> torch.Tensor:
@@ -326,12 +431,24 @@ def _slot(cache: torch.Tensor, layout: str, page: int, slot: int) -> torch.Tenso
 
 
 def _append(s: dict, layout: str, **overrides) -> None:  # noqa: ANN003
-    args = dict(batch_indices=s["batch"], positions=s["positions"], kv_indices=s["kv_indices"],
-                kv_indptr=s["kv_indptr"])
+    args = dict(
+        batch_indices=s["batch"],
+        positions=s["positions"],
+        kv_indices=s["kv_indices"],
+        kv_indptr=s["kv_indptr"],
+    )
     args.update(overrides)
-    flashinfer.append_paged_kv_cache(s["key"], s["value"], args["batch_indices"],
-                                     args["positions"], s["cache"], args["kv_indices"],
-                                     args["kv_indptr"], s["last"], kv_layout=layout)
+    flashinfer.append_paged_kv_cache(
+        s["key"],
+        s["value"],
+        args["batch_indices"],
+        args["positions"],
+        s["cache"],
+        args["kv_indices"],
+        args["kv_indptr"],
+        s["last"],
+        kv_layout=layout,
+    )
     torch.cuda.synchronize()
 
 
@@ -423,7 +540,8 @@ def test_bad_cuda_append_indptr_is_harmless() -> None:
     position 0."""
     indptr, seq_lens, nnz = [0, 5, 2, 3], [5, 6, 7], 6
     batch, positions = flashinfer.get_batch_indices_positions(
-        _i32(indptr, "cuda"), _i32(seq_lens, "cuda"), nnz)
+        _i32(indptr, "cuda"), _i32(seq_lens, "cuda"), nnz
+    )
     batch, positions = batch.tolist(), positions.tolist()
     assert batch[5] == -1 and positions[5] == 0  # token 5 lies in no request's range
     for t, (b, p) in enumerate(zip(batch, positions)):

@@ -23,13 +23,51 @@ from flashinfer.quantization import packbits, segment_packbits
 LOG2E = 1.4426950408889634
 MAX_CTAS = 64
 
-BATCH_ARGS = ("q", "k", "v", "qo_indptr", "kv_indptr", "kv_indices", "kv_last_page_len",
-              "custom_mask", "mask_indptr", "plan", "tmp_v", "tmp_lse", "out", "lse", "hnd",
-              "work_capacity", "merge_capacity", "tmp_capacity", "grid_work", "grid_merge",
-              "causal", "window_left", "score_scale", "score_cap", "enable_pdl")
-SINGLE_ARGS = ("q", "k", "v", "custom_mask", "tmp_v", "tmp_lse", "out", "lse", "hnd", "causal",
-               "window_left", "chunk_tokens", "num_chunks", "score_scale", "score_cap",
-               "enable_pdl")
+BATCH_ARGS = (
+    "q",
+    "k",
+    "v",
+    "qo_indptr",
+    "kv_indptr",
+    "kv_indices",
+    "kv_last_page_len",
+    "custom_mask",
+    "mask_indptr",
+    "plan",
+    "tmp_v",
+    "tmp_lse",
+    "out",
+    "lse",
+    "hnd",
+    "work_capacity",
+    "merge_capacity",
+    "tmp_capacity",
+    "grid_work",
+    "grid_merge",
+    "causal",
+    "window_left",
+    "score_scale",
+    "score_cap",
+    "enable_pdl",
+)
+SINGLE_ARGS = (
+    "q",
+    "k",
+    "v",
+    "custom_mask",
+    "tmp_v",
+    "tmp_lse",
+    "out",
+    "lse",
+    "hnd",
+    "causal",
+    "window_left",
+    "chunk_tokens",
+    "num_chunks",
+    "score_scale",
+    "score_cap",
+    "enable_pdl",
+)
 
 
 class CpuPrefill:
@@ -61,8 +99,11 @@ def cpu_prefill(monkeypatch: pytest.MonkeyPatch) -> CpuPrefill:
     monkeypatch.setattr(prefill_api, "_max_ctas", lambda *a: MAX_CTAS)
     monkeypatch.setattr(prefill_api, "get_device_sm_count", lambda device: 2)
     monkeypatch.setattr(prefill_api, "get_prefill_module", record.get_prefill_module)
-    monkeypatch.setattr(prefill_api._BatchPrefillWrapper, "_upload",
-                        lambda self, words, target: record.uploads.append(list(words)))
+    monkeypatch.setattr(
+        prefill_api._BatchPrefillWrapper,
+        "_upload",
+        lambda self, words, target: record.uploads.append(list(words)),
+    )
     monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
     return record
 
@@ -90,8 +131,7 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
 SINGLE_BAD = [
     ("kv_layout must be 'NHD' or 'HND'", ValueError, dict(kv_layout="NDH")),
     ("pos_encoding_mode 'ALIBI' is not supported", ValueError, dict(pos_encoding_mode="ALIBI")),
-    ("use_fp16_qk_reduction=True is not supported", ValueError,
-     dict(use_fp16_qk_reduction=True)),
+    ("use_fp16_qk_reduction=True is not supported", ValueError, dict(use_fp16_qk_reduction=True)),
     ("use_fp16_qk_reduction must be a bool", TypeError, dict(use_fp16_qk_reduction=0)),
     ("backend 'fa3' is not available", ValueError, dict(backend="fa3")),
     ("scale_q is not supported", ValueError, dict(scale_q=torch.ones(8))),
@@ -100,46 +140,79 @@ SINGLE_BAD = [
     ("causal must be a bool", TypeError, dict(causal=1)),
     ("return_lse must be a bool", TypeError, dict(return_lse=None)),
     ("q must be 3-D", ValueError, dict(q=_bf16(8, 128))),
-    ("q has dtype torch.float32; supported: float16, bfloat16", TypeError,
-     dict(q=torch.randn(5, 8, 128))),
-    ("o_dtype torch.float16 differs from q's torch.bfloat16", TypeError,
-     dict(o_dtype=torch.float16)),
-    ("k has dtype torch.float16, but q has torch.bfloat16", TypeError,
-     dict(k=torch.randn(10, 2, 128, dtype=torch.float16))),
+    (
+        "q has dtype torch.float32; supported: float16, bfloat16",
+        TypeError,
+        dict(q=torch.randn(5, 8, 128)),
+    ),
+    (
+        "o_dtype torch.float16 differs from q's torch.bfloat16",
+        TypeError,
+        dict(o_dtype=torch.float16),
+    ),
+    (
+        "k has dtype torch.float16, but q has torch.bfloat16",
+        TypeError,
+        dict(k=torch.randn(10, 2, 128, dtype=torch.float16)),
+    ),
     ("v must be 3-D", ValueError, dict(v=_bf16(10, 2, 1, 128))),
     ("k has head_dim 64, q has 128", ValueError, dict(k=_bf16(10, 2, 64))),
-    ("head_dim_vo \\(64\\) must equal head_dim_qk \\(128\\)", ValueError,
-     dict(v=_bf16(10, 2, 64))),
-    ("v has shape \\(11, 2, 128\\), k has \\(10, 2, 128\\)", ValueError,
-     dict(v=_bf16(11, 2, 128))),
-    ("k must be contiguous in its last dim", ValueError,
-     dict(k=_bf16(10, 128, 2).transpose(1, 2))),
-    ("q's strides must be multiples of 8 elements", ValueError,
-     dict(q=_bf16(5, 8, 130)[..., :128])),
+    ("head_dim_vo \\(64\\) must equal head_dim_qk \\(128\\)", ValueError, dict(v=_bf16(10, 2, 64))),
+    ("v has shape \\(11, 2, 128\\), k has \\(10, 2, 128\\)", ValueError, dict(v=_bf16(11, 2, 128))),
+    ("k must be contiguous in its last dim", ValueError, dict(k=_bf16(10, 128, 2).transpose(1, 2))),
+    (
+        "q's strides must be multiples of 8 elements",
+        ValueError,
+        dict(q=_bf16(5, 8, 130)[..., :128]),
+    ),
     ("k must be 16-byte aligned", ValueError, dict(k=_bf16(2561)[1:].view(10, 2, 128))),
-    ("head_dim must be one of 64, 128, 256, got 96", ValueError,
-     dict(q=_bf16(5, 8, 96), k=_bf16(10, 2, 96), v=_bf16(10, 2, 96))),
-    ("num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3\\)", ValueError,
-     dict(k=_bf16(10, 3, 128), v=_bf16(10, 3, 128))),
+    (
+        "head_dim must be one of 64, 128, 256, got 96",
+        ValueError,
+        dict(q=_bf16(5, 8, 96), k=_bf16(10, 2, 96), v=_bf16(10, 2, 96)),
+    ),
+    (
+        "num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3\\)",
+        ValueError,
+        dict(k=_bf16(10, 3, 128), v=_bf16(10, 3, 128)),
+    ),
     ("sm_scale must be > 0.0", ValueError, dict(sm_scale=0.0)),
     ("logits_soft_cap must be >= 0.0", ValueError, dict(logits_soft_cap=-1.0)),
     ("k_scale must be > 0.0", ValueError, dict(k_scale=0.0)),
     ("v_scale must be a float", TypeError, dict(v_scale=torch.ones(1))),
     ("rope_theta must be > 0.0", ValueError, dict(rope_theta=0.0)),
     ("window_left must be >= -1", ValueError, dict(window_left=-2)),
-    ("custom_mask has 49 elements; \\[qo_len, kv_len\\] is \\[5, 10\\]", ValueError,
-     dict(custom_mask=torch.ones(7, 7, dtype=torch.bool))),
-    ("custom_mask has dtype torch.complex64", TypeError,
-     dict(custom_mask=torch.ones(5, 10, dtype=torch.complex64))),
-    ("packed_custom_mask has 6 bytes; the mask needs 7", ValueError,
-     dict(packed_custom_mask=torch.zeros(6, dtype=torch.uint8))),
-    ("packed_custom_mask has dtype torch.int32", TypeError,
-     dict(packed_custom_mask=torch.zeros(7, dtype=torch.int32))),
-    ("packed_custom_mask must be 1-D", ValueError,
-     dict(packed_custom_mask=torch.zeros(7, 1, dtype=torch.uint8))),
+    (
+        "custom_mask has 49 elements; \\[qo_len, kv_len\\] is \\[5, 10\\]",
+        ValueError,
+        dict(custom_mask=torch.ones(7, 7, dtype=torch.bool)),
+    ),
+    (
+        "custom_mask has dtype torch.complex64",
+        TypeError,
+        dict(custom_mask=torch.ones(5, 10, dtype=torch.complex64)),
+    ),
+    (
+        "packed_custom_mask has 6 bytes; the mask needs 7",
+        ValueError,
+        dict(packed_custom_mask=torch.zeros(6, dtype=torch.uint8)),
+    ),
+    (
+        "packed_custom_mask has dtype torch.int32",
+        TypeError,
+        dict(packed_custom_mask=torch.zeros(7, dtype=torch.int32)),
+    ),
+    (
+        "packed_custom_mask must be 1-D",
+        ValueError,
+        dict(packed_custom_mask=torch.zeros(7, 1, dtype=torch.uint8)),
+    ),
     ("q must be a CUDA tensor", ValueError, dict()),
-    ("custom_mask must be a CUDA tensor", ValueError,
-     dict(custom_mask=torch.ones(5, 10, dtype=torch.bool))),
+    (
+        "custom_mask must be a CUDA tensor",
+        ValueError,
+        dict(custom_mask=torch.ones(5, 10, dtype=torch.bool)),
+    ),
 ]
 
 
@@ -147,8 +220,11 @@ SINGLE_BAD = [
 def test_single_prefill_bad_arguments(monkeypatch, no_launch, message, error, overrides) -> None:
     if message.startswith("custom_mask must be"):  # q, k and v pass as CUDA; the mask not
         real = checks.check_cuda
-        monkeypatch.setattr(checks, "check_cuda", lambda name, t, like=None: None
-                            if name in ("q", "k", "v") else real(name, t, like))
+        monkeypatch.setattr(
+            checks,
+            "check_cuda",
+            lambda name, t, like=None: None if name in ("q", "k", "v") else real(name, t, like),
+        )
     args = dict(q=_bf16(5, 8, 128), k=_bf16(10, 2, 128), v=_bf16(10, 2, 128))
     args.update(overrides)
     with pytest.raises(error, match=message):
@@ -157,8 +233,9 @@ def test_single_prefill_bad_arguments(monkeypatch, no_launch, message, error, ov
 
 def test_single_prefill_launch_arguments(cpu_prefill: CpuPrefill) -> None:
     q, k, v = _bf16(5, 8, 128), _bf16(10, 2, 128), _bf16(10, 2, 128)
-    out = single_prefill_with_kv_cache(q, k, v, causal=True, sm_scale=0.5, k_scale=2.0,
-                                       v_scale=0.25, window_left=3)
+    out = single_prefill_with_kv_cache(
+        q, k, v, causal=True, sm_scale=0.5, k_scale=2.0, v_scale=0.25, window_left=3
+    )
     launch = cpu_prefill.launches[-1]
     assert out is launch["out"] and out.shape == q.shape and bool((out == 0.25).all())
     assert launch["causal"] is True and launch["window_left"] == 3 and not launch["hnd"]
@@ -168,17 +245,24 @@ def test_single_prefill_launch_arguments(cpu_prefill: CpuPrefill) -> None:
     assert launch["tmp_v"].numel() == 1 and launch["enable_pdl"] is False
 
     mask = torch.rand(5, 10) > 0.5
-    out, lse = single_prefill_with_kv_cache(q, k.transpose(0, 1), v.transpose(0, 1),
-                                            custom_mask=mask, kv_layout="HND",
-                                            logits_soft_cap=30.0, return_lse=True)
+    out, lse = single_prefill_with_kv_cache(
+        q,
+        k.transpose(0, 1),
+        v.transpose(0, 1),
+        custom_mask=mask,
+        kv_layout="HND",
+        logits_soft_cap=30.0,
+        return_lse=True,
+    )
     launch = cpu_prefill.launches[-1]
     assert torch.equal(launch["custom_mask"], packbits(mask.reshape(-1), bitorder="little"))
     assert launch["hnd"] and lse is launch["lse"] and lse.shape == (5, 8)
     assert launch["score_cap"] == pytest.approx(30.0 * LOG2E)
-    assert launch["score_scale"] == pytest.approx(128 ** -0.5 / 30.0)
+    assert launch["score_scale"] == pytest.approx(128**-0.5 / 30.0)
     packed = torch.zeros(7, dtype=torch.uint8)  # wins over custom_mask, as in the reference
-    prefill_api.single_prefill_with_kv_cache_return_lse(q, k, v, custom_mask=mask,
-                                                        packed_custom_mask=packed)
+    prefill_api.single_prefill_with_kv_cache_return_lse(
+        q, k, v, custom_mask=mask, packed_custom_mask=packed
+    )
     assert cpu_prefill.launches[-1]["custom_mask"] is packed
 
 
@@ -190,30 +274,42 @@ def test_single_prefill_splits_long_kv_of_short_queries(cpu_prefill: CpuPrefill)
     assert (launch["chunk_tokens"], launch["num_chunks"]) == (250, 4)
     assert launch["tmp_v"].numel() == 2 * 4 * 8 * 128 and launch["tmp_lse"].numel() == 2 * 4 * 8
     single_prefill_with_kv_cache(_bf16(150, 8, 128), k, k)  # 10 tiles x 2 heads: 3 chunks
-    assert (cpu_prefill.launches[-1]["chunk_tokens"],
-            cpu_prefill.launches[-1]["num_chunks"]) == (334, 3)
+    assert (cpu_prefill.launches[-1]["chunk_tokens"], cpu_prefill.launches[-1]["num_chunks"]) == (
+        334,
+        3,
+    )
     single_prefill_with_kv_cache(_bf16(300, 8, 128), k, k)  # 19 tiles x 2 heads: no room
-    assert (cpu_prefill.launches[-1]["chunk_tokens"],
-            cpu_prefill.launches[-1]["num_chunks"]) == (1000, 1)
+    assert (cpu_prefill.launches[-1]["chunk_tokens"], cpu_prefill.launches[-1]["num_chunks"]) == (
+        1000,
+        1,
+    )
     launches = len(cpu_prefill.launches)
     out, lse = single_prefill_with_kv_cache(_bf16(0, 8, 128), k, k, return_lse=True)
     assert out.shape == (0, 8, 128) and lse.shape == (0, 8)
     assert len(cpu_prefill.launches) == launches  # nothing to launch for no queries
 
 
-@pytest.mark.parametrize("qo_len,kv_len,group,heads,max_ctas", [
-    (1, 257, 1, 1, 132), (1, 100000, 8, 8, 264), (64, 4096, 1, 32, 1024), (7, 300, 4, 2, 3),
-    (1000, 5000, 4, 8, 132), (3, 9, 1, 1, 16)])
-def test_single_chunks_cover_the_kv_and_fill_at_most_the_gpu(qo_len, kv_len, group, heads,
-                                                             max_ctas) -> None:
+@pytest.mark.parametrize(
+    "qo_len,kv_len,group,heads,max_ctas",
+    [
+        (1, 257, 1, 1, 132),
+        (1, 100000, 8, 8, 264),
+        (64, 4096, 1, 32, 1024),
+        (7, 300, 4, 2, 3),
+        (1000, 5000, 4, 8, 132),
+        (3, 9, 1, 1, 16),
+    ],
+)
+def test_single_chunks_cover_the_kv_and_fill_at_most_the_gpu(
+    qo_len, kv_len, group, heads, max_ctas
+) -> None:
     chunk, chunks = prefill_api._single_chunks(qo_len, kv_len, group, heads, max_ctas)
     ctas = math.ceil(qo_len * group / 64) * heads
     assert (chunks - 1) * chunk < kv_len <= chunks * chunk  # every chunk is nonempty
     if chunks > 1:  # no more chunks than 256-token ones, and the CTAs fit the GPU
         assert chunks <= math.ceil(kv_len / 256) and ctas * chunks <= max_ctas
     else:  # the tiles fill the GPU, the KV is short, or there is no room for a second chunk
-        assert chunk == kv_len and (ctas >= max_ctas or kv_len <= 256
-                                    or max_ctas // ctas == 1)
+        assert chunk == kv_len and (ctas >= max_ctas or kv_len <= 256 or max_ctas // ctas == 1)
 
 
 # -- batch wrappers: plan ---------------------------------------------------------------------
@@ -225,12 +321,25 @@ def _workspace(nbytes: int = 1 << 20) -> torch.Tensor:
 
 # two requests: 3 queries over 21 keys (pages 4, 1; last holds 5) and 2 over 16 (page 0);
 # 8 query heads over 2 KV heads, head_dim 128, pages of 16
-PAGED = dict(qo_indptr=_i32([0, 3, 5]), paged_kv_indptr=_i32([0, 2, 3]),
-             paged_kv_indices=_i32([4, 1, 0]), paged_kv_last_page_len=_i32([5, 16]),
-             num_qo_heads=8, num_kv_heads=2, head_dim_qk=128, page_size=16,
-             q_data_type=torch.bfloat16)
-RAGGED = dict(qo_indptr=_i32([0, 3, 5]), kv_indptr=_i32([0, 21, 37]), num_qo_heads=8,
-              num_kv_heads=2, head_dim_qk=128, q_data_type=torch.bfloat16)
+PAGED = dict(
+    qo_indptr=_i32([0, 3, 5]),
+    paged_kv_indptr=_i32([0, 2, 3]),
+    paged_kv_indices=_i32([4, 1, 0]),
+    paged_kv_last_page_len=_i32([5, 16]),
+    num_qo_heads=8,
+    num_kv_heads=2,
+    head_dim_qk=128,
+    page_size=16,
+    q_data_type=torch.bfloat16,
+)
+RAGGED = dict(
+    qo_indptr=_i32([0, 3, 5]),
+    kv_indptr=_i32([0, 21, 37]),
+    num_qo_heads=8,
+    num_kv_heads=2,
+    head_dim_qk=128,
+    q_data_type=torch.bfloat16,
+)
 MASK_BITS = 3 * 21 + 2 * 16
 
 
@@ -241,37 +350,57 @@ def _with(base: dict, **overrides) -> dict:
 
 
 COMMON_PLAN_BAD = [
-    ("qo_indptr must be non-decreasing, but qo_indptr\\[2\\] = 2 < qo_indptr\\[1\\] = 3",
-     ValueError, dict(qo_indptr=_i32([0, 3, 2]))),
-    ("qo_indptr must start at 0, got qo_indptr\\[0\\] = 1", ValueError,
-     dict(qo_indptr=_i32([1, 3, 5]))),
+    (
+        "qo_indptr must be non-decreasing, but qo_indptr\\[2\\] = 2 < qo_indptr\\[1\\] = 3",
+        ValueError,
+        dict(qo_indptr=_i32([0, 3, 2])),
+    ),
+    (
+        "qo_indptr must start at 0, got qo_indptr\\[0\\] = 1",
+        ValueError,
+        dict(qo_indptr=_i32([1, 3, 5])),
+    ),
     ("qo_indptr has dtype torch.float32", TypeError, dict(qo_indptr=torch.zeros(3))),
     ("qo_indptr must be 1-D", ValueError, dict(qo_indptr=torch.zeros(3, 1, dtype=torch.int32))),
-    ("qo_indptr needs batch_size \\+ 1 elements", ValueError,
-     dict(qo_indptr=torch.zeros(0, dtype=torch.int32))),
+    (
+        "qo_indptr needs batch_size \\+ 1 elements",
+        ValueError,
+        dict(qo_indptr=torch.zeros(0, dtype=torch.int32)),
+    ),
     ("num_qo_heads must be >= 1", ValueError, dict(num_qo_heads=0)),
     ("num_kv_heads must be an int", TypeError, dict(num_kv_heads=2.0)),
     ("must be a multiple of num_kv_heads", ValueError, dict(num_kv_heads=3)),
     ("head_dim must be one of 64, 128, 256, got 80", ValueError, dict(head_dim_qk=80)),
     ("head_dim_vo \\(64\\) must equal head_dim_qk \\(128\\)", ValueError, dict(head_dim_vo=64)),
     ("causal must be a bool", TypeError, dict(causal=1)),
-    ("pos_encoding_mode 'ROPE_LLAMA' is not supported", ValueError,
-     dict(pos_encoding_mode="ROPE_LLAMA")),
+    (
+        "pos_encoding_mode 'ROPE_LLAMA' is not supported",
+        ValueError,
+        dict(pos_encoding_mode="ROPE_LLAMA"),
+    ),
     ("use_fp16_qk_reduction=True is not supported", ValueError, dict(use_fp16_qk_reduction=True)),
     ("sm_scale must be > 0.0", ValueError, dict(sm_scale=-1.0)),
     ("logits_soft_cap must be >= 0.0", ValueError, dict(logits_soft_cap=-1.0)),
     ("window_left must be an int", TypeError, dict(window_left=1.5)),
     ("rope_scale must be > 0.0", ValueError, dict(rope_scale=0.0)),
     ("q_data_type is torch.float32; supported", TypeError, dict(q_data_type=torch.float32)),
-    ("kv_data_type 'float8_e4m3fn' is not a supported dtype", TypeError,
-     dict(kv_data_type="float8_e4m3fn")),
-    ("o_data_type torch.float16 differs from q_data_type torch.bfloat16", TypeError,
-     dict(o_data_type="float16")),
+    (
+        "kv_data_type 'float8_e4m3fn' is not a supported dtype",
+        TypeError,
+        dict(kv_data_type="float8_e4m3fn"),
+    ),
+    (
+        "o_data_type torch.float16 differs from q_data_type torch.bfloat16",
+        TypeError,
+        dict(o_data_type="float16"),
+    ),
     ("non_blocking must be a bool", TypeError, dict(non_blocking=1)),
-    ("prefix_len_ptr is not supported: this library has no multi-item scoring", ValueError,
-     dict(prefix_len_ptr=_i32([0, 0]))),
-    ("token_pos_in_items_ptr is not supported", ValueError,
-     dict(token_pos_in_items_ptr=_i32([0]))),
+    (
+        "prefix_len_ptr is not supported: this library has no multi-item scoring",
+        ValueError,
+        dict(prefix_len_ptr=_i32([0, 0])),
+    ),
+    ("token_pos_in_items_ptr is not supported", ValueError, dict(token_pos_in_items_ptr=_i32([0]))),
     ("max_item_len_ptr is not supported", ValueError, dict(max_item_len_ptr=_i32([1, 1]))),
     ("token_pos_in_items_len must be 0", ValueError, dict(token_pos_in_items_len=4)),
     ("fixed_split_size must be >= 1", ValueError, dict(fixed_split_size=0)),
@@ -279,31 +408,49 @@ COMMON_PLAN_BAD = [
     ("seq_lens has 3 elements, expected 2", ValueError, dict(seq_lens=_i32([1, 2, 3]))),
     ("seq_lens_q has dtype torch.float32", TypeError, dict(seq_lens_q=torch.ones(2))),
     ("max_sequence_kv must be >= 0", ValueError, dict(max_sequence_kv=-1)),
-    (f"custom_mask has 10 elements; the requests' qo_len \\* kv_len add up to {MASK_BITS}",
-     ValueError, dict(custom_mask=torch.ones(10, dtype=torch.bool))),
-    ("custom_mask has dtype torch.complex64", TypeError,
-     dict(custom_mask=torch.ones(MASK_BITS, dtype=torch.complex64))),
+    (
+        f"custom_mask has 10 elements; the requests' qo_len \\* kv_len add up to {MASK_BITS}",
+        ValueError,
+        dict(custom_mask=torch.ones(10, dtype=torch.bool)),
+    ),
+    (
+        "custom_mask has dtype torch.complex64",
+        TypeError,
+        dict(custom_mask=torch.ones(MASK_BITS, dtype=torch.complex64)),
+    ),
     ("custom_mask must be a torch.Tensor", TypeError, dict(custom_mask=[True] * MASK_BITS)),
     # request 1's mask starts at byte 63 (the reference's offsets) and has 32 bits
-    ("packed_custom_mask has 66 bytes; the mask needs 67", ValueError,
-     dict(packed_custom_mask=torch.zeros(66, dtype=torch.uint8))),
-    ("packed_custom_mask has dtype torch.int8", TypeError,
-     dict(packed_custom_mask=torch.zeros(67, dtype=torch.int8))),
+    (
+        "packed_custom_mask has 66 bytes; the mask needs 67",
+        ValueError,
+        dict(packed_custom_mask=torch.zeros(66, dtype=torch.uint8)),
+    ),
+    (
+        "packed_custom_mask has dtype torch.int8",
+        TypeError,
+        dict(packed_custom_mask=torch.zeros(67, dtype=torch.int8)),
+    ),
 ]
 PAGED_PLAN_BAD = COMMON_PLAN_BAD + [
-    ("paged_kv_indptr has 2 elements, expected 3", ValueError,
-     dict(paged_kv_indptr=_i32([0, 3]))),
-    ("paged_kv_indptr\\[-1\\] must be at most len\\(paged_kv_indices\\) = 2, got 3", ValueError,
-     dict(paged_kv_indices=_i32([0, 1]))),
-    ("paged_kv_indptr must be non-decreasing", ValueError,
-     dict(paged_kv_indptr=_i32([0, 3, 2]))),
-    ("paged_kv_indices has dtype torch.float32", TypeError,
-     dict(paged_kv_indices=torch.zeros(3))),
-    ("paged_kv_last_page_len\\[0\\] is 17, must be in \\[1, page_size=16\\]", ValueError,
-     dict(paged_kv_last_page_len=_i32([17, 1]))),
+    ("paged_kv_indptr has 2 elements, expected 3", ValueError, dict(paged_kv_indptr=_i32([0, 3]))),
+    (
+        "paged_kv_indptr\\[-1\\] must be at most len\\(paged_kv_indices\\) = 2, got 3",
+        ValueError,
+        dict(paged_kv_indices=_i32([0, 1])),
+    ),
+    ("paged_kv_indptr must be non-decreasing", ValueError, dict(paged_kv_indptr=_i32([0, 3, 2]))),
+    ("paged_kv_indices has dtype torch.float32", TypeError, dict(paged_kv_indices=torch.zeros(3))),
+    (
+        "paged_kv_last_page_len\\[0\\] is 17, must be in \\[1, page_size=16\\]",
+        ValueError,
+        dict(paged_kv_last_page_len=_i32([17, 1])),
+    ),
     ("paged_kv_last_page_len\\[1\\] is 0", ValueError, dict(paged_kv_last_page_len=_i32([1, 0]))),
-    ("paged_kv_last_page_len has 3 elements, expected 2", ValueError,
-     dict(paged_kv_last_page_len=_i32([1, 1, 1]))),
+    (
+        "paged_kv_last_page_len has 3 elements, expected 2",
+        ValueError,
+        dict(paged_kv_last_page_len=_i32([1, 1, 1])),
+    ),
     ("page_size must be >= 1", ValueError, dict(page_size=0)),
     ("seq_lens must be >= 0", ValueError, dict(seq_lens=_i32([-1, 3]))),
     ("block_tables must be a torch.Tensor", TypeError, dict(block_tables=[[0, 1]])),
@@ -322,8 +469,9 @@ def _assert_nothing_happened(record: CpuPrefill, wrapper) -> None:  # noqa: ANN0
     assert record.uploads == [] and record.launches == [] and wrapper._plan_info is None
 
 
-@pytest.mark.parametrize("message,error,overrides", PAGED_PLAN_BAD,
-                         ids=[b[0][:40] for b in PAGED_PLAN_BAD])
+@pytest.mark.parametrize(
+    "message,error,overrides", PAGED_PLAN_BAD, ids=[b[0][:40] for b in PAGED_PLAN_BAD]
+)
 def test_paged_plan_bad_arguments(cpu_prefill, message, error, overrides) -> None:
     wrapper = BatchPrefillWithPagedKVCacheWrapper(_workspace())
     with pytest.raises(error, match=message):
@@ -331,8 +479,9 @@ def test_paged_plan_bad_arguments(cpu_prefill, message, error, overrides) -> Non
     _assert_nothing_happened(cpu_prefill, wrapper)
 
 
-@pytest.mark.parametrize("message,error,overrides", RAGGED_PLAN_BAD,
-                         ids=[b[0][:40] for b in RAGGED_PLAN_BAD])
+@pytest.mark.parametrize(
+    "message,error,overrides", RAGGED_PLAN_BAD, ids=[b[0][:40] for b in RAGGED_PLAN_BAD]
+)
 def test_ragged_plan_bad_arguments(cpu_prefill, message, error, overrides) -> None:
     wrapper = BatchPrefillWithRaggedKVCacheWrapper(_workspace())
     with pytest.raises(error, match=message):
@@ -342,71 +491,140 @@ def test_ragged_plan_bad_arguments(cpu_prefill, message, error, overrides) -> No
 
 def test_constructor_bad_arguments(cpu_prefill: CpuPrefill) -> None:
     bad = [
-        ("float_workspace_buffer must be a contiguous 1-D tensor", ValueError,
-         lambda: BatchPrefillWithPagedKVCacheWrapper(torch.empty(4, 4))),
-        ("float_workspace_buffer must be a torch.Tensor", TypeError,
-         lambda: BatchPrefillWithRaggedKVCacheWrapper(None)),
-        ("kv_layout must be 'NHD' or 'HND'", ValueError,
-         lambda: BatchPrefillWithRaggedKVCacheWrapper(_workspace(), "NCHW")),
-        ("use_cuda_graph must be a bool", TypeError,
-         lambda: BatchPrefillWithPagedKVCacheWrapper(_workspace(), use_cuda_graph=None)),
-        ("backend 'cudnn' is not available", ValueError,
-         lambda: BatchPrefillWithPagedKVCacheWrapper(_workspace(), backend="cudnn")),
-        ("backend 'cute-dsl' is not available", ValueError,
-         lambda: BatchPrefillWithRaggedKVCacheWrapper(_workspace(), backend="cute-dsl")),
-        ("jit_args is not supported", ValueError,
-         lambda: BatchPrefillWithPagedKVCacheWrapper(_workspace(), jit_args=["variant"])),
-        ("jit_kwargs is not supported", ValueError,
-         lambda: BatchPrefillWithRaggedKVCacheWrapper(_workspace(), jit_kwargs={})),
-        ("use_cuda_graph=True needs qo_indptr_buf", ValueError,
-         lambda: BatchPrefillWithRaggedKVCacheWrapper(_workspace(), use_cuda_graph=True,
-                                                      kv_indptr_buf=_i32([0, 0]))),
-        ("use_cuda_graph=True needs kv_indptr_buf", ValueError,
-         lambda: BatchPrefillWithRaggedKVCacheWrapper(_workspace(), use_cuda_graph=True,
-                                                      qo_indptr_buf=_i32([0, 0]))),
-        ("use_cuda_graph=True needs paged_kv_indices_buf", ValueError,
-         lambda: BatchPrefillWithPagedKVCacheWrapper(
-             _workspace(), use_cuda_graph=True, qo_indptr_buf=_i32([0, 0]),
-             paged_kv_indptr_buf=_i32([0, 0]), paged_kv_last_page_len_buf=_i32([0]))),
-        ("kv_indptr_buf has 2 elements; qo_indptr_buf has 3", ValueError,
-         lambda: BatchPrefillWithRaggedKVCacheWrapper(_workspace(), use_cuda_graph=True,
-                                                      qo_indptr_buf=_i32([0, 0, 0]),
-                                                      kv_indptr_buf=_i32([0, 0]))),
-        ("paged_kv_last_page_len_buf has 3 elements; qo_indptr_buf's batch size 2 needs 2",
-         ValueError,
-         lambda: _graph_paged(last_page_len_buf=_i32([1, 1, 1]))),
-        ("qo_indptr_buf has dtype torch.int64; supported: int32", TypeError,
-         lambda: BatchPrefillWithRaggedKVCacheWrapper(
-             _workspace(), use_cuda_graph=True, qo_indptr_buf=torch.zeros(3, dtype=torch.long),
-             kv_indptr_buf=_i32([0, 0, 0]))),
-        ("custom_mask_buf has dtype torch.bool; supported: uint8", TypeError,
-         lambda: _graph_ragged(custom_mask_buf=torch.zeros(8, dtype=torch.bool))),
-        ("mask_indptr_buf has 2 elements, expected 3", ValueError,
-         lambda: _graph_ragged(mask_indptr_buf=_i32([0, 0]))),
+        (
+            "float_workspace_buffer must be a contiguous 1-D tensor",
+            ValueError,
+            lambda: BatchPrefillWithPagedKVCacheWrapper(torch.empty(4, 4)),
+        ),
+        (
+            "float_workspace_buffer must be a torch.Tensor",
+            TypeError,
+            lambda: BatchPrefillWithRaggedKVCacheWrapper(None),
+        ),
+        (
+            "kv_layout must be 'NHD' or 'HND'",
+            ValueError,
+            lambda: BatchPrefillWithRaggedKVCacheWrapper(_workspace(), "NCHW"),
+        ),
+        (
+            "use_cuda_graph must be a bool",
+            TypeError,
+            lambda: BatchPrefillWithPagedKVCacheWrapper(_workspace(), use_cuda_graph=None),
+        ),
+        (
+            "backend 'cudnn' is not available",
+            ValueError,
+            lambda: BatchPrefillWithPagedKVCacheWrapper(_workspace(), backend="cudnn"),
+        ),
+        (
+            "backend 'cute-dsl' is not available",
+            ValueError,
+            lambda: BatchPrefillWithRaggedKVCacheWrapper(_workspace(), backend="cute-dsl"),
+        ),
+        (
+            "jit_args is not supported",
+            ValueError,
+            lambda: BatchPrefillWithPagedKVCacheWrapper(_workspace(), jit_args=["variant"]),
+        ),
+        (
+            "jit_kwargs is not supported",
+            ValueError,
+            lambda: BatchPrefillWithRaggedKVCacheWrapper(_workspace(), jit_kwargs={}),
+        ),
+        (
+            "use_cuda_graph=True needs qo_indptr_buf",
+            ValueError,
+            lambda: BatchPrefillWithRaggedKVCacheWrapper(
+                _workspace(), use_cuda_graph=True, kv_indptr_buf=_i32([0, 0])
+            ),
+        ),
+        (
+            "use_cuda_graph=True needs kv_indptr_buf",
+            ValueError,
+            lambda: BatchPrefillWithRaggedKVCacheWrapper(
+                _workspace(), use_cuda_graph=True, qo_indptr_buf=_i32([0, 0])
+            ),
+        ),
+        (
+            "use_cuda_graph=True needs paged_kv_indices_buf",
+            ValueError,
+            lambda: BatchPrefillWithPagedKVCacheWrapper(
+                _workspace(),
+                use_cuda_graph=True,
+                qo_indptr_buf=_i32([0, 0]),
+                paged_kv_indptr_buf=_i32([0, 0]),
+                paged_kv_last_page_len_buf=_i32([0]),
+            ),
+        ),
+        (
+            "kv_indptr_buf has 2 elements; qo_indptr_buf has 3",
+            ValueError,
+            lambda: BatchPrefillWithRaggedKVCacheWrapper(
+                _workspace(),
+                use_cuda_graph=True,
+                qo_indptr_buf=_i32([0, 0, 0]),
+                kv_indptr_buf=_i32([0, 0]),
+            ),
+        ),
+        (
+            "paged_kv_last_page_len_buf has 3 elements; qo_indptr_buf's batch size 2 needs 2",
+            ValueError,
+            lambda: _graph_paged(last_page_len_buf=_i32([1, 1, 1])),
+        ),
+        (
+            "qo_indptr_buf has dtype torch.int64; supported: int32",
+            TypeError,
+            lambda: BatchPrefillWithRaggedKVCacheWrapper(
+                _workspace(),
+                use_cuda_graph=True,
+                qo_indptr_buf=torch.zeros(3, dtype=torch.long),
+                kv_indptr_buf=_i32([0, 0, 0]),
+            ),
+        ),
+        (
+            "custom_mask_buf has dtype torch.bool; supported: uint8",
+            TypeError,
+            lambda: _graph_ragged(custom_mask_buf=torch.zeros(8, dtype=torch.bool)),
+        ),
+        (
+            "mask_indptr_buf has 2 elements, expected 3",
+            ValueError,
+            lambda: _graph_ragged(mask_indptr_buf=_i32([0, 0])),
+        ),
     ]
     for message, error, make in bad:
         with pytest.raises(error, match=message):
             make()
 
 
-def _graph_ragged(batch: int = 2, workspace: int = 64 << 20,
-                  **kwargs) -> BatchPrefillWithRaggedKVCacheWrapper:
+def _graph_ragged(
+    batch: int = 2, workspace: int = 64 << 20, **kwargs
+) -> BatchPrefillWithRaggedKVCacheWrapper:
     return BatchPrefillWithRaggedKVCacheWrapper(
-        _workspace(workspace), use_cuda_graph=True,
+        _workspace(workspace),
+        use_cuda_graph=True,
         qo_indptr_buf=torch.full((batch + 1,), -7, dtype=torch.int32),
-        kv_indptr_buf=torch.full((batch + 1,), -7, dtype=torch.int32), **kwargs)
+        kv_indptr_buf=torch.full((batch + 1,), -7, dtype=torch.int32),
+        **kwargs,
+    )
 
 
-def _graph_paged(batch: int = 2, pages: int = 8, last_page_len_buf: torch.Tensor | None = None,
-                 **kwargs) -> BatchPrefillWithPagedKVCacheWrapper:
+def _graph_paged(
+    batch: int = 2, pages: int = 8, last_page_len_buf: torch.Tensor | None = None, **kwargs
+) -> BatchPrefillWithPagedKVCacheWrapper:
     return BatchPrefillWithPagedKVCacheWrapper(
-        _workspace(64 << 20), use_cuda_graph=True,
+        _workspace(64 << 20),
+        use_cuda_graph=True,
         qo_indptr_buf=torch.full((batch + 1,), -7, dtype=torch.int32),
         paged_kv_indptr_buf=torch.full((batch + 1,), -7, dtype=torch.int32),
         paged_kv_indices_buf=torch.full((pages,), -7, dtype=torch.int32),
-        paged_kv_last_page_len_buf=(torch.full((batch,), -7, dtype=torch.int32)
-                                    if last_page_len_buf is None else last_page_len_buf),
-        **kwargs)
+        paged_kv_last_page_len_buf=(
+            torch.full((batch,), -7, dtype=torch.int32)
+            if last_page_len_buf is None
+            else last_page_len_buf
+        ),
+        **kwargs,
+    )
 
 
 def _expected_words(qo_indptr: list[int], kv_lens: list[int], **kwargs) -> list[int]:
@@ -438,8 +656,14 @@ def test_plan_uploads_the_packed_schedule(cpu_prefill: CpuPrefill) -> None:
     assert plan.tmp_lse.numel() == 128  # 12 x 8 LSEs, the region rounded up to 256 bytes
     assert plan.plan_words.data_ptr() == ragged._int_workspace_buffer.data_ptr()
     assert plan.tmp_v.data_ptr() == ragged._float_workspace_buffer.data_ptr()
-    ragged.plan(**_with(RAGGED, kv_indptr=_i32([0, 1000, 1016]), custom_mask=torch.ones(
-        3 * 1000 + 2 * 16, dtype=torch.bool), causal=True))  # a mask overrides causal
+    ragged.plan(
+        **_with(
+            RAGGED,
+            kv_indptr=_i32([0, 1000, 1016]),
+            custom_mask=torch.ones(3 * 1000 + 2 * 16, dtype=torch.bool),
+            causal=True,
+        )
+    )  # a mask overrides causal
     assert cpu_prefill.uploads[-1] == _expected_words([0, 3, 5], [1000, 16])
 
 
@@ -450,21 +674,30 @@ def test_plan_sets_the_attributes_engines_read(cpu_prefill: CpuPrefill) -> None:
     assert w._pin_memory_int_workspace_buffer.nbytes == 8 << 20
     assert w._jit_module is None and w._plan_info is None and w.device == torch.device("cpu")
     indptr64 = PAGED["qo_indptr"].long()
-    w.plan(**_with(PAGED, qo_indptr=indptr64, causal=True, sm_scale=0.2, window_left=9,
-                   rope_theta=5e5, q_data_type="bfloat16", kv_data_type=torch.bfloat16))
+    w.plan(
+        **_with(
+            PAGED,
+            qo_indptr=indptr64,
+            causal=True,
+            sm_scale=0.2,
+            window_left=9,
+            rope_theta=5e5,
+            q_data_type="bfloat16",
+            kv_data_type=torch.bfloat16,
+        )
+    )
     assert (w._causal, w._sm_scale, w._logits_soft_cap, w._window_left) == (True, 0.2, 0.0, 9)
-    assert (w._pos_encoding_mode, w._use_fp16_qk_reduction, w._rope_theta) == ("NONE", False,
-                                                                               5e5)
+    assert (w._pos_encoding_mode, w._use_fp16_qk_reduction, w._rope_theta) == ("NONE", False, 5e5)
     assert w._cached_module is cpu_prefill and w._backend == "fa2"
-    assert w._qo_indptr_buf.dtype == torch.int32 and torch.equal(w._qo_indptr_buf.long(),
-                                                                  indptr64)
+    assert w._qo_indptr_buf.dtype == torch.int32 and torch.equal(w._qo_indptr_buf.long(), indptr64)
     assert w._paged_kv_indptr_buf is PAGED["paged_kv_indptr"]  # int32 on the device: as is
     assert w._paged_kv_indices_buf is PAGED["paged_kv_indices"]
     assert w._paged_kv_last_page_len_buf is PAGED["paged_kv_last_page_len"]
     assert w._custom_mask_buf is None and w._mask_indptr_buf is None
     assert (w._batch_size, w._qo_indptr_last, w._num_qo_heads, w._num_kv_heads) == (2, 5, 8, 2)
-    assert w._cached_q_data_type == w._cached_kv_data_type == w._cached_o_data_type \
-        == torch.bfloat16
+    assert (
+        w._cached_q_data_type == w._cached_kv_data_type == w._cached_o_data_type == torch.bfloat16
+    )
     assert (w._max_q_len, w._max_kv_len) == (3, 21)
     assert "work_items=2" in repr(w) and "BatchPrefillWithPagedKVCacheWrapper" in repr(w)
     r = BatchPrefillWithRaggedKVCacheWrapper(_workspace(), "HND", backend="fa2")
@@ -477,8 +710,9 @@ def test_custom_masks_are_packed_per_request(cpu_prefill: CpuPrefill) -> None:
     w = BatchPrefillWithPagedKVCacheWrapper(_workspace())
     mask = torch.rand(MASK_BITS) > 0.5
     w.plan(**PAGED, custom_mask=mask)
-    packed, byte_indptr = segment_packbits(mask, torch.tensor([0, 63, MASK_BITS]),
-                                           bitorder="little")
+    packed, byte_indptr = segment_packbits(
+        mask, torch.tensor([0, 63, MASK_BITS]), bitorder="little"
+    )
     assert torch.equal(w._custom_mask_buf, packed) and w._custom_mask_buf.numel() == 8 + 4
     assert w._mask_indptr_buf.tolist() == byte_indptr.tolist() == [0, 8, 12]
     assert w._mask_indptr_buf.dtype == torch.int32
@@ -493,13 +727,17 @@ def test_custom_masks_are_packed_per_request(cpu_prefill: CpuPrefill) -> None:
 def test_workspaces_too_small_are_reported(cpu_prefill: CpuPrefill) -> None:
     w = BatchPrefillWithRaggedKVCacheWrapper(_workspace(16384))
     w.plan(**RAGGED)  # no split: no tmp rows, fits
-    with pytest.raises(ValueError, match="float_workspace_buffer has 16384 bytes; this plan "
-                                         "needs 49664"):
+    with pytest.raises(
+        ValueError, match="float_workspace_buffer has 16384 bytes; this plan needs 49664"
+    ):
         w.plan(**_with(RAGGED, kv_indptr=_i32([0, 1000, 1016])))  # 12 tmp rows x 8 heads
     assert len(cpu_prefill.uploads) == 1 and w._plan_info.schedule.num_merge == 0
     w.reset_workspace_buffer(_workspace(1 << 20), torch.empty(64, dtype=torch.uint8))
-    with pytest.raises(ValueError, match="int_workspace_buffer has 64 bytes; this plan needs "
-                                         "140 \\(see reset_workspace_buffer\\)"):
+    with pytest.raises(
+        ValueError,
+        match="int_workspace_buffer has 64 bytes; this plan needs "
+        "140 \\(see reset_workspace_buffer\\)",
+    ):
         w.plan(**_with(RAGGED, kv_indptr=_i32([0, 1000, 1016])))
     with pytest.raises(ValueError, match="int_workspace_buffer must be 16-byte aligned"):
         w.reset_workspace_buffer(_workspace(), torch.empty(65, dtype=torch.uint8)[1:])
@@ -529,49 +767,85 @@ def test_run_before_plan_and_after_a_reset(cpu_prefill: CpuPrefill) -> None:
 
 
 PAGED_RUN_BAD = [
-    ("q has shape \\(6, 8, 128\\); plan\\(\\) was for \\(5, 8, 128\\)", ValueError,
-     dict(q=_bf16(6, 8, 128))),
+    (
+        "q has shape \\(6, 8, 128\\); plan\\(\\) was for \\(5, 8, 128\\)",
+        ValueError,
+        dict(q=_bf16(6, 8, 128)),
+    ),
     ("q has shape \\(5, 4, 128\\)", ValueError, dict(q=_bf16(5, 4, 128))),
-    ("q has dtype torch.float16; plan\\(\\) was for torch.bfloat16", TypeError,
-     dict(q=torch.randn(5, 8, 128, dtype=torch.float16))),
+    (
+        "q has dtype torch.float16; plan\\(\\) was for torch.bfloat16",
+        TypeError,
+        dict(q=torch.randn(5, 8, 128, dtype=torch.float16)),
+    ),
     ("q must be a torch.Tensor", TypeError, dict(q=None)),
     ("q's strides must be multiples of 8", ValueError, dict(q=_bf16(5, 8, 132)[..., :128])),
-    ("paged_kv_cache\\[0\\] has shape \\(5, 2, 16, 128\\); plan\\(\\) was for pages of "
-     "\\(16, 2, 128\\) \\(NHD\\)", ValueError, dict(paged_kv_cache=_paged_cache("HND"))),
-    ("paged_kv_cache\\[1\\] has dtype torch.float16", TypeError,
-     dict(paged_kv_cache=(_bf16(5, 16, 2, 128), torch.zeros(5, 16, 2, 128,
-                                                             dtype=torch.float16)))),
-    ("paged_kv_cache must hold keys and values in dim 1", ValueError,
-     dict(paged_kv_cache=_bf16(5, 3, 16, 2, 128))),
-    ("the key and value caches of paged_kv_cache differ in num_pages", ValueError,
-     dict(paged_kv_cache=(_bf16(5, 16, 2, 128), _bf16(4, 16, 2, 128)))),
-    ("paged_kv_cache\\[0\\] must be contiguous in its last dim", ValueError,
-     dict(paged_kv_cache=(_bf16(5, 16, 128, 2).transpose(2, 3), _bf16(5, 16, 2, 128)))),
+    (
+        "paged_kv_cache\\[0\\] has shape \\(5, 2, 16, 128\\); plan\\(\\) was for pages of "
+        "\\(16, 2, 128\\) \\(NHD\\)",
+        ValueError,
+        dict(paged_kv_cache=_paged_cache("HND")),
+    ),
+    (
+        "paged_kv_cache\\[1\\] has dtype torch.float16",
+        TypeError,
+        dict(
+            paged_kv_cache=(_bf16(5, 16, 2, 128), torch.zeros(5, 16, 2, 128, dtype=torch.float16))
+        ),
+    ),
+    (
+        "paged_kv_cache must hold keys and values in dim 1",
+        ValueError,
+        dict(paged_kv_cache=_bf16(5, 3, 16, 2, 128)),
+    ),
+    (
+        "the key and value caches of paged_kv_cache differ in num_pages",
+        ValueError,
+        dict(paged_kv_cache=(_bf16(5, 16, 2, 128), _bf16(4, 16, 2, 128))),
+    ),
+    (
+        "paged_kv_cache\\[0\\] must be contiguous in its last dim",
+        ValueError,
+        dict(paged_kv_cache=(_bf16(5, 16, 128, 2).transpose(2, 3), _bf16(5, 16, 2, 128))),
+    ),
     ("extra positional arguments", ValueError, dict(args=(torch.ones(1),))),
     ("sinks is not supported", ValueError, dict(sinks=torch.zeros(8))),
     ("kv_cache_sf is not supported", ValueError, dict(kv_cache_sf=_paged_cache())),
-    ("skip_softmax_threshold_scale_factor is not supported", ValueError,
-     dict(skip_softmax_threshold_scale_factor=1.0)),
+    (
+        "skip_softmax_threshold_scale_factor is not supported",
+        ValueError,
+        dict(skip_softmax_threshold_scale_factor=1.0),
+    ),
     ("q_scale must be a float", TypeError, dict(q_scale=torch.ones(1))),
     ("k_scale must be > 0.0", ValueError, dict(k_scale=0.0)),
     ("v_scale must be finite", ValueError, dict(v_scale=float("inf"))),
     ("window_left must be >= -1", ValueError, dict(window_left=-3)),
     ("return_lse must be a bool", TypeError, dict(return_lse=1)),
     ("enable_pdl must be a bool or None", TypeError, dict(enable_pdl="yes")),
-    ("out has shape \\(5, 8, 64\\), expected \\(5, 8, 128\\)", ValueError,
-     dict(out=_bf16(5, 8, 64))),
-    ("out has dtype torch.float32, expected torch.bfloat16", TypeError,
-     dict(out=torch.zeros(5, 8, 128))),
+    (
+        "out has shape \\(5, 8, 64\\), expected \\(5, 8, 128\\)",
+        ValueError,
+        dict(out=_bf16(5, 8, 64)),
+    ),
+    (
+        "out has dtype torch.float32, expected torch.bfloat16",
+        TypeError,
+        dict(out=torch.zeros(5, 8, 128)),
+    ),
     ("out's strides must be multiples of 8", ValueError, dict(out=_bf16(5, 8, 129)[..., :128])),
     ("lse has shape \\(5, 4\\), expected \\(5, 8\\)", ValueError, dict(lse=torch.zeros(5, 4))),
-    ("lse has dtype torch.float16, expected torch.float32", TypeError,
-     dict(lse=torch.zeros(5, 8, dtype=torch.float16))),
+    (
+        "lse has dtype torch.float16, expected torch.float32",
+        TypeError,
+        dict(lse=torch.zeros(5, 8, dtype=torch.float16)),
+    ),
     ("lse must be contiguous", ValueError, dict(lse=torch.zeros(8, 5).t())),
 ]
 
 
-@pytest.mark.parametrize("message,error,overrides", PAGED_RUN_BAD,
-                         ids=[b[0][:40] for b in PAGED_RUN_BAD])
+@pytest.mark.parametrize(
+    "message,error,overrides", PAGED_RUN_BAD, ids=[b[0][:40] for b in PAGED_RUN_BAD]
+)
 def test_paged_run_bad_arguments(cpu_prefill, message, error, overrides) -> None:
     w = BatchPrefillWithPagedKVCacheWrapper(_workspace())
     w.plan(**PAGED)
@@ -584,27 +858,42 @@ def test_paged_run_bad_arguments(cpu_prefill, message, error, overrides) -> None
 
 
 RAGGED_RUN_BAD = [
-    ("k has 36 tokens; kv_indptr\\[-1\\] is 37", ValueError,
-     dict(k=_bf16(36, 2, 128), v=_bf16(36, 2, 128))),
-    ("k has shape \\(37, 4, 128\\); plan\\(\\) was for 2 kv heads of head_dim 128", ValueError,
-     dict(k=_bf16(37, 4, 128))),
-    ("v must be 3-D \\[kv_indptr\\[-1\\], num_kv_heads, head_dim\\]", ValueError,
-     dict(v=_bf16(37, 256))),
-    ("k has dtype torch.float16; plan\\(\\) was for torch.bfloat16", TypeError,
-     dict(k=torch.zeros(37, 2, 128, dtype=torch.float16))),
-    ("v has shape \\(40, 2, 128\\), k has \\(37, 2, 128\\)", ValueError,
-     dict(v=_bf16(40, 2, 128))),
+    (
+        "k has 36 tokens; kv_indptr\\[-1\\] is 37",
+        ValueError,
+        dict(k=_bf16(36, 2, 128), v=_bf16(36, 2, 128)),
+    ),
+    (
+        "k has shape \\(37, 4, 128\\); plan\\(\\) was for 2 kv heads of head_dim 128",
+        ValueError,
+        dict(k=_bf16(37, 4, 128)),
+    ),
+    (
+        "v must be 3-D \\[kv_indptr\\[-1\\], num_kv_heads, head_dim\\]",
+        ValueError,
+        dict(v=_bf16(37, 256)),
+    ),
+    (
+        "k has dtype torch.float16; plan\\(\\) was for torch.bfloat16",
+        TypeError,
+        dict(k=torch.zeros(37, 2, 128, dtype=torch.float16)),
+    ),
+    ("v has shape \\(40, 2, 128\\), k has \\(37, 2, 128\\)", ValueError, dict(v=_bf16(40, 2, 128))),
     ("v must be 16-byte aligned", ValueError, dict(v=_bf16(37 * 256 + 1)[1:].view(37, 2, 128))),
     ("o_scale must be None or 1.0", ValueError, dict(o_scale=2.0)),
     ("kv_cache_sf is not supported", ValueError, dict(kv_cache_sf=torch.ones(1))),
-    ("q has shape \\(37, 8, 128\\); plan\\(\\) was for \\(5, 8, 128\\)", ValueError,
-     dict(q=_bf16(37, 8, 128))),
+    (
+        "q has shape \\(37, 8, 128\\); plan\\(\\) was for \\(5, 8, 128\\)",
+        ValueError,
+        dict(q=_bf16(37, 8, 128)),
+    ),
     ("extra positional arguments", ValueError, dict(args=(torch.ones(1),))),
 ]
 
 
-@pytest.mark.parametrize("message,error,overrides", RAGGED_RUN_BAD,
-                         ids=[b[0][:40] for b in RAGGED_RUN_BAD])
+@pytest.mark.parametrize(
+    "message,error,overrides", RAGGED_RUN_BAD, ids=[b[0][:40] for b in RAGGED_RUN_BAD]
+)
 def test_ragged_run_bad_arguments(cpu_prefill, message, error, overrides) -> None:
     w = BatchPrefillWithRaggedKVCacheWrapper(_workspace())
     w.plan(**RAGGED)
@@ -631,8 +920,9 @@ def test_paged_run_launch_arguments(cpu_prefill: CpuPrefill) -> None:
     assert launch["qo_indptr"] is w._qo_indptr_buf and launch["kv_indptr"] is w._paged_kv_indptr_buf
     assert launch["kv_indices"] is w._paged_kv_indices_buf
     assert launch["kv_last_page_len"] is w._paged_kv_last_page_len_buf
-    assert launch["custom_mask"] is w._custom_mask_buf and launch["mask_indptr"] is \
-        w._mask_indptr_buf
+    assert (
+        launch["custom_mask"] is w._custom_mask_buf and launch["mask_indptr"] is w._mask_indptr_buf
+    )
     assert launch["plan"] is plan.plan_words and launch["tmp_v"] is plan.tmp_v
     assert launch["tmp_lse"] is plan.tmp_lse and launch["lse"] is None
     assert (launch["work_capacity"], launch["merge_capacity"], launch["tmp_capacity"]) == (2, 0, 0)
@@ -641,8 +931,16 @@ def test_paged_run_launch_arguments(cpu_prefill: CpuPrefill) -> None:
     assert launch["score_scale"] == pytest.approx(0.5 * LOG2E) and launch["score_cap"] == 0.0
     assert launch["enable_pdl"] is False
 
-    out, lse = w.run(q, (k, v), q_scale=2.0, k_scale=3.0, v_scale=0.5, return_lse=True,
-                     window_left=-1, enable_pdl=True)
+    out, lse = w.run(
+        q,
+        (k, v),
+        q_scale=2.0,
+        k_scale=3.0,
+        v_scale=0.5,
+        return_lse=True,
+        window_left=-1,
+        enable_pdl=True,
+    )
     launch = cpu_prefill.launches[-1]
     assert launch["score_scale"] == pytest.approx(0.5 * 6.0 * LOG2E)
     assert launch["window_left"] == -1 and w._window_left == 7  # a per-call override
@@ -676,7 +974,7 @@ def test_ragged_run_launch_arguments(cpu_prefill: CpuPrefill) -> None:
     assert launch["custom_mask"] is None and launch["mask_indptr"] is None
     assert (launch["grid_work"], launch["grid_merge"], launch["tmp_capacity"]) == (5, 3, 12)
     assert launch["score_cap"] == pytest.approx(5.0 * LOG2E)
-    assert launch["score_scale"] == pytest.approx(128 ** -0.5 / 5.0)
+    assert launch["score_scale"] == pytest.approx(128**-0.5 / 5.0)
     assert bool((out == 2.0).all())
     out, lse = w.run_return_lse(q, k, v)
     assert lse.shape == (5, 8)
@@ -693,14 +991,15 @@ def test_forward_overrides_the_planned_parameters(cpu_prefill: CpuPrefill) -> No
     w = BatchPrefillWithPagedKVCacheWrapper(_workspace())
     w.plan(**PAGED)
     q, cache = _bf16(5, 8, 128), _paged_cache()
-    out = w.forward(q, cache, causal=True, sm_scale=0.3, logits_soft_cap=20.0, window_left=4,
-                    v_scale=2.0)
+    out = w.forward(
+        q, cache, causal=True, sm_scale=0.3, logits_soft_cap=20.0, window_left=4, v_scale=2.0
+    )
     launch = cpu_prefill.launches[-1]
     assert launch["causal"] is True and launch["window_left"] == 4
     assert launch["score_scale"] == pytest.approx(0.3 / 20.0) and bool((out == 2.0).all())
     assert (w._causal, w._sm_scale, w._window_left) == (True, 0.3, 4)
     out, lse = w.forward_return_lse(q, cache, k_scale=2.0)
-    assert cpu_prefill.launches[-1]["score_scale"] == pytest.approx(2 * 128 ** -0.5 * LOG2E)
+    assert cpu_prefill.launches[-1]["score_scale"] == pytest.approx(2 * 128**-0.5 * LOG2E)
     assert lse.shape == (5, 8) and w._causal is False and w._window_left == -1
     with pytest.raises(ValueError, match="use_fp16_qk_reduction=True is not supported"):
         w.forward(q, cache, use_fp16_qk_reduction=True)
@@ -713,7 +1012,9 @@ def test_forward_overrides_the_planned_parameters(cpu_prefill: CpuPrefill) -> No
     k, v = _bf16(37, 2, 128), _bf16(37, 2, 128)
     r.forward(q, k, v, causal=True, window_left=2)
     assert (cpu_prefill.launches[-1]["causal"], cpu_prefill.launches[-1]["window_left"]) == (
-        True, 2)
+        True,
+        2,
+    )
     out, lse = r.forward_return_lse(q, k, v, logits_soft_cap=3.0)
     assert cpu_prefill.launches[-1]["score_cap"] == pytest.approx(3.0 * LOG2E)
     with pytest.raises(TypeError, match="causal must be a bool"):
@@ -724,9 +1025,15 @@ def test_forward_overrides_the_planned_parameters(cpu_prefill: CpuPrefill) -> No
 def test_page_size_one_caches_may_leave_the_page_dim_out(cpu_prefill: CpuPrefill) -> None:
     for layout in ("NHD", "HND"):
         w = BatchPrefillWithPagedKVCacheWrapper(_workspace(), layout)
-        w.plan(**_with(PAGED, paged_kv_indptr=_i32([0, 3, 4]), paged_kv_indices=_i32([0, 1, 2,
-                                                                                       3]),
-                       paged_kv_last_page_len=_i32([1, 1]), page_size=1))
+        w.plan(
+            **_with(
+                PAGED,
+                paged_kv_indptr=_i32([0, 3, 4]),
+                paged_kv_indices=_i32([0, 1, 2, 3]),
+                paged_kv_last_page_len=_i32([1, 1]),
+                page_size=1,
+            )
+        )
         k3 = _bf16(4, 2, 128)
         for form in ((k3, k3), torch.stack([k3, k3], dim=1)):
             w.run(_bf16(5, 8, 128), form)
@@ -740,12 +1047,25 @@ def test_page_size_one_caches_may_leave_the_page_dim_out(cpu_prefill: CpuPrefill
 def test_cuda_graph_plan_copies_into_the_fixed_buffers(cpu_prefill: CpuPrefill) -> None:
     w = _graph_paged()
     assert w.is_cuda_graph_enabled and w._fixed_batch_size == 2
-    buffers = (w._qo_indptr_buf, w._paged_kv_indptr_buf, w._paged_kv_indices_buf,
-               w._paged_kv_last_page_len_buf)
-    w.plan(**_with(PAGED, qo_indptr=PAGED["qo_indptr"].long(),
-                   paged_kv_indices=PAGED["paged_kv_indices"].long()))
-    assert (w._qo_indptr_buf, w._paged_kv_indptr_buf, w._paged_kv_indices_buf,
-            w._paged_kv_last_page_len_buf) == buffers  # the same tensors: captured addresses
+    buffers = (
+        w._qo_indptr_buf,
+        w._paged_kv_indptr_buf,
+        w._paged_kv_indices_buf,
+        w._paged_kv_last_page_len_buf,
+    )
+    w.plan(
+        **_with(
+            PAGED,
+            qo_indptr=PAGED["qo_indptr"].long(),
+            paged_kv_indices=PAGED["paged_kv_indices"].long(),
+        )
+    )
+    assert (
+        w._qo_indptr_buf,
+        w._paged_kv_indptr_buf,
+        w._paged_kv_indices_buf,
+        w._paged_kv_last_page_len_buf,
+    ) == buffers  # the same tensors: captured addresses
     assert buffers[0].tolist() == [0, 3, 5] and buffers[1].tolist() == [0, 2, 3]
     assert buffers[2].tolist() == [4, 1, 0, -7, -7, -7, -7, -7]
     assert buffers[3].tolist() == [5, 16]
@@ -775,22 +1095,26 @@ def test_cuda_graph_later_plans_fit_the_first_plans_capacity(cpu_prefill: CpuPre
     assert (plan.work_capacity, plan.merge_capacity, plan.tmp_capacity) == (MAX_CTAS, 5, 15)
     w.plan(**_with(RAGGED, kv_indptr=_i32([0, 1200, 1216])))  # 5 chunks: 15 tmp rows fit
     assert cpu_prefill.uploads[-1] == pack_schedule(
-        plan_prefill_schedule([0, 3, 5], [1200, 16], 4, 2, MAX_CTAS), MAX_CTAS, 5)
+        plan_prefill_schedule([0, 3, 5], [1200, 16], 4, 2, MAX_CTAS), MAX_CTAS, 5
+    )
     assert cpu_prefill.uploads[-1][:2] == [6, 256]  # 4 chunks of 256 and one of 176
     w.plan(**_with(RAGGED, kv_indptr=_i32([0, 4000, 4016])))  # 16 chunks: 48 tmp rows > 15
     assert cpu_prefill.uploads[-1] == pack_schedule(
-        plan_prefill_schedule([0, 3, 5], [4000, 16], 4, 2, MAX_CTAS, allow_split=False),
-        MAX_CTAS, 5)  # the unsplit schedule, which always fits
+        plan_prefill_schedule([0, 3, 5], [4000, 16], 4, 2, MAX_CTAS, allow_split=False), MAX_CTAS, 5
+    )  # the unsplit schedule, which always fits
     assert w._plan_info.tmp_v.data_ptr() == plan.tmp_v.data_ptr()
     assert w._plan_info.tmp_lse.data_ptr() == plan.tmp_lse.data_ptr()
-    with pytest.raises(ValueError, match="this plan needs 33 work items, 3 merge rows and 96 "
-                                         "tmp rows; the CUDA graph holds \\(64, 5, 15\\)"):
+    with pytest.raises(
+        ValueError,
+        match="this plan needs 33 work items, 3 merge rows and 96 "
+        "tmp rows; the CUDA graph holds \\(64, 5, 15\\)",
+    ):
         w.plan(**_with(RAGGED, kv_indptr=_i32([0, 4000, 4016]), fixed_split_size=125))
-    with pytest.raises(ValueError, match="batch size is fixed to the buffers' 2; plan\\(\\) "
-                                         "got 1"):
+    with pytest.raises(ValueError, match="batch size is fixed to the buffers' 2; plan\\(\\) got 1"):
         w.plan(**_with(RAGGED, qo_indptr=_i32([0, 5]), kv_indptr=_i32([0, 37])))
-    with pytest.raises(ValueError, match="qo_indptr\\[-1\\] \\(6\\) cannot exceed the first "
-                                         "plan\\(\\)'s 5"):
+    with pytest.raises(
+        ValueError, match="qo_indptr\\[-1\\] \\(6\\) cannot exceed the first plan\\(\\)'s 5"
+    ):
         w.plan(**_with(RAGGED, qo_indptr=_i32([0, 3, 6])))
     uploads = len(cpu_prefill.uploads)
     p = _graph_paged(pages=2)
@@ -801,24 +1125,29 @@ def test_cuda_graph_later_plans_fit_the_first_plans_capacity(cpu_prefill: CpuPre
 
 def test_cuda_graph_custom_masks_need_the_mask_buffers(cpu_prefill: CpuPrefill) -> None:
     mask = torch.rand(MASK_BITS) > 0.5
-    with pytest.raises(ValueError, match="a custom mask in CUDA-graph mode needs the "
-                                         "constructor's custom_mask_buf"):
+    with pytest.raises(
+        ValueError, match="a custom mask in CUDA-graph mode needs the constructor's custom_mask_buf"
+    ):
         _graph_ragged().plan(**RAGGED, custom_mask=mask)
     with pytest.raises(ValueError, match="needs the constructor's mask_indptr_buf"):
         _graph_ragged(custom_mask_buf=torch.zeros(64, dtype=torch.uint8)).plan(
-            **RAGGED, custom_mask=mask)
-    small = _graph_ragged(custom_mask_buf=torch.zeros(11, dtype=torch.uint8),
-                          mask_indptr_buf=_i32([0, 0, 0]))
-    with pytest.raises(ValueError, match="the packed custom mask has 12 bytes; custom_mask_buf "
-                                         "holds 11"):
+            **RAGGED, custom_mask=mask
+        )
+    small = _graph_ragged(
+        custom_mask_buf=torch.zeros(11, dtype=torch.uint8), mask_indptr_buf=_i32([0, 0, 0])
+    )
+    with pytest.raises(
+        ValueError, match="the packed custom mask has 12 bytes; custom_mask_buf holds 11"
+    ):
         small.plan(**RAGGED, custom_mask=mask)
     assert cpu_prefill.uploads == []
     mask_buf = torch.zeros(16, dtype=torch.uint8)
     indptr_buf = _i32([-1, -1, -1])
     w = _graph_ragged(custom_mask_buf=mask_buf, mask_indptr_buf=indptr_buf)
     w.plan(**RAGGED, custom_mask=mask)
-    packed, byte_indptr = segment_packbits(mask, torch.tensor([0, 63, MASK_BITS]),
-                                           bitorder="little")
+    packed, byte_indptr = segment_packbits(
+        mask, torch.tensor([0, 63, MASK_BITS]), bitorder="little"
+    )
     assert w._custom_mask_buf is mask_buf and w._mask_indptr_buf is indptr_buf
     assert torch.equal(mask_buf[:12], packed) and indptr_buf.tolist() == byte_indptr.tolist()
     w.run(_bf16(5, 8, 128), _bf16(37, 2, 128), _bf16(37, 2, 128))
@@ -851,8 +1180,9 @@ def test_prefill_binding_checks_too() -> None:
     tmp = torch.empty(1)
 
     def single(q=q, k=k, out=out, mask=None, chunks=1, window=-1):  # noqa: ANN001, ANN202
-        return module.single_prefill(q, k, k, mask, tmp, tmp, out, None, False, True, window,
-                                     10, chunks, 1.0, 0.0, False)
+        return module.single_prefill(
+            q, k, k, mask, tmp, tmp, out, None, False, True, window, 10, chunks, 1.0, 0.0, False
+        )
 
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):
         single()
@@ -875,9 +1205,33 @@ def test_prefill_binding_checks_too() -> None:
     plan = torch.zeros(plan_length(1, 0), dtype=torch.int32)
 
     def batch(k=k, work_capacity=1, grid_work=1, plan=plan, mask=None):  # noqa: ANN001, ANN202
-        return module.batch_prefill(q, k, k, indptr, indptr, None, None, mask, None, plan, tmp,
-                                    tmp, out, None, False, work_capacity, 0, 0, grid_work, 0,
-                                    True, -1, 1.0, 0.0, False)
+        return module.batch_prefill(
+            q,
+            k,
+            k,
+            indptr,
+            indptr,
+            None,
+            None,
+            mask,
+            None,
+            plan,
+            tmp,
+            tmp,
+            out,
+            None,
+            False,
+            work_capacity,
+            0,
+            0,
+            grid_work,
+            0,
+            True,
+            -1,
+            1.0,
+            0.0,
+            False,
+        )
 
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):
         batch()

@@ -28,10 +28,16 @@ def prefill() -> ModuleType:
 # -- the reference ------------------------------------------------------------------------------
 
 
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                        window_left: int = -1, soft_cap: float | None = None,
-                        sm_scale: float | None = None, mask: torch.Tensor | None = None
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    window_left: int = -1,
+    soft_cap: float | None = None,
+    sm_scale: float | None = None,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 attention of one request: q ``[qo_len, Hq, D]`` over k, v ``[kv_len, Hk, D]``.
 
     Query i sees key j where ``mask[i, j]`` (a custom mask overrides ``causal``), else iff
@@ -42,7 +48,7 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     scores stay near 1 GB."""
     qo_len, heads, dim = q.shape
     kv_len, kv_heads = k.shape[0], k.shape[1]
-    scale = dim ** -0.5 if sm_scale is None else sm_scale
+    scale = dim**-0.5 if sm_scale is None else sm_scale
     kd = k.double().repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1)  # [Hq, kv, D]
     vd = v.double().repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1)
     out = torch.zeros(qo_len, heads, dim, dtype=torch.float64, device=q.device)
@@ -91,8 +97,9 @@ def _nan_like(t: torch.Tensor) -> torch.Tensor:
 def _leave_nan_in_freed_blocks(*shapes_and_dtypes: tuple[tuple[int, ...], torch.dtype]) -> None:
     """single_prefill allocates its own outputs: free NaN-filled blocks of their sizes first,
     so torch's caching allocator (best effort) hands them out and an unwritten row reads NaN."""
-    blocks = [torch.full(shape, NAN, dtype=dtype, device="cuda") for shape, dtype in
-              shapes_and_dtypes]
+    blocks = [
+        torch.full(shape, NAN, dtype=dtype, device="cuda") for shape, dtype in shapes_and_dtypes
+    ]
     del blocks
 
 
@@ -114,15 +121,20 @@ def pack_bits_little(bits: torch.Tensor) -> torch.Tensor:
     return (flat * weights).sum(dim=1).to(torch.uint8)
 
 
-def _expected_batch(q: torch.Tensor, qo_lens: list[int], ks: list[torch.Tensor],
-                    vs: list[torch.Tensor], masks: list[torch.Tensor] | None = None,
-                    **options: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _expected_batch(
+    q: torch.Tensor,
+    qo_lens: list[int],
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    masks: list[torch.Tensor] | None = None,
+    **options: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference of each request (q rows by qo_lens), concatenated."""
     outs, lses = [], []
     starts = itertools.accumulate([0, *qo_lens])
     for b, (start, n) in enumerate(zip(starts, qo_lens)):
         mask = None if masks is None else masks[b]
-        out, lse = reference_attention(q[start:start + n], ks[b], vs[b], mask=mask, **options)
+        out, lse = reference_attention(q[start : start + n], ks[b], vs[b], mask=mask, **options)
         outs.append(out)
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses)
@@ -131,31 +143,41 @@ def _expected_batch(q: torch.Tensor, qo_lens: list[int], ks: list[torch.Tensor],
 # -- paged caches ----------------------------------------------------------------------------------
 
 
-def _new_cache(num_pages: int, page_size: int, kv_heads: int, head_dim: int, layout: str,
-               dtype: torch.dtype) -> torch.Tensor:
+def _new_cache(
+    num_pages: int, page_size: int, kv_heads: int, head_dim: int, layout: str, dtype: torch.dtype
+) -> torch.Tensor:
     """The 5-D form, [num_pages, 2, page_size, Hk, D] (NHD) or [num_pages, 2, Hk, page_size, D]."""
     page = (page_size, kv_heads, head_dim) if layout == "NHD" else (kv_heads, page_size, head_dim)
     return torch.empty(num_pages, 2, *page, dtype=dtype, device="cuda")
 
 
-def _page_table(kv_lens: list[int], page_size: int, num_pages: int, generator: torch.Generator
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _page_table(
+    kv_lens: list[int], page_size: int, num_pages: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(indptr, indices, last_page_len), int32 on the host, over shuffled pages of
     [0, num_pages); a request with no KV has no pages and last_page_len 1."""
     pages = [-(-n // page_size) for n in kv_lens]
     indices = torch.randperm(num_pages, generator=generator)[: sum(pages)].to(torch.int32)
-    last = torch.tensor([n - (p - 1) * page_size if p else 1 for n, p in zip(kv_lens, pages)],
-                        dtype=torch.int32)
+    last = torch.tensor(
+        [n - (p - 1) * page_size if p else 1 for n, p in zip(kv_lens, pages)], dtype=torch.int32
+    )
     return _indptr(pages), indices, last
 
 
-def _write_pages(cache: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor],
-                 indptr: torch.Tensor, indices: torch.Tensor, page_size: int, layout: str) -> None:
+def _write_pages(
+    cache: torch.Tensor,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    indptr: torch.Tensor,
+    indices: torch.Tensor,
+    page_size: int,
+    layout: str,
+) -> None:
     """NaN everywhere, then request b's token t at slot t % page_size of its page t // page_size."""
     cache.fill_(NAN)
     for b, (k, v) in enumerate(zip(ks, vs)):
         position = torch.arange(k.shape[0], device="cuda")
-        pages = indices[indptr[b]: indptr[b + 1]].to("cuda").long()[position // page_size]
+        pages = indices[indptr[b] : indptr[b + 1]].to("cuda").long()[position // page_size]
         slots = position % page_size
         for part, values in ((cache[:, 0], k), (cache[:, 1], v)):
             if layout == "NHD":
@@ -164,32 +186,42 @@ def _write_pages(cache: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Ten
                 part[pages, :, slots] = values
 
 
-def _paged_kv(ks: list[torch.Tensor], vs: list[torch.Tensor], page_size: int, layout: str,
-              seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _paged_kv(
+    ks: list[torch.Tensor], vs: list[torch.Tensor], page_size: int, layout: str, seed: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(5-D cache, indptr, indices, last_page_len) holding ks/vs, with 5 spare pages."""
     kv_lens = [k.shape[0] for k in ks]
     num_pages = sum(-(-n // page_size) for n in kv_lens) + 5
-    indptr, indices, last = _page_table(kv_lens, page_size, num_pages,
-                                        torch.Generator().manual_seed(seed))
+    indptr, indices, last = _page_table(
+        kv_lens, page_size, num_pages, torch.Generator().manual_seed(seed)
+    )
     cache = _new_cache(num_pages, page_size, ks[0].shape[1], ks[0].shape[2], layout, ks[0].dtype)
     _write_pages(cache, ks, vs, indptr, indices, page_size, layout)
     return cache, indptr, indices, last
 
 
-def _kv_data(kv_lens: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype
-             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _kv_data(
+    kv_lens: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Each request's keys and values, [kv_len, Hk, D]."""
     ks = [_randn(n, kv_heads, head_dim, dtype=dtype) for n in kv_lens]
     vs = [_randn(n, kv_heads, head_dim, dtype=dtype) for n in kv_lens]
     return ks, vs
 
 
-def _batch_data(qo_lens: list[int], kv_lens: list[int], qo_heads: int, kv_heads: int,
-                head_dim: int, dtype: torch.dtype
-                ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+def _batch_data(
+    qo_lens: list[int],
+    kv_lens: list[int],
+    qo_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """q [sum(qo_lens), Hq, D] and each request's keys and values."""
-    return (_randn(sum(qo_lens), qo_heads, head_dim, dtype=dtype),
-            *_kv_data(kv_lens, kv_heads, head_dim, dtype))
+    return (
+        _randn(sum(qo_lens), qo_heads, head_dim, dtype=dtype),
+        *_kv_data(kv_lens, kv_heads, head_dim, dtype),
+    )
 
 
 def _workspace() -> torch.Tensor:
@@ -216,8 +248,9 @@ SINGLE_CASES = [  # (qo_len, kv_len, qo_heads, kv_heads, head_dim, layout, dtype
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qo_len,kv_len,qo_heads,kv_heads,head_dim,layout,dtype", SINGLE_CASES)
-def test_single_prefill_matches_the_reference(prefill, qo_len, kv_len, qo_heads, kv_heads,
-                                              head_dim, layout, dtype) -> None:
+def test_single_prefill_matches_the_reference(
+    prefill, qo_len, kv_len, qo_heads, kv_heads, head_dim, layout, dtype
+) -> None:
     torch.manual_seed(qo_len * 7919 + kv_len)
     q = _randn(qo_len, qo_heads, head_dim, dtype=dtype)
     k = _randn(kv_len, kv_heads, head_dim, dtype=dtype)
@@ -225,8 +258,13 @@ def test_single_prefill_matches_the_reference(prefill, qo_len, kv_len, qo_heads,
     for causal in (False, True):
         _leave_nan_in_freed_blocks((q.shape, dtype), (q.shape[:2], torch.float32))
         out, lse = prefill.single_prefill_with_kv_cache(
-            q, _to_layout(k, layout), _to_layout(v, layout), causal=causal, kv_layout=layout,
-            return_lse=True)
+            q,
+            _to_layout(k, layout),
+            _to_layout(v, layout),
+            causal=causal,
+            kv_layout=layout,
+            return_lse=True,
+        )
         assert out.shape == q.shape and out.dtype == dtype
         assert lse.shape == (qo_len, qo_heads) and lse.dtype == torch.float32
         _check(out, lse, reference_attention(q, k, v, causal=causal))
@@ -242,36 +280,54 @@ VARIANTS = [  # (causal, sm_scale, logits_soft_cap, window_left)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("qo_len,kv_len,qo_heads,kv_heads,head_dim,layout,dtype", [
-    (100, 900, 32, 8, 128, "NHD", torch.bfloat16),
-    (513, 513, 8, 2, 64, "HND", torch.float16),
-    (37, 2000, 16, 16, 256, "NHD", torch.bfloat16),
-])
-def test_single_prefill_window_soft_cap_scale_and_lse(prefill, qo_len, kv_len, qo_heads,
-                                                      kv_heads, head_dim, layout, dtype) -> None:
+@pytest.mark.parametrize(
+    "qo_len,kv_len,qo_heads,kv_heads,head_dim,layout,dtype",
+    [
+        (100, 900, 32, 8, 128, "NHD", torch.bfloat16),
+        (513, 513, 8, 2, 64, "HND", torch.float16),
+        (37, 2000, 16, 16, 256, "NHD", torch.bfloat16),
+    ],
+)
+def test_single_prefill_window_soft_cap_scale_and_lse(
+    prefill, qo_len, kv_len, qo_heads, kv_heads, head_dim, layout, dtype
+) -> None:
     torch.manual_seed(kv_len)
     q = _randn(qo_len, qo_heads, head_dim, dtype=dtype)
     k = _randn(kv_len, kv_heads, head_dim, dtype=dtype)
     v = _randn(kv_len, kv_heads, head_dim, dtype=dtype)
     kk, vv = _to_layout(k, layout), _to_layout(v, layout)
     for causal, sm_scale, cap, window in VARIANTS:
-        options = dict(causal=causal, kv_layout=layout, sm_scale=sm_scale, logits_soft_cap=cap,
-                       window_left=window)
+        options = dict(
+            causal=causal,
+            kv_layout=layout,
+            sm_scale=sm_scale,
+            logits_soft_cap=cap,
+            window_left=window,
+        )
         out, lse = prefill.single_prefill_with_kv_cache(q, kk, vv, return_lse=True, **options)
-        _check(out, lse, reference_attention(q, k, v, causal=causal, window_left=window,
-                                             soft_cap=cap, sm_scale=sm_scale))
+        _check(
+            out,
+            lse,
+            reference_attention(
+                q, k, v, causal=causal, window_left=window, soft_cap=cap, sm_scale=sm_scale
+            ),
+        )
         plain = prefill.single_prefill_with_kv_cache(q, kk, vv, **options)
         assert isinstance(plain, torch.Tensor) and torch.equal(plain, out)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("qo_len,kv_len,qo_heads,kv_heads,head_dim,layout,dtype", [
-    (77, 301, 16, 4, 128, "NHD", torch.bfloat16),
-    (128, 128, 8, 8, 64, "HND", torch.float16),
-    (3, 1000, 32, 8, 256, "NHD", torch.float16),
-])
-def test_single_prefill_custom_mask_bool_and_packed(prefill, qo_len, kv_len, qo_heads, kv_heads,
-                                                    head_dim, layout, dtype) -> None:
+@pytest.mark.parametrize(
+    "qo_len,kv_len,qo_heads,kv_heads,head_dim,layout,dtype",
+    [
+        (77, 301, 16, 4, 128, "NHD", torch.bfloat16),
+        (128, 128, 8, 8, 64, "HND", torch.float16),
+        (3, 1000, 32, 8, 256, "NHD", torch.float16),
+    ],
+)
+def test_single_prefill_custom_mask_bool_and_packed(
+    prefill, qo_len, kv_len, qo_heads, kv_heads, head_dim, layout, dtype
+) -> None:
     """A custom mask replaces causal (passed True here and ignored, as in the reference);
     window_left still applies; a row masked out whole gives 0 and lse -inf."""
     from flashinfer import quantization
@@ -289,8 +345,8 @@ def test_single_prefill_custom_mask_bool_and_packed(prefill, qo_len, kv_len, qo_
         given = dict(custom_mask=mask) if form == "bool" else dict(packed_custom_mask=packed)
         _leave_nan_in_freed_blocks((q.shape, dtype), (q.shape[:2], torch.float32))
         out, lse = prefill.single_prefill_with_kv_cache(
-            q, kk, vv, causal=True, kv_layout=layout, window_left=window, return_lse=True,
-            **given)
+            q, kk, vv, causal=True, kv_layout=layout, window_left=window, return_lse=True, **given
+        )
         _check(out, lse, reference_attention(q, k, v, window_left=window, mask=mask))
 
 
@@ -328,22 +384,44 @@ BATCH_VARIANTS = [  # (causal, sm_scale, logits_soft_cap, window_left)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qo_lens,kv_lens,qo_heads,kv_heads,head_dim,layout,dtype", RAGGED_CASES)
-def test_batch_ragged_prefill_matches_the_reference(prefill, qo_lens, kv_lens, qo_heads,
-                                                    kv_heads, head_dim, layout, dtype) -> None:
+def test_batch_ragged_prefill_matches_the_reference(
+    prefill, qo_lens, kv_lens, qo_heads, kv_heads, head_dim, layout, dtype
+) -> None:
     torch.manual_seed(len(qo_lens))
     q, ks, vs = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype)
     k = _to_layout(torch.cat(ks), layout)
     v = _to_layout(torch.cat(vs), layout)
     wrapper = prefill.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), kv_layout=layout)
     for causal, sm_scale, cap, window in BATCH_VARIANTS:
-        wrapper.plan(_indptr(qo_lens).cuda(), _indptr(kv_lens).cuda(), qo_heads, kv_heads,
-                     head_dim, causal=causal, sm_scale=sm_scale, logits_soft_cap=cap,
-                     window_left=window, q_data_type=dtype)
+        wrapper.plan(
+            _indptr(qo_lens).cuda(),
+            _indptr(kv_lens).cuda(),
+            qo_heads,
+            kv_heads,
+            head_dim,
+            causal=causal,
+            sm_scale=sm_scale,
+            logits_soft_cap=cap,
+            window_left=window,
+            q_data_type=dtype,
+        )
         out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
         got, got_lse = wrapper.run(q, k, v, out=out, lse=lse, return_lse=True)
         assert got is out and got_lse is lse
-        _check(out, lse, _expected_batch(q, qo_lens, ks, vs, causal=causal, window_left=window,
-                                         soft_cap=cap, sm_scale=sm_scale))
+        _check(
+            out,
+            lse,
+            _expected_batch(
+                q,
+                qo_lens,
+                ks,
+                vs,
+                causal=causal,
+                window_left=window,
+                soft_cap=cap,
+                sm_scale=sm_scale,
+            ),
+        )
 
 
 # -- batch prefill: paged KV ---------------------------------------------------------------------
@@ -361,11 +439,12 @@ PAGED_CASES = [  # (qo_lens, kv_lens, page_size, qo_heads, kv_heads, head_dim, l
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("qo_lens,kv_lens,page_size,qo_heads,kv_heads,head_dim,layout,dtype",
-                         PAGED_CASES)
-def test_batch_paged_prefill_matches_the_reference(prefill, qo_lens, kv_lens, page_size,
-                                                   qo_heads, kv_heads, head_dim, layout,
-                                                   dtype) -> None:
+@pytest.mark.parametrize(
+    "qo_lens,kv_lens,page_size,qo_heads,kv_heads,head_dim,layout,dtype", PAGED_CASES
+)
+def test_batch_paged_prefill_matches_the_reference(
+    prefill, qo_lens, kv_lens, page_size, qo_heads, kv_heads, head_dim, layout, dtype
+) -> None:
     """Shuffled pages; unused pages and the tail of each last page hold NaN, which the
     kernel must never read into a score. The 5-D cache and a (k, v) pair give the same
     bits."""
@@ -375,14 +454,38 @@ def test_batch_paged_prefill_matches_the_reference(prefill, qo_lens, kv_lens, pa
     pair = (cache[:, 0].contiguous(), cache[:, 1].contiguous())
     wrapper = prefill.BatchPrefillWithPagedKVCacheWrapper(_workspace(), kv_layout=layout)
     for causal, sm_scale, cap, window in BATCH_VARIANTS:
-        wrapper.plan(_indptr(qo_lens), indptr, indices, last, qo_heads, kv_heads, head_dim,
-                     page_size, causal=causal, sm_scale=sm_scale, logits_soft_cap=cap,
-                     window_left=window, q_data_type=dtype)
+        wrapper.plan(
+            _indptr(qo_lens),
+            indptr,
+            indices,
+            last,
+            qo_heads,
+            kv_heads,
+            head_dim,
+            page_size,
+            causal=causal,
+            sm_scale=sm_scale,
+            logits_soft_cap=cap,
+            window_left=window,
+            q_data_type=dtype,
+        )
         out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
         got, got_lse = wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
         assert got is out and got_lse is lse
-        _check(out, lse, _expected_batch(q, qo_lens, ks, vs, causal=causal, window_left=window,
-                                         soft_cap=cap, sm_scale=sm_scale))
+        _check(
+            out,
+            lse,
+            _expected_batch(
+                q,
+                qo_lens,
+                ks,
+                vs,
+                causal=causal,
+                window_left=window,
+                soft_cap=cap,
+                sm_scale=sm_scale,
+            ),
+        )
         assert torch.equal(wrapper.run(q, pair), out)
 
 
@@ -408,8 +511,18 @@ def test_batch_prefill_custom_mask(prefill, kind: str) -> None:
         kv_args = (cache,)
     for window in (-1, 16):
         extra = (page_size,) if kind == "paged" else ()
-        wrapper.plan(_indptr(qo_lens), *table, qo_heads, kv_heads, head_dim, *extra,
-                     custom_mask=flat, causal=True, window_left=window, q_data_type=dtype)
+        wrapper.plan(
+            _indptr(qo_lens),
+            *table,
+            qo_heads,
+            kv_heads,
+            head_dim,
+            *extra,
+            custom_mask=flat,
+            causal=True,
+            window_left=window,
+            q_data_type=dtype,
+        )
         out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
         wrapper.run(q, *kv_args, out=out, lse=lse, return_lse=True)
         _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks, window_left=window))
@@ -434,8 +547,16 @@ def test_long_kv_is_split_and_merged(prefill, kind: str) -> None:
         kv_args = (cache,)
     extra = (page_size,) if kind == "paged" else ()
     for causal in (False, True):
-        wrapper.plan(_indptr(qo_lens), *table, qo_heads, kv_heads, head_dim, *extra,
-                     causal=causal, q_data_type=dtype)
+        wrapper.plan(
+            _indptr(qo_lens),
+            *table,
+            qo_heads,
+            kv_heads,
+            head_dim,
+            *extra,
+            causal=causal,
+            q_data_type=dtype,
+        )
         out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
         wrapper.run(q, *kv_args, out=out, lse=lse, return_lse=True)
         _check(out, lse, _expected_batch(q, qo_lens, ks, vs, causal=causal))
@@ -470,17 +591,23 @@ def test_cuda_graph_replay_after_replanning(prefill, kind: str) -> None:
     out = torch.empty_like(q)
     if kind == "ragged":
         wrapper = prefill.BatchPrefillWithRaggedKVCacheWrapper(
-            _workspace(), use_cuda_graph=True, qo_indptr_buf=qo_indptr_buf,
-            kv_indptr_buf=kv_indptr_buf)
+            _workspace(),
+            use_cuda_graph=True,
+            qo_indptr_buf=qo_indptr_buf,
+            kv_indptr_buf=kv_indptr_buf,
+        )
         k = torch.empty(max_kv, kv_heads, head_dim, dtype=dtype, device="cuda")
         v = torch.empty_like(k)
         kv_args = (k, v)
     else:
         wrapper = prefill.BatchPrefillWithPagedKVCacheWrapper(
-            _workspace(), use_cuda_graph=True, qo_indptr_buf=qo_indptr_buf,
+            _workspace(),
+            use_cuda_graph=True,
+            qo_indptr_buf=qo_indptr_buf,
             paged_kv_indptr_buf=kv_indptr_buf,
             paged_kv_indices_buf=torch.zeros(num_pages, dtype=torch.int32, device="cuda"),
-            paged_kv_last_page_len_buf=torch.zeros(batch, dtype=torch.int32, device="cuda"))
+            paged_kv_last_page_len_buf=torch.zeros(batch, dtype=torch.int32, device="cuda"),
+        )
         cache = _new_cache(num_pages, page_size, kv_heads, head_dim, "NHD", dtype)
         kv_args = (cache,)
     assert wrapper.is_cuda_graph_enabled
@@ -492,13 +619,30 @@ def test_cuda_graph_replay_after_replanning(prefill, kind: str) -> None:
         if kind == "ragged":
             k[: sum(kv_lens)].copy_(torch.cat(ks))
             v[: sum(kv_lens)].copy_(torch.cat(vs))
-            wrapper.plan(_indptr(qo_lens), _indptr(kv_lens), qo_heads, kv_heads, head_dim,
-                         causal=True, q_data_type=dtype)
+            wrapper.plan(
+                _indptr(qo_lens),
+                _indptr(kv_lens),
+                qo_heads,
+                kv_heads,
+                head_dim,
+                causal=True,
+                q_data_type=dtype,
+            )
         else:
             indptr, indices, last = _page_table(kv_lens, page_size, num_pages, generator)
             _write_pages(cache, ks, vs, indptr, indices, page_size, "NHD")
-            wrapper.plan(_indptr(qo_lens), indptr, indices, last, qo_heads, kv_heads, head_dim,
-                         page_size, causal=True, q_data_type=dtype)
+            wrapper.plan(
+                _indptr(qo_lens),
+                indptr,
+                indices,
+                last,
+                qo_heads,
+                kv_heads,
+                head_dim,
+                page_size,
+                causal=True,
+                q_data_type=dtype,
+            )
         return _expected_batch(q, qo_lens, ks, vs, causal=True)
 
     want = load(*steps[0])

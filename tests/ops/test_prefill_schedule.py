@@ -19,8 +19,15 @@ from flashinfer.prefill_schedule import (
 )
 
 
-def model_chunk(qo_lens: list[int], kv_lens: list[int], group: int, heads: int, max_ctas: int,
-                tile_rows: int, min_chunk: int) -> int | None:
+def model_chunk(
+    qo_lens: list[int],
+    kv_lens: list[int],
+    group: int,
+    heads: int,
+    max_ctas: int,
+    tile_rows: int,
+    min_chunk: int,
+) -> int | None:
     """The expected chunking, by linear search: no split when the unsplit tiles fill the GPU
     or no request with queries has more than min_chunk keys; else the smallest chunk >=
     min_chunk whose CTA count fits in max_ctas (None when that is one chunk per request)."""
@@ -42,8 +49,15 @@ def kv_range(schedule: PrefillSchedule, i: int, kv_len: int) -> tuple[int, int]:
     return start, kv_len if chunk == count - 1 else start + schedule.chunk_size
 
 
-def model_cost(schedule: PrefillSchedule, i: int, qo_len: int, kv_len: int, group: int,
-               tile_rows: int, causal: bool) -> int:
+def model_cost(
+    schedule: PrefillSchedule,
+    i: int,
+    qo_len: int,
+    kv_len: int,
+    group: int,
+    tile_rows: int,
+    causal: bool,
+) -> int:
     """Rows in the tile times the keys of its chunk that its last token may see."""
     first = schedule.work_q_tile[i] * tile_rows
     last = min(first + tile_rows, qo_len * group) - 1
@@ -52,8 +66,14 @@ def model_cost(schedule: PrefillSchedule, i: int, qo_len: int, kv_len: int, grou
     return (last - first + 1) * keys
 
 
-def check_schedule(schedule: PrefillSchedule, qo_indptr: list[int], kv_lens: list[int],
-                   group: int, tile_rows: int, causal: bool) -> None:
+def check_schedule(
+    schedule: PrefillSchedule,
+    qo_indptr: list[int],
+    kv_lens: list[int],
+    group: int,
+    tile_rows: int,
+    causal: bool,
+) -> None:
     qo_lens = [b - a for a, b in zip(qo_indptr, qo_indptr[1:])]
     chunk = schedule.chunk_size
     counts = [max(1, math.ceil(kv / chunk)) if chunk else 1 for kv in kv_lens]
@@ -62,9 +82,12 @@ def check_schedule(schedule: PrefillSchedule, qo_indptr: list[int], kv_lens: lis
 
     # The items are exactly each request's (q tile, chunk) pairs; requests without queries
     # have none.
-    expected = sorted((b, tile, c) for b in range(len(qo_lens))
-                      for tile in range(math.ceil(qo_lens[b] * group / tile_rows))
-                      for c in range(counts[b]))
+    expected = sorted(
+        (b, tile, c)
+        for b in range(len(qo_lens))
+        for tile in range(math.ceil(qo_lens[b] * group / tile_rows))
+        for c in range(counts[b])
+    )
     items = list(zip(schedule.work_request, schedule.work_q_tile, schedule.work_chunk))
     assert sorted(items) == expected
     assert all(n == counts[b] for b, n in zip(schedule.work_request, schedule.work_chunks))
@@ -75,7 +98,7 @@ def check_schedule(schedule: PrefillSchedule, qo_indptr: list[int], kv_lens: lis
         start, end = kv_range(schedule, i, kv_lens[b])
         if chunk is not None and counts[b] > 1:
             assert 0 < end - start <= chunk
-        grids[b][tile * tile_rows:(tile + 1) * tile_rows, start:end] += 1
+        grids[b][tile * tile_rows : (tile + 1) * tile_rows, start:end] += 1
     assert all(bool((grid == 1).all()) for grid in grids)
 
     # Tmp rows: one per (request, token, chunk) of split requests, none shared, all in range.
@@ -95,19 +118,29 @@ def check_schedule(schedule: PrefillSchedule, qo_indptr: list[int], kv_lens: lis
     assert sorted(tmp_row.values()) == list(range(schedule.num_tmp_rows))
 
     # Merges: every token of every split request in order, over its consecutive tmp rows.
-    merges = [(b, t) for b in range(len(qo_lens)) if counts[b] > 1 and qo_lens[b]
-              for t in range(qo_lens[b])]
+    merges = [
+        (b, t)
+        for b in range(len(qo_lens))
+        if counts[b] > 1 and qo_lens[b]
+        for t in range(qo_lens[b])
+    ]
     assert schedule.num_merge == len(merges)
     assert len(schedule.merge_indptr) == schedule.num_merge + 1
     assert schedule.merge_indptr[0] == 0
     for p, (b, t) in enumerate(merges):
         assert schedule.merge_row[p] == qo_indptr[b] + t
         assert list(range(schedule.merge_indptr[p], schedule.merge_indptr[p + 1])) == [
-            tmp_row[(b, t, c)] for c in range(counts[b])]
+            tmp_row[(b, t, c)] for c in range(counts[b])
+        ]
 
     # Longest processing time first; equal costs in (request, q tile, chunk) order.
-    keys = [(-model_cost(schedule, i, qo_lens[item[0]], kv_lens[item[0]], group, tile_rows,
-                         causal), item) for i, item in enumerate(items)]
+    keys = [
+        (
+            -model_cost(schedule, i, qo_lens[item[0]], kv_lens[item[0]], group, tile_rows, causal),
+            item,
+        )
+        for i, item in enumerate(items)
+    ]
     assert keys == sorted(keys)
 
 
@@ -115,10 +148,10 @@ def unpack(words: list[int], work_capacity: int, merge_capacity: int) -> Prefill
     """The schedule back from the device words (the inverse of pack_schedule)."""
     w, m = work_capacity, merge_capacity
     num_work, chunk = words[0], words[1]
-    columns = [tuple(words[2 + k * w:2 + k * w + num_work]) for k in range(5)]
+    columns = [tuple(words[2 + k * w : 2 + k * w + num_work]) for k in range(5)]
     num_merge = words[2 + 5 * w]
-    merge_row = tuple(words[3 + 5 * w:3 + 5 * w + num_merge])
-    merge_indptr = tuple(words[3 + 5 * w + m:3 + 5 * w + m + num_merge + 1])
+    merge_row = tuple(words[3 + 5 * w : 3 + 5 * w + num_merge])
+    merge_indptr = tuple(words[3 + 5 * w + m : 3 + 5 * w + m + num_merge + 1])
     has_split = any(n > 1 for n in columns[3])
     return PrefillSchedule(chunk if has_split else None, *columns, merge_row, merge_indptr)
 
@@ -146,8 +179,9 @@ def test_scheduler_matches_the_model(seed: int) -> None:
     schedule = plan_prefill_schedule(*args, **kwargs)
     qo_lens = [b - a for a, b in zip(qo_indptr, qo_indptr[1:])]
     if fixed_chunk is None:
-        assert schedule.chunk_size == model_chunk(qo_lens, kv_lens, group, heads, max_ctas,
-                                                  tile_rows, min_chunk)
+        assert schedule.chunk_size == model_chunk(
+            qo_lens, kv_lens, group, heads, max_ctas, tile_rows, min_chunk
+        )
     else:
         longest = max((kv for q, kv in zip(qo_lens, kv_lens) if q), default=0)
         assert schedule.chunk_size == (fixed_chunk if fixed_chunk < longest else None)
@@ -183,9 +217,19 @@ def test_causal_order_puts_the_long_tiles_first() -> None:
     # Split causally, a tile's chunks past its last token cost nothing and go last.
     split = plan_prefill_schedule([0, 256], [256], 1, 1, 8, causal=True, fixed_chunk=100)
     assert list(zip(split.work_q_tile, split.work_chunk)) == [
-        (1, 0), (2, 0), (3, 0), (3, 1),  # 64 rows x 100 keys
-        (2, 1), (0, 0), (3, 2), (1, 1),  # 64 x 92, 64 x 64, 64 x 56, 64 x 28
-        (0, 1), (0, 2), (1, 2), (2, 2)]  # nothing visible: still scheduled, in key order
+        (1, 0),
+        (2, 0),
+        (3, 0),
+        (3, 1),  # 64 rows x 100 keys
+        (2, 1),
+        (0, 0),
+        (3, 2),
+        (1, 1),  # 64 x 92, 64 x 64, 64 x 56, 64 x 28
+        (0, 1),
+        (0, 2),
+        (1, 2),
+        (2, 2),
+    ]  # nothing visible: still scheduled, in key order
     check_schedule(split, [0, 256], [256], 1, 64, True)
 
 
@@ -209,9 +253,17 @@ def test_empty_queries_and_empty_kv() -> None:
     assert idle.chunk_size is None and idle.work_request == (1,)
     # A request without keys still gets one unsplit item per q tile (it writes 0 / -inf).
     mixed = plan_prefill_schedule([0, 100, 101], [0, 1000], 2, 1, 64, fixed_chunk=100)
-    assert [(t, c, n, b) for r, t, c, n, b in zip(
-        mixed.work_request, mixed.work_q_tile, mixed.work_chunk, mixed.work_chunks,
-        mixed.work_tmp_base) if r == 0] == [(t, 0, 1, -1) for t in range(4)]
+    assert [
+        (t, c, n, b)
+        for r, t, c, n, b in zip(
+            mixed.work_request,
+            mixed.work_q_tile,
+            mixed.work_chunk,
+            mixed.work_chunks,
+            mixed.work_tmp_base,
+        )
+        if r == 0
+    ] == [(t, 0, 1, -1) for t in range(4)]
     check_schedule(mixed, [0, 100, 101], [0, 1000], 2, 64, False)
     assert mixed.merge_row == (100,) and mixed.merge_indptr == (0, 10)
     empty = plan_prefill_schedule([0], [], 1, 1, 8)
@@ -242,19 +294,22 @@ def test_packed_layout_and_capacity() -> None:
         pack_schedule(huge, 1, 1)
 
 
-@pytest.mark.parametrize("message, overrides", [
-    ("qo_indptr must start at 0", dict(qo_indptr=[])),
-    ("qo_indptr must start at 0", dict(qo_indptr=[1, 4])),
-    ("qo_indptr must be non-decreasing", dict(qo_indptr=[0, 4, 2], kv_lens=[1, 1])),
-    ("kv_lens has 2 entries", dict(kv_lens=[1, 1])),
-    ("kv_lens must be >= 0", dict(kv_lens=[-1])),
-    ("group must be >= 1", dict(group=0)),
-    ("num_kv_heads must be >= 1", dict(num_kv_heads=0)),
-    ("max_ctas must be >= 1", dict(max_ctas=0)),
-    ("tile_rows must be >= 1", dict(tile_rows=0)),
-    ("min_chunk must be >= 1", dict(min_chunk=0)),
-    ("fixed_chunk must be >= 1", dict(fixed_chunk=0)),
-])
+@pytest.mark.parametrize(
+    "message, overrides",
+    [
+        ("qo_indptr must start at 0", dict(qo_indptr=[])),
+        ("qo_indptr must start at 0", dict(qo_indptr=[1, 4])),
+        ("qo_indptr must be non-decreasing", dict(qo_indptr=[0, 4, 2], kv_lens=[1, 1])),
+        ("kv_lens has 2 entries", dict(kv_lens=[1, 1])),
+        ("kv_lens must be >= 0", dict(kv_lens=[-1])),
+        ("group must be >= 1", dict(group=0)),
+        ("num_kv_heads must be >= 1", dict(num_kv_heads=0)),
+        ("max_ctas must be >= 1", dict(max_ctas=0)),
+        ("tile_rows must be >= 1", dict(tile_rows=0)),
+        ("min_chunk must be >= 1", dict(min_chunk=0)),
+        ("fixed_chunk must be >= 1", dict(fixed_chunk=0)),
+    ],
+)
 def test_bad_arguments(message: str, overrides: dict) -> None:
     args = dict(qo_indptr=[0, 4], kv_lens=[9], group=1, num_kv_heads=1, max_ctas=8) | overrides
     with pytest.raises(ValueError, match=message):

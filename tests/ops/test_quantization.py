@@ -17,7 +17,7 @@ def model_packbits(bits: list[int], bitorder: str) -> list[int]:
     packed = []
     for start in range(0, len(bits), 8):
         byte = 0
-        for j, bit in enumerate(bits[start:start + 8]):
+        for j, bit in enumerate(bits[start : start + 8]):
             if bit:
                 byte |= 1 << (7 - j if bitorder == "big" else j)
         packed.append(byte)
@@ -30,21 +30,24 @@ def _random_bits(n: int, seed: int) -> torch.Tensor:
 
 
 def _segments(lengths: list[int], dtype: torch.dtype = torch.int32) -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()],
-                        dtype=dtype)
+    return torch.tensor(
+        [0, *torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()], dtype=dtype
+    )
 
 
-def model_segment_packbits(bits: list[int], lengths: list[int],
-                           bitorder: str) -> tuple[list[int], list[int]]:
+def model_segment_packbits(
+    bits: list[int], lengths: list[int], bitorder: str
+) -> tuple[list[int], list[int]]:
     packed, new_indptr, start = [], [0], 0
     for length in lengths:
-        packed += model_packbits(bits[start:start + length], bitorder)
+        packed += model_packbits(bits[start : start + length], bitorder)
         new_indptr.append(len(packed))
         start += length
     return packed, new_indptr
 
 
 # -- packbits ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("bitorder", ORDERS)
 @pytest.mark.parametrize("n", LENGTHS)
@@ -65,8 +68,19 @@ def test_known_bytes_and_the_default_order() -> None:
     assert quantization.packbits(torch.ones(16, dtype=torch.bool)).tolist() == [255, 255]
 
 
-@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32,
-                                   torch.int64, torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+    ],
+)
 def test_nonzero_elements_of_any_real_dtype_are_ones(dtype: torch.dtype) -> None:
     generator = torch.Generator().manual_seed(1)
     values = torch.randint(-2, 3, (77,), generator=generator)
@@ -75,7 +89,8 @@ def test_nonzero_elements_of_any_real_dtype_are_ones(dtype: torch.dtype) -> None
     x = values.to(dtype)
     for bitorder in ORDERS:
         assert quantization.packbits(x, bitorder).tolist() == model_packbits(
-            (values != 0).int().tolist(), bitorder)
+            (values != 0).int().tolist(), bitorder
+        )
 
 
 def test_any_shape_is_read_flattened_in_row_major_order() -> None:
@@ -84,7 +99,8 @@ def test_any_shape_is_read_flattened_in_row_major_order() -> None:
     assert quantization.packbits(x).tolist() == model_packbits(flat, "big")
     transposed = x.t()  # not contiguous
     assert quantization.packbits(transposed, "little").tolist() == model_packbits(
-        transposed.reshape(-1).int().tolist(), "little")
+        transposed.reshape(-1).int().tolist(), "little"
+    )
     assert quantization.packbits(torch.tensor(True)).tolist() == [128]
 
 
@@ -97,6 +113,7 @@ def test_the_input_is_left_unchanged() -> None:
 
 
 # -- segment_packbits -------------------------------------------------------------------------
+
 
 def _random_lengths(count: int, high: int, seed: int) -> list[int]:
     generator = torch.Generator().manual_seed(seed)
@@ -119,8 +136,9 @@ SEGMENTS = {
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("bitorder", ORDERS)
 @pytest.mark.parametrize("case", list(SEGMENTS))
-def test_segment_packbits_matches_the_model(case: str, bitorder: str,
-                                            index_dtype: torch.dtype) -> None:
+def test_segment_packbits_matches_the_model(
+    case: str, bitorder: str, index_dtype: torch.dtype
+) -> None:
     lengths = SEGMENTS[case]
     x = _random_bits(sum(lengths), seed=len(lengths))
     y, new_indptr = quantization.segment_packbits(x, _segments(lengths, index_dtype), bitorder)
@@ -148,14 +166,26 @@ def test_segment_default_order_and_nonbool_input() -> None:
 
 PACK_BAD = [
     ("x must be a torch.Tensor, got list", TypeError, lambda: quantization.packbits([1, 0])),
-    ("x has dtype torch.complex64", TypeError,
-     lambda: quantization.packbits(torch.zeros(4, dtype=torch.complex64))),
-    ("bitorder must be 'big' or 'little', got 'middle'", ValueError,
-     lambda: quantization.packbits(torch.ones(4, dtype=torch.bool), "middle")),
-    ("bitorder must be 'big' or 'little', got 'Big'", ValueError,
-     lambda: quantization.packbits(torch.ones(4, dtype=torch.bool), "Big")),
-    ("bitorder must be a str, got int", TypeError,
-     lambda: quantization.packbits(torch.ones(4, dtype=torch.bool), 1)),
+    (
+        "x has dtype torch.complex64",
+        TypeError,
+        lambda: quantization.packbits(torch.zeros(4, dtype=torch.complex64)),
+    ),
+    (
+        "bitorder must be 'big' or 'little', got 'middle'",
+        ValueError,
+        lambda: quantization.packbits(torch.ones(4, dtype=torch.bool), "middle"),
+    ),
+    (
+        "bitorder must be 'big' or 'little', got 'Big'",
+        ValueError,
+        lambda: quantization.packbits(torch.ones(4, dtype=torch.bool), "Big"),
+    ),
+    (
+        "bitorder must be a str, got int",
+        TypeError,
+        lambda: quantization.packbits(torch.ones(4, dtype=torch.bool), 1),
+    ),
 ]
 
 
@@ -168,35 +198,61 @@ SEGMENT_BAD = [
     ("x must be a torch.Tensor, got tuple", TypeError, _seg((1, 0), _segments([2]))),
     ("indptr must be a torch.Tensor, got list", TypeError, _seg(BITS, [0, 10])),
     ("indptr has dtype torch.float32", TypeError, _seg(BITS, torch.tensor([0.0, 10.0]))),
-    ("indptr has dtype torch.int16", TypeError,
-     _seg(BITS, torch.tensor([0, 10], dtype=torch.int16))),
+    (
+        "indptr has dtype torch.int16",
+        TypeError,
+        _seg(BITS, torch.tensor([0, 10], dtype=torch.int16)),
+    ),
     ("indptr must be 1-D", ValueError, _seg(BITS, torch.tensor([[0, 10]], dtype=torch.int32))),
-    ("indptr needs batch_size \\+ 1 elements, got 0", ValueError,
-     _seg(BITS, torch.tensor([], dtype=torch.int32))),
-    (r"indptr must start at 0, got indptr\[0\] = 2", ValueError,
-     _seg(BITS, torch.tensor([2, 10], dtype=torch.int32))),
-    (r"indptr must be non-decreasing, but indptr\[2\] = 3 < indptr\[1\] = 6", ValueError,
-     _seg(BITS, torch.tensor([0, 6, 3, 10], dtype=torch.int32))),
-    (r"indptr\[-1\] must equal the number of elements of x \(10\), got 9", ValueError,
-     _seg(BITS, torch.tensor([0, 4, 9], dtype=torch.int32))),
-    (r"indptr\[-1\] must equal the number of elements of x \(10\), got 11", ValueError,
-     _seg(BITS, torch.tensor([0, 11], dtype=torch.int64))),
-    (r"indptr\[-1\] must equal the number of elements of x \(10\), got 0", ValueError,
-     _seg(BITS, torch.tensor([0], dtype=torch.int32))),
-    ("bitorder must be 'big' or 'little', got 'LSB'", ValueError,
-     _seg(BITS, _segments([10]), "LSB")),
+    (
+        "indptr needs batch_size \\+ 1 elements, got 0",
+        ValueError,
+        _seg(BITS, torch.tensor([], dtype=torch.int32)),
+    ),
+    (
+        r"indptr must start at 0, got indptr\[0\] = 2",
+        ValueError,
+        _seg(BITS, torch.tensor([2, 10], dtype=torch.int32)),
+    ),
+    (
+        r"indptr must be non-decreasing, but indptr\[2\] = 3 < indptr\[1\] = 6",
+        ValueError,
+        _seg(BITS, torch.tensor([0, 6, 3, 10], dtype=torch.int32)),
+    ),
+    (
+        r"indptr\[-1\] must equal the number of elements of x \(10\), got 9",
+        ValueError,
+        _seg(BITS, torch.tensor([0, 4, 9], dtype=torch.int32)),
+    ),
+    (
+        r"indptr\[-1\] must equal the number of elements of x \(10\), got 11",
+        ValueError,
+        _seg(BITS, torch.tensor([0, 11], dtype=torch.int64)),
+    ),
+    (
+        r"indptr\[-1\] must equal the number of elements of x \(10\), got 0",
+        ValueError,
+        _seg(BITS, torch.tensor([0], dtype=torch.int32)),
+    ),
+    (
+        "bitorder must be 'big' or 'little', got 'LSB'",
+        ValueError,
+        _seg(BITS, _segments([10]), "LSB"),
+    ),
     ("bitorder must be a str, got NoneType", TypeError, _seg(BITS, _segments([10]), None)),
 ]
 
 
-@pytest.mark.parametrize("message,error,call", PACK_BAD + SEGMENT_BAD,
-                         ids=[b[0][:40] for b in PACK_BAD + SEGMENT_BAD])
+@pytest.mark.parametrize(
+    "message,error,call", PACK_BAD + SEGMENT_BAD, ids=[b[0][:40] for b in PACK_BAD + SEGMENT_BAD]
+)
 def test_bad_arguments(message: str, error: type[Exception], call) -> None:  # noqa: ANN001
     with pytest.raises(error, match=message):
         call()
 
 
 # -- CUDA tensors -----------------------------------------------------------------------------
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bitorder", ORDERS)
@@ -211,7 +267,6 @@ def test_cuda_tensors_give_the_cpu_results(bitorder: str) -> None:
     indptr = _segments(lengths)
     expected, expected_indptr = quantization.segment_packbits(x, indptr, bitorder)
     for indptr_device in ("cuda", "cpu"):  # the reference's form, and a host indptr
-        y, new_indptr = quantization.segment_packbits(x.cuda(), indptr.to(indptr_device),
-                                                      bitorder)
+        y, new_indptr = quantization.segment_packbits(x.cuda(), indptr.to(indptr_device), bitorder)
         assert y.device.type == "cuda" and new_indptr.device.type == indptr_device
         assert torch.equal(y.cpu(), expected) and torch.equal(new_indptr.cpu(), expected_indptr)

@@ -41,102 +41,270 @@ BAD_CALLS = [
     # (message, error, api, args, kwargs)
     ("probs must be a torch.Tensor", TypeError, flashinfer.sampling_from_probs, ([0.5, 0.5],), {}),
     ("probs must be 2-D", ValueError, flashinfer.sampling_from_probs, (torch.rand(8),), {}),
-    ("probs has dtype torch.int64; supported: float16, bfloat16, float32, float64", TypeError,
-     flashinfer.sampling_from_probs, (P.long(),), {}),
-    ("probs must be contiguous in its last dim", ValueError, flashinfer.sampling_from_probs,
-     (_probs(50, 4).t(),), {}),
-    ("probs has vocab_size 0", ValueError, flashinfer.sampling_from_probs,
-     (torch.rand(2, 0),), {}),
+    (
+        "probs has dtype torch.int64; supported: float16, bfloat16, float32, float64",
+        TypeError,
+        flashinfer.sampling_from_probs,
+        (P.long(),),
+        {},
+    ),
+    (
+        "probs must be contiguous in its last dim",
+        ValueError,
+        flashinfer.sampling_from_probs,
+        (_probs(50, 4).t(),),
+        {},
+    ),
+    ("probs has vocab_size 0", ValueError, flashinfer.sampling_from_probs, (torch.rand(2, 0),), {}),
     ("probs must be a CUDA tensor", ValueError, flashinfer.sampling_from_probs, (P,), {}),
-    ("indices has dtype torch.float32", TypeError, flashinfer.sampling_from_probs, (P,),
-     dict(indices=torch.zeros(3))),
-    ("indices must be 1-D", ValueError, flashinfer.sampling_from_probs, (P,),
-     dict(indices=torch.zeros(2, 2, dtype=I32))),
-    ("pass either generator or seed", ValueError, flashinfer.sampling_from_probs, (P,),
-     dict(seed=1, generator=torch.Generator())),
+    (
+        "indices has dtype torch.float32",
+        TypeError,
+        flashinfer.sampling_from_probs,
+        (P,),
+        dict(indices=torch.zeros(3)),
+    ),
+    (
+        "indices must be 1-D",
+        ValueError,
+        flashinfer.sampling_from_probs,
+        (P,),
+        dict(indices=torch.zeros(2, 2, dtype=I32)),
+    ),
+    (
+        "pass either generator or seed",
+        ValueError,
+        flashinfer.sampling_from_probs,
+        (P,),
+        dict(seed=1, generator=torch.Generator()),
+    ),
     ("offset needs a seed", ValueError, flashinfer.sampling_from_probs, (P,), dict(offset=3)),
-    ("seed must be in \\[0, 2\\^64\\)", ValueError, flashinfer.sampling_from_probs, (P,),
-     dict(seed=-1)),
-    ("offset must be in \\[0, 2\\^64\\)", ValueError, flashinfer.sampling_from_probs, (P,),
-     dict(seed=1, offset=2**64)),
-    ("generator must be a torch.Generator", TypeError, flashinfer.sampling_from_probs, (P,),
-     dict(generator=7)),
-    ("generator must be a torch.Generator", TypeError, flashinfer.sampling_from_probs, (P,),
-     dict(generator=7, seed=1, offset=2)),
-    ("seed and offset must both be tensors or both be ints", ValueError,
-     flashinfer.sampling_from_probs, (P,), dict(seed=torch.tensor([1]))),
-    ("seed and offset must both be tensors or both be ints", ValueError,
-     flashinfer.sampling_from_probs, (P,), dict(seed=torch.tensor([1]), offset=0)),
-    ("seed has dtype torch.int32; expected int64 or uint64", TypeError,
-     flashinfer.sampling_from_probs, (P,),
-     dict(seed=torch.tensor([1], dtype=I32), offset=torch.tensor([0]))),
-    ("offset must be a 1-D tensor, got 0-D", ValueError, flashinfer.sampling_from_probs, (P,),
-     dict(seed=torch.tensor([1]), offset=torch.tensor(0))),
-    ("offset has 3 elements; expected 1 or 4", ValueError, flashinfer.sampling_from_probs,
-     (P,), dict(seed=torch.tensor([1]), offset=torch.zeros(3, dtype=I64))),
-    ("deterministic must be a bool", TypeError, flashinfer.sampling_from_probs, (P,),
-     dict(deterministic=None)),
-    ("return_valid must be a bool", TypeError, flashinfer.top_k_sampling_from_probs, (P, 3),
-     dict(return_valid=1)),
-    ("top_p must be > 0 \\(values >= 1 keep every token\\), got 0.0", ValueError,
-     flashinfer.top_p_sampling_from_probs, (P, 0.0), {}),
+    (
+        "seed must be in \\[0, 2\\^64\\)",
+        ValueError,
+        flashinfer.sampling_from_probs,
+        (P,),
+        dict(seed=-1),
+    ),
+    (
+        "offset must be in \\[0, 2\\^64\\)",
+        ValueError,
+        flashinfer.sampling_from_probs,
+        (P,),
+        dict(seed=1, offset=2**64),
+    ),
+    (
+        "generator must be a torch.Generator",
+        TypeError,
+        flashinfer.sampling_from_probs,
+        (P,),
+        dict(generator=7),
+    ),
+    (
+        "generator must be a torch.Generator",
+        TypeError,
+        flashinfer.sampling_from_probs,
+        (P,),
+        dict(generator=7, seed=1, offset=2),
+    ),
+    (
+        "seed and offset must both be tensors or both be ints",
+        ValueError,
+        flashinfer.sampling_from_probs,
+        (P,),
+        dict(seed=torch.tensor([1])),
+    ),
+    (
+        "seed and offset must both be tensors or both be ints",
+        ValueError,
+        flashinfer.sampling_from_probs,
+        (P,),
+        dict(seed=torch.tensor([1]), offset=0),
+    ),
+    (
+        "seed has dtype torch.int32; expected int64 or uint64",
+        TypeError,
+        flashinfer.sampling_from_probs,
+        (P,),
+        dict(seed=torch.tensor([1], dtype=I32), offset=torch.tensor([0])),
+    ),
+    (
+        "offset must be a 1-D tensor, got 0-D",
+        ValueError,
+        flashinfer.sampling_from_probs,
+        (P,),
+        dict(seed=torch.tensor([1]), offset=torch.tensor(0)),
+    ),
+    (
+        "offset has 3 elements; expected 1 or 4",
+        ValueError,
+        flashinfer.sampling_from_probs,
+        (P,),
+        dict(seed=torch.tensor([1]), offset=torch.zeros(3, dtype=I64)),
+    ),
+    (
+        "deterministic must be a bool",
+        TypeError,
+        flashinfer.sampling_from_probs,
+        (P,),
+        dict(deterministic=None),
+    ),
+    (
+        "return_valid must be a bool",
+        TypeError,
+        flashinfer.top_k_sampling_from_probs,
+        (P, 3),
+        dict(return_valid=1),
+    ),
+    (
+        "top_p must be > 0 \\(values >= 1 keep every token\\), got 0.0",
+        ValueError,
+        flashinfer.top_p_sampling_from_probs,
+        (P, 0.0),
+        {},
+    ),
     ("top_p must be > 0", ValueError, flashinfer.top_p_sampling_from_probs, (P, -0.5), {}),
     ("top_p must not be NaN", ValueError, flashinfer.top_p_sampling_from_probs, (P, math.nan), {}),
-    ("top_p must be a float or a \\[batch\\] tensor", TypeError,
-     flashinfer.top_p_sampling_from_probs, (P, "0.9"), {}),
-    ("top_p has 3 elements, the batch has 4", ValueError, flashinfer.top_p_sampling_from_probs,
-     (P, torch.full((3,), 0.9)), {}),
-    ("top_p has dtype torch.int64; expected a floating-point tensor", TypeError,
-     flashinfer.top_p_sampling_from_probs, (P, torch.ones(4, dtype=I64)), {}),
-    ("top_k must be >= 1 \\(values >= vocab_size keep every token\\), got 0", ValueError,
-     flashinfer.top_k_sampling_from_probs, (P, 0), {}),
+    (
+        "top_p must be a float or a \\[batch\\] tensor",
+        TypeError,
+        flashinfer.top_p_sampling_from_probs,
+        (P, "0.9"),
+        {},
+    ),
+    (
+        "top_p has 3 elements, the batch has 4",
+        ValueError,
+        flashinfer.top_p_sampling_from_probs,
+        (P, torch.full((3,), 0.9)),
+        {},
+    ),
+    (
+        "top_p has dtype torch.int64; expected a floating-point tensor",
+        TypeError,
+        flashinfer.top_p_sampling_from_probs,
+        (P, torch.ones(4, dtype=I64)),
+        {},
+    ),
+    (
+        "top_k must be >= 1 \\(values >= vocab_size keep every token\\), got 0",
+        ValueError,
+        flashinfer.top_k_sampling_from_probs,
+        (P, 0),
+        {},
+    ),
     ("top_k must be >= 1", ValueError, flashinfer.top_k_sampling_from_probs, (P, -1), {}),
     ("top_k must be an int", TypeError, flashinfer.top_k_sampling_from_probs, (P, 2.0), {}),
-    ("top_k has dtype torch.float32", TypeError, flashinfer.top_k_sampling_from_probs,
-     (P, torch.ones(4)), {}),
-    ("top_k has dtype torch.bool", TypeError, flashinfer.top_k_sampling_from_probs,
-     (P, torch.ones(4, dtype=torch.bool)), {}),
-    ("top_k has 2 elements, the batch has 6", ValueError, flashinfer.top_k_sampling_from_probs,
-     (P, torch.ones(2, dtype=I32)), dict(indices=torch.zeros(6, dtype=I32))),
-    ("min_p must be <= 1 \\(values <= 0 keep every token\\), got 1.5", ValueError,
-     flashinfer.min_p_sampling_from_probs, (P, 1.5), {}),
+    (
+        "top_k has dtype torch.float32",
+        TypeError,
+        flashinfer.top_k_sampling_from_probs,
+        (P, torch.ones(4)),
+        {},
+    ),
+    (
+        "top_k has dtype torch.bool",
+        TypeError,
+        flashinfer.top_k_sampling_from_probs,
+        (P, torch.ones(4, dtype=torch.bool)),
+        {},
+    ),
+    (
+        "top_k has 2 elements, the batch has 6",
+        ValueError,
+        flashinfer.top_k_sampling_from_probs,
+        (P, torch.ones(2, dtype=I32)),
+        dict(indices=torch.zeros(6, dtype=I32)),
+    ),
+    (
+        "min_p must be <= 1 \\(values <= 0 keep every token\\), got 1.5",
+        ValueError,
+        flashinfer.min_p_sampling_from_probs,
+        (P, 1.5),
+        {},
+    ),
     ("min_p must not be NaN", ValueError, flashinfer.min_p_sampling_from_probs, (P, math.nan), {}),
-    ("filter_apply_order must be one of top_k_first, joint", ValueError,
-     flashinfer.top_k_top_p_sampling_from_probs, (P, 3, 0.5), dict(filter_apply_order="k")),
-    ("top_k must be >= 1", ValueError, flashinfer.top_k_top_p_sampling_from_probs,
-     (P, 0, 0.5), {}),
-    ("logits has dtype torch.int64", TypeError, flashinfer.sampling_from_logits,
-     (torch.ones(2, 5, dtype=I64),), {}),
+    (
+        "filter_apply_order must be one of top_k_first, joint",
+        ValueError,
+        flashinfer.top_k_top_p_sampling_from_probs,
+        (P, 3, 0.5),
+        dict(filter_apply_order="k"),
+    ),
+    ("top_k must be >= 1", ValueError, flashinfer.top_k_top_p_sampling_from_probs, (P, 0, 0.5), {}),
+    (
+        "logits has dtype torch.int64",
+        TypeError,
+        flashinfer.sampling_from_logits,
+        (torch.ones(2, 5, dtype=I64),),
+        {},
+    ),
     ("logits must be a CUDA tensor", ValueError, flashinfer.sampling_from_logits, (L,), {}),
-    ("top_p must be > 0", ValueError, flashinfer.top_k_top_p_sampling_from_logits,
-     (L, 2, 0), {}),
-    ("seed must be an int", TypeError, flashinfer.top_k_top_p_sampling_from_logits,
-     (L, 2, 0.5), dict(seed=1.5)),
-    ("logits must be a CUDA tensor", ValueError, flashinfer.top_k_top_p_sampling_from_logits,
-     (L, 2, 0.5), {}),
+    ("top_p must be > 0", ValueError, flashinfer.top_k_top_p_sampling_from_logits, (L, 2, 0), {}),
+    (
+        "seed must be an int",
+        TypeError,
+        flashinfer.top_k_top_p_sampling_from_logits,
+        (L, 2, 0.5),
+        dict(seed=1.5),
+    ),
+    (
+        "logits must be a CUDA tensor",
+        ValueError,
+        flashinfer.top_k_top_p_sampling_from_logits,
+        (L, 2, 0.5),
+        {},
+    ),
     ("temperature must not be NaN", ValueError, flashinfer.softmax, (L, math.nan), {}),
-    ("temperature has dtype torch.int32", TypeError, flashinfer.softmax,
-     (L, torch.ones(2, dtype=I32)), {}),
-    ("enable_pdl must be a bool or None", TypeError, flashinfer.softmax, (L,),
-     dict(enable_pdl=1)),
+    (
+        "temperature has dtype torch.int32",
+        TypeError,
+        flashinfer.softmax,
+        (L, torch.ones(2, dtype=I32)),
+        {},
+    ),
+    ("enable_pdl must be a bool or None", TypeError, flashinfer.softmax, (L,), dict(enable_pdl=1)),
     ("logits must be 2-D", ValueError, flashinfer.softmax, (torch.randn(5),), {}),
     ("top_p must be > 0", ValueError, flashinfer.top_p_renorm_probs, (P, -1), {}),
-    ("is_deterministic must be a bool", TypeError, flashinfer.top_p_renorm_probs, (P, 0.5),
-     dict(is_deterministic="yes")),
+    (
+        "is_deterministic must be a bool",
+        TypeError,
+        flashinfer.top_p_renorm_probs,
+        (P, 0.5),
+        dict(is_deterministic="yes"),
+    ),
     ("probs must be a CUDA tensor", ValueError, flashinfer.top_p_renorm_probs, (P, 0.5), {}),
     ("top_k must be >= 1", ValueError, flashinfer.top_k_renorm_probs, (P, 0), {}),
-    ("probs has dtype torch.float64; supported: float16, bfloat16, float32", TypeError,
-     flashinfer.top_k_renorm_probs, (P.double(), 3), {}),
+    (
+        "probs has dtype torch.float64; supported: float16, bfloat16, float32",
+        TypeError,
+        flashinfer.top_k_renorm_probs,
+        (P.double(), 3),
+        {},
+    ),
     ("top_k must be >= 1", ValueError, flashinfer.top_k_mask_logits, (L, -1), {}),
-    ("top_k has 3 elements, the batch has 2", ValueError, flashinfer.top_k_mask_logits,
-     (L, torch.ones(3, dtype=I32)), {}),
-    ("logits must be a CUDA tensor", ValueError, flashinfer.top_k_mask_logits,
-     (L.bfloat16(), 2), {}),
+    (
+        "top_k has 3 elements, the batch has 2",
+        ValueError,
+        flashinfer.top_k_mask_logits,
+        (L, torch.ones(3, dtype=I32)),
+        {},
+    ),
+    (
+        "logits must be a CUDA tensor",
+        ValueError,
+        flashinfer.top_k_mask_logits,
+        (L.bfloat16(), 2),
+        {},
+    ),
 ]
 
 
-@pytest.mark.parametrize("message,error,api,args,kwargs", BAD_CALLS,
-                         ids=[f"{b[2].__name__}:{b[0][:40]}" for b in BAD_CALLS])
+@pytest.mark.parametrize(
+    "message,error,api,args,kwargs",
+    BAD_CALLS,
+    ids=[f"{b[2].__name__}:{b[0][:40]}" for b in BAD_CALLS],
+)
 def test_bad_arguments_raise_before_launch(no_launch, message, error, api, args, kwargs) -> None:
     with pytest.raises(error, match=message):
         api(*args, **kwargs)
@@ -157,11 +325,13 @@ NONE_FILTERS = [
 ]
 
 
-@pytest.mark.parametrize("name,api,args", NONE_FILTERS,
-                         ids=[f"{f[1].__name__}:{f[0]}" for f in NONE_FILTERS])
+@pytest.mark.parametrize(
+    "name,api,args", NONE_FILTERS, ids=[f"{f[1].__name__}:{f[0]}" for f in NONE_FILTERS]
+)
 def test_a_required_filter_of_none_is_a_type_error(no_launch, name, api, args) -> None:
-    with pytest.raises(TypeError, match=f"^{name} must be an? (int|float) or a \\[batch\\] "
-                                        "tensor, got NoneType$"):
+    with pytest.raises(
+        TypeError, match=f"^{name} must be an? (int|float) or a \\[batch\\] tensor, got NoneType$"
+    ):
         api(*args)
 
 
@@ -184,8 +354,9 @@ ACCEPTED_SCALARS = [
 ]
 
 
-@pytest.mark.parametrize("api,args", ACCEPTED_SCALARS,
-                         ids=[f"{a[0].__name__}:{a[1][1:]}" for a in ACCEPTED_SCALARS])
+@pytest.mark.parametrize(
+    "api,args", ACCEPTED_SCALARS, ids=[f"{a[0].__name__}:{a[1][1:]}" for a in ACCEPTED_SCALARS]
+)
 def test_out_of_range_scalars_the_reference_accepts_are_accepted(no_launch, api, args) -> None:
     with pytest.raises(ValueError, match="must be a CUDA tensor"):
         api(*args)
@@ -211,14 +382,17 @@ def test_the_binding_checks_too() -> None:
     with pytest.raises(ValueError, match="seed and offset must both be tensors or both be ints"):
         module.sampling_from_probs(*call[:12], torch.ones(1, dtype=I64), None, 1, 0)
     with pytest.raises(ValueError, match="offset must be 1-D with 1 or 4 elements"):
-        module.sampling_from_probs(*call[:12], torch.ones(4, dtype=I64),
-                                   torch.ones(2, dtype=I64), 1, 0)
+        module.sampling_from_probs(
+            *call[:12], torch.ones(4, dtype=I64), torch.ones(2, dtype=I64), 1, 0
+        )
     with pytest.raises(TypeError, match="seed has dtype int32, expected int64 or uint64"):
-        module.sampling_from_logits(out, P, None, torch.ones(1, dtype=I32),
-                                    torch.ones(1, dtype=I64), 1, 0)
+        module.sampling_from_logits(
+            out, P, None, torch.ones(1, dtype=I32), torch.ones(1, dtype=I64), 1, 0
+        )
     with pytest.raises(ValueError, match="logits must be a CUDA tensor"):  # uint64 seeds pass
-        module.sampling_from_logits(out, P, None, torch.ones(1, dtype=torch.uint64),
-                                    torch.ones(4, dtype=torch.uint64), 1, 0)
+        module.sampling_from_logits(
+            out, P, None, torch.ones(1, dtype=torch.uint64), torch.ones(4, dtype=torch.uint64), 1, 0
+        )
     with pytest.raises(ValueError, match="out has the wrong shape"):
         module.softmax(torch.empty(4, 49), P, None, 1.0, False)
     with pytest.raises(ValueError, match="renorm takes top_k or top_p"):
@@ -299,32 +473,49 @@ def test_philox_matches_the_published_known_answers(tmp_path) -> None:
         "    philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u},\n"
         "                  0xa4093822u, 0x299f31d0u)};\n"
         '  for (const auto& b : r) std::printf("%08x %08x %08x %08x\\n", b.x, b.y, b.z, b.w);\n'
-        "}\n")
+        "}\n"
+    )
     lines = _run_host_program(source, tmp_path / "kat")
     assert lines[:3] == [" ".join(f"{w:08x}" for w in block) for block in KNOWN_ANSWERS]
 
 
-KNOWN_ANSWERS = [(0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8),
-                 (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD),
-                 (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1)]
+KNOWN_ANSWERS = [
+    (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8),
+    (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD),
+    (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1),
+]
 
 
 def test_the_python_philox_model_matches_the_known_answers() -> None:
     m = 0xFFFFFFFF
-    got = [reference.philox4x32_10((0, 0, 0, 0), (0, 0)),
-           reference.philox4x32_10((m, m, m, m), (m, m)),
-           reference.philox4x32_10((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344),
-                                   (0xA4093822, 0x299F31D0))]
+    got = [
+        reference.philox4x32_10((0, 0, 0, 0), (0, 0)),
+        reference.philox4x32_10((m, m, m, m), (m, m)),
+        reference.philox4x32_10(
+            (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0)
+        ),
+    ]
     assert got == KNOWN_ANSWERS
 
 
 def _run_host_program(source, binary) -> list[str]:  # noqa: ANN001
     from flashinfer.jit.toolchain import current_toolchain
 
-    subprocess.run([str(current_toolchain().cxx), "-O2", "-std=c++17",
-                    f"-I{REPO_ROOT / 'include'}", str(source), "-o", str(binary)], check=True)
-    return subprocess.run([str(binary)], capture_output=True, text=True,
-                          check=True).stdout.split("\n")
+    subprocess.run(
+        [
+            str(current_toolchain().cxx),
+            "-O2",
+            "-std=c++17",
+            f"-I{REPO_ROOT / 'include'}",
+            str(source),
+            "-o",
+            str(binary),
+        ],
+        check=True,
+    )
+    return subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout.split(
+        "\n"
+    )
 
 
 def _float_bits(value: float) -> int:
@@ -336,8 +527,9 @@ def test_host_harness_counter_layout_uniforms_and_key_order(tmp_path) -> None:
     those of an independent model of the curand/torch layout (word p of a subsequence is lane
     p % 4 of block p // 4), its uniforms lie in (0, 1) (never 1.0f, over a sweep of the
     32-bit inputs), and -0.0 ties +0.0 in the key order."""
-    lines = _run_host_program(REPO_ROOT / "tests" / "ops" / "sampling_harness.cc",
-                              tmp_path / "harness")
+    lines = _run_host_program(
+        REPO_ROOT / "tests" / "ops" / "sampling_harness.cc", tmp_path / "harness"
+    )
     rows = [line.split() for line in lines if line]
     words = [list(map(int, r[1:])) for r in rows if r[0] == "words"]
     assert len(words) == 8
@@ -427,8 +619,9 @@ def test_top_k_renorm_and_mask_match_the_reference(vocab) -> None:
     for top_k in (3 if vocab > 3 else 1, ks):
         keep = reference.top_k_set(probs, top_k)
         got = flashinfer.top_k_renorm_probs(probs, top_k)
-        torch.testing.assert_close(got.double(), reference.renormalize(probs, keep), atol=1e-6,
-                                   rtol=1e-5)
+        torch.testing.assert_close(
+            got.double(), reference.renormalize(probs, keep), atol=1e-6, rtol=1e-5
+        )
         for dtype in (torch.float32, torch.bfloat16):
             logits = torch.log(probs).to(dtype)
             lkeep = reference.top_k_set(logits.float(), top_k)
@@ -455,8 +648,9 @@ def test_top_p_renorm_matches_the_reference(vocab) -> None:
         kept = got > 0
         free = _near_boundary(probs, top_p)
         assert torch.equal(kept[~free], keep[~free])
-        torch.testing.assert_close(got.double(), reference.renormalize(probs, kept), atol=1e-6,
-                                   rtol=1e-5)
+        torch.testing.assert_close(
+            got.double(), reference.renormalize(probs, kept), atol=1e-6, rtol=1e-5
+        )
 
 
 def _draws(api, probs: torch.Tensor, n: int, **kwargs) -> torch.Tensor:  # noqa: ANN001
@@ -467,25 +661,44 @@ def _draws(api, probs: torch.Tensor, n: int, **kwargs) -> torch.Tensor:  # noqa:
 
 SAMPLERS = [
     ("plain", flashinfer.sampling_from_probs, {}, lambda p: torch.ones_like(p, dtype=torch.bool)),
-    ("top_k", flashinfer.top_k_sampling_from_probs, dict(top_k=7),
-     lambda p: reference.top_k_set(p, 7)),
-    ("top_p", flashinfer.top_p_sampling_from_probs, dict(top_p=0.6),
-     lambda p: reference.top_p_set(p, 0.6)),
-    ("min_p", flashinfer.min_p_sampling_from_probs, dict(min_p=0.2),
-     lambda p: reference.min_p_set(p, 0.2)),
-    ("joint", flashinfer.top_k_top_p_sampling_from_probs,
-     dict(top_k=10, top_p=0.5, filter_apply_order="joint"),
-     lambda p: reference.top_k_set(p, 10) & reference.top_p_set(p, 0.5)),
-    ("top_k_first", flashinfer.top_k_top_p_sampling_from_probs,
-     dict(top_k=10, top_p=0.5, filter_apply_order="top_k_first"),
-     lambda p: reference.top_p_set(reference.renormalize(p, reference.top_k_set(p, 10)), 0.5)),
+    (
+        "top_k",
+        flashinfer.top_k_sampling_from_probs,
+        dict(top_k=7),
+        lambda p: reference.top_k_set(p, 7),
+    ),
+    (
+        "top_p",
+        flashinfer.top_p_sampling_from_probs,
+        dict(top_p=0.6),
+        lambda p: reference.top_p_set(p, 0.6),
+    ),
+    (
+        "min_p",
+        flashinfer.min_p_sampling_from_probs,
+        dict(min_p=0.2),
+        lambda p: reference.min_p_set(p, 0.2),
+    ),
+    (
+        "joint",
+        flashinfer.top_k_top_p_sampling_from_probs,
+        dict(top_k=10, top_p=0.5, filter_apply_order="joint"),
+        lambda p: reference.top_k_set(p, 10) & reference.top_p_set(p, 0.5),
+    ),
+    (
+        "top_k_first",
+        flashinfer.top_k_top_p_sampling_from_probs,
+        dict(top_k=10, top_p=0.5, filter_apply_order="top_k_first"),
+        lambda p: reference.top_p_set(reference.renormalize(p, reference.top_k_set(p, 10)), 0.5),
+    ),
 ]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name,api,kwargs,allowed", SAMPLERS, ids=[s[0] for s in SAMPLERS])
-def test_sampled_distribution_matches_the_renormalized_reference(name, api, kwargs,
-                                                                 allowed) -> None:
+def test_sampled_distribution_matches_the_renormalized_reference(
+    name, api, kwargs, allowed
+) -> None:
     probs = _random_probs(1, 64, 7, spread=1.0)
     keep = allowed(probs)
     tokens = _draws(api, probs, 200_000, **kwargs)
@@ -513,11 +726,13 @@ def test_per_request_parameters_apply_row_by_row() -> None:
     probs = _random_probs(4, 5000, 3)
     top_k = torch.tensor([1, 5, 50, 5000], device="cuda")
     top_p = torch.tensor([0.05, 0.3, 0.8, 1.0], device="cuda")
-    keep = reference.top_k_set(probs, top_k) & (reference.top_p_set(probs, top_p)
-                                               | _near_boundary(probs, top_p))
+    keep = reference.top_k_set(probs, top_k) & (
+        reference.top_p_set(probs, top_p) | _near_boundary(probs, top_p)
+    )
     for draw in range(20):
         tokens = flashinfer.top_k_top_p_sampling_from_probs(
-            probs, top_k, top_p, filter_apply_order="joint", seed=5, offset=draw).long()
+            probs, top_k, top_p, filter_apply_order="joint", seed=5, offset=draw
+        ).long()
         assert keep.gather(1, tokens[:, None]).all()
         assert tokens[0] == probs[0].argmax()
 
@@ -526,8 +741,9 @@ def test_per_request_parameters_apply_row_by_row() -> None:
 def test_large_batch_and_vocab() -> None:
     probs = _random_probs(1024, 262144, 11, spread=3.0)
     tokens = flashinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=1).long()
-    keep = reference.top_k_set(probs, 50) & (reference.top_p_set(probs, 0.9)
-                                            | _near_boundary(probs, 0.9))
+    keep = reference.top_k_set(probs, 50) & (
+        reference.top_p_set(probs, 0.9) | _near_boundary(probs, 0.9)
+    )
     assert keep.gather(1, tokens[:, None]).all()
 
 
@@ -546,10 +762,12 @@ def test_sampling_from_logits_matches_softmax() -> None:
 def test_top_k_top_p_from_logits_is_softmax_then_probs() -> None:
     logits = torch.randn(16, 3000, device="cuda", dtype=torch.bfloat16) * 3
     for order in ("top_k_first", "joint"):
-        a = flashinfer.top_k_top_p_sampling_from_logits(logits, 20, 0.8, filter_apply_order=order,
-                                                        seed=3, offset=4)
-        b = flashinfer.top_k_top_p_sampling_from_probs(flashinfer.softmax(logits), 20, 0.8,
-                                                       filter_apply_order=order, seed=3, offset=4)
+        a = flashinfer.top_k_top_p_sampling_from_logits(
+            logits, 20, 0.8, filter_apply_order=order, seed=3, offset=4
+        )
+        b = flashinfer.top_k_top_p_sampling_from_probs(
+            flashinfer.softmax(logits), 20, 0.8, filter_apply_order=order, seed=3, offset=4
+        )
         assert torch.equal(a, b)
 
 
@@ -564,7 +782,9 @@ def test_same_seed_same_tokens_and_generators_advance() -> None:
     first = flashinfer.sampling_from_probs(probs, generator=g)
     second = flashinfer.sampling_from_probs(probs, generator=g)
     assert not torch.equal(first, second)
-    again = flashinfer.sampling_from_probs(probs, generator=torch.Generator(device="cuda").manual_seed(7))
+    again = flashinfer.sampling_from_probs(
+        probs, generator=torch.Generator(device="cuda").manual_seed(7)
+    )
     assert torch.equal(first, again)
     torch.manual_seed(0)
     x = flashinfer.sampling_from_probs(probs)
@@ -574,11 +794,13 @@ def test_same_seed_same_tokens_and_generators_advance() -> None:
 
 @pytest.mark.gpu
 def test_same_seed_same_tokens_in_a_fresh_process() -> None:
-    code = ("import torch, flashinfer\n"
-            "g = torch.Generator(device='cuda').manual_seed(5)\n"
-            "p = torch.softmax(torch.randn(64, 50000, device='cuda', generator=g) * 2, -1)\n"
-            "t = flashinfer.top_k_top_p_sampling_from_probs(p, 40, 0.9, seed=77, offset=3)\n"
-            "print(','.join(map(str, t.tolist())))\n")
+    code = (
+        "import torch, flashinfer\n"
+        "g = torch.Generator(device='cuda').manual_seed(5)\n"
+        "p = torch.softmax(torch.randn(64, 50000, device='cuda', generator=g) * 2, -1)\n"
+        "t = flashinfer.top_k_top_p_sampling_from_probs(p, 40, 0.9, seed=77, offset=3)\n"
+        "print(','.join(map(str, t.tolist())))\n"
+    )
     here = run_python(code).stdout.strip().splitlines()[-1]
     there = run_python(code).stdout.strip().splitlines()[-1]
     assert here == there and len(here.split(",")) == 64
@@ -589,14 +811,17 @@ def test_degenerate_rows() -> None:
     vocab = 1000
     one_hot = torch.zeros(3, vocab, device="cuda")
     one_hot[torch.arange(3), torch.tensor([0, 517, 999])] = 1.0
-    for api, kwargs in ((flashinfer.sampling_from_probs, {}),
-                        (flashinfer.top_k_sampling_from_probs, dict(top_k=5)),
-                        (flashinfer.top_p_sampling_from_probs, dict(top_p=0.3)),
-                        (flashinfer.min_p_sampling_from_probs, dict(min_p=0.5))):
+    for api, kwargs in (
+        (flashinfer.sampling_from_probs, {}),
+        (flashinfer.top_k_sampling_from_probs, dict(top_k=5)),
+        (flashinfer.top_p_sampling_from_probs, dict(top_p=0.3)),
+        (flashinfer.min_p_sampling_from_probs, dict(min_p=0.5)),
+    ):
         assert api(one_hot, seed=1, **kwargs).tolist() == [0, 517, 999]
     probs = _random_probs(32, vocab, 4)
-    assert torch.equal(flashinfer.top_k_sampling_from_probs(probs, 1, seed=2).long(),
-                       probs.argmax(-1))
+    assert torch.equal(
+        flashinfer.top_k_sampling_from_probs(probs, 1, seed=2).long(), probs.argmax(-1)
+    )
     plain = flashinfer.sampling_from_probs(probs, seed=9, offset=1)
     assert torch.equal(flashinfer.top_p_sampling_from_probs(probs, 1.0, seed=9, offset=1), plain)
     assert torch.equal(flashinfer.top_k_sampling_from_probs(probs, vocab, seed=9, offset=1), plain)
@@ -605,7 +830,11 @@ def test_degenerate_rows() -> None:
     logits[torch.arange(4), torch.tensor([3, 0, 999, 400])] = torch.randn(4, device="cuda")
     assert flashinfer.sampling_from_logits(logits, seed=3).tolist() == [3, 0, 999, 400]
     assert flashinfer.top_k_top_p_sampling_from_logits(logits, 10, 0.5, seed=3).tolist() == [
-        3, 0, 999, 400]
+        3,
+        0,
+        999,
+        400,
+    ]
 
 
 @pytest.mark.gpu
@@ -614,9 +843,15 @@ def test_indices_map_outputs_to_rows_and_out_of_range_yields_minus_one() -> None
     probs[0, 10] = probs[1, 20] = probs[2, 30] = 1.0
     indices = torch.tensor([2, 0, 0, 1, 3, -1], dtype=I32, device="cuda")
     assert flashinfer.sampling_from_probs(probs, indices=indices, seed=0).tolist() == [
-        30, 10, 10, 20, -1, -1]
-    assert flashinfer.sampling_from_logits(probs.log(), indices=indices.long(), seed=0).tolist() == [
-        30, 10, 10, 20, -1, -1]
+        30,
+        10,
+        10,
+        20,
+        -1,
+        -1,
+    ]
+    from_logits = flashinfer.sampling_from_logits(probs.log(), indices=indices.long(), seed=0)
+    assert from_logits.tolist() == [30, 10, 10, 20, -1, -1]
     zero_row = torch.zeros(1, 100, device="cuda")
     assert flashinfer.sampling_from_probs(zero_row, seed=0).tolist() == [0]
 
@@ -638,15 +873,21 @@ def test_softmax_with_pdl_after_another_kernel() -> None:
         torch.testing.assert_close(got, torch.softmax(logits, -1), atol=1e-6, rtol=1e-4)
 
 
-def _race_checks(tokens: torch.Tensor, probs: torch.Tensor, seeds: list[int],
-                 offsets: list[int], keep: torch.Tensor | None = None) -> int:
+def _race_checks(
+    tokens: torch.Tensor,
+    probs: torch.Tensor,
+    seeds: list[int],
+    offsets: list[int],
+    keep: torch.Tensor | None = None,
+) -> int:
     """Compares each row's token with the host model of the kernel's race (subsequence =
     output row); rows whose winner is within 1e-4 of the runner-up (where float rounding of
     log1p may differ between host and device) are skipped. Returns the rows compared."""
     compared = 0
     for row, (seed, offset) in enumerate(zip(seeds, offsets)):
         want, margin = reference.exponential_race(
-            probs[row], seed % 2**64, offset % 2**64, row, None if keep is None else keep[row])
+            probs[row], seed % 2**64, offset % 2**64, row, None if keep is None else keep[row]
+        )
         if margin > 1e-4:
             assert int(tokens[row]) == want, (row, seed, offset)
             compared += 1
@@ -680,11 +921,14 @@ def test_seed_and_offset_tensors_per_row_and_shared(dtype) -> None:
     assert _race_checks(tokens, probs, seeds, offsets) >= 6
     one_seed, one_offset = seed_t[:1].clone(), offset_t[:1].clone()
     shared = flashinfer.top_p_sampling_from_probs(probs, 0.9, seed=one_seed, offset=one_offset)
-    assert torch.equal(shared, flashinfer.top_p_sampling_from_probs(probs, 0.9, seed=seeds[0],
-                                                                    offset=offsets[0]))
+    assert torch.equal(
+        shared, flashinfer.top_p_sampling_from_probs(probs, 0.9, seed=seeds[0], offset=offsets[0])
+    )
     logits = torch.log(probs)
-    assert torch.equal(flashinfer.sampling_from_logits(logits, seed=one_seed, offset=one_offset),
-                       flashinfer.sampling_from_logits(logits, seed=seeds[0], offset=offsets[0]))
+    assert torch.equal(
+        flashinfer.sampling_from_logits(logits, seed=one_seed, offset=one_offset),
+        flashinfer.sampling_from_logits(logits, seed=seeds[0], offset=offsets[0]),
+    )
 
 
 @pytest.mark.gpu
@@ -695,15 +939,17 @@ def test_seed_tensors_make_cuda_graph_replays_draw_fresh_tokens() -> None:
     flashinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=seed, offset=offset)  # warm
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        tokens = flashinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=seed,
-                                                            offset=offset)
+        tokens = flashinfer.top_k_top_p_sampling_from_probs(
+            probs, 50, 0.9, seed=seed, offset=offset
+        )
     replays = []
     for step in (1, 2):
         offset.fill_(4000 * step)
         graph.replay()
         torch.cuda.synchronize()
-        want = flashinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=7,
-                                                          offset=4000 * step)
+        want = flashinfer.top_k_top_p_sampling_from_probs(
+            probs, 50, 0.9, seed=7, offset=4000 * step
+        )
         assert torch.equal(tokens, want)
         replays.append(tokens.clone())
     assert not torch.equal(replays[0], replays[1])
@@ -723,8 +969,9 @@ def test_generator_draws_do_not_overlap_torch_streams() -> None:
     twin.set_state(start)
     at_start = torch.rand(4, generator=twin, device="cuda").cpu()
     # torch's layout: element i of torch.rand(4) is word `offset` of subsequence i
-    model = [reference.curand_uniform(reference.philox_words(seed, i, offset, 1)[0])
-             for i in range(4)]
+    model = [
+        reference.curand_uniform(reference.philox_words(seed, i, offset, 1)[0]) for i in range(4)
+    ]
     assert at_start.tolist() == model
     tokens = flashinfer.sampling_from_probs(probs, generator=g)
     assert _race_checks(tokens, probs, [seed] * 4, [offset] * 4) >= 3
@@ -733,7 +980,8 @@ def test_generator_draws_do_not_overlap_torch_streams() -> None:
     assert after.tolist() != at_start.tolist()
     assert after.tolist() == [
         reference.curand_uniform(reference.philox_words(seed, i, offset + 1004, 1)[0])
-        for i in range(4)]
+        for i in range(4)
+    ]
 
 
 @pytest.mark.gpu
@@ -759,16 +1007,18 @@ def test_top_p_matches_the_reference_at_any_row_scale(scale) -> None:
         got = flashinfer.top_p_renorm_probs(q, top_p)
         free = _near_boundary(q, top_p)
         assert torch.equal((got > 0)[~free], keep[~free])
-        torch.testing.assert_close(got.double(), reference.renormalize(q, got > 0), atol=1e-6,
-                                   rtol=1e-5)
+        torch.testing.assert_close(
+            got.double(), reference.renormalize(q, got > 0), atol=1e-6, rtol=1e-5
+        )
 
 
 @pytest.mark.gpu
 def test_wide_indices_and_top_k_are_not_narrowed() -> None:
     probs = _random_probs(3, 500, 8)
     indices = torch.tensor([0, 2**32, 2**31, -(2**32) + 1, 2, 1], dtype=I64, device="cuda")
-    tokens, valid = flashinfer.top_k_sampling_from_probs(probs, 3, indices=indices, seed=4,
-                                                         return_valid=True)
+    tokens, valid = flashinfer.top_k_sampling_from_probs(
+        probs, 3, indices=indices, seed=4, return_valid=True
+    )
     assert tokens.dtype == I64 and valid.dtype == torch.bool
     assert tokens[1:4].tolist() == [-1, -1, -1]
     assert valid.tolist() == [True, False, False, False, True, True]
@@ -777,8 +1027,7 @@ def test_wide_indices_and_top_k_are_not_narrowed() -> None:
         assert keep[row, tokens[out_row]]
     top_k = torch.tensor([2**32 + 1, 2**40, -(2**33)], dtype=I64, device="cuda")
     plain = flashinfer.sampling_from_probs(probs, seed=11, offset=0)
-    assert torch.equal(flashinfer.top_k_sampling_from_probs(probs, top_k, seed=11, offset=0),
-                       plain)
+    assert torch.equal(flashinfer.top_k_sampling_from_probs(probs, top_k, seed=11, offset=0), plain)
     logits = torch.log(probs)
     assert torch.equal(flashinfer.top_k_mask_logits(logits, top_k), logits)
 
@@ -786,8 +1035,9 @@ def test_wide_indices_and_top_k_are_not_narrowed() -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_signed_zeros_tie_in_the_key_order(dtype) -> None:
-    logits = torch.tensor([[0.0, -0.0, -1.0], [-0.0, 0.0, -1.0], [-1.0, -0.0, 0.0]],
-                          dtype=dtype, device="cuda")
+    logits = torch.tensor(
+        [[0.0, -0.0, -1.0], [-0.0, 0.0, -1.0], [-1.0, -0.0, 0.0]], dtype=dtype, device="cuda"
+    )
     got = flashinfer.top_k_mask_logits(logits, 1)
     assert torch.isinf(got).cpu().tolist() == [[False, False, True]] * 2 + [[True, False, False]]
     probs = torch.tensor([[0.5, 0.0, -0.0, 0.5]], device="cuda")
@@ -798,11 +1048,13 @@ def test_signed_zeros_tie_in_the_key_order(dtype) -> None:
 def test_return_valid_flags_rows_with_nothing_to_draw() -> None:
     probs = _random_probs(4, 100, 1)
     probs[2] = 0
-    for api, kwargs in ((flashinfer.sampling_from_probs, {}),
-                        (flashinfer.top_p_sampling_from_probs, dict(top_p=0.5)),
-                        (flashinfer.top_k_sampling_from_probs, dict(top_k=5)),
-                        (flashinfer.min_p_sampling_from_probs, dict(min_p=0.5)),
-                        (flashinfer.top_k_top_p_sampling_from_probs, dict(top_k=5, top_p=0.5))):
+    for api, kwargs in (
+        (flashinfer.sampling_from_probs, {}),
+        (flashinfer.top_p_sampling_from_probs, dict(top_p=0.5)),
+        (flashinfer.top_k_sampling_from_probs, dict(top_k=5)),
+        (flashinfer.min_p_sampling_from_probs, dict(min_p=0.5)),
+        (flashinfer.top_k_top_p_sampling_from_probs, dict(top_k=5, top_p=0.5)),
+    ):
         tokens, valid = api(probs, seed=1, return_valid=True, **kwargs)
         assert tokens.dtype == I32 and valid.dtype == torch.bool
         assert valid.tolist() == [True, True, False, True] and tokens[2] == 0
@@ -814,15 +1066,19 @@ def test_16_and_64_bit_inputs() -> None:
     probs = _random_probs(8, 1000, 6)
     for dtype in (torch.float16, torch.bfloat16, torch.float64):
         x = probs.to(dtype)
-        assert torch.equal(flashinfer.top_p_sampling_from_probs(x, 0.8, seed=3),
-                           flashinfer.top_p_sampling_from_probs(x.float(), 0.8, seed=3))
+        assert torch.equal(
+            flashinfer.top_p_sampling_from_probs(x, 0.8, seed=3),
+            flashinfer.top_p_sampling_from_probs(x.float(), 0.8, seed=3),
+        )
         renormed = flashinfer.top_p_renorm_probs(x, 0.8)
         assert renormed.dtype == torch.float32
         assert torch.equal(renormed, flashinfer.top_p_renorm_probs(x.float(), 0.8))
         logits = torch.log(probs).to(dtype)
         assert flashinfer.softmax(logits).dtype == torch.float32
-        assert torch.equal(flashinfer.sampling_from_logits(logits, seed=2),  # exact widening
-                           flashinfer.sampling_from_logits(logits.float(), seed=2))
+        assert torch.equal(
+            flashinfer.sampling_from_logits(logits, seed=2),  # exact widening
+            flashinfer.sampling_from_logits(logits.float(), seed=2),
+        )
     for dtype in (torch.float16, torch.bfloat16):
         x = probs.to(dtype)
         got = flashinfer.top_k_renorm_probs(x, 10)
@@ -843,8 +1099,9 @@ def test_softmax_temperature_zero_or_inf_is_uniform_over_finite_logits() -> None
         torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-5)
     finite = logits[[0, 2]]
     got = flashinfer.softmax(finite, -2.0)  # softmax(logits / -2), as in the reference
-    torch.testing.assert_close(got.double(), torch.softmax(finite.double() / -2, -1), atol=1e-6,
-                               rtol=1e-4)
+    torch.testing.assert_close(
+        got.double(), torch.softmax(finite.double() / -2, -1), atol=1e-6, rtol=1e-4
+    )
 
 
 @pytest.mark.gpu

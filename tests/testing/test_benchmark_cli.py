@@ -36,28 +36,86 @@ from routines import sampling as sampling_routines  # noqa: E402
 
 CPU = torch.device("cpu")
 
-DOCUMENTED = ["--routine", "BatchDecodeWithPagedKVCacheWrapper", "--backends", "fa2", "cudnn",
-              "--batch_size", "32", "--s_kv", "2048", "--num_qo_heads", "32", "--num_kv_heads",
-              "8", "--head_dim_qk", "128", "--head_dim_vo", "128", "--page_size", "16",
-              "--refcheck", "-vv"]
+DOCUMENTED = [
+    "--routine",
+    "BatchDecodeWithPagedKVCacheWrapper",
+    "--backends",
+    "fa2",
+    "cudnn",
+    "--batch_size",
+    "32",
+    "--s_kv",
+    "2048",
+    "--num_qo_heads",
+    "32",
+    "--num_kv_heads",
+    "8",
+    "--head_dim_qk",
+    "128",
+    "--head_dim_vo",
+    "128",
+    "--page_size",
+    "16",
+    "--refcheck",
+    "-vv",
+]
 
 # small shapes per family, for CPU runs (and the GPU smoke tests)
 SMALL = {
-    "attention": ["--batch_size", "2", "--s_qo", "3", "--s_kv", "37", "--num_qo_heads", "4",
-                  "--num_kv_heads", "2", "--head_dim_qk", "64", "--page_size", "8",
-                  "--shared_kv_len", "13"],
+    "attention": [
+        "--batch_size",
+        "2",
+        "--s_qo",
+        "3",
+        "--s_kv",
+        "37",
+        "--num_qo_heads",
+        "4",
+        "--num_kv_heads",
+        "2",
+        "--head_dim_qk",
+        "64",
+        "--page_size",
+        "8",
+        "--shared_kv_len",
+        "13",
+    ],
     "norm": ["--batch_size", "5", "--hidden_size", "64"],
     "activation": ["--batch_size", "5", "--hidden_size", "64"],
-    "rope": ["--batch_size", "2", "--seq_len", "7", "--num_qo_heads", "4", "--num_kv_heads", "2",
-             "--head_dim", "64", "--rotary_dim", "32"],
-    "page": ["--batch_size", "3", "--seq_len", "37", "--num_kv_heads", "2", "--head_dim", "64",
-             "--page_size", "8"],
+    "rope": [
+        "--batch_size",
+        "2",
+        "--seq_len",
+        "7",
+        "--num_qo_heads",
+        "4",
+        "--num_kv_heads",
+        "2",
+        "--head_dim",
+        "64",
+        "--rotary_dim",
+        "32",
+    ],
+    "page": [
+        "--batch_size",
+        "3",
+        "--seq_len",
+        "37",
+        "--num_kv_heads",
+        "2",
+        "--head_dim",
+        "64",
+        "--page_size",
+        "8",
+    ],
     "cascade": ["--seq_len", "9", "--num_heads", "4", "--head_dim", "64", "--num_states", "3"],
     "sampling": ["--batch_size", "4", "--vocab_size", "1000", "--logits_scale", "3"],
 }
-ONE_QUERY = {"BatchDecodeWithPagedKVCacheWrapper": ["--s_qo", "1"],
-             "single_decode_with_kv_cache": ["--batch_size", "1", "--s_qo", "1"],
-             "single_prefill_with_kv_cache": ["--batch_size", "1"]}
+ONE_QUERY = {
+    "BatchDecodeWithPagedKVCacheWrapper": ["--s_qo", "1"],
+    "single_decode_with_kv_cache": ["--batch_size", "1", "--s_qo", "1"],
+    "single_prefill_with_kv_cache": ["--batch_size", "1"],
+}
 TORCH_SIDE = ("torch", "flash", "cudnn")
 
 
@@ -79,8 +137,19 @@ CPU_RUN = dict(timer=WallTimer(), bandwidth=lambda device: 100.0)
 
 def small_argv(routine: str, backends: list[str], *extra: str) -> list[str]:
     family = routines.ROUTINES[routine].family.name
-    return ["--routine", routine, "--backends", *backends, "--num_iters", "1",
-            "--dry_run_iters", "0", *SMALL[family], *ONE_QUERY.get(routine, []), *extra]
+    return [
+        "--routine",
+        routine,
+        "--backends",
+        *backends,
+        "--num_iters",
+        "1",
+        "--dry_run_iters",
+        "0",
+        *SMALL[family],
+        *ONE_QUERY.get(routine, []),
+        *extra,
+    ]
 
 
 def torch_side(routine: str) -> list[str]:
@@ -89,13 +158,18 @@ def torch_side(routine: str) -> list[str]:
 
 # -- arguments -----------------------------------------------------------------------------------
 
+
 def test_the_documented_command_parses() -> None:
     args = cli.parse_args([*DOCUMENTED, "--s_qo", "1", "--causal", "--output_path", "r.csv"])
     assert args.routine == "BatchDecodeWithPagedKVCacheWrapper"
     assert args.backends == ["fa2", "cudnn"]
     assert (args.batch_size, args.s_qo, args.s_kv) == (32, 1, 2048)
-    assert (args.num_qo_heads, args.num_kv_heads, args.head_dim_qk, args.head_dim_vo) == \
-        (32, 8, 128, 128)
+    assert (args.num_qo_heads, args.num_kv_heads, args.head_dim_qk, args.head_dim_vo) == (
+        32,
+        8,
+        128,
+        128,
+    )
     assert args.page_size == 16 and args.causal and args.refcheck and args.verbose == 2
     assert args.output_path == "r.csv"
     # the reference's defaults: 30 timed iterations after 5 dry runs, CUPTI unless told
@@ -104,18 +178,57 @@ def test_the_documented_command_parses() -> None:
 
 
 def test_dashed_aliases_and_the_reference_backend_alias() -> None:
-    args = cli.parse_args(["--routine", "rmsnorm", "--backends", "cuda", "torch", "fa2",
-                           "--batch-size", "3", "--hidden-size", "64", "--dtype", "fp16",
-                           "--output-csv", "out.csv", "--num-iters", "7", "--num-warmup", "2",
-                           "--use-cuda-graph", "--no-l2-flush", "--use_cuda_events", "-v"])
+    args = cli.parse_args(
+        [
+            "--routine",
+            "rmsnorm",
+            "--backends",
+            "cuda",
+            "torch",
+            "fa2",
+            "--batch-size",
+            "3",
+            "--hidden-size",
+            "64",
+            "--dtype",
+            "fp16",
+            "--output-csv",
+            "out.csv",
+            "--num-iters",
+            "7",
+            "--num-warmup",
+            "2",
+            "--use-cuda-graph",
+            "--no-l2-flush",
+            "--use_cuda_events",
+            "-v",
+        ]
+    )
     assert args.backends == ["fa2", "torch"]  # cuda is the reference's name for ours
     assert (args.batch_size, args.hidden_size, args.input_dtype) == (3, 64, torch.float16)
     assert (args.output_path, args.num_iters, args.dry_run_iters) == ("out.csv", 7, 2)
     assert args.use_cuda_graph and not args.no_cuda_graph and args.no_l2_flush
     assert not args.use_cupti and args.verbose == 1
-    old = cli.parse_args(["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--qo-len", "64",
-                          "--kv-len", "128", "--head-dim", "64", "--num-qo-heads", "8",
-                          "--num-kv-heads", "2", "--page-size", "4", "--kv-layout", "HND"])
+    old = cli.parse_args(
+        [
+            "--routine",
+            "BatchPrefillWithPagedKVCacheWrapper",
+            "--qo-len",
+            "64",
+            "--kv-len",
+            "128",
+            "--head-dim",
+            "64",
+            "--num-qo-heads",
+            "8",
+            "--num-kv-heads",
+            "2",
+            "--page-size",
+            "4",
+            "--kv-layout",
+            "HND",
+        ]
+    )
     assert (old.s_qo, old.s_kv, old.head_dim_qk, old.head_dim_vo) == (64, 128, 64, 64)
     assert (old.num_qo_heads, old.num_kv_heads, old.page_size, old.kv_layout) == (8, 2, 4, "HND")
 
@@ -142,40 +255,65 @@ def test_enable_pdl_warns_for_apis_without_it(capsys: pytest.CaptureFixture[str]
 
 
 def test_generate_repro_command() -> None:
-    args = cli.parse_args(["--routine", "rmsnorm", "--batch_size", "3",
-                           "--generate_repro_command"])
-    assert args.repro_command == ("python3 flashinfer_benchmark.py --routine rmsnorm "
-                                  "--batch_size 3 --generate_repro_command")
+    args = cli.parse_args(["--routine", "rmsnorm", "--batch_size", "3", "--generate_repro_command"])
+    assert args.repro_command == (
+        "python3 flashinfer_benchmark.py --routine rmsnorm --batch_size 3 --generate_repro_command"
+    )
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--routine", "nope"], "invalid choice"),
-    ([], "--routine"),
-    (["--routine", "rmsnorm", "--dtype", "int3"], "unknown dtype 'int3'"),
-    (["--routine", "rmsnorm", "--backends", "fa3"], "invalid choice: 'fa3'"),
-    (["--routine", "rmsnorm", "--backends", "cudnn"], "invalid choice: 'cudnn'"),
-    (["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--head_dim_qk", "96"],
-     "--head_dim_qk/--head-dim-qk/--head-dim: invalid choice: 96"),
-    (["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--head_dim_vo", "64"],
-     "--head_dim_vo must equal --head_dim_qk"),
-    (["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--kv_dtype", "float16"],
-     "--kv_dtype must equal --q_dtype"),
-    (["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--s_qo", "4096"],
-     "--s_qo must be <= --s_kv"),
-    (["--routine", "BatchDecodeWithPagedKVCacheWrapper", "--s_qo", "2"],
-     "one query token per request"),
-    (["--routine", "single_decode_with_kv_cache", "--batch_size", "2"], "--batch_size 1"),
-    (["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--num_kv_heads", "0"],
-     "--num_kv_heads must be >= 1"),
-    (["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--num_qo_heads", "6",
-      "--num_kv_heads", "4"], "must be a multiple of --num_kv_heads"),
-    (["--routine", "apply_rope", "--rotary_dim", "7"], "--rotary_dim must be even"),
-    (["--routine", "top_p_sampling_from_probs", "--top_p", "0"], "--top_p must be in (0, 1]"),
-    (["--routine", "softmax", "--temperature", "0"], "--temperature must be > 0"),
-    (["--routine", "rmsnorm_quant", "--scale", "-1"], "--scale must be > 0"),
-])
-def test_argument_errors_name_the_flag(argv: list[str], message: str,
-                                       capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--routine", "nope"], "invalid choice"),
+        ([], "--routine"),
+        (["--routine", "rmsnorm", "--dtype", "int3"], "unknown dtype 'int3'"),
+        (["--routine", "rmsnorm", "--backends", "fa3"], "invalid choice: 'fa3'"),
+        (["--routine", "rmsnorm", "--backends", "cudnn"], "invalid choice: 'cudnn'"),
+        (
+            ["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--head_dim_qk", "96"],
+            "--head_dim_qk/--head-dim-qk/--head-dim: invalid choice: 96",
+        ),
+        (
+            ["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--head_dim_vo", "64"],
+            "--head_dim_vo must equal --head_dim_qk",
+        ),
+        (
+            ["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--kv_dtype", "float16"],
+            "--kv_dtype must equal --q_dtype",
+        ),
+        (
+            ["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--s_qo", "4096"],
+            "--s_qo must be <= --s_kv",
+        ),
+        (
+            ["--routine", "BatchDecodeWithPagedKVCacheWrapper", "--s_qo", "2"],
+            "one query token per request",
+        ),
+        (["--routine", "single_decode_with_kv_cache", "--batch_size", "2"], "--batch_size 1"),
+        (
+            ["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--num_kv_heads", "0"],
+            "--num_kv_heads must be >= 1",
+        ),
+        (
+            [
+                "--routine",
+                "BatchPrefillWithPagedKVCacheWrapper",
+                "--num_qo_heads",
+                "6",
+                "--num_kv_heads",
+                "4",
+            ],
+            "must be a multiple of --num_kv_heads",
+        ),
+        (["--routine", "apply_rope", "--rotary_dim", "7"], "--rotary_dim must be even"),
+        (["--routine", "top_p_sampling_from_probs", "--top_p", "0"], "--top_p must be in (0, 1]"),
+        (["--routine", "softmax", "--temperature", "0"], "--temperature must be > 0"),
+        (["--routine", "rmsnorm_quant", "--scale", "-1"], "--scale must be > 0"),
+    ],
+)
+def test_argument_errors_name_the_flag(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_:
         cli.parse_args(argv)
     assert exit_.value.code == 2
@@ -187,27 +325,49 @@ def test_routine_help_lists_its_flags(capsys: pytest.CaptureFixture[str]) -> Non
         cli.parse_args(["--routine", "BatchDecodeWithPagedKVCacheWrapper", "--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    assert all(f in out for f in ("--s_kv", "--head_dim_qk", "--backends", "--testlist",
-                                  "--output_path", "fa2_tc"))
+    assert all(
+        f in out
+        for f in ("--s_kv", "--head_dim_qk", "--backends", "--testlist", "--output_path", "fa2_tc")
+    )
 
 
 # -- the registry -----------------------------------------------------------------------------
 
 FAMILIES = {
-    "attention": {"BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
-                  "BatchPrefillWithRaggedKVCacheWrapper", "single_decode_with_kv_cache",
-                  "single_prefill_with_kv_cache", "MultiLevelCascadeAttentionWrapper"},
-    "norm": {"rmsnorm", "gemma_rmsnorm", "fused_add_rmsnorm", "gemma_fused_add_rmsnorm",
-             "rmsnorm_quant", "fused_add_rmsnorm_quant", "layernorm"},
+    "attention": {
+        "BatchDecodeWithPagedKVCacheWrapper",
+        "BatchPrefillWithPagedKVCacheWrapper",
+        "BatchPrefillWithRaggedKVCacheWrapper",
+        "single_decode_with_kv_cache",
+        "single_prefill_with_kv_cache",
+        "MultiLevelCascadeAttentionWrapper",
+    },
+    "norm": {
+        "rmsnorm",
+        "gemma_rmsnorm",
+        "fused_add_rmsnorm",
+        "gemma_fused_add_rmsnorm",
+        "rmsnorm_quant",
+        "fused_add_rmsnorm_quant",
+        "layernorm",
+    },
     "activation": {"silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul"},
     "rope": {"apply_rope", "apply_rope_pos_ids", "apply_llama31_rope_pos_ids"},
     "page": {"append_paged_kv_cache"},
     "cascade": {"merge_state", "merge_states"},
-    "sampling": {"softmax", "sampling_from_probs", "sampling_from_logits",
-                 "top_k_sampling_from_probs", "top_p_sampling_from_probs",
-                 "min_p_sampling_from_probs", "top_k_top_p_sampling_from_probs",
-                 "top_k_top_p_sampling_from_logits", "top_k_renorm_probs",
-                 "top_p_renorm_probs", "top_k_mask_logits"},
+    "sampling": {
+        "softmax",
+        "sampling_from_probs",
+        "sampling_from_logits",
+        "top_k_sampling_from_probs",
+        "top_p_sampling_from_probs",
+        "min_p_sampling_from_probs",
+        "top_k_top_p_sampling_from_probs",
+        "top_k_top_p_sampling_from_logits",
+        "top_k_renorm_probs",
+        "top_p_renorm_probs",
+        "top_k_mask_logits",
+    },
 }
 
 
@@ -232,24 +392,43 @@ def test_routines_name_public_apis_and_offer_ours_and_torch(name: str) -> None:
 
 def test_csv_columns_start_with_the_references() -> None:
     columns = cli.csv_columns()
-    assert columns[:7] == ["routine", "median_time", "std_time", "tflops", "tb_per_sec",
-                           "backend", "resolved_backend"]
+    assert columns[:7] == [
+        "routine",
+        "median_time",
+        "std_time",
+        "tflops",
+        "tb_per_sec",
+        "backend",
+        "resolved_backend",
+    ]
     assert len(columns) == len(set(columns))
-    assert {"s_qo", "s_kv", "head_dim_qk", "head_dim_vo", "causal", "vocab_size", "refcheck",
-            "case_tag", "repro_command", "case", "copy_bw_fraction"} <= set(columns)
+    assert {
+        "s_qo",
+        "s_kv",
+        "head_dim_qk",
+        "head_dim_vo",
+        "causal",
+        "vocab_size",
+        "refcheck",
+        "case_tag",
+        "repro_command",
+        "case",
+        "copy_bw_fraction",
+    } <= set(columns)
 
 
 def test_perf_line_is_the_references() -> None:
     assert cli.perf_line("fa2", 0.01234, 0.0004, 1.5, 2.8904) == (
         "[PERF] fa2            :: median time 0.012 ms; std 0.000 ms; achieved tflops 1.500 "
-        "TFLOPs/sec; achieved tb_per_sec 2.890 TB/sec")
+        "TFLOPs/sec; achieved tb_per_sec 2.890 TB/sec"
+    )
 
 
 # -- routines on CPU: the torch backends against the references -----------------------------------
 
+
 @pytest.mark.parametrize("name", sorted(routines.ROUTINES))
-def test_torch_backends_pass_refcheck_on_cpu(name: str, capsys: pytest.CaptureFixture[str]
-                                             ) -> None:
+def test_torch_backends_pass_refcheck_on_cpu(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     args = cli.parse_args([*small_argv(name, torch_side(name)), "--refcheck", "-v"])
     rows = cli.run_routine(args, CPU, **CPU_RUN)
     out = capsys.readouterr().out
@@ -265,22 +444,27 @@ def test_torch_backends_pass_refcheck_on_cpu(name: str, capsys: pytest.CaptureFi
     assert out.count("[PERF] ") == len(rows)
 
 
-@pytest.mark.parametrize("name,extra", [
-    ("BatchPrefillWithPagedKVCacheWrapper", ["--causal", "--kv_layout", "HND"]),
-    ("BatchPrefillWithPagedKVCacheWrapper", ["--causal", "--torch_gather", "untimed"]),
-    ("BatchPrefillWithRaggedKVCacheWrapper", ["--causal", "--kv_layout", "HND"]),
-    ("single_prefill_with_kv_cache", ["--causal", "--kv_layout", "HND"]),
-    ("BatchDecodeWithPagedKVCacheWrapper", ["--kv_layout", "HND", "--num_kv_heads", "4"]),
-    ("MultiLevelCascadeAttentionWrapper", ["--causal", "--kv_layout", "HND"]),
-    ("apply_rope_pos_ids", ["--interleave"]),
-    ("apply_llama31_rope_pos_ids", ["--rope_scale", "8", "--rope_theta", "5e5",
-                                    "--old_context_len", "4"]),
-    ("append_paged_kv_cache", ["--kv_layout", "HND"]),
-    ("rmsnorm", ["--num_heads", "3", "--dtype", "float16"]),
-    ("merge_states", ["--input_dtype", "float32"]),
-    ("top_k_top_p_sampling_from_probs", ["--filter_apply_order", "joint"]),
-    ("top_k_mask_logits", ["--input_dtype", "bfloat16"]),
-])
+@pytest.mark.parametrize(
+    "name,extra",
+    [
+        ("BatchPrefillWithPagedKVCacheWrapper", ["--causal", "--kv_layout", "HND"]),
+        ("BatchPrefillWithPagedKVCacheWrapper", ["--causal", "--torch_gather", "untimed"]),
+        ("BatchPrefillWithRaggedKVCacheWrapper", ["--causal", "--kv_layout", "HND"]),
+        ("single_prefill_with_kv_cache", ["--causal", "--kv_layout", "HND"]),
+        ("BatchDecodeWithPagedKVCacheWrapper", ["--kv_layout", "HND", "--num_kv_heads", "4"]),
+        ("MultiLevelCascadeAttentionWrapper", ["--causal", "--kv_layout", "HND"]),
+        ("apply_rope_pos_ids", ["--interleave"]),
+        (
+            "apply_llama31_rope_pos_ids",
+            ["--rope_scale", "8", "--rope_theta", "5e5", "--old_context_len", "4"],
+        ),
+        ("append_paged_kv_cache", ["--kv_layout", "HND"]),
+        ("rmsnorm", ["--num_heads", "3", "--dtype", "float16"]),
+        ("merge_states", ["--input_dtype", "float32"]),
+        ("top_k_top_p_sampling_from_probs", ["--filter_apply_order", "joint"]),
+        ("top_k_mask_logits", ["--input_dtype", "bfloat16"]),
+    ],
+)
 def test_torch_backends_pass_refcheck_in_other_forms(name: str, extra: list[str]) -> None:
     args = cli.parse_args([*small_argv(name, ["torch"], *extra), "--refcheck"])
     assert [row["backend"] for row in cli.run_routine(args, CPU, **CPU_RUN)] == ["torch"]
@@ -288,10 +472,12 @@ def test_torch_backends_pass_refcheck_in_other_forms(name: str, extra: list[str]
 
 def test_attention_flops_count_the_visible_pairs() -> None:
     full = routines.ROUTINES["BatchPrefillWithRaggedKVCacheWrapper"].make_case(
-        cli.parse_args(small_argv("BatchPrefillWithRaggedKVCacheWrapper", ["torch"])), CPU)
+        cli.parse_args(small_argv("BatchPrefillWithRaggedKVCacheWrapper", ["torch"])), CPU
+    )
     causal = routines.ROUTINES["BatchPrefillWithRaggedKVCacheWrapper"].make_case(
-        cli.parse_args(small_argv("BatchPrefillWithRaggedKVCacheWrapper", ["torch"],
-                                  "--causal")), CPU)
+        cli.parse_args(small_argv("BatchPrefillWithRaggedKVCacheWrapper", ["torch"], "--causal")),
+        CPU,
+    )
     # 2 requests, 4 heads, head_dim 64; 3 queries over 37 keys: rows see 35, 36, 37 keys
     assert full.flops == 4 * 2 * (3 * 37) * 4 * 64
     assert causal.flops == 4 * 2 * (35 + 36 + 37) * 4 * 64
@@ -299,6 +485,7 @@ def test_attention_flops_count_the_visible_pairs() -> None:
 
 
 # -- the flashinfer backends: their calls bind to the APIs ---------------------------------------
+
 
 def _bind(function: Any, *args: Any, **kwargs: Any) -> None:
     inspect.signature(function).bind(*args, **kwargs)
@@ -324,15 +511,18 @@ def _signature_checked(cls: type) -> type:
     return Stand
 
 
-WRAPPERS = {"BatchDecodeWithPagedKVCacheWrapper": "decode",
-            "BatchPrefillWithPagedKVCacheWrapper": "prefill",
-            "BatchPrefillWithRaggedKVCacheWrapper": "prefill",
-            "MultiLevelCascadeAttentionWrapper": "cascade"}
+WRAPPERS = {
+    "BatchDecodeWithPagedKVCacheWrapper": "decode",
+    "BatchPrefillWithPagedKVCacheWrapper": "prefill",
+    "BatchPrefillWithRaggedKVCacheWrapper": "prefill",
+    "MultiLevelCascadeAttentionWrapper": "cascade",
+}
 
 
 @pytest.mark.parametrize("name", sorted(routines.ROUTINES))
-def test_our_backends_call_the_apis_as_they_are_declared(name: str,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_our_backends_call_the_apis_as_they_are_declared(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Without a GPU a flashinfer call stops at the device check, after its arguments were
     bound and checked; a wrapper is replaced by one that binds every call."""
     routine = routines.ROUTINES[name]
@@ -352,6 +542,7 @@ def test_our_backends_call_the_apis_as_they_are_declared(name: str,
 
 # -- refcheck --------------------------------------------------------------------------------------
 
+
 def test_count_mismatches() -> None:
     expected = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
     actual = torch.tensor([1.0, 2.05, float("nan"), 4.0], dtype=torch.bfloat16)
@@ -369,11 +560,15 @@ def test_refcheck_against_the_reference_then_across_backends() -> None:
     good, bad = torch.ones(4), torch.tensor([1.0, 1.0, 5.0, 1.0])
     outputs = {"fa2": good, "torch": bad}
     problems = cli.refcheck(_case(outputs, reference=lambda: torch.ones(4).double()), outputs)
-    assert problems == ["Output tensor mismatch between backends reference (float64) and torch: "
-                        "1 / 4 (25.00%) elements are different"]
+    assert problems == [
+        "Output tensor mismatch between backends reference (float64) and torch: "
+        "1 / 4 (25.00%) elements are different"
+    ]
     problems = cli.refcheck(_case(outputs), outputs)  # no reference: the first backend's
-    assert problems == ["Output tensor mismatch between backends fa2 and torch: 1 / 4 (25.00%) "
-                        "elements are different"]
+    assert problems == [
+        "Output tensor mismatch between backends fa2 and torch: 1 / 4 (25.00%) "
+        "elements are different"
+    ]
     assert cli.refcheck(_case({"fa2": good, "torch": good}), {"fa2": good, "torch": good}) == []
 
 
@@ -381,24 +576,37 @@ def test_refcheck_with_a_check() -> None:
     outputs = {"fa2": torch.tensor([0, 1]), "torch": torch.tensor([0, 7])}
     case = _case(outputs, check=lambda out: routines.count_bad(out > 3))
     assert cli.refcheck(case, outputs) == [
-        "Backend torch fails the routine's check: 1 / 2 (50.00%) elements are wrong"]
+        "Backend torch fails the routine's check: 1 / 2 (50.00%) elements are wrong"
+    ]
 
 
 @pytest.fixture
 def broken_routine(monkeypatch: pytest.MonkeyPatch) -> str:
     """A routine whose torch backend is off by one in one element."""
+
     def make_case(args: argparse.Namespace, device: torch.device) -> routines.Case:
         x = torch.arange(8.0)
         wrong = x.clone()
         wrong[3] += 1
-        return routines.Case("8", routines.build(args.backends, {
-            "fa2": lambda: routines.Backend(lambda: x),
-            "torch": lambda: routines.Backend(lambda: wrong)}), bytes=64,
-            reference=lambda: x.double())
+        return routines.Case(
+            "8",
+            routines.build(
+                args.backends,
+                {
+                    "fa2": lambda: routines.Backend(lambda: x),
+                    "torch": lambda: routines.Backend(lambda: wrong),
+                },
+            ),
+            bytes=64,
+            reference=lambda: x.double(),
+        )
 
     base = routines.ROUTINES["silu_and_mul"]
-    monkeypatch.setitem(routines.ROUTINES, "broken", routines.Routine(
-        "broken", base.family, "test", ("fa2", "torch"), make_case))
+    monkeypatch.setitem(
+        routines.ROUTINES,
+        "broken",
+        routines.Routine("broken", base.family, "test", ("fa2", "torch"), make_case),
+    )
     return "broken"
 
 
@@ -408,15 +616,29 @@ def crashing_routine(monkeypatch: pytest.MonkeyPatch) -> str:
         raise RuntimeError("kernel failed")
 
     base = routines.ROUTINES["silu_and_mul"]
-    monkeypatch.setitem(routines.ROUTINES, "crashing", routines.Routine(
-        "crashing", base.family, "test", ("fa2", "torch"), make_case))
+    monkeypatch.setitem(
+        routines.ROUTINES,
+        "crashing",
+        routines.Routine("crashing", base.family, "test", ("fa2", "torch"), make_case),
+    )
     return "crashing"
 
 
-def test_a_refcheck_failure_stops_the_case(broken_routine: str,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
-    args = cli.parse_args(["--routine", broken_routine, "--backends", "fa2", "torch",
-                           "--refcheck", "--num_iters", "1"])
+def test_a_refcheck_failure_stops_the_case(
+    broken_routine: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = cli.parse_args(
+        [
+            "--routine",
+            broken_routine,
+            "--backends",
+            "fa2",
+            "torch",
+            "--refcheck",
+            "--num_iters",
+            "1",
+        ]
+    )
     with pytest.raises(cli.RefcheckFailed, match="backends reference \\(float64\\) and torch"):
         cli.run_routine(args, CPU, **CPU_RUN)
     assert "[ERROR] Output tensor mismatch" in capsys.readouterr().out
@@ -438,8 +660,14 @@ def test_filter_check_flags_wrong_sets_and_values() -> None:
     loose = lambda: torch.tensor([[True, True, True, False]])  # noqa: E731
     tight = lambda: torch.tensor([[True, True, False, False]])  # noqa: E731
     check = sampling_routines._filter_check(
-        probs, loose, tight, 0.0, lambda kept: torch.where(kept, probs.double(), 0.0)
-        / torch.where(kept, probs.double(), 0.0).sum())
+        probs,
+        loose,
+        tight,
+        0.0,
+        lambda kept: (
+            torch.where(kept, probs.double(), 0.0) / torch.where(kept, probs.double(), 0.0).sum()
+        ),
+    )
     assert check(torch.tensor([[0.625, 0.375, 0.0, 0.0]])) == (0, 4)
     assert check(torch.tensor([[0.5, 0.3, 0.15, 0.0]]) / 0.95) == (0, 4)  # the free token
     assert check(torch.tensor([[1.0, 0.0, 0.0, 0.0]]))[0] == 1  # a required token dropped
@@ -460,8 +688,10 @@ def test_sampling_checks_reject_tokens_below_the_cut() -> None:
 
 # -- command lines and testlists --------------------------------------------------------------
 
-def test_without_a_gpu_it_says_so(monkeypatch: pytest.MonkeyPatch,
-                                  capsys: pytest.CaptureFixture[str]) -> None:
+
+def test_without_a_gpu_it_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cli.main(DOCUMENTED) == 0
     out = capsys.readouterr().out
@@ -484,8 +714,9 @@ def _testlist(tmp_path: Path, extra_line: str = "") -> Path:
     return path
 
 
-def test_testlist_without_a_gpu_skips_every_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_testlist_without_a_gpu_skips_every_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     output = tmp_path / "results.csv"
     assert cli.main(["--testlist", str(_testlist(tmp_path)), "--output_path", str(output)]) == 0
@@ -499,10 +730,12 @@ def test_testlist_without_a_gpu_skips_every_line(tmp_path: Path, monkeypatch: py
     assert "invalid int value: 'x'" in captured.err
 
 
-def test_testlist_runs_each_line_into_one_csv(tmp_path: Path, broken_routine: str,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
-    lines = cli.read_testlist(str(_testlist(
-        tmp_path, f"--routine {broken_routine} --backends torch --refcheck\n")))
+def test_testlist_runs_each_line_into_one_csv(
+    tmp_path: Path, broken_routine: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = cli.read_testlist(
+        str(_testlist(tmp_path, f"--routine {broken_routine} --backends torch --refcheck\n"))
+    )
     assert len(lines) == 4 and lines[2].endswith("--case_tag tagged")
     output = tmp_path / "results.csv"
     cases = [(line, cli.parse_args(shlex.split(line))) for line in lines]
@@ -513,12 +746,17 @@ def test_testlist_runs_each_line_into_one_csv(tmp_path: Path, broken_routine: st
     assert header == cli.csv_columns()
     table = [dict(zip(header, row)) for row in rows]
     assert [(r["routine"], r["backend"]) for r in table] == [
-        ("rmsnorm", "torch"), ("BatchDecodeWithPagedKVCacheWrapper", "torch"),
+        ("rmsnorm", "torch"),
+        ("BatchDecodeWithPagedKVCacheWrapper", "torch"),
         ("BatchDecodeWithPagedKVCacheWrapper", "flash"),
-        ("top_k_top_p_sampling_from_logits", "torch")]
+        ("top_k_top_p_sampling_from_logits", "torch"),
+    ]
     norm, decode, _, sampled = table
-    assert (norm["batch_size"], norm["hidden_size"], norm["input_dtype"]) == \
-        ("5", "64", "torch.bfloat16")
+    assert (norm["batch_size"], norm["hidden_size"], norm["input_dtype"]) == (
+        "5",
+        "64",
+        "torch.bfloat16",
+    )
     assert norm["refcheck"] == "True" and norm["s_kv"] == "" and norm["vocab_size"] == ""
     assert (decode["s_qo"], decode["s_kv"], decode["page_size"]) == ("1", "37", "8")
     assert decode["q_dtype"] == "torch.bfloat16" and decode["hidden_size"] == ""
@@ -527,7 +765,8 @@ def test_testlist_runs_each_line_into_one_csv(tmp_path: Path, broken_routine: st
 
 
 def test_a_crash_stops_a_single_command_but_not_a_testlist(
-        crashing_routine: str, capsys: pytest.CaptureFixture[str]) -> None:
+    crashing_routine: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     case = [("line", cli.parse_args(["--routine", crashing_routine, "--backends", "torch"]))]
     with pytest.raises(RuntimeError, match="kernel failed"):
         cli.run_cases(case, None, CPU, keep_going=False, **CPU_RUN)
@@ -537,17 +776,25 @@ def test_a_crash_stops_a_single_command_but_not_a_testlist(
 
 # -- the per-family scripts --------------------------------------------------------------------
 
-GPU_BENCH_SCRIPTS = [("bench_family.py", "norm"), ("bench_family.py", "activation"),
-                     ("bench_family.py", "rope"), ("bench_family.py", "page"),
-                     ("bench_sampling.py",), ("bench_decode.py",), ("bench_prefill.py",)]
+GPU_BENCH_SCRIPTS = [
+    ("bench_family.py", "norm"),
+    ("bench_family.py", "activation"),
+    ("bench_family.py", "rope"),
+    ("bench_family.py", "page"),
+    ("bench_sampling.py",),
+    ("bench_decode.py",),
+    ("bench_prefill.py",),
+]
 
 
 def _run_bench(script: str, *args: str):  # noqa: ANN202 - CompletedProcess
     """benchmarks/<script> with ``args`` in a fresh interpreter, from benchmarks/."""
     argv = [script, *args]
-    return run_python(f"import runpy, sys; sys.argv = {argv!r}; "
-                      f"runpy.run_path({script!r}, run_name='__main__')",
-                      cwd=REPO_ROOT / "benchmarks", check=False)
+    return run_python(
+        f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path({script!r}, run_name='__main__')",
+        cwd=REPO_ROOT / "benchmarks",
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("script", GPU_BENCH_SCRIPTS, ids=" ".join)
@@ -576,12 +823,21 @@ def fake_gpu_measure(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     seen: list[argparse.Namespace] = []
 
-    def measure(routine: str, flags: list[str], backends=("fa2", "torch"), num_iters=100,
-                num_warmup=10):  # noqa: ANN001, ANN202
+    def measure(
+        routine: str, flags: list[str], backends=("fa2", "torch"), num_iters=100, num_warmup=10
+    ):  # noqa: ANN001, ANN202
         seen.append(cli.parse_args(["--routine", routine, "--backends", *backends, *flags]))
-        return {b: {"backend": b, "median_time": 0.01 * (i + 1), "tb_per_sec": 2.0,
-                    "copy_bw_fraction": 0.66, "tflops": 300.0 / (i + 1), "case": "shape"}
-                for i, b in enumerate(backends)}
+        return {
+            b: {
+                "backend": b,
+                "median_time": 0.01 * (i + 1),
+                "tb_per_sec": 2.0,
+                "copy_bw_fraction": 0.66,
+                "tflops": 300.0 / (i + 1),
+                "case": "shape",
+            }
+            for i, b in enumerate(backends)
+        }
 
     for module in ("bench_family", "bench_decode", "bench_sampling", "bench_prefill"):
         monkeypatch.setattr(importlib.import_module(module), "measure", measure)
@@ -589,14 +845,26 @@ def fake_gpu_measure(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     return seen
 
 
-@pytest.mark.parametrize("script,argv,rows", [
-    ("bench_family", ["norm"], 4 * 2 * 6), ("bench_family", ["rope", "--quick"], 1),
-    ("bench_family", ["page"], 10), ("bench_family", ["activation"], 30),
-    ("bench_decode", [], 12), ("bench_sampling", [], 12 + 9), ("bench_prefill", [], 2),
-])
-def test_bench_scripts_write_their_tables(script: str, argv: list[str], rows: int,
-                                          fake_gpu_measure, tmp_path: Path,  # noqa: ANN001
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "script,argv,rows",
+    [
+        ("bench_family", ["norm"], 4 * 2 * 6),
+        ("bench_family", ["rope", "--quick"], 1),
+        ("bench_family", ["page"], 10),
+        ("bench_family", ["activation"], 30),
+        ("bench_decode", [], 12),
+        ("bench_sampling", [], 12 + 9),
+        ("bench_prefill", [], 2),
+    ],
+)
+def test_bench_scripts_write_their_tables(
+    script: str,
+    argv: list[str],
+    rows: int,
+    fake_gpu_measure,
+    tmp_path: Path,  # noqa: ANN001
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     output = tmp_path / "table.md"
     assert importlib.import_module(script).main([*argv, "--output", str(output)]) == 0
     text = output.read_text()
@@ -609,12 +877,20 @@ def test_bench_scripts_write_their_tables(script: str, argv: list[str], rows: in
 
 # -- GPU ------------------------------------------------------------------------------------------
 
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(routines.ROUTINES))
 def test_every_backend_runs_and_passes_refcheck_on_the_gpu(name: str) -> None:
     routine = routines.ROUTINES[name]
-    args = cli.parse_args([*small_argv(name, list(routine.backends)), "--refcheck",
-                           "--num_iters", "3", "--use_cuda_events"])
+    args = cli.parse_args(
+        [
+            *small_argv(name, list(routine.backends)),
+            "--refcheck",
+            "--num_iters",
+            "3",
+            "--use_cuda_events",
+        ]
+    )
     device = torch.device("cuda", torch.cuda.current_device())
     rows = cli.run_routine(args, device)
     ran = {row["backend"] for row in rows}
@@ -625,10 +901,33 @@ def test_every_backend_runs_and_passes_refcheck_on_the_gpu(name: str) -> None:
 @pytest.mark.gpu
 def test_the_documented_command_on_the_gpu(tmp_path: Path) -> None:
     output = tmp_path / "results.csv"
-    argv = ["--routine", "BatchDecodeWithPagedKVCacheWrapper", "--backends", "fa2", "cudnn",
-            "torch", "flash", "--batch_size", "4", "--s_kv", "1000", "--num_qo_heads", "32",
-            "--num_kv_heads", "8", "--head_dim_qk", "128", "--head_dim_vo", "128",
-            "--page_size", "16", "--refcheck", "-vv", "--output_path", str(output)]
+    argv = [
+        "--routine",
+        "BatchDecodeWithPagedKVCacheWrapper",
+        "--backends",
+        "fa2",
+        "cudnn",
+        "torch",
+        "flash",
+        "--batch_size",
+        "4",
+        "--s_kv",
+        "1000",
+        "--num_qo_heads",
+        "32",
+        "--num_kv_heads",
+        "8",
+        "--head_dim_qk",
+        "128",
+        "--head_dim_vo",
+        "128",
+        "--page_size",
+        "16",
+        "--refcheck",
+        "-vv",
+        "--output_path",
+        str(output),
+    ]
     assert cli.main(argv) == 0
     table = list(csv.DictReader(output.open()))
     assert {"fa2", "torch"} <= {row["backend"] for row in table}
@@ -638,8 +937,10 @@ def test_the_documented_command_on_the_gpu(tmp_path: Path) -> None:
 @pytest.mark.gpu
 def test_a_testlist_of_every_family_on_the_gpu(tmp_path: Path) -> None:
     names = [sorted(names)[0] for names in FAMILIES.values()]
-    lines = [" ".join(small_argv(name, ["fa2", "torch"], "--refcheck", "--use_cuda_events"))
-             for name in names]
+    lines = [
+        " ".join(small_argv(name, ["fa2", "torch"], "--refcheck", "--use_cuda_events"))
+        for name in names
+    ]
     testlist = tmp_path / "cases.txt"
     testlist.write_text("\n".join(lines) + "\n")
     output = tmp_path / "results.csv"
@@ -650,14 +951,18 @@ def test_a_testlist_of_every_family_on_the_gpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("script,rows", [
-    (("bench_sampling.py", "--quick"), ["top_k_top_p_sampling_from_logits", "128 x 128k"]),
-    (("bench_decode.py", "--quick"), ["| 64 | 4096 |", "| 1 | 32768 |"]),
-    (("bench_family.py", "norm", "--quick"), ["| rmsnorm |", "| layernorm |"]),
-    (("bench_family.py", "page", "--quick"), ["| append_paged_kv_cache |"]),
-])
-def test_gpu_bench_quick_run_writes_its_table(script: tuple[str, ...], rows: list[str],
-                                              tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "script,rows",
+    [
+        (("bench_sampling.py", "--quick"), ["top_k_top_p_sampling_from_logits", "128 x 128k"]),
+        (("bench_decode.py", "--quick"), ["| 64 | 4096 |", "| 1 | 32768 |"]),
+        (("bench_family.py", "norm", "--quick"), ["| rmsnorm |", "| layernorm |"]),
+        (("bench_family.py", "page", "--quick"), ["| append_paged_kv_cache |"]),
+    ],
+)
+def test_gpu_bench_quick_run_writes_its_table(
+    script: tuple[str, ...], rows: list[str], tmp_path: Path
+) -> None:
     output = tmp_path / "results.md"
     proc = _run_bench(*script, "--output", str(output))
     assert proc.returncode == 0, proc.stdout + proc.stderr

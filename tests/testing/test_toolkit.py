@@ -30,6 +30,7 @@ class FakeTimer:
 
 # -- bench_gpu_time ------------------------------------------------------------------------
 
+
 def test_summarize_is_median_and_population_std() -> None:
     assert testing.summarize([3.0, 1.0, 2.0, 10.0]) == (2.5, statistics.pstdev([1, 2, 3, 10]))
     with pytest.raises(ValueError):
@@ -43,8 +44,9 @@ def test_bench_gpu_time_warms_up_then_times_with_the_timer() -> None:
     def fn(a, b, *, c):  # noqa: ANN001, ANN202
         calls.append((a, b, c))
 
-    median, std = testing.bench_gpu_time(fn, (1, 2), {"c": 3}, num_warmup=3, num_iters=5,
-                                         l2_flush=False, timer=timer)
+    median, std = testing.bench_gpu_time(
+        fn, (1, 2), {"c": 3}, num_warmup=3, num_iters=5, l2_flush=False, timer=timer
+    )
     assert (median, std) == (3.0, pytest.approx(statistics.pstdev([1, 2, 4, 3, 100])))
     assert calls == [(1, 2, 3)] * 8  # 3 warm-up calls, then 5 timed
     assert timer.calls == ["measure 5"]
@@ -68,6 +70,7 @@ def test_cupti_is_used_when_importable_and_falls_back_with_a_message(
 
 # -- arch helpers and backend_requirement ----------------------------------------------------
 
+
 @pytest.fixture
 def fake_gpu(monkeypatch: pytest.MonkeyPatch):
     def set_gpu(capability: tuple[int, int], toolkit: tuple[int, int] | None) -> None:
@@ -84,8 +87,7 @@ def test_nvcc_version_is_read_from_the_toolchain() -> None:
     assert version is not None and version >= (12, 0)
 
 
-def test_toolkit_version_falls_back_to_torchs_without_nvcc(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_toolkit_version_falls_back_to_torchs_without_nvcc(monkeypatch: pytest.MonkeyPatch) -> None:
     assert utils._toolkit_version() == utils.get_nvcc_version()
     monkeypatch.setattr(utils, "get_nvcc_version", lambda: None)
     monkeypatch.setattr(torch.version, "cuda", "12.4")
@@ -94,8 +96,17 @@ def test_toolkit_version_falls_back_to_torchs_without_nvcc(
     assert utils._toolkit_version() is None
 
 
-ARCH_HELPERS = ("sm90a", "sm100a", "sm100f", "sm103a", "sm110a", "sm120a", "sm120f", "sm121a",
-                "sm12x")
+ARCH_HELPERS = (
+    "sm90a",
+    "sm100a",
+    "sm100f",
+    "sm103a",
+    "sm110a",
+    "sm120a",
+    "sm120f",
+    "sm121a",
+    "sm12x",
+)
 
 
 @pytest.mark.parametrize(
@@ -121,8 +132,11 @@ ARCH_HELPERS = ("sm90a", "sm100a", "sm100f", "sm103a", "sm110a", "sm120a", "sm12
 )
 def test_arch_helpers(fake_gpu, capability, toolkit, expected) -> None:
     fake_gpu(capability, toolkit)
-    supported = {name for name in ARCH_HELPERS
-                 if getattr(utils, f"is_{name}_supported")(torch.device("cuda:0"))}
+    supported = {
+        name
+        for name in ARCH_HELPERS
+        if getattr(utils, f"is_{name}_supported")(torch.device("cuda:0"))
+    }
     assert supported == expected
     assert utils.get_compute_capability(0) == capability
 
@@ -183,9 +197,11 @@ def test_backend_requirement_refuses_before_running(
     fake_gpu((7, 5), (13, 0))
     monkeypatch.setattr(utils, "_cuda_device_of", lambda args, kwargs: torch.device("cuda", 0))
     api = _api()
-    with pytest.raises(BackendNotSupportedError,
-                       match=r"backend 'cuda' does not support compute capability 7\.5 "
-                             r"\(cuda:0\); it supports 8\.0, 9\.0, 10\.0"):
+    with pytest.raises(
+        BackendNotSupportedError,
+        match=r"backend 'cuda' does not support compute capability 7\.5 "
+        r"\(cuda:0\); it supports 8\.0, 9\.0, 10\.0",
+    ):
         api(torch.ones(1))
     with pytest.raises(BackendNotSupportedError, match="unknown backend 'triton'"):
         api(torch.ones(1), backend="triton")
@@ -202,6 +218,7 @@ def test_backend_requirement_ignores_cpu_tensors() -> None:
 
 # -- GPU ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("use_cuda_graph", [False, True])
 @pytest.mark.parametrize("enable_cupti", [False, True])
@@ -211,9 +228,14 @@ def test_bench_gpu_time_measures_a_known_kernel(use_cuda_graph: bool, enable_cup
     module = debug_spec().build_and_load()
     x = torch.zeros(1, device="cuda")
     for spin_us in (50, 400):
-        median, std = testing.bench_gpu_time(module.spin, (x, spin_us * 1000), num_warmup=3,
-                                             num_iters=30, use_cuda_graph=use_cuda_graph,
-                                             enable_cupti=enable_cupti)
+        median, std = testing.bench_gpu_time(
+            module.spin,
+            (x, spin_us * 1000),
+            num_warmup=3,
+            num_iters=30,
+            use_cuda_graph=use_cuda_graph,
+            enable_cupti=enable_cupti,
+        )
         assert spin_us / 1000 * 0.98 <= median <= spin_us / 1000 * 1.10 + 0.01
         assert std < 0.1 * median + 0.005
 
@@ -222,8 +244,14 @@ def test_bench_gpu_time_measures_a_known_kernel(use_cuda_graph: bool, enable_cup
 def test_copy_bandwidth_is_positive_and_below_the_nominal_peak() -> None:
     name = torch.cuda.get_device_name()
     # Nominal HBM bandwidth, most specific names first; unknown devices get a loose bound.
-    peaks_gbs = [("H100 NVL", 3900.0), ("H100 PCIe", 2000.0), ("H100", 3350.0),
-                 ("H200", 4800.0), ("B200", 8000.0), ("A100", 2039.0)]
+    peaks_gbs = [
+        ("H100 NVL", 3900.0),
+        ("H100 PCIe", 2000.0),
+        ("H100", 3350.0),
+        ("H200", 4800.0),
+        ("B200", 8000.0),
+        ("A100", 2039.0),
+    ]
     peak = next((gbs for key, gbs in peaks_gbs if key in name), 10_000.0)
     measured = testing.measure_copy_bandwidth()
     assert 0.2 * peak < measured < peak * 1.02, (name, measured)

@@ -43,8 +43,13 @@ def examples() -> list[tuple[Callable[..., Any], dict[str, Any]]]:
     probs = t(tokens, vocab, dtype=f32)
     rope_args = dict(q=q, k=kv, pos_ids=t(tokens, dtype=i32))
     ragged_rope = dict(q=q, k=kv, indptr=t(3, dtype=i32), offsets=t(2, dtype=i32))
-    cos_sin = dict(positions=t(tokens, dtype=torch.int64), query=t(tokens, 32 * 128),
-                   key=t(tokens, 8 * 128), head_size=128, cos_sin_cache=t(4096, 128, dtype=f32))
+    cos_sin = dict(
+        positions=t(tokens, dtype=torch.int64),
+        query=t(tokens, 32 * 128),
+        key=t(tokens, 8 * 128),
+        head_size=128,
+        cos_sin_cache=t(4096, 128, dtype=f32),
+    )
     norm = dict(input=t(tokens, hidden), weight=t(hidden))
     fused = dict(norm, residual=t(tokens, hidden))
     fp8 = t(tokens, hidden, dtype=torch.float8_e4m3fn)
@@ -56,8 +61,10 @@ def examples() -> list[tuple[Callable[..., Any], dict[str, Any]]]:
         (flashinfer.gemma_fused_add_rmsnorm, fused),
         (flashinfer.rmsnorm_quant, dict(norm, out=fp8, scale=1.0)),
         (flashinfer.fused_add_rmsnorm_quant, dict(fused, out=fp8, scale=1.0)),
-        (flashinfer.layernorm, dict(input=t(tokens, 768), gemma=t(768, dtype=f32),
-                                    beta=t(768, dtype=f32))),
+        (
+            flashinfer.layernorm,
+            dict(input=t(tokens, 768), gemma=t(768, dtype=f32), beta=t(768, dtype=f32)),
+        ),
         (flashinfer.silu_and_mul, dict(input=t(tokens, 2 * 14336))),
         (flashinfer.gelu_and_mul, dict(input=t(tokens, 2 * 16384))),
         (flashinfer.gelu_tanh_and_mul, dict(input=t(tokens, 2 * 16384))),
@@ -71,14 +78,27 @@ def examples() -> list[tuple[Callable[..., Any], dict[str, Any]]]:
         (flashinfer.apply_llama31_rope_pos_ids_inplace, rope_args),
         (flashinfer.apply_rope_with_cos_sin_cache, cos_sin),
         (flashinfer.apply_rope_with_cos_sin_cache_inplace, cos_sin),
-        (flashinfer.append_paged_kv_cache, dict(
-            append_key=kv, append_value=kv, batch_indices=t(tokens, dtype=i32),
-            positions=t(tokens, dtype=i32), paged_kv_cache=cache, kv_indices=t(64, dtype=i32),
-            kv_indptr=t(3, dtype=i32), kv_last_page_len=t(2, dtype=i32))),
-        (flashinfer.get_seq_lens, dict(kv_indptr=t(3, dtype=i32),
-                                       kv_last_page_len=t(2, dtype=i32), page_size=16)),
-        (flashinfer.get_batch_indices_positions, dict(append_indptr=t(3, dtype=i32),
-                                                      seq_lens=t(2, dtype=i32), nnz=tokens)),
+        (
+            flashinfer.append_paged_kv_cache,
+            dict(
+                append_key=kv,
+                append_value=kv,
+                batch_indices=t(tokens, dtype=i32),
+                positions=t(tokens, dtype=i32),
+                paged_kv_cache=cache,
+                kv_indices=t(64, dtype=i32),
+                kv_indptr=t(3, dtype=i32),
+                kv_last_page_len=t(2, dtype=i32),
+            ),
+        ),
+        (
+            flashinfer.get_seq_lens,
+            dict(kv_indptr=t(3, dtype=i32), kv_last_page_len=t(2, dtype=i32), page_size=16),
+        ),
+        (
+            flashinfer.get_batch_indices_positions,
+            dict(append_indptr=t(3, dtype=i32), seq_lens=t(2, dtype=i32), nnz=tokens),
+        ),
         (flashinfer.softmax, dict(logits=probs, temperature=0.7)),
         (flashinfer.sampling_from_probs, dict(probs=probs)),
         (flashinfer.sampling_from_logits, dict(logits=probs)),
@@ -90,19 +110,29 @@ def examples() -> list[tuple[Callable[..., Any], dict[str, Any]]]:
         (flashinfer.top_p_renorm_probs, dict(probs=probs, top_p=0.9)),
         (flashinfer.top_k_renorm_probs, dict(probs=probs, top_k=50)),
         (flashinfer.top_k_mask_logits, dict(logits=probs, top_k=50)),
-        (flashinfer.single_decode_with_kv_cache, dict(q=t(32, 128), k=t(2048, 8, 128),
-                                                      v=t(2048, 8, 128))),
-        (flashinfer.single_prefill_with_kv_cache, dict(q=q, k=t(2048, 8, 128),
-                                                       v=t(2048, 8, 128), causal=True)),
-        (flashinfer.BatchDecodeWithPagedKVCacheWrapper.run, dict(q=t(2, 32, 128),
-                                                                 paged_kv_cache=cache)),
+        (
+            flashinfer.single_decode_with_kv_cache,
+            dict(q=t(32, 128), k=t(2048, 8, 128), v=t(2048, 8, 128)),
+        ),
+        (
+            flashinfer.single_prefill_with_kv_cache,
+            dict(q=q, k=t(2048, 8, 128), v=t(2048, 8, 128), causal=True),
+        ),
+        (
+            flashinfer.BatchDecodeWithPagedKVCacheWrapper.run,
+            dict(q=t(2, 32, 128), paged_kv_cache=cache),
+        ),
         (flashinfer.BatchPrefillWithPagedKVCacheWrapper.run, dict(q=q, paged_kv_cache=cache)),
-        (flashinfer.BatchPrefillWithRaggedKVCacheWrapper.run, dict(q=q, k=t(512, 8, 128),
-                                                                   v=t(512, 8, 128))),
+        (
+            flashinfer.BatchPrefillWithRaggedKVCacheWrapper.run,
+            dict(q=q, k=t(512, 8, 128), v=t(512, 8, 128)),
+        ),
         (flashinfer.MultiLevelCascadeAttentionWrapper.run, dict(q=q, paged_kv_cache=cache)),
         (flashinfer.merge_state, state),
-        (flashinfer.merge_state_in_place, dict(v=q, s=state["s_a"], v_other=q,
-                                               s_other=state["s_b"])),
+        (
+            flashinfer.merge_state_in_place,
+            dict(v=q, s=state["s_a"], v_other=q, s_other=state["s_b"]),
+        ),
         (flashinfer.merge_states, dict(v=t(tokens, 3, 32, 128), s=t(tokens, 3, 32, dtype=f32))),
         (flashinfer.packbits, dict(x=t(1000, dtype=torch.bool))),
         (flashinfer.segment_packbits, dict(x=t(1000, dtype=torch.bool), indptr=t(3, dtype=i32))),

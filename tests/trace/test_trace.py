@@ -27,8 +27,17 @@ from flashinfer.trace import ApiTrace, Const, Tensor, TraceTemplate, Var
 from tests.conftest import run_python
 from tests.trace import example
 
-FAMILIES = ("activation", "cascade", "decode", "norm", "page", "prefill", "quantization", "rope",
-            "sampling")
+FAMILIES = (
+    "activation",
+    "cascade",
+    "decode",
+    "norm",
+    "page",
+    "prefill",
+    "quantization",
+    "rope",
+    "sampling",
+)
 # Host-side set-up methods: they launch no kernel, so there is no definition to trace.
 UNTRACED = {"plan", "begin_forward", "prewarm_paged_kv_stride_variant"}
 KEYS = ["name", "description", "op_type", "tags", "axes", "inputs", "outputs", "reference"]
@@ -124,11 +133,15 @@ def test_reference_sources_run_standalone() -> None:
 
 
 def test_reference_matches_the_schema_names() -> None:
-    d = flashinfer.rmsnorm.fi_trace(input=torch.empty(3, 4096, dtype=torch.float16),
-                                    weight=torch.empty(4096, dtype=torch.float16))
+    d = flashinfer.rmsnorm.fi_trace(
+        input=torch.empty(3, 4096, dtype=torch.float16),
+        weight=torch.empty(4096, dtype=torch.float16),
+    )
     assert d["name"] == "rmsnorm_h4096" and d["op_type"] == "rmsnorm"
-    assert d["axes"] == {"batch_size": {"type": "var", "description": "Rows (tokens)."},
-                         "hidden_size": {"type": "const", "value": 4096}}
+    assert d["axes"] == {
+        "batch_size": {"type": "var", "description": "Rows (tokens)."},
+        "hidden_size": {"type": "const", "value": 4096},
+    }
     assert d["inputs"]["input"] == {"shape": ["batch_size", "hidden_size"], "dtype": "float16"}
     assert d["outputs"]["output"]["dtype"] == "float16"
     assert "def rmsnorm(" in d["reference"]
@@ -136,17 +149,24 @@ def test_reference_matches_the_schema_names() -> None:
 
 def test_bound_method_reads_the_plan(tmp_path: Path) -> None:
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        torch.empty(1 << 20, dtype=torch.uint8), kv_layout="HND")
+        torch.empty(1 << 20, dtype=torch.uint8), kv_layout="HND"
+    )
     wrapper._paged_kv_indptr_buf = torch.zeros(3, dtype=torch.int32)  # what plan() stores
     wrapper._paged_kv_indices_buf = torch.zeros(5, dtype=torch.int32)
-    q, cache = torch.empty(2, 32, 128, dtype=torch.bfloat16), torch.empty(
-        9, 8, 16, 128, dtype=torch.bfloat16)
+    q, cache = (
+        torch.empty(2, 32, 128, dtype=torch.bfloat16),
+        torch.empty(9, 8, 16, 128, dtype=torch.bfloat16),
+    )
     unbound = type(wrapper).run.fi_trace(q=q, paged_kv_cache=(cache, cache))
     bound = fi_trace(wrapper.run, save_dir=tmp_path, q=q, paged_kv_cache=(cache, cache))
     assert unbound["inputs"]["kv_indptr"]["dtype"] == "unknown"
     assert bound["inputs"]["kv_indptr"]["dtype"] == "int32"
-    assert bound["inputs"]["k_cache"]["shape"] == ["num_pages", "num_kv_heads", "page_size",
-                                                   "head_dim"]  # HND from the wrapper
+    assert bound["inputs"]["k_cache"]["shape"] == [
+        "num_pages",
+        "num_kv_heads",
+        "page_size",
+        "head_dim",
+    ]  # HND from the wrapper
     assert bound["name"] == "gqa_paged_decode_h32_kv8_d128_ps16"
     assert json.loads((tmp_path / f"{bound['name']}.json").read_text()) == bound
 
@@ -154,7 +174,8 @@ def test_bound_method_reads_the_plan(tmp_path: Path) -> None:
 def test_single_paged_cache_tensor_is_split() -> None:
     cache = torch.empty(9, 2, 16, 8, 128, dtype=torch.float16)
     d = flashinfer.BatchDecodeWithPagedKVCacheWrapper.run.fi_trace(
-        q=torch.empty(2, 32, 128, dtype=torch.float16), paged_kv_cache=cache)
+        q=torch.empty(2, 32, 128, dtype=torch.float16), paged_kv_cache=cache
+    )
     assert d["name"] == "gqa_paged_decode_h32_kv8_d128_ps16"
     assert d["inputs"]["v_cache"]["dtype"] == "float16"
 
@@ -191,9 +212,11 @@ def test_both_decorator_forms_return_the_function_when_off(monkeypatch) -> None:
 
 def test_no_wrapper_without_trace_dump() -> None:
     """At level 0 with FLASHINFER_TRACE_DUMP unset the APIs are the undecorated functions."""
-    code = ("import flashinfer, inspect; f = flashinfer.rmsnorm; "
-            "assert not hasattr(f, '__wrapped__'), f; "
-            "assert 'return _rmsnorm(' in inspect.getsource(f); print('plain')")
+    code = (
+        "import flashinfer, inspect; f = flashinfer.rmsnorm; "
+        "assert not hasattr(f, '__wrapped__'), f; "
+        "assert 'return _rmsnorm(' in inspect.getsource(f); print('plain')"
+    )
     out = run_python(code, env={"FLASHINFER_LOGLEVEL": "0", "FLASHINFER_TRACE_DUMP": "0"})
     assert out.stdout.strip() == "plain"
 
@@ -210,13 +233,19 @@ call(4, 4096); call(9, 4096); call(4, 1024)
 assert hasattr(flashinfer.rmsnorm, "__wrapped__") and flashinfer.rmsnorm.fi_trace
 """
     out_dir = tmp_path / "traces"
-    run_python(code, env={"FLASHINFER_LOGLEVEL": "0", "FLASHINFER_TRACE_DUMP": "1",
-                          "FLASHINFER_TRACE_DUMP_DIR": str(out_dir)})
-    assert sorted(p.name for p in out_dir.iterdir()) == ["rmsnorm_h1024.json",
-                                                         "rmsnorm_h4096.json"]
+    run_python(
+        code,
+        env={
+            "FLASHINFER_LOGLEVEL": "0",
+            "FLASHINFER_TRACE_DUMP": "1",
+            "FLASHINFER_TRACE_DUMP_DIR": str(out_dir),
+        },
+    )
+    assert sorted(p.name for p in out_dir.iterdir()) == ["rmsnorm_h1024.json", "rmsnorm_h4096.json"]
     d = json.loads((out_dir / "rmsnorm_h4096.json").read_text())
     assert d["tags"][0] == "fi_api:flashinfer.norm.rmsnorm" and d["inputs"]["input"]["dtype"] == (
-        "float32")
+        "float32"
+    )
 
 
 def test_auto_dump_dedups_per_process(tmp_path: Path, monkeypatch) -> None:

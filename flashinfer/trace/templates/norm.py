@@ -15,65 +15,114 @@ _SCALE = Scalar("float32", description="Quantization scale: out = fp8(y / scale)
 
 def _norm(name: str, description: str, reference, deps=(), tags=()) -> TraceTemplate:
     return TraceTemplate(
-        op_type="rmsnorm", name_prefix=name, description=description, axes=_AXES,
+        op_type="rmsnorm",
+        name_prefix=name,
+        description=description,
+        axes=_AXES,
         inputs={"input": _INPUT, "weight": _WEIGHT, "eps": _EPS},
         outputs={"output": Tensor(_ROWS, param="out", dtype_from="input")},
-        tags=("status:verified", *tags), reference=reference, reference_deps=deps)
+        tags=("status:verified", *tags),
+        reference=reference,
+        reference_deps=deps,
+    )
 
 
 def _fused(name: str, description: str, tags=()) -> TraceTemplate:
     return TraceTemplate(
-        op_type="rmsnorm", name_prefix=name, description=description, axes=_AXES,
+        op_type="rmsnorm",
+        name_prefix=name,
+        description=description,
+        axes=_AXES,
         inputs={"input": _INPUT, "residual": Tensor(_ROWS), "weight": _WEIGHT, "eps": _EPS},
         outputs={
-            "output": Tensor(_ROWS, param="input", dtype_from="input",
-                             description="Normalized sum, written into input."),
-            "residual": Tensor(_ROWS, param="residual", dtype_from="residual",
-                               description="input + residual, written into residual."),
+            "output": Tensor(
+                _ROWS,
+                param="input",
+                dtype_from="input",
+                description="Normalized sum, written into input.",
+            ),
+            "residual": Tensor(
+                _ROWS,
+                param="residual",
+                dtype_from="residual",
+                description="input + residual, written into residual.",
+            ),
         },
-        tags=("status:verified", "fused", *tags), reference=ref.fused_add_rmsnorm,
-        reference_deps=(ref.rmsnorm,))
+        tags=("status:verified", "fused", *tags),
+        reference=ref.fused_add_rmsnorm,
+        reference_deps=(ref.rmsnorm,),
+    )
 
 
-rmsnorm_trace = _norm("rmsnorm", "Root mean square normalization: x / rms(x) * weight.",
-                      ref.rmsnorm)
-gemma_rmsnorm_trace = _norm("gemma_rmsnorm", "Gemma RMSNorm: x / rms(x) * (weight + 1).",
-                            ref.gemma_rmsnorm, (ref.rmsnorm,), ("model:gemma",))
+rmsnorm_trace = _norm(
+    "rmsnorm", "Root mean square normalization: x / rms(x) * weight.", ref.rmsnorm
+)
+gemma_rmsnorm_trace = _norm(
+    "gemma_rmsnorm",
+    "Gemma RMSNorm: x / rms(x) * (weight + 1).",
+    ref.gemma_rmsnorm,
+    (ref.rmsnorm,),
+    ("model:gemma",),
+)
 fused_add_rmsnorm_trace = _fused(
-    "fused_add_rmsnorm", "residual += input; input = rmsnorm(residual) * weight (in place).")
+    "fused_add_rmsnorm", "residual += input; input = rmsnorm(residual) * weight (in place)."
+)
 gemma_fused_add_rmsnorm_trace = _fused(
     "gemma_fused_add_rmsnorm",
-    "residual += input; input = rmsnorm(residual) * (weight + 1) (in place).", ("model:gemma",))
+    "residual += input; input = rmsnorm(residual) * (weight + 1) (in place).",
+    ("model:gemma",),
+)
 
 rmsnorm_quant_trace = TraceTemplate(
-    op_type="rmsnorm", name_prefix="rmsnorm_quant",
+    op_type="rmsnorm",
+    name_prefix="rmsnorm_quant",
     description="RMSNorm, then fp8 e4m3: out = fp8(rmsnorm(input) * weight / scale).",
     axes=_AXES,
     inputs={"input": _INPUT, "weight": _WEIGHT, "scale": _SCALE, "eps": _EPS},
     outputs={"out": Tensor(_ROWS, param="out", dtype_from="out", dtype="float8_e4m3fn")},
-    tags=("status:verified", "quantization:fp8"), reference=ref.rmsnorm_quant,
-    reference_deps=(ref.rmsnorm, ref.fp8_e4m3_quantize))
+    tags=("status:verified", "quantization:fp8"),
+    reference=ref.rmsnorm_quant,
+    reference_deps=(ref.rmsnorm, ref.fp8_e4m3_quantize),
+)
 
 fused_add_rmsnorm_quant_trace = TraceTemplate(
-    op_type="rmsnorm", name_prefix="fused_add_rmsnorm_quant",
+    op_type="rmsnorm",
+    name_prefix="fused_add_rmsnorm_quant",
     description="residual += input; out = fp8(rmsnorm(residual) * weight / scale).",
     axes=_AXES,
-    inputs={"input": _INPUT, "residual": Tensor(_ROWS), "weight": _WEIGHT, "scale": _SCALE,
-            "eps": _EPS},
+    inputs={
+        "input": _INPUT,
+        "residual": Tensor(_ROWS),
+        "weight": _WEIGHT,
+        "scale": _SCALE,
+        "eps": _EPS,
+    },
     outputs={
         "out": Tensor(_ROWS, param="out", dtype_from="out", dtype="float8_e4m3fn"),
-        "residual": Tensor(_ROWS, param="residual", dtype_from="residual",
-                           description="input + residual, written into residual."),
+        "residual": Tensor(
+            _ROWS,
+            param="residual",
+            dtype_from="residual",
+            description="input + residual, written into residual.",
+        ),
     },
     tags=("status:verified", "fused", "quantization:fp8"),
     reference=ref.fused_add_rmsnorm_quant,
-    reference_deps=(ref.rmsnorm, ref.fused_add_rmsnorm, ref.fp8_e4m3_quantize))
+    reference_deps=(ref.rmsnorm, ref.fused_add_rmsnorm, ref.fp8_e4m3_quantize),
+)
 
 layernorm_trace = TraceTemplate(
-    op_type="layernorm", name_prefix="layernorm",
+    op_type="layernorm",
+    name_prefix="layernorm",
     description="Layer normalization: (x - mean) / sqrt(var + eps) * gamma + beta.",
     axes=_AXES,
-    inputs={"input": _INPUT, "gemma": Tensor(("hidden_size",), description="Scale (gamma)."),
-            "beta": Tensor(("hidden_size",)), "eps": _EPS},
+    inputs={
+        "input": _INPUT,
+        "gemma": Tensor(("hidden_size",), description="Scale (gamma)."),
+        "beta": Tensor(("hidden_size",)),
+        "eps": _EPS,
+    },
     outputs={"output": Tensor(_ROWS, dtype_from="input")},
-    tags=("status:verified",), reference=ref.layernorm)
+    tags=("status:verified",),
+    reference=ref.layernorm,
+)

@@ -13,6 +13,10 @@ def debug_spec() -> JitSpec:
     return gen_jit_spec(
         "debug_test",
         [HERE / "kernels.cu", HERE / "binding.cc"],
-        function_args={"scale": ("out", "x", "factor"), "poison": ("out",),
-                       "fill": ("x", "value"), "spin": ("x", "ns")},
+        function_args={
+            "scale": ("out", "x", "factor"),
+            "poison": ("out",),
+            "fill": ("x", "value"),
+            "spin": ("x", "ns"),
+        },
     )
