@@ -337,22 +337,66 @@ def attention(
     v: torch.Tensor,
     causal: bool = False,
     sm_scale: float | None = None,
+    window_left: int = -1,
+    soft_cap: float | None = None,
+    mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One request's attention in float64: q ``[qo_len, Hq, D]``, k/v ``[kv_len, Hk, D]``,
-    qo head h reads kv head ``h // (Hq // Hk)``, causal aligned bottom right. Returns
-    (out ``[qo_len, Hq, D]``, lse ``[qo_len, Hq]`` in base 2)."""
+    """One request's attention in float64: q ``[qo_len, Hq, D]``, k/v ``[kv_len, Hk, D]``;
+    qo head h reads kv head ``h // (Hq // Hk)``. Returns (out ``[qo_len, Hq, D]``, lse
+    ``[qo_len, Hq]`` in base 2).
+
+    Query i sees key j where ``mask[i, j]`` (a custom mask overrides ``causal``), else iff
+    ``j <= i + kv_len - qo_len`` when causal (bottom-right aligned); ``window_left >= 0``
+    also requires ``j >= i + kv_len - qo_len - window_left``; ``soft_cap`` applies
+    ``cap * tanh(s / cap)`` to the scaled scores. A row that sees no key has out 0 and lse
+    -inf. K/V are read through the GQA group (no copies) and query rows go in chunks, so
+    the float64 scores stay near 1 GB."""
     qo_len, heads, dim = q.shape
-    kv_len, group = k.shape[0], heads // k.shape[1]
-    kd = k.double().repeat_interleave(group, dim=1)
-    vd = v.double().repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.double(), kd) * (sm_scale or dim**-0.5)
-    if causal:
-        rows = torch.arange(qo_len, device=q.device)[:, None] + (kv_len - qo_len)
-        scores = scores.masked_fill(
-            torch.arange(kv_len, device=q.device)[None, :] > rows, -math.inf
-        )
-    out = torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), vd)
-    return out, (torch.logsumexp(scores, dim=-1) / math.log(2)).transpose(0, 1)
+    kv_len, kv_heads = k.shape[0], k.shape[1]
+    group = heads // kv_heads
+    scale = dim**-0.5 if sm_scale is None else sm_scale
+    kd, vd = k.double(), v.double()
+    out = torch.zeros(qo_len, heads, dim, dtype=torch.float64, device=q.device)
+    lse = torch.full((qo_len, heads), -math.inf, dtype=torch.float64, device=q.device)
+    cols = torch.arange(kv_len, device=q.device)
+    step = max(1, (1 << 27) // max(1, heads * kv_len))
+    for start in range(0, qo_len, step):
+        rows = torch.arange(start, min(qo_len, start + step), device=q.device)
+        qg = q[rows].double().view(rows.numel(), kv_heads, group, dim)
+        scores = torch.einsum("rkgd,lkd->kgrl", qg, kd) * scale  # [Hk, group, rows, kv]
+        if soft_cap:
+            scores = soft_cap * torch.tanh(scores / soft_cap)
+        diagonal = rows[:, None] + (kv_len - qo_len)
+        if mask is not None:
+            visible = mask[rows].bool()
+        elif causal:
+            visible = cols[None, :] <= diagonal
+        else:
+            visible = torch.ones(rows.numel(), kv_len, dtype=torch.bool, device=q.device)
+        if window_left >= 0:
+            visible = visible & (cols[None, :] >= diagonal - window_left)
+        scores = scores.masked_fill(~visible, -math.inf)
+        row_lse = torch.logsumexp(scores, dim=-1)  # -inf where no key is visible
+        probs = torch.exp(scores - row_lse[..., None]).nan_to_num(0.0)  # such rows: 0
+        out[rows] = torch.einsum("kgrl,lkd->rkgd", probs, vd).reshape(rows.numel(), heads, dim)
+        lse[rows] = row_lse.permute(2, 0, 1).reshape(rows.numel(), heads) / math.log(2)
+    return out, lse
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sm_scale: float,
+    soft_cap: float | None = None,
+    window_left: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step: :func:`attention` of q ``[Hq, D]`` (one query token) over k, v
+    ``[kv_len, Hk, D]``; returns (out ``[Hq, D]``, base-2 lse ``[Hq]``)."""
+    out, lse = attention(
+        q[None], k, v, sm_scale=sm_scale, window_left=window_left, soft_cap=soft_cap
+    )
+    return out[0], lse[0]
 
 
 def paged_rows(

@@ -17,6 +17,7 @@ from flashinfer import cascade as cascade_api
 from flashinfer import prefill as prefill_api
 from flashinfer.cascade import MultiLevelCascadeAttentionWrapper as Cascade
 from flashinfer.prefill import BatchPrefillWithPagedKVCacheWrapper
+from flashinfer.testing import reference
 from tests.ops.test_prefill import BATCH_ARGS, cpu_prefill  # noqa: F401 - the fixture
 
 LN2 = math.log(2)
@@ -114,21 +115,8 @@ def reference_attention(
     sm_scale: float | None = None,
     logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
-    """float64 attention of one request (q ``[qo_len, Hq, D]``, k/v ``[kv_len, Hk, D]``),
-    causal aligned to the bottom right; qo head h uses kv head ``h // (Hq // Hk)``."""
-    qo_len, heads, dim = q.shape
-    kv_len = k.shape[0]
-    group = heads // k.shape[1]
-    kd = k.double().repeat_interleave(group, dim=1)
-    vd = v.double().repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.double(), kd) * (sm_scale or dim**-0.5)
-    if logits_soft_cap:
-        scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
-    if causal:
-        rows = torch.arange(qo_len, device=q.device)[:, None] + (kv_len - qo_len)
-        hidden = torch.arange(kv_len, device=q.device)[None, :] > rows
-        scores = scores.masked_fill(hidden, -math.inf)
-    return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), vd)
+    """The output of :func:`flashinfer.testing.reference.attention` (the one reference)."""
+    return reference.attention(q, k, v, causal, sm_scale, soft_cap=logits_soft_cap)[0]
 
 
 def expected_output(

@@ -21,6 +21,7 @@ from flashinfer.decode_schedule import (
     plan_length,
 )
 from flashinfer.jit.decode import DTYPES, HEAD_DIMS, gen_cascade_module, gen_decode_module
+from flashinfer.testing.reference import decode_attention as reference_decode
 from tests.conftest import run_python
 
 # -- the scheduler (pure host code) --------------------------------------------------------------
@@ -491,30 +492,6 @@ def test_every_cascade_specialization_compiles(dtype: str) -> None:
 
 
 # -- GPU: numerics ------------------------------------------------------------------------------
-
-
-def reference_decode(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    sm_scale: float,
-    soft_cap: float | None = None,
-    window_left: int = -1,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 attention of q [H, D] over k, v [L, Hk, D]; returns (out [H, D], lse [H]), the
-    LSE in base 2 as the library (and the reference library) defines it."""
-    heads, kv_heads = q.shape[0], k.shape[1]
-    kf = k.float().repeat_interleave(heads // kv_heads, dim=1)  # qo head h uses kv head h // g
-    vf = v.float().repeat_interleave(heads // kv_heads, dim=1)
-    scores = torch.einsum("hd,lhd->hl", q.float(), kf) * sm_scale
-    if soft_cap:
-        scores = soft_cap * torch.tanh(scores / soft_cap)
-    length = k.shape[0]
-    if window_left >= 0:
-        scores[:, : max(0, length - 1 - window_left)] = float("-inf")
-    lse = torch.logsumexp(scores, dim=-1) / math.log(2)
-    out = torch.einsum("hl,lhd->hd", torch.softmax(scores, dim=-1), vf)
-    return out, lse
 
 
 def _tolerance(dtype: torch.dtype) -> dict[str, float]:

@@ -17,6 +17,7 @@ from flashinfer import decode as decode_api
 from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper, fast_decode_plan
 from flashinfer.decode_schedule import kv_lengths
 from flashinfer.prefill_schedule import pack_schedule, plan_length, plan_prefill_schedule
+from flashinfer.testing import reference
 from tests.ops.test_prefill import BATCH_ARGS, MAX_CTAS, CpuPrefill, _bf16, _i32, cpu_prefill  # noqa: F401 - cpu_prefill is a fixture used by cpu_tc
 
 LOG2E = 1.4426950408889634
@@ -437,7 +438,7 @@ def test_the_launch_computes_decode_attention(cpu_tc, monkeypatch, layout) -> No
         for b, n in enumerate(lens):
             ids = indices[indptr[b] : indptr[b + 1]].long()
             k, v = (c[ids].flatten(0, 1)[:n] for c in nhd)
-            want, want_lse = reference_decode(
+            want, want_lse = reference.decode_attention(
                 q[b], k, v, (sm_scale or dim**-0.5) * 2.0, cap, window
             )
             torch.testing.assert_close(out[b].double(), want * 0.5, atol=2e-2, rtol=2e-2)
@@ -621,33 +622,6 @@ def test_single_decode_bad_arguments(cpu_tc, message, error, overrides) -> None:
 # -- GPU: numerics ------------------------------------------------------------------------------
 
 
-def reference_decode(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    sm_scale: float,
-    soft_cap: float | None = None,
-    window_left: int = -1,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 attention of q ``[Hq, D]`` over k, v ``[kv_len, Hk, D]`` (qo head h uses kv
-    head ``h // (Hq // Hk)``): (out ``[Hq, D]``, base-2 lse ``[Hq]``); no keys: 0 and -inf."""
-    (heads, dim), (kv_len, kv_heads) = q.shape, k.shape[:2]
-    if kv_len == 0:
-        return (
-            torch.zeros(q.shape, dtype=torch.float64, device=q.device),
-            torch.full((heads,), -math.inf, dtype=torch.float64, device=q.device),
-        )
-    qg = q.double().view(kv_heads, heads // kv_heads, dim)  # [Hk, group, D]: no K/V copies
-    scores = torch.einsum("kgd,lkd->kgl", qg, k.double()) * sm_scale
-    if soft_cap:
-        scores = soft_cap * torch.tanh(scores / soft_cap)
-    if window_left >= 0:
-        scores[..., : max(0, kv_len - 1 - window_left)] = -math.inf
-    lse = torch.logsumexp(scores, dim=-1)
-    out = torch.einsum("kgl,lkd->kgd", torch.exp(scores - lse[..., None]), v.double())
-    return out.reshape(heads, dim), lse.reshape(heads) / math.log(2)
-
-
 def _tolerance(dtype: torch.dtype) -> dict[str, float]:
     return dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-2, rtol=1e-2)
 
@@ -756,7 +730,7 @@ def test_tensor_core_decode_matches_cuda_cores_and_float64(
             if n == 0:
                 assert (out[b] == 0).all() and (lse[b] == -math.inf).all()
                 continue
-            want, want_lse = reference_decode(q[b], ks[b], vs[b], scale, cap, window)
+            want, want_lse = reference.decode_attention(q[b], ks[b], vs[b], scale, cap, window)
             torch.testing.assert_close(out[b].double(), want, **_tolerance(dtype))
             torch.testing.assert_close(lse[b].double(), want_lse, **LSE_TOLERANCE)
         torch.testing.assert_close(out, core_out, **_tolerance(dtype))
@@ -795,7 +769,7 @@ def test_large_groups_scales_and_the_5d_cache_form() -> None:
             return_lse=True,
         )
         for b in range(len(lens)):
-            want, want_lse = reference_decode(q[b], ks[b], vs[b], 0.05 * 0.5 * 2.5)
+            want, want_lse = reference.decode_attention(q[b], ks[b], vs[b], 0.05 * 0.5 * 2.5)
             torch.testing.assert_close(out[b].double(), want * 0.25, **_tolerance(dtype))
             torch.testing.assert_close(lse[b].double(), want_lse, **LSE_TOLERANCE)
 
@@ -841,7 +815,7 @@ def test_cuda_graph_replay_after_re_planning_and_rewriting_the_buffers() -> None
             pages = ids[indptr[b] : indptr[b + 1]].long().cuda()
             k = k_cache[pages].reshape(-1, kv_heads, head_dim)[:n]
             v = v_cache[pages].reshape(-1, kv_heads, head_dim)[:n]
-            o, s = reference_decode(q[b], k, v, head_dim**-0.5)
+            o, s = reference.decode_attention(q[b], k, v, head_dim**-0.5)
             outs.append(o)
             lses.append(s)
         return torch.stack(outs), torch.stack(lses)
@@ -919,7 +893,7 @@ def test_single_decode_with_tensor_cores_matches(
     )
     for sm_scale, cap, window in ((None, None, -1), (0.3, 30.0, -1), (None, None, 100)):
         scale = head_dim**-0.5 if sm_scale is None else sm_scale
-        want, want_lse = reference_decode(q, k, v, scale * 2.0, cap, window)
+        want, want_lse = reference.decode_attention(q, k, v, scale * 2.0, cap, window)
         got = []
         for use_tensor_cores in (True, False):
             # single decode allocates its outputs: free NaN blocks of their sizes first, so

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import math
 from types import ModuleType
 from typing import Any
 
 import pytest
 import torch
+
+from flashinfer.testing.reference import attention as reference_attention
 
 NAN = float("nan")
 LSE_TOLERANCE = dict(atol=1e-2, rtol=1e-3)  # base-2 LSE, float32 from fp16/bf16 inputs
@@ -23,58 +24,6 @@ LSE_TOLERANCE = dict(atol=1e-2, rtol=1e-3)  # base-2 LSE, float32 from fp16/bf16
 def prefill() -> ModuleType:
     """flashinfer.prefill, imported only when a GPU test runs (collection must not need it)."""
     return importlib.import_module("flashinfer.prefill")
-
-
-# -- the reference ------------------------------------------------------------------------------
-
-
-def reference_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    causal: bool = False,
-    window_left: int = -1,
-    soft_cap: float | None = None,
-    sm_scale: float | None = None,
-    mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """float64 attention of one request: q ``[qo_len, Hq, D]`` over k, v ``[kv_len, Hk, D]``.
-
-    Query i sees key j where ``mask[i, j]`` (a custom mask overrides ``causal``), else iff
-    ``j <= i + kv_len - qo_len`` when causal (bottom-right aligned); ``window_left >= 0``
-    also requires ``j >= i + kv_len - qo_len - window_left``. Qo head h uses KV head
-    ``h // (Hq // Hk)``. Returns (out ``[qo_len, Hq, D]``, base-2 lse ``[qo_len, Hq]``); a
-    row that sees no key has out 0 and lse -inf. Query rows go in chunks so the float64
-    scores stay near 1 GB."""
-    qo_len, heads, dim = q.shape
-    kv_len, kv_heads = k.shape[0], k.shape[1]
-    scale = dim**-0.5 if sm_scale is None else sm_scale
-    kd = k.double().repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1)  # [Hq, kv, D]
-    vd = v.double().repeat_interleave(heads // kv_heads, dim=1).transpose(0, 1)
-    out = torch.zeros(qo_len, heads, dim, dtype=torch.float64, device=q.device)
-    lse = torch.full((qo_len, heads), -math.inf, dtype=torch.float64, device=q.device)
-    cols = torch.arange(kv_len, device=q.device)
-    step = max(1, (1 << 27) // max(1, heads * kv_len))
-    for start in range(0, qo_len, step):
-        rows = torch.arange(start, min(qo_len, start + step), device=q.device)
-        scores = q[rows].double().transpose(0, 1) @ kd.transpose(1, 2) * scale  # [Hq, r, kv]
-        if soft_cap:
-            scores = soft_cap * torch.tanh(scores / soft_cap)
-        diagonal = rows[:, None] + (kv_len - qo_len)
-        if mask is not None:
-            visible = mask[rows].bool()
-        elif causal:
-            visible = cols[None, :] <= diagonal
-        else:
-            visible = torch.ones(rows.numel(), kv_len, dtype=torch.bool, device=q.device)
-        if window_left >= 0:
-            visible = visible & (cols[None, :] >= diagonal - window_left)
-        scores = scores.masked_fill(~visible, -math.inf)
-        row_lse = torch.logsumexp(scores, dim=-1)  # -inf where no key is visible
-        probs = torch.exp(scores - row_lse[..., None]).nan_to_num(0.0)  # such rows: 0
-        out[rows] = (probs @ vd).transpose(0, 1)
-        lse[rows] = (row_lse / math.log(2)).transpose(0, 1)
-    return out, lse
 
 
 def _tolerance(dtype: torch.dtype) -> dict[str, float]:
