@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Union
@@ -50,7 +51,8 @@ class Tensor:
     index in a ``(k, v)`` tuple parameter; a single 5-D paged cache tensor
     ``[pages, 2, ...]`` is split the same way. ``hnd_dims``: the dims when the call's
     ``kv_layout`` is ``"HND"``. Outputs take their dtype from ``dtype`` or from the
-    input parameter ``dtype_from``.
+    input parameter ``dtype_from``. ``flatten_leading``: a call may pass more leading dims
+    than ``dims`` names (norms take ``[..., hidden]``); they count as the first axis.
     """
 
     dims: tuple[str, ...]
@@ -61,6 +63,15 @@ class Tensor:
     optional: bool = False
     description: str = ""
     hnd_dims: tuple[str, ...] | None = None
+    flatten_leading: bool = False
+
+    def sizes(self, value: torch.Tensor) -> tuple[int, ...]:
+        """``value``'s shape as ``dims`` reads it."""
+        shape = tuple(int(n) for n in value.shape)
+        extra = len(shape) - len(self.dims)
+        if self.flatten_leading and extra > 0:
+            return (math.prod(shape[: extra + 1]), *shape[extra + 1 :])
+        return shape
 
     def dims_for(self, kwargs: Kwargs) -> tuple[str, ...]:
         if self.hnd_dims is not None and kwargs.get("kv_layout") == "HND":
@@ -160,9 +171,10 @@ class TraceTemplate:
             value = _lookup(kwargs, key, desc)
             if not isinstance(value, torch.Tensor):
                 continue
+            sizes = desc.sizes(value)
             for dim, axis in enumerate(desc.dims_for(kwargs)):
-                if dim < value.dim():
-                    found.setdefault(axis, int(value.shape[dim]))
+                if dim < len(sizes):
+                    found.setdefault(axis, sizes[dim])
         for axis in self.axes:
             value = kwargs.get(axis)
             if axis not in found and isinstance(value, int) and not isinstance(value, bool):

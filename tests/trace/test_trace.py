@@ -270,3 +270,17 @@ def test_env_var_defaults(monkeypatch) -> None:
     monkeypatch.setenv("FLASHINFER_TRACE_DUMP", "maybe")
     with pytest.raises(ValueError, match="FLASHINFER_TRACE_DUMP"):
         _ = config.trace_dump
+
+
+def test_norms_count_every_leading_dim_as_rows() -> None:
+    """rmsnorm takes ``[..., hidden]``: a per-head call ``[batch, heads, head_dim]`` is
+    ``batch * heads`` rows of ``head_dim``, not ``heads`` wide."""
+    weight = torch.randn(128, dtype=torch.bfloat16)
+    flat = flashinfer.rmsnorm.fi_trace(
+        input=torch.randn(32, 128, dtype=torch.bfloat16), weight=weight
+    )
+    per_head = flashinfer.rmsnorm.fi_trace(
+        input=torch.randn(4, 8, 128, dtype=torch.bfloat16), weight=weight
+    )
+    assert per_head["name"] == flat["name"] == "rmsnorm_h128"
+    assert per_head["axes"]["hidden_size"]["value"] == 128

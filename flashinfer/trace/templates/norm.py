@@ -1,4 +1,5 @@
-"""Templates of the norm family (flashinfer/norm.py); 2-D ``[tokens, hidden]`` calls."""
+"""Templates of the norm family (flashinfer/norm.py): ``[tokens, hidden]``; a call with more
+leading dims (``[batch, heads, head_dim]``) counts them all as rows."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ from ..template import Const, Scalar, Tensor, TraceTemplate, Var
 
 _AXES = {"batch_size": Var("Rows (tokens)."), "hidden_size": Const(abbrev="h")}
 _ROWS = ("batch_size", "hidden_size")
-_INPUT = Tensor(_ROWS)
+
+
+def _rows(**fields) -> Tensor:
+    return Tensor(_ROWS, flatten_leading=True, **fields)
+
+
+_INPUT = _rows()
 _WEIGHT = Tensor(("hidden_size",))
 _EPS = Scalar("float32", description="Added to the mean square (default 1e-6).")
 _SCALE = Scalar("float32", description="Quantization scale: out = fp8(y / scale).")
@@ -20,7 +27,7 @@ def _norm(name: str, description: str, reference, deps=(), tags=()) -> TraceTemp
         description=description,
         axes=_AXES,
         inputs={"input": _INPUT, "weight": _WEIGHT, "eps": _EPS},
-        outputs={"output": Tensor(_ROWS, param="out", dtype_from="input")},
+        outputs={"output": _rows(param="out", dtype_from="input")},
         tags=("status:verified", *tags),
         reference=reference,
         reference_deps=deps,
@@ -33,16 +40,14 @@ def _fused(name: str, description: str, tags=()) -> TraceTemplate:
         name_prefix=name,
         description=description,
         axes=_AXES,
-        inputs={"input": _INPUT, "residual": Tensor(_ROWS), "weight": _WEIGHT, "eps": _EPS},
+        inputs={"input": _INPUT, "residual": _rows(), "weight": _WEIGHT, "eps": _EPS},
         outputs={
-            "output": Tensor(
-                _ROWS,
+            "output": _rows(
                 param="input",
                 dtype_from="input",
                 description="Normalized sum, written into input.",
             ),
-            "residual": Tensor(
-                _ROWS,
+            "residual": _rows(
                 param="residual",
                 dtype_from="residual",
                 description="input + residual, written into residual.",
@@ -79,7 +84,7 @@ rmsnorm_quant_trace = TraceTemplate(
     description="RMSNorm, then fp8 e4m3: out = fp8(rmsnorm(input) * weight / scale).",
     axes=_AXES,
     inputs={"input": _INPUT, "weight": _WEIGHT, "scale": _SCALE, "eps": _EPS},
-    outputs={"out": Tensor(_ROWS, param="out", dtype_from="out", dtype="float8_e4m3fn")},
+    outputs={"out": _rows(param="out", dtype_from="out", dtype="float8_e4m3fn")},
     tags=("status:verified", "quantization:fp8"),
     reference=ref.rmsnorm_quant,
     reference_deps=(ref.rmsnorm, ref.fp8_e4m3_quantize),
@@ -92,15 +97,14 @@ fused_add_rmsnorm_quant_trace = TraceTemplate(
     axes=_AXES,
     inputs={
         "input": _INPUT,
-        "residual": Tensor(_ROWS),
+        "residual": _rows(),
         "weight": _WEIGHT,
         "scale": _SCALE,
         "eps": _EPS,
     },
     outputs={
-        "out": Tensor(_ROWS, param="out", dtype_from="out", dtype="float8_e4m3fn"),
-        "residual": Tensor(
-            _ROWS,
+        "out": _rows(param="out", dtype_from="out", dtype="float8_e4m3fn"),
+        "residual": _rows(
             param="residual",
             dtype_from="residual",
             description="input + residual, written into residual.",
@@ -122,7 +126,7 @@ layernorm_trace = TraceTemplate(
         "beta": Tensor(("hidden_size",)),
         "eps": _EPS,
     },
-    outputs={"output": Tensor(_ROWS, dtype_from="input")},
+    outputs={"output": _rows(dtype_from="input")},
     tags=("status:verified",),
     reference=ref.layernorm,
 )
