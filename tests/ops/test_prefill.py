@@ -12,6 +12,7 @@ import torch
 
 from flashinfer import checks
 from flashinfer import prefill as prefill_api
+from flashinfer.jit.prefill import BATCH_PREFILL_ARGS, SINGLE_PREFILL_ARGS
 from flashinfer.prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
@@ -23,51 +24,7 @@ from flashinfer.quantization import packbits, segment_packbits
 LOG2E = 1.4426950408889634
 MAX_CTAS = 64
 
-BATCH_ARGS = (
-    "q",
-    "k",
-    "v",
-    "qo_indptr",
-    "kv_indptr",
-    "kv_indices",
-    "kv_last_page_len",
-    "custom_mask",
-    "mask_indptr",
-    "plan",
-    "tmp_v",
-    "tmp_lse",
-    "out",
-    "lse",
-    "hnd",
-    "work_capacity",
-    "merge_capacity",
-    "tmp_capacity",
-    "grid_work",
-    "grid_merge",
-    "causal",
-    "window_left",
-    "score_scale",
-    "score_cap",
-    "enable_pdl",
-)
-SINGLE_ARGS = (
-    "q",
-    "k",
-    "v",
-    "custom_mask",
-    "tmp_v",
-    "tmp_lse",
-    "out",
-    "lse",
-    "hnd",
-    "causal",
-    "window_left",
-    "chunk_tokens",
-    "num_chunks",
-    "score_scale",
-    "score_cap",
-    "enable_pdl",
-)
+BATCH_ARGS, SINGLE_ARGS = BATCH_PREFILL_ARGS, SINGLE_PREFILL_ARGS
 
 
 class CpuPrefill:
