@@ -126,25 +126,53 @@ def plan_length(work_capacity: int, merge_capacity: int) -> int:
     return 4 + 4 * work_capacity + 2 * merge_capacity
 
 
+def pack_words(
+    num_work: int,
+    chunk_size: int,
+    work_columns: Sequence[Sequence[int]],
+    num_merge: int,
+    merge_rows: Sequence[int],
+    merge_indptr: Sequence[int],
+    work_capacity: int,
+    merge_capacity: int,
+    merges: str = "merges",
+) -> list[int]:
+    """The int32 words of a split-KV schedule as decode and prefill kernels read them:
+    ``[num_work, chunk_size, *work_columns (each padded to work_capacity), num_merge,
+    merge_rows, merge_indptr (padded to merge_capacity)]``; unused capacity is zero.
+    ``merges`` names the merge entries in the capacity error."""
+    if num_work > work_capacity or num_merge > merge_capacity:
+        raise ValueError(
+            f"the schedule ({num_work} work items, {num_merge} "
+            f"{merges}) exceeds the capacity ({work_capacity}, {merge_capacity})"
+        )
+    pad_w = [0] * (work_capacity - num_work)
+    pad_m = [0] * (merge_capacity - num_merge)
+    words = [num_work, chunk_size or 1]
+    for column in work_columns:
+        words += list(column) + pad_w
+    words += [num_merge, *merge_rows, *pad_m]
+    words += [*merge_indptr, *pad_m]
+    if any(not -(1 << 31) <= w < 1 << 31 for w in words):
+        raise ValueError("the schedule does not fit in int32")
+    return words
+
+
 def pack_schedule(schedule: DecodeSchedule, work_capacity: int, merge_capacity: int) -> list[int]:
     """The int32 words the kernel reads (unused capacity is zero)."""
-    if schedule.num_work > work_capacity or schedule.num_merge > merge_capacity:
-        raise ValueError(
-            f"the schedule ({schedule.num_work} work items, {schedule.num_merge} "
-            f"merges) exceeds the capacity ({work_capacity}, {merge_capacity})"
-        )
-    pad_w = [0] * (work_capacity - schedule.num_work)
-    pad_m = [0] * (merge_capacity - schedule.num_merge)
-    words = [schedule.num_work, schedule.chunk_size or 1]
-    for column in (
+    columns = (
         schedule.work_request,
         schedule.work_chunk,
         schedule.work_chunks,
         schedule.work_tmp_row,
-    ):
-        words += list(column) + pad_w
-    words += [schedule.num_merge, *schedule.merge_request, *pad_m]
-    words += [*schedule.merge_indptr, *pad_m]
-    if any(not -(1 << 31) <= w < 1 << 31 for w in words):
-        raise ValueError("the schedule does not fit in int32")
-    return words
+    )
+    return pack_words(
+        schedule.num_work,
+        schedule.chunk_size,
+        columns,
+        schedule.num_merge,
+        schedule.merge_request,
+        schedule.merge_indptr,
+        work_capacity,
+        merge_capacity,
+    )

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from flashinfer.decode_schedule import kv_lengths
+from flashinfer.decode_schedule import kv_lengths, pack_words
 
 __all__ = [
     "DEFAULT_MIN_CHUNK",
@@ -175,24 +175,21 @@ def plan_length(work_capacity: int, merge_capacity: int) -> int:
 
 def pack_schedule(schedule: PrefillSchedule, work_capacity: int, merge_capacity: int) -> list[int]:
     """The int32 words the kernel reads (unused capacity is zero)."""
-    if schedule.num_work > work_capacity or schedule.num_merge > merge_capacity:
-        raise ValueError(
-            f"the schedule ({schedule.num_work} work items, {schedule.num_merge} "
-            f"merge rows) exceeds the capacity ({work_capacity}, {merge_capacity})"
-        )
-    pad_w = [0] * (work_capacity - schedule.num_work)
-    pad_m = [0] * (merge_capacity - schedule.num_merge)
-    words = [schedule.num_work, schedule.chunk_size or 1]
-    for column in (
+    columns = (
         schedule.work_request,
         schedule.work_q_tile,
         schedule.work_chunk,
         schedule.work_chunks,
         schedule.work_tmp_base,
-    ):
-        words += list(column) + pad_w
-    words += [schedule.num_merge, *schedule.merge_row, *pad_m]
-    words += [*schedule.merge_indptr, *pad_m]
-    if any(not -(1 << 31) <= w < 1 << 31 for w in words):
-        raise ValueError("the schedule does not fit in int32")
-    return words
+    )
+    return pack_words(
+        schedule.num_work,
+        schedule.chunk_size,
+        columns,
+        schedule.num_merge,
+        schedule.merge_row,
+        schedule.merge_indptr,
+        work_capacity,
+        merge_capacity,
+        merges="merge rows",
+    )
