@@ -284,6 +284,11 @@ class Config:
     def variables(cls) -> list[EnvVar[Any]]:
         return [v for v in vars(cls).values() if isinstance(v, EnvVar)]
 
+    def snapshot(self) -> tuple[str | None, ...]:
+        """The raw value of every variable (None: unset), in a fixed order: what decides
+        every setting, for caches keyed by the environment."""
+        return tuple(os.environ.get(var.name) for var in _VARIABLES)
+
     def problems(self) -> list[str]:
         """One message per variable whose value does not parse."""
         found = []
@@ -301,7 +306,7 @@ class Config:
         only hits the cache hears of a bad value as one that builds does. The environment
         last found valid is remembered, which keeps repeated calls to a few dict lookups.
         """
-        snapshot = tuple(os.environ.get(var.name) for var in _VARIABLES)
+        snapshot = self.snapshot()
         if snapshot == self._validated:
             return
         found = self.problems()

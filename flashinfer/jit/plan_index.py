@@ -19,14 +19,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Config, config
+from ..config import config
 from ..version import __version__
 from . import env
 from .arch import visible_capabilities
 from .fileutil import atomic_write_text
 from .plan import BuildPlan, PlannedSpec
-
-_VARIABLES = tuple(var.name for var in Config.variables())
 
 
 @dataclass(frozen=True)
@@ -49,7 +47,6 @@ def _stat(path: Path | str) -> list[int] | None:
 def _entry_path(spec: PlannedSpec) -> Path:
     import tvm_ffi
 
-    environment = [os.environ.get(name) for name in _VARIABLES]
     decided_by = [
         spec.name,
         [str(s) for s in spec.sources],
@@ -59,7 +56,7 @@ def _entry_path(spec: PlannedSpec) -> Path:
         [str(p) for p in spec.extra_include_paths],
         spec.supported_major_versions,
         [[str(p), _stat(p)] for p in spec.generated_sources],
-        environment,
+        config.snapshot(),
         visible_capabilities() if config.cuda_arch_list is None else None,
         __version__,
         tvm_ffi.__version__,
