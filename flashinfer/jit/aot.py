@@ -1,16 +1,18 @@
 """Ahead-of-time layers: read-only dirs of precompiled modules, searched before the JIT.
 
 A layer holds ``<uri>/<uri>.so`` and ``<uri>/aot.json`` per module. Layers come from
-FLASHINFER_AOT_DIR (an os.pathsep list) and from an installed ``flashinfer_aot``
-package's ``modules/`` dir. A module is taken from a layer without a compiler, without
-nvcc on PATH, when its record matches this process: flashinfer and tvm-ffi versions,
-the build-affecting settings (debug, lineinfo, device print, extra flags), archs that
-cover the visible GPUs (or FLASHINFER_CUDA_ARCH_LIST), and the content of any recorded
-source that exists here (an edited kernel falls through to the JIT). The library itself
-must match its recorded size and sha256 (see verify.py); a damaged one is skipped with a
-warning.
+FLASHINFER_AOT_DIR (an os.pathsep list), from an installed ``flashinfer_aot`` package's
+``modules/`` dir, and last from the download dir (FLASHINFER_CUBIN_DIR), where
+``remote.py`` publishes the modules of a repository. A module is taken from a layer
+without a compiler, without nvcc on PATH, when its record matches this process:
+flashinfer and tvm-ffi versions, the build-affecting settings (debug, lineinfo, device
+print, extra flags), archs that cover the visible GPUs (or FLASHINFER_CUDA_ARCH_LIST), and
+the content of any recorded source that exists here (an edited kernel falls through to
+the JIT). The library itself must match its recorded size and sha256 (see verify.py); a
+damaged one is skipped with a warning.
 
-Layers are written by ``precompile.py``; this module only reads them.
+Layers are written by ``precompile.py`` (the download dir by ``remote.py``); this module
+only reads them.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol, Sequence
 
 from ..config import config
 from ..version import __version__
+from . import env
 from .arch import CudaArch, covers, parse_arch_list, visible_capabilities
 from .manifest import FileRecord, Manifest
 from .verify import library_problem
@@ -50,6 +53,9 @@ def aot_dirs() -> list[Path]:
     package = _package_layer()
     if package is not None:
         layers.append(package)
+    downloads = env.cubin_dir()
+    if downloads.is_dir() and downloads not in layers:
+        layers.append(downloads)
     return layers
 
 
@@ -118,31 +124,65 @@ class AotRecord:
             return None
 
 
+class BuiltFor(Protocol):
+    """What a precompiled module records about its build (an ``AotRecord``, or its entry
+    in a repository index)."""
+
+    flashinfer: str
+    tvm_ffi: str
+    archs: tuple[CudaArch, ...]
+    settings: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a precompiled module must have been built for to serve this process."""
+
+    listed: tuple[CudaArch, ...] | None  # explicit archs; None: the visible GPUs
+    capabilities: tuple[tuple[int, int], ...]
+    settings: dict[str, Any]
+    tvm_ffi: str
+
+    @classmethod
+    def current(cls, archs: Sequence[CudaArch] | None = None) -> Target:
+        """This process's target; ``archs`` replaces FLASHINFER_CUDA_ARCH_LIST and the GPUs."""
+        import tvm_ffi
+
+        listed = (
+            tuple(archs)
+            if archs is not None
+            else parse_arch_list(config.cuda_arch_list)
+            if config.cuda_arch_list
+            else None
+        )
+        capabilities = visible_capabilities() if listed is None else ()
+        return cls(listed, capabilities, build_settings(), tvm_ffi.__version__)
+
+    def mismatch(self, built: BuiltFor) -> str | None:
+        """What of ``built`` differs from this target (e.g. "archs"), or None."""
+        if built.flashinfer != __version__ and not config.disable_version_check:
+            return "flashinfer version"
+        if built.tvm_ffi != self.tvm_ffi:
+            return "tvm-ffi version"
+        if built.settings != self.settings:
+            return "build settings"
+        if not covers(built.archs, self.listed, self.capabilities):
+            return "archs"
+        return None
+
+
 def find(uri: str) -> Path | None:
     """The library of ``uri`` from the first AOT layer whose record matches, else None."""
     layers = aot_dirs()
     if not layers:
         return None
-    import tvm_ffi
-
-    listed = parse_arch_list(config.cuda_arch_list) if config.cuda_arch_list else None
-    capabilities = visible_capabilities() if listed is None else ()
-    settings = build_settings()
+    target = Target.current()
+    downloads = env.cubin_dir()
     for layer in layers:
         record = AotRecord.load(layer / uri / AOT_RECORD)
         if record is None:
             continue
-        problem = (
-            "flashinfer version"
-            if record.flashinfer != __version__ and not config.disable_version_check
-            else "tvm-ffi version"
-            if record.tvm_ffi != tvm_ffi.__version__
-            else "build settings"
-            if record.settings != settings
-            else "archs"
-            if not covers(record.archs, listed, capabilities)
-            else _changed_source(record.inputs)
-        )
+        problem = target.mismatch(record) or _changed_source(record.inputs)
         if problem:
             logger.debug("AOT layer %s: %s differs (%s); not used", layer, uri, problem)
             continue
@@ -151,7 +191,13 @@ def find(uri: str) -> Path | None:
         if damage is None:
             return library
         logger.warning(
-            "AOT layer %s: not using %s: %s (precompile the layer again)", layer, uri, damage
+            "AOT layer %s: not using %s: %s (%s)",
+            layer,
+            uri,
+            damage,
+            "downloaded again if a repository is set"
+            if layer == downloads
+            else "precompile the layer again",
         )
     return None
 
@@ -162,6 +208,8 @@ def verify_layers(layers: Iterable[Path] | None = None) -> dict[Path, str | None
     found: dict[Path, str | None] = {}
     for layer in aot_dirs() if layers is None else layers:
         for record_path in sorted(Path(layer).glob(f"*/{AOT_RECORD}")):
+            if record_path.parent.name.startswith("."):
+                continue  # a module being published or downloaded
             library = record_path.parent / f"{record_path.parent.name}.so"
             record = AotRecord.load(record_path)
             found[library] = (

@@ -41,14 +41,14 @@ class CacheEntry:
         return self.path / f"{self.uri}.so"
 
 
-def touch(build_dir: Path) -> None:
+def touch(build_dir: Path | str) -> None:
     """Record a use of a module variant (best effort: the cache may be read-only)."""
-    stamp = build_dir / STAMP
+    stamp = os.path.join(build_dir, STAMP)
     try:
         os.utime(stamp)
     except FileNotFoundError:
         try:
-            stamp.touch()
+            Path(stamp).touch()
         except OSError:
             pass
     except OSError:

@@ -2,17 +2,20 @@
 
 Flow of ``build_and_load()``:
 
-1. an AOT layer with a matching record -> load its .so (no compiler needed)
-2. the plan index names the build dir for this environment and its manifest matches the
-   files on disk -> load the .so without planning (see plan_index.py)
-2'. else plan: target archs, toolchain, full flags, identity hash -> build dir (no writes)
-3. warm path: the manifest matches the files on disk -> load the .so (no subprocess, no lock);
+1. the plan index has an entry for this spec in this environment and every file it
+   lists has the recorded stat -> load the .so (no planning, no render, no manifest read;
+   see plan_index.py)
+2. settings are validated (``config.validate``: index entries exist only for valid
+   settings, so a bad value is reported whether the module is built or found)
+3. an AOT layer with a matching record -> load its .so (no compiler needed)
+4. plan: render the configs, target archs, toolchain, full flags, identity hash -> build
+   dir; the manifest matches the files on disk -> load the .so (no subprocess, no lock);
    with a read-only workspace, its build of the same identity is checked the same way
-4. otherwise, under the module's lock (or lock-free in a private staging dir): re-check,
+5. otherwise, under the module's lock (or lock-free in a private staging dir): re-check,
    build, record the manifest, evict if the cache is over its size, load.
 
-Settings are validated first (``config.validate``), so a bad value is reported whether
-the module is built or found in a cache.
+A module once loaded from the workspace is found by step 1 before the AOT layers while
+the environment stays the same (both are verified builds of the same sources).
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from ..debug_printer import LaunchPrinter
 from . import aot, cache, env, plan_index
 from .arch import CudaArch, target_archs
 from .builder import JitCompileError, build_in_place, build_in_staging, write_build_file
-from .explain import manifest_problem, stale_reason
+from .explain import stale_reason
 from .lock import module_lock
 from .manifest import Manifest
 from .plan import BuildPlan, make_plan
+from .render import PendingRender
 from .toolchain import ToolchainError, nvcc_arch_problem
 
 logger = logging.getLogger("flashinfer.jit")
@@ -66,8 +70,9 @@ def check_buildable(plan: BuildPlan) -> None:
 class JitSpec:
     """A JIT module: its name (URI), sources and flags.
 
-    ``generated_sources`` are the files rendered for this specialization (their
-    content is part of the identity hash); ``sources`` are the TUs to compile.
+    ``generated_sources`` are files rendered for this specialization and ``renders`` the
+    renders done when the spec is planned (the content of both is part of the identity
+    hash); ``sources`` are the TUs to compile.
     Loading returns the tvm-ffi module, instrumented when FLASHINFER_DEBUG_PRINTER is set.
     """
 
@@ -79,14 +84,25 @@ class JitSpec:
     extra_include_paths: list[Path] = field(default_factory=list)
     supported_major_versions: list[int] | None = None
     generated_sources: list[Path] = field(default_factory=list)
+    renders: list[PendingRender] = field(default_factory=list)
     # Parameter names of exported functions, for the kernel-launch debug printer.
     function_args: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     # -- planning ---------------------------------------------------------------
 
     def plan(self, archs: Sequence[CudaArch] | None = None) -> BuildPlan:
-        """Flags, identity and build dir for ``archs`` (default: the target archs)."""
+        """Flags, identity and build dir for ``archs`` (default: the target archs); renders
+        the configs first (their content is part of the identity)."""
+        for src in self.sources:
+            if not src.is_file():
+                raise FileNotFoundError(f"source {src} of module {self.name} does not exist")
+        for pending in self.renders:
+            pending.render()
         return make_plan(self, archs)
+
+    def generated_files(self) -> list[Path]:
+        """Every rendered file the module is built from (renders' outputs last)."""
+        return [*self.generated_sources, *(pending.output for pending in self.renders)]
 
     @property
     def build_dir(self) -> Path:
@@ -105,7 +121,7 @@ class JitSpec:
     @property
     def is_stale(self) -> bool:
         """Loading now would compile: not built, or an input's content changed."""
-        if self._indexed_library() is not None:
+        if plan_index.lookup(self) is not None:
             return False
         plan = self.plan()
         if self._stale_reason(plan) is not None:
@@ -141,9 +157,9 @@ class JitSpec:
                 logger.info("rebuilding %s for %s: %s", self.name, archs, reason)
             start = time.monotonic()
             if locked:
-                build_in_place(plan, self.name, self.generated_sources, manifest)
+                build_in_place(plan, self.name, self.generated_files(), manifest)
             else:
-                build_in_staging(plan, self.name, self.generated_sources)
+                build_in_staging(plan, self.name, self.generated_files())
             logger.info("compiled %s in %.1f s", self.name, time.monotonic() - start)
         cache.touch(plan.build_dir)
         plan_index.record(self, plan)
@@ -167,21 +183,27 @@ class JitSpec:
     def build_and_load(self):  # noqa: ANN201 - returns tvm_ffi.Module
         """Load the module: from an AOT layer when one has it, else from the JIT cache,
         compiling first if it is missing or stale."""
+        known = plan_index.lookup(self)
+        if known is not None:
+            cache.touch(known.build_dir)
+            return self._load(known.library_path)
         config.validate()
         precompiled = aot.find(self.name)
         if precompiled is not None:
             return self._load(precompiled)
-        library = self._indexed_library()
-        if library is not None:
-            cache.touch(library.parent)
-            return self._load(library)
+        from . import remote  # the module repository: asked only where a compile would be
+
         try:
             plan = self.plan()
         except ToolchainError as err:
+            downloaded = remote.fetch_library(self.name)
+            if downloaded is not None:
+                return self._load(downloaded)
             if config.disable_jit:
                 raise JitDisabledError(
                     f"module {self.name} is in no AOT layer (FLASHINFER_AOT_DIR) and "
                     f"FLASHINFER_DISABLE_JIT=1 forbids compiling it ({err})"
+                    f"{remote.failure_note(self.name)}"
                 ) from None
             raise
         reason = self._stale_reason(plan)
@@ -195,25 +217,18 @@ class JitSpec:
                     "loading %s although %s (FLASHINFER_DISABLE_JIT=1)", self.name, reason
                 )
             else:
-                self.build(plan)
+                downloaded = remote.fetch_library(self.name)
+                if downloaded is not None:
+                    return self._load(downloaded)
+                try:
+                    self.build(plan)
+                except JitDisabledError as err:
+                    raise JitDisabledError(f"{err}{remote.failure_note(self.name)}") from None
         else:
             logger.debug("loading cached %s from %s", self.name, plan.build_dir)
             cache.touch(plan.build_dir)
             plan_index.record(self, plan)
         return self._load(plan.library_path)
-
-    def _indexed_library(self) -> Path | None:
-        """The up-to-date library the plan index points at, found without planning."""
-        known = plan_index.lookup(self)
-        if known is None:
-            return None
-        manifest = Manifest.load(known.build_dir)
-        if (
-            manifest is None
-            or manifest_problem(known.build_dir, known.library_path, manifest) is not None
-        ):
-            return None
-        return known.library_path
 
     def _read_only_build(self, plan: BuildPlan) -> Path | None:
         """The up-to-date library of this identity in a read-only workspace, if any."""
@@ -230,10 +245,12 @@ class JitSpec:
             return None
         return library
 
-    def _load(self, path: Path):  # noqa: ANN202
+    def _load(self, path: Path | str):  # noqa: ANN202
         import tvm_ffi
 
         module = tvm_ffi.load_module(str(path))
+        if not config.debug_printer:
+            return module
         return LaunchPrinter.from_config().instrument(module, self.name, self.function_args)
 
 
@@ -246,17 +263,15 @@ def gen_jit_spec(
     extra_ldflags: Sequence[str] = (),
     extra_include_paths: Sequence[str | Path] = (),
     supported_major_versions: Sequence[int] | None = None,
-    generated_sources: Sequence[str | Path] = (),
+    generated_sources: Sequence[str | Path | PendingRender] = (),
     function_args: dict[str, Sequence[str]] | None = None,
 ) -> JitSpec:
-    """Build a :class:`JitSpec`; relative source paths are taken from csrc/."""
-    resolved = [Path(s) if Path(s).is_absolute() else env.FLASHINFER_CSRC_DIR / s for s in sources]
-    for src in resolved:
-        if not src.is_file():
-            raise FileNotFoundError(f"source {src} of module {name} does not exist")
+    """Build a :class:`JitSpec`; relative source paths are taken from csrc/ (checked to
+    exist when planned). ``generated_sources``: rendered files, or renders to do when the
+    spec is planned."""
     return JitSpec(
         name=name,
-        sources=resolved,
+        sources=[Path(env.FLASHINFER_CSRC_DIR, s) for s in sources],  # absolute ones stay
         extra_cflags=list(extra_cflags),
         extra_cuda_cflags=list(extra_cuda_cflags),
         extra_ldflags=list(extra_ldflags),
@@ -264,6 +279,7 @@ def gen_jit_spec(
         supported_major_versions=(
             list(supported_major_versions) if supported_major_versions is not None else None
         ),
-        generated_sources=[Path(p) for p in generated_sources],
+        generated_sources=[Path(p) for p in generated_sources if not isinstance(p, PendingRender)],
+        renders=[p for p in generated_sources if isinstance(p, PendingRender)],
         function_args={k: tuple(v) for k, v in (function_args or {}).items()},
     )

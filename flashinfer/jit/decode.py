@@ -8,7 +8,7 @@ from typing import Any
 from .core import JitSpec, gen_jit_spec
 from .dtypes import dtype_info, gen_dtype_module
 from .registry import register_op
-from .render import render_template
+from .render import PendingRender
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("float16", "bfloat16")
@@ -19,14 +19,15 @@ def decode_uri(dtype: Any, head_dim: int) -> str:
 
 
 def gen_decode_module(dtype: Any, head_dim: int) -> JitSpec:
-    """Render the decode config for ``dtype`` x ``head_dim`` and return the module's spec."""
+    """The spec of the decode module for ``dtype`` x ``head_dim`` (its config rendered when
+    planned)."""
     info = dtype_info(dtype)
     if info.bits != 16:
         raise TypeError(f"decode supports float16 and bfloat16, not {info.name}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
     uri = decode_uri(dtype, head_dim)
-    config = render_template(
+    config = PendingRender.of(
         "attention_config.jinja",
         uri,
         "attention_config.h",

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from .render import render_template
+from .render import PendingRender
 
 
 @dataclass(frozen=True)
@@ -37,11 +36,11 @@ def dtype_info(dtype: Any) -> DTypeInfo:
         raise TypeError(f"unsupported dtype {dtype!r}; supported: {supported}") from None
 
 
-def render_dtype_config(uri: str, output_name: str, dtype: Any) -> Path:
-    """Render csrc/dtype_config.jinja (DType for the kernel TU, DLPack code and width for
-    the binding) into the module's generated dir."""
+def dtype_config(uri: str, output_name: str, dtype: Any) -> PendingRender:
+    """The render of csrc/dtype_config.jinja (DType for the kernel TU, DLPack code and width
+    for the binding) into the module's generated dir."""
     info = dtype_info(dtype)
-    return render_template(
+    return PendingRender.of(
         "dtype_config.jinja",
         uri,
         output_name,
@@ -61,10 +60,10 @@ def dtype_uri(op: str, dtype: Any) -> str:
 def gen_dtype_module(
     op: str, dtype: Any, sources: list[str], function_args: dict[str, tuple[str, ...]]
 ):  # noqa: ANN201 - JitSpec
-    """The spec of ``op``'s module for ``dtype``: renders ``<op>_config.h`` from
-    csrc/dtype_config.jinja and compiles ``sources`` (from csrc/) with it."""
+    """The spec of ``op``'s module for ``dtype``: ``<op>_config.h`` rendered from
+    csrc/dtype_config.jinja, and ``sources`` (from csrc/) compiled with it."""
     from .core import gen_jit_spec
 
     uri = dtype_uri(op, dtype)
-    config = render_dtype_config(uri, f"{op}_config.h", dtype)
+    config = dtype_config(uri, f"{op}_config.h", dtype)
     return gen_jit_spec(uri, sources, generated_sources=[config], function_args=function_args)

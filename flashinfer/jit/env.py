@@ -154,5 +154,12 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_DIR_NAMES])
 
 
+def cubin_dir() -> Path:
+    """Where modules downloaded from FLASHINFER_CUBINS_REPOSITORY are published (an AOT
+    layer; see remote.py): in the writable workspace unless FLASHINFER_CUBIN_DIR is set."""
+    explicit = config.cubin_dir
+    return explicit if explicit is not None else workspace_dir() / "cubins"
+
+
 def lock_path(uri: str) -> Path:
     return workspace_dir() / "locks" / f"{uri}.lock"

@@ -59,7 +59,7 @@ def _describe_owner(owner: dict[str, Any] | None) -> str:
     return f"pid {owner.get('pid')} on {owner.get('host')} for {age:.0f} s"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -72,7 +72,7 @@ def _pid_alive(pid: int) -> bool:
 def _record_owner(lock_path: Path) -> None:
     previous = read_owner(lock_path)
     host = socket.gethostname()
-    if previous and previous.get("host") == host and not _pid_alive(int(previous.get("pid", 0))):
+    if previous and previous.get("host") == host and not pid_alive(int(previous.get("pid", 0))):
         logger.warning(
             "taking over the lock %s left by pid %s, which died while building",
             lock_path,

@@ -13,7 +13,7 @@ _DTYPES = ("float16", "bfloat16", "float32")
 
 
 def gen_norm_module(dtype: Any) -> JitSpec:
-    """Render the norm config for ``dtype`` and return the module's spec."""
+    """The spec of the norm module for ``dtype`` (its config rendered when planned)."""
     return gen_dtype_module(
         "norm",
         dtype,

@@ -10,7 +10,7 @@ from .registry import register_op
 
 
 def gen_page_module(dtype: Any) -> JitSpec:
-    """Render the page config for ``dtype`` and return the module's spec."""
+    """The spec of the page module for ``dtype`` (its config rendered when planned)."""
     return gen_dtype_module(
         "page",
         dtype,

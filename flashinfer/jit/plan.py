@@ -15,6 +15,7 @@ from . import env
 from .arch import CudaArch, filter_archs, target_archs
 from .fileutil import sha256_file
 from .ninja import NinjaBuild
+from .render import PendingRender
 from .toolchain import Toolchain, current_toolchain
 
 
@@ -29,6 +30,9 @@ class PlannedSpec(Protocol):
     extra_include_paths: list[Path]
     supported_major_versions: list[int] | None
     generated_sources: list[Path]
+    renders: list[PendingRender]
+
+    def generated_files(self) -> list[Path]: ...
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ def make_plan(spec: PlannedSpec, archs: Sequence[CudaArch] | None = None) -> Bui
     identity = {
         "name": spec.name,
         "sources": [str(s) for s in sources],
-        "generated": {portable(str(p)): sha256_file(Path(p)) for p in spec.generated_sources},
+        "generated": {portable(str(p)): sha256_file(Path(p)) for p in spec.generated_files()},
         "cuda_cflags": [portable(f) for f in cuda_cflags],
         "cflags": [portable(f) for f in cflags],
         "ldflags": ldflags,

@@ -1,6 +1,7 @@
 """``python -m flashinfer precompile``: builds every registered specialization for the given
 archs through one ninja invocation (one subninja per module) and publishes each module, with
-its record, into an AOT layer (read by ``aot.py``)."""
+its record, into an AOT layer (read by ``aot.py``). The layer's repository index is then
+rewritten, so the same dir can be served as a module repository (read by ``remote.py``)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from .aot import AOT_RECORD, AotRecord, build_settings
 from .arch import CudaArch, NoTargetArchError, parse_arch_list
 from .builder import record_manifest, run_ninja
 from .core import JitSpec
-from .fileutil import sha256_file
+from .fileutil import atomic_write_text, sha256_file
 from .plan import BuildPlan
-from .registry import specs_for
+from .registry import registered_ops, specs_for
+from .remote import REPOSITORY_INDEX, IndexEntry, RepositoryIndex
 from .toolchain import nvcc_arch_problem
 
 logger = logging.getLogger("flashinfer.jit")
@@ -41,7 +43,9 @@ def precompile(
         problem = nvcc_arch_problem(arch)
         if problem is not None:
             raise ValueError(f"--arch: {problem}")
-    specs = specs_for(ops)
+    names = list(registered_ops()) if ops is None else list(ops)
+    specs = specs_for(names)
+    op_of = {spec.name: op for op in names for spec in specs_for([op])}
     supported = []
     skipped: dict[str, str] = {}
     for spec in specs:
@@ -81,11 +85,31 @@ def precompile(
         published = [_publish(out_dir, staging, spec, plan) for spec, plan in plans]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    write_index(out_dir, {spec.name: op_of[spec.name] for spec, _ in plans})
     return PrecompileResult(published, skipped)
 
 
+def write_index(out_dir: Path, ops: dict[str, str]) -> RepositoryIndex:
+    """Rewrite the layer's repository index from the modules in it, so a precompile into an
+    existing layer keeps the others: ``ops`` gives the op of modules just published, the
+    others keep the op the previous index gave them. Written atomically."""
+    previous = RepositoryIndex.load(out_dir / REPOSITORY_INDEX)
+    op_of = {uri: entry.op for uri, entry in previous.modules.items()} if previous else {}
+    op_of.update(ops)
+    entries = {}
+    for record in sorted(out_dir.glob(f"*/{AOT_RECORD}")):
+        if record.parent.name.startswith("."):
+            continue  # a module being published
+        entry = IndexEntry.of(record.parent, op_of.get(record.parent.name, ""))
+        if entry is not None:
+            entries[entry.uri] = entry
+    index = RepositoryIndex(entries)
+    atomic_write_text(out_dir / REPOSITORY_INDEX, index.to_json())
+    return index
+
+
 def _publish(out_dir: Path, staging: Path, spec: JitSpec, plan: BuildPlan) -> Path:
-    manifest = record_manifest(plan, spec.generated_sources, staging)
+    manifest = record_manifest(plan, spec.generated_files(), staging)
     fresh = out_dir / f".{spec.name}.new"
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir()

@@ -8,7 +8,7 @@ from typing import Any
 from .core import JitSpec, gen_jit_spec
 from .dtypes import dtype_info
 from .registry import register_op
-from .render import render_template
+from .render import PendingRender
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("float16", "bfloat16")
@@ -68,15 +68,15 @@ SINGLE_PREFILL_ARGS = (
 
 
 def gen_prefill_module(dtype: Any, head_dim: int) -> JitSpec:
-    """Render the attention config for ``dtype`` x ``head_dim`` and return the prefill
-    module's spec."""
+    """The spec of the prefill module for ``dtype`` x ``head_dim`` (its attention config
+    rendered when planned)."""
     info = dtype_info(dtype)
     if info.bits != 16:
         raise TypeError(f"prefill supports float16 and bfloat16, not {info.name}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
     uri = prefill_uri(dtype, head_dim)
-    config = render_template(
+    config = PendingRender.of(
         "attention_config.jinja",
         uri,
         "attention_config.h",

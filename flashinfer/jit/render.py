@@ -5,6 +5,9 @@ template's path, size and mtime, and the parameters) is stored beside the output
 that finds the key unchanged skips Jinja entirely (importing and compiling it costs ~25 ms)
 without even reading the template. Any stat change re-renders; the output is rewritten
 only when its text differs, so its mtime (and the modules built from it) stay put.
+
+Specs hold :class:`PendingRender` records and render only when planned: the warm path
+(plan_index.py) identifies a render by its key and never touches the output.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,27 +33,55 @@ def _environment():  # noqa: ANN202 - jinja2 is imported only when a render is n
     )
 
 
+@dataclass(frozen=True)
+class PendingRender:
+    """A template to render into ``<workspace>/generated/<module_uri>/<output_name>``."""
+
+    template: Path
+    module_uri: str
+    output_name: str
+    params: dict[str, Any]
+
+    @classmethod
+    def of(
+        cls, template: str | Path, module_uri: str, output_name: str, **params: Any
+    ) -> PendingRender:
+        """``template``: a path, or a file name in csrc/."""
+        return cls(Path(env.FLASHINFER_CSRC_DIR, template), module_uri, output_name, params)
+
+    @property
+    def output(self) -> Path:
+        return env.generated_dir(self.module_uri) / self.output_name
+
+    def fingerprint(self) -> list[Any]:
+        """What the render is a function of: the template's path and stat, the parameters."""
+        st = os.stat(self.template)
+        return [str(self.template), st.st_size, st.st_mtime_ns, self.params]
+
+    def key(self) -> str:
+        """A hash of the fingerprint: changes whenever the render could."""
+        text = json.dumps(self.fingerprint(), sort_keys=True, default=str)
+        return hashlib.blake2b(text.encode(), digest_size=32).hexdigest()
+
+    def render(self) -> Path:
+        """Bring the output up to date (an unchanged render keeps its mtime); return it."""
+        key = self.key()
+        out = self.output
+        key_file = out.with_name(f".{self.output_name}.key")
+        try:
+            if out.is_file() and key_file.read_text() == key:
+                return out
+        except OSError:
+            pass
+        text = _environment().from_string(self.template.read_text()).render(**self.params)
+        with env.writing_workspace(f"write the rendered {self.output_name} of {self.module_uri}"):
+            write_if_different(out, text)
+            atomic_write_text(key_file, key)
+        return out
+
+
 def render_template(template: str | Path, module_uri: str, output_name: str, **params: Any) -> Path:
     """Render ``template`` (a path, or a file name in csrc/) with ``params`` into
-    ``<workspace>/generated/<module_uri>/<output_name>``; an unchanged render keeps its mtime."""
-    path = Path(template)
-    if not path.is_absolute():
-        path = env.FLASHINFER_CSRC_DIR / path
-    st = path.stat()
-    key = hashlib.sha256(
-        json.dumps(
-            [str(path), st.st_size, st.st_mtime_ns, params], sort_keys=True, default=str
-        ).encode()
-    ).hexdigest()
-    out = env.generated_dir(module_uri) / output_name
-    key_file = out.with_name(f".{output_name}.key")
-    try:
-        if out.is_file() and key_file.read_text() == key:
-            return out
-    except OSError:
-        pass
-    text = _environment().from_string(path.read_text()).render(**params)
-    with env.writing_workspace(f"write the rendered {output_name} of {module_uri}"):
-        write_if_different(out, text)
-        atomic_write_text(key_file, key)
-    return out
+    ``<workspace>/generated/<module_uri>/<output_name>`` now; an unchanged render keeps its
+    mtime."""
+    return PendingRender.of(template, module_uri, output_name, **params).render()

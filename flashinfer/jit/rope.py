@@ -12,7 +12,7 @@ _OUTPUTS_INPUTS = ("q_out", "k_out", "q", "k", "pos_ids")
 
 
 def gen_rope_module(dtype: Any) -> JitSpec:
-    """Render the rope config for ``dtype`` and return the module's spec."""
+    """The spec of the rope module for ``dtype`` (its config rendered when planned)."""
     return gen_dtype_module(
         "rope",
         dtype,

@@ -11,7 +11,8 @@ from .registry import register_op
 
 
 def gen_sampling_module(dtype: Any) -> JitSpec:
-    """Render the sampling config for logits of ``dtype`` and return the module's spec."""
+    """The spec of the sampling module for logits of ``dtype`` (its config rendered when
+    planned)."""
     return gen_dtype_module(
         "sampling",
         dtype,
