@@ -1,6 +1,7 @@
 """Gated activations: ``act(input[..., :d]) * input[..., d:]`` for input ``[..., 2 * d]``,
 with the reference library's signatures. ``enable_pdl=None`` turns programmatic dependent
-launch on for sm90+ devices."""
+launch on for sm90+ devices. Each kernel is the torch custom op of the API's name
+(``torch.ops.flashinfer.silu_and_mul``, ...), writing ``out``; see docs/compile.md."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from . import checks
 from .api_logging import flashinfer_api
+from .custom_op import kernel_op
 from .jit.activation import gen_act_and_mul_module
 from .pdl import resolve_enable_pdl
 from .trace.templates import activation as _trace
@@ -35,7 +37,25 @@ def _rows(name: str, tensor: torch.Tensor, width: int) -> torch.Tensor:
         ) from None
 
 
-def _act_and_mul(function: str, input: Any, out: Any, enable_pdl: Any) -> torch.Tensor:
+def _new_act_and_mul_op(function: str) -> Any:
+    """The op of ``function``: ``out`` ``[rows, d]`` from ``input`` ``[rows, 2 * d]`` (or both
+    as passed when empty)."""
+
+    @kernel_op(function, mutates_args=("out",))
+    def op(out: torch.Tensor, input: torch.Tensor, enable_pdl: bool | None) -> None:
+        if input.numel():
+            module = get_act_and_mul_module(input.dtype)
+            getattr(module, function)(out, input, resolve_enable_pdl(enable_pdl, input.device))
+
+    return op
+
+
+_silu_and_mul_op = _new_act_and_mul_op("silu_and_mul")
+_gelu_and_mul_op = _new_act_and_mul_op("gelu_and_mul")
+_gelu_tanh_and_mul_op = _new_act_and_mul_op("gelu_tanh_and_mul")
+
+
+def _act_and_mul(op: Any, input: Any, out: Any, enable_pdl: Any) -> torch.Tensor:
     checks.check_tensor("input", input)
     if input.dim() < 1:
         raise ValueError("input must have at least 1 dim [..., 2 * d]")
@@ -54,16 +74,15 @@ def _act_and_mul(function: str, input: Any, out: Any, enable_pdl: Any) -> torch.
         checks.check_same_dtype("out", out, "input", input)
         checks.check_last_dim_contiguous("out", out)
     rows_in = _rows("input", input, 2 * d) if d else input
-    rows_out = _rows("out", out, d) if out is not None and d else None
-    enable_pdl = resolve_enable_pdl(enable_pdl, input.device)
+    rows_out = _rows("out", out, d) if out is not None and d else out
+    checks.check_optional_bool("enable_pdl", enable_pdl)
     checks.check_cuda("input", input)
     if out is None:
         out = torch.empty(expected, dtype=input.dtype, device=input.device)
-        rows_out = out.view(-1, d) if d else None
+        rows_out = out.view(-1, d) if d else out
     else:
         checks.check_cuda("out", out, like=input)
-    if input.numel():
-        getattr(get_act_and_mul_module(input.dtype), function)(rows_out, rows_in, enable_pdl)
+    op(rows_out, rows_in, enable_pdl)
     return out
 
 
@@ -79,7 +98,7 @@ def silu_and_mul(
         out: optional ``[..., d]`` output of the same dtype.
         enable_pdl: programmatic dependent launch; ``None``: on for sm90+.
     """
-    return _act_and_mul("silu_and_mul", input, out, enable_pdl)
+    return _act_and_mul(_silu_and_mul_op, input, out, enable_pdl)
 
 
 @flashinfer_api(trace=_trace.gelu_and_mul_trace)
@@ -88,7 +107,7 @@ def gelu_and_mul(
 ) -> torch.Tensor:
     """``gelu(input[..., :d]) * input[..., d:]`` with the exact (erf) GELU (GeGLU).
     Arguments as :func:`silu_and_mul`."""
-    return _act_and_mul("gelu_and_mul", input, out, enable_pdl)
+    return _act_and_mul(_gelu_and_mul_op, input, out, enable_pdl)
 
 
 @flashinfer_api(trace=_trace.gelu_tanh_and_mul_trace)
@@ -97,4 +116,4 @@ def gelu_tanh_and_mul(
 ) -> torch.Tensor:
     """``gelu(input[..., :d], approximate="tanh") * input[..., d:]``.
     Arguments as :func:`silu_and_mul`."""
-    return _act_and_mul("gelu_tanh_and_mul", input, out, enable_pdl)
+    return _act_and_mul(_gelu_tanh_and_mul_op, input, out, enable_pdl)

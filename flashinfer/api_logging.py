@@ -16,6 +16,10 @@ raises the ValueError naming the variable when called, so tools like ``doctor`` 
 The first logged call of a process writes the system-information block first. Output goes
 to FLASHINFER_LOGDEST (see flashinfer/logdest.py). Everything about the inputs is written
 and flushed before the call runs, so it survives a crash of the call.
+
+Logging is eager-only: while dynamo traces (``torch.compile``, ``torch.export``) a decorated
+API runs undecorated, so a compiled model neither logs nor breaks its graph here; the
+compiled code's calls are not logged (the kernel ops inside it still run the debug printer).
 """
 
 from __future__ import annotations
@@ -173,6 +177,8 @@ class ApiLogger:
 
             @functools.wraps(func)
             def log_name(*args: Any, **kwargs: Any) -> Any:
+                if torch.compiler.is_compiling():
+                    return func(*args, **kwargs)
                 self._write([f"{self._clock.now()} FlashInfer API Call: {name}"])
                 return func(*args, **kwargs)
 
@@ -183,6 +189,8 @@ class ApiLogger:
 
         @functools.wraps(func)
         def log_call(*args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling():
+                return func(*args, **kwargs)
             lines = self._inputs(name, binder, args, kwargs, stats)
             dump = None
             if self.dumper is not None:

@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from . import checks
+from .custom_op import is_symbolic
 from .jit.dtypes import dtype_info
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -103,20 +104,39 @@ def apply_v_scale(out: torch.Tensor, v_scale: float | None) -> None:
 
 
 def check_workspace(name: str, buffer: Any) -> torch.Tensor:
-    """A contiguous, 16-byte aligned 1-D buffer, viewed as bytes."""
+    """A contiguous, 16-byte aligned 1-D buffer, viewed as bytes. A fake buffer (a wrapper
+    built to trace a model without a GPU) has no address to check."""
     checks.check_tensor(name, buffer)
     if buffer.dim() != 1 or not buffer.is_contiguous():
         raise ValueError(f"{name} must be a contiguous 1-D tensor")
-    if buffer.data_ptr() % 16:
+    if not is_symbolic(buffer) and buffer.data_ptr() % 16:
         raise ValueError(f"{name} must be 16-byte aligned")
     return buffer.view(torch.uint8)
 
 
 def pinned_like(buffer: torch.Tensor) -> torch.Tensor:
     """The host staging twin of a device buffer (pinned when the buffer is on a GPU)."""
-    return torch.empty(
-        buffer.numel(), dtype=torch.uint8, device="cpu", pin_memory=buffer.device.type == "cuda"
-    )
+    pin = buffer.device.type == "cuda" and not is_symbolic(buffer)
+    return torch.empty(buffer.numel(), dtype=torch.uint8, device="cpu", pin_memory=pin)
+
+
+def to_device(
+    t: torch.Tensor, like: torch.Tensor, non_blocking: bool, dtype: torch.dtype = torch.int32
+) -> torch.Tensor:
+    """``t`` as ``dtype`` on ``like``'s device, where plan() puts the arrays run()'s kernel
+    reads (``t`` itself when it already is). A host ``t`` bound for fake buffers (a wrapper
+    planned to trace a model without a GPU) becomes a fake tensor of its shape: nothing
+    reads its values."""
+    if is_symbolic(like) and not is_symbolic(t):
+        return like.new_empty(t.shape, dtype=dtype)
+    return t.to(device=like.device, dtype=dtype, non_blocking=non_blocking)
+
+
+def copy_prefix(buffer: torch.Tensor, t: torch.Tensor, non_blocking: bool) -> None:
+    """``buffer[:len(t)] = t``: plan() filling a CUDA-graph buffer. A fake buffer has no
+    contents to fill."""
+    if not is_symbolic(buffer):
+        buffer.narrow(0, 0, t.shape[0]).copy_(t, non_blocking=non_blocking)
 
 
 def round_up(n: int) -> int:
@@ -147,7 +167,9 @@ class WorkspaceOwner:
         """One async host-to-device copy of the schedule into ``target`` (this wrapper's int
         workspace) through the pinned staging buffer, which is reused once the previous
         plan's copy has finished. The event is recorded on the stream of the target's
-        device, where the copy runs."""
+        device, where the copy runs. A fake target (no GPU) has no contents to write."""
+        if is_symbolic(target):
+            return
         if self._copy_done is not None:
             self._copy_done.synchronize()
         staging = self._pin_memory_int_workspace_buffer[: 4 * len(words)].view(torch.int32)

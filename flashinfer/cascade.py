@@ -10,6 +10,9 @@ Math in float32.
 
 :class:`MultiLevelCascadeAttentionWrapper` runs prefill attention over each level of a
 shared-prefix page table and merges the levels' states with these functions.
+
+The merges are torch custom ops (``torch.ops.flashinfer.merge_state``,
+``merge_state_in_place``, ``merge_states``; see docs/compile.md).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 from . import checks
 from .api_logging import flashinfer_api
 from .attention_args import check_workspace
+from .custom_op import kernel_op
 from .jit.decode import gen_cascade_module
 from .prefill import BatchPrefillWithPagedKVCacheWrapper, _check_options, _host_indptr
 from .trace.templates import cascade as _trace
@@ -85,10 +89,21 @@ def merge_state(
     _check_devices(names, v_a, s_a, v_b, s_b)
     v_out = torch.empty(v_a.shape, dtype=v_a.dtype, device=v_a.device)
     s_out = torch.empty(s_a.shape, dtype=torch.float32, device=v_a.device)
-    get_cascade_module(v_a.dtype).merge_state(
-        v_a.contiguous(), _as_lse(s_a), v_b.contiguous(), _as_lse(s_b), v_out, s_out, None, False
-    )
+    _merge_state_op(v_a.contiguous(), _as_lse(s_a), v_b.contiguous(), _as_lse(s_b), v_out, s_out)
     return v_out, s_out
+
+
+@kernel_op("merge_state", mutates_args=("v_out", "s_out"))
+def _merge_state_op(
+    v_a: torch.Tensor,
+    s_a: torch.Tensor,
+    v_b: torch.Tensor,
+    s_b: torch.Tensor,
+    v_out: torch.Tensor,
+    s_out: torch.Tensor,
+) -> None:
+    """merge_state's launch: contiguous states, float32 LSEs."""
+    get_cascade_module(v_a.dtype).merge_state(v_a, s_a, v_b, s_b, v_out, s_out, None, False)
 
 
 @flashinfer_api(trace=_trace.merge_state_in_place_trace)
@@ -118,11 +133,22 @@ def merge_state_in_place(
         checks.check_cuda("mask", mask, like=v)
         mask = mask.contiguous()
     s32 = _as_lse(s)
-    get_cascade_module(v.dtype).merge_state(
-        v, s32, v_other.contiguous(), _as_lse(s_other), v, s32, mask, True
-    )
+    _merge_state_in_place_op(v, s32, v_other.contiguous(), _as_lse(s_other), mask)
     if s32 is not s:
         s.copy_(s32)
+
+
+@kernel_op("merge_state_in_place", mutates_args=("v", "s"))
+def _merge_state_in_place_op(
+    v: torch.Tensor,
+    s: torch.Tensor,
+    v_other: torch.Tensor,
+    s_other: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> None:
+    """merge_state_in_place's launch: ``(v, s)`` updated where ``mask`` is true, ``s``
+    float32."""
+    get_cascade_module(v.dtype).merge_state(v, s, v_other, s_other, v, s, mask, True)
 
 
 @flashinfer_api(trace=_trace.merge_states_trace)
@@ -135,8 +161,16 @@ def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.
     seq, _, heads, dim = v.shape
     v_out = torch.empty((seq, heads, dim), dtype=v.dtype, device=v.device)
     s_out = torch.empty((seq, heads), dtype=torch.float32, device=v.device)
-    get_cascade_module(v.dtype).merge_states(v.contiguous(), _as_lse(s), v_out, s_out)
+    _merge_states_op(v.contiguous(), _as_lse(s), v_out, s_out)
     return v_out, s_out
+
+
+@kernel_op("merge_states", mutates_args=("v_out", "s_out"))
+def _merge_states_op(
+    v: torch.Tensor, s: torch.Tensor, v_out: torch.Tensor, s_out: torch.Tensor
+) -> None:
+    """merge_states' launch: contiguous states, float32 LSEs."""
+    get_cascade_module(v.dtype).merge_states(v, s, v_out, s_out)
 
 
 def _as_lse(s: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,8 @@ from typing import Any, Iterable
 
 import torch
 
+from .custom_op import is_symbolic
+
 
 def check_tensor(name: str, value: Any) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
@@ -59,6 +61,24 @@ def check_cuda(name: str, tensor: torch.Tensor, like: torch.Tensor | None = None
         check_same_device(name, tensor, like)
 
 
+def check_distinct(name: str, tensor: torch.Tensor, other_name: str, other: torch.Tensor) -> None:
+    """Two non-empty tensors must not start at the same address. Data pointers are not real
+    while tracing: with fake tensors the same storage at the same offset counts instead, and
+    under dynamo (which cannot trace storage access) nothing is compared; the op's real
+    implementation calls this again with the real tensors either way."""
+    if not tensor.numel() or torch.compiler.is_compiling():
+        return
+    if is_symbolic(tensor, other):
+        same = (
+            tensor.untyped_storage() is other.untyped_storage()
+            and tensor.storage_offset() == other.storage_offset()
+        )
+    else:
+        same = tensor.data_ptr() == other.data_ptr()
+    if same:
+        raise ValueError(f"{name} and {other_name} must be different tensors")
+
+
 def check_kv_layout(kv_layout: Any) -> bool:
     """A paged/contiguous KV layout name; True for "HND" (heads before tokens)."""
     if kv_layout not in ("NHD", "HND"):
@@ -90,6 +110,14 @@ def check_index_tensor(
 def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_optional_bool(name: str, value: Any) -> bool | None:
+    """A bool or None (e.g. ``enable_pdl``, whose None is resolved from the device where the
+    op runs, not while it is traced)."""
+    if value is not None and not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool or None, got {type(value).__name__}")
     return value
 
 

@@ -11,6 +11,12 @@ of ``num_kv_heads`` (GQA). Long requests are split across the GPU and merged (se
 :mod:`flashinfer.decode_schedule`). With ``use_tensor_cores=True`` decode runs on the prefill
 kernel instead (see :mod:`flashinfer.prefill`): each request is one query token, and the
 tile's rows hold its GQA group, which pays off for large groups.
+
+Each launch is a torch custom op (``torch.ops.flashinfer.single_decode_with_kv_cache``,
+``batch_decode_with_paged_kv_cache``; see docs/compile.md): the APIs check and allocate in
+traceable torch code and make one op call. ``plan()`` stays on the host; ``run()`` passes
+the planned buffers (schedule words, scratch, page table) and scalars to the op, so a
+compiled model traces it without a graph break.
 """
 
 from __future__ import annotations
@@ -40,10 +46,13 @@ from .attention_args import (
     check_score_args,
     check_window,
     check_workspace,
+    copy_prefix,
     pinned_like,
     round_up,
     score_params,
+    to_device,
 )
+from .custom_op import is_symbolic, kernel_op
 from .decode_schedule import (
     DecodeSchedule,
     kv_lengths,
@@ -159,9 +168,7 @@ def single_decode_with_kv_cache(
     num_qo_heads, head_dim = q.shape
     if k.shape[2] != head_dim:
         raise ValueError(f"k has head_dim {k.shape[2]}, q has {head_dim}")
-    group = (prefill._check_heads if use_tensor_cores else _check_heads)(
-        num_qo_heads, kv_heads, head_dim
-    )
+    (prefill._check_heads if use_tensor_cores else _check_heads)(num_qo_heads, kv_heads, head_dim)
     scale, cap = score_params(head_dim, sm_scale, logits_soft_cap, q_scale, k_scale)
     v_scale = check_optional_number("v_scale", v_scale)
     check_rope(rope_scale, rope_theta)
@@ -177,7 +184,7 @@ def single_decode_with_kv_cache(
             1.0 if q_scale is None else q_scale
         )
         result = prefill.single_prefill_with_kv_cache(
-            q[None],
+            q.unsqueeze(0),
             k,
             v,
             kv_layout=kv_layout,
@@ -188,7 +195,33 @@ def single_decode_with_kv_cache(
             k_scale=k_scale,
             v_scale=v_scale,
         )
-        return (result[0][0], result[1][0]) if return_lse else result[0]
+        if return_lse:
+            return result[0].squeeze(0), result[1].squeeze(0)
+        return result.squeeze(0)
+    out = torch.empty((num_qo_heads, head_dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty(num_qo_heads, dtype=torch.float32, device=q.device) if return_lse else None
+    _single_decode_op(q, k, v, out, lse, hnd, window_left, scale, cap)
+    apply_v_scale(out, v_scale)
+    return (out, lse) if return_lse else out
+
+
+@kernel_op("single_decode_with_kv_cache", mutates_args=("out", "lse"))
+def _single_decode_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    hnd: bool,
+    window_left: int,
+    score_scale: float,
+    score_cap: float,
+) -> None:
+    """single_decode_with_kv_cache's launch. The split of the KV across the device and the
+    scratch for its partial states are decided here, where the device is known."""
+    num_qo_heads, head_dim = q.shape
+    kv_heads, kv_len = (k.shape[0], k.shape[1]) if hnd else (k.shape[1], k.shape[0])
+    group = num_qo_heads // kv_heads
     schedule = plan_decode_schedule(
         [kv_len], kv_heads, _max_ctas(q.dtype, head_dim, group, q.device), window_left
     )
@@ -198,8 +231,6 @@ def single_decode_with_kv_cache(
         max(rows * num_qo_heads * head_dim, 1), dtype=torch.float32, device=q.device
     )
     tmp_lse = torch.empty(max(rows * num_qo_heads, 1), dtype=torch.float32, device=q.device)
-    out = torch.empty((num_qo_heads, head_dim), dtype=q.dtype, device=q.device)
-    lse = torch.empty(num_qo_heads, dtype=torch.float32, device=q.device) if return_lse else None
     get_decode_module(q.dtype, head_dim).single_decode(
         q,
         k,
@@ -212,12 +243,61 @@ def single_decode_with_kv_cache(
         window_left,
         schedule.chunk_size or 1,
         chunks,
-        scale,
-        cap,
+        score_scale,
+        score_cap,
         resolve_enable_pdl(None, q.device),
     )
-    apply_v_scale(out, v_scale)
-    return (out, lse) if return_lse else out
+
+
+@kernel_op("batch_decode_with_paged_kv_cache", mutates_args=("tmp_v", "tmp_lse", "out", "lse"))
+def _batch_decode_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    plan: torch.Tensor,
+    tmp_v: torch.Tensor,
+    tmp_lse: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    hnd: bool,
+    work_capacity: int,
+    merge_capacity: int,
+    tmp_capacity: int,
+    grid_work: int,
+    grid_merge: int,
+    window_left: int,
+    score_scale: float,
+    score_cap: float,
+    enable_pdl: bool | None,
+) -> None:
+    """BatchDecodeWithPagedKVCacheWrapper.run()'s launch, on the planned schedule (``plan``,
+    in the int workspace) and scratch (``tmp_v``/``tmp_lse``, in the float workspace)."""
+    get_decode_module(q.dtype, q.shape[-1]).batch_decode(
+        q,
+        k_cache,
+        v_cache,
+        kv_indptr,
+        kv_indices,
+        kv_last_page_len,
+        plan,
+        tmp_v,
+        tmp_lse,
+        out,
+        lse,
+        hnd,
+        work_capacity,
+        merge_capacity,
+        tmp_capacity,
+        grid_work,
+        grid_merge,
+        window_left,
+        score_scale,
+        score_cap,
+        resolve_enable_pdl(enable_pdl, q.device),
+    )
 
 
 @dataclass(frozen=True)
@@ -324,7 +404,11 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             # Its query indptr is fixed (one token per request); the page-table buffers and
             # the int workspace are this wrapper's own.
             qo_indptr = (
-                torch.arange(self._fixed_batch_size + 1, dtype=torch.int32, device=self.device)
+                to_device(
+                    torch.arange(self._fixed_batch_size + 1, dtype=torch.int32),
+                    float_workspace_buffer,
+                    False,
+                )
                 if use_cuda_graph
                 else None
             )
@@ -341,8 +425,8 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             self._int_workspace_buffer = self._prefill._int_workspace_buffer
             self._pin_memory_int_workspace_buffer = self._prefill._pin_memory_int_workspace_buffer
         else:
-            self._int_workspace_buffer = torch.empty(
-                INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device
+            self._int_workspace_buffer = float_workspace_buffer.new_empty(
+                INT_WORKSPACE_BYTES, dtype=torch.uint8
             )
             self._pin_memory_int_workspace_buffer = pinned_like(self._int_workspace_buffer)
         self._plan_info: _Plan | prefill._Plan | None = None
@@ -608,7 +692,11 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             )
             self._set_page_table(indptr, indices, last_page_len, non_blocking, copy_buffers)
             self._upload(words, plan.plan_words)
-            self._cached_module = get_decode_module(dtype, head_dim)
+            # compiled here, not in a run() a CUDA graph may be capturing; a fake workspace
+            # (tracing without a GPU) needs no module
+            self._cached_module = (
+                None if is_symbolic(self._workspace) else get_decode_module(dtype, head_dim)
+            )
         else:
             wrapper = self._prefill_on_workspaces()
             opts = prefill._Options(
@@ -664,16 +752,19 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         """The CUDA-core plan record and the schedule's words; raises (changing nothing) when
         a workspace is too small."""
         batch = len(lengths)
+        # fake buffers (tracing without a GPU) have no device to fill: no split
+        fake = is_symbolic(self._workspace)
         schedule = plan_decode_schedule(
             lengths,
             num_kv_heads,
-            _max_ctas(dtype, head_dim, group, self.device),
+            1 if fake else _max_ctas(dtype, head_dim, group, self.device),
             window_left,
             fixed_chunk=None if fixed_split_size is None else fixed_split_size * page_size,
             allow_split=not disable_split_kv,
         )
         if self._use_cuda_graph:
-            bound = get_device_sm_count(self.device) * _MAX_CTAS_PER_SM // num_kv_heads
+            sms = 0 if fake else get_device_sm_count(self.device)
+            bound = sms * _MAX_CTAS_PER_SM // num_kv_heads
             work_cap, merge_cap, tmp_cap = batch + bound, min(batch, bound), bound
             if schedule.num_work > work_cap or schedule.num_tmp_rows > tmp_cap:
                 raise ValueError(
@@ -712,9 +803,11 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             tmp_capacity=tmp_cap,
             grid_work=work_cap if self._use_cuda_graph else schedule.num_work,
             grid_merge=merge_cap if self._use_cuda_graph else schedule.num_merge,
-            plan_words=self._int_workspace_buffer.view(torch.uint8)[:int_bytes].view(torch.int32),
-            tmp_v=self._workspace[:tmp_v_bytes].view(torch.float32),
-            tmp_lse=self._workspace[tmp_v_bytes:needed].view(torch.float32),
+            plan_words=self._int_workspace_buffer.view(torch.uint8)
+            .narrow(0, 0, int_bytes)
+            .view(torch.int32),
+            tmp_v=self._workspace.narrow(0, 0, tmp_v_bytes).view(torch.float32),
+            tmp_lse=self._workspace.narrow(0, tmp_v_bytes, tmp_lse_bytes).view(torch.float32),
         )
         return plan, words
 
@@ -741,19 +834,14 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         the device."""
         if self._use_cuda_graph:
             if copy_buffers:
-                self._paged_kv_indptr_buf.copy_(indptr, non_blocking=non_blocking)
-                self._paged_kv_last_page_len_buf.copy_(last_page_len, non_blocking=non_blocking)
-                self._paged_kv_indices_buf[: indices.shape[0]].copy_(
-                    indices, non_blocking=non_blocking
-                )
+                copy_prefix(self._paged_kv_indptr_buf, indptr, non_blocking)
+                copy_prefix(self._paged_kv_last_page_len_buf, last_page_len, non_blocking)
+                copy_prefix(self._paged_kv_indices_buf, indices, non_blocking)
             return
-
-        def on_device(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device=self.device, dtype=torch.int32, non_blocking=non_blocking)
-
-        self._paged_kv_indptr_buf = on_device(indptr)
-        self._paged_kv_indices_buf = on_device(indices)
-        self._paged_kv_last_page_len_buf = on_device(last_page_len)
+        workspace = self._float_workspace_buffer
+        self._paged_kv_indptr_buf = to_device(indptr, workspace, non_blocking)
+        self._paged_kv_indices_buf = to_device(indices, workspace, non_blocking)
+        self._paged_kv_last_page_len_buf = to_device(last_page_len, workspace, non_blocking)
 
     @flashinfer_api(trace=_trace.batch_decode_run_trace)
     def run(
@@ -808,6 +896,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
                 f"{self._window_left}; re-plan to change it"
             )
         checks.check_bool("return_lse", return_lse)
+        checks.check_optional_bool("enable_pdl", enable_pdl)
         checks.check_tensor("q", q)
         shape = (plan.batch, plan.num_qo_heads, plan.head_dim)
         if tuple(q.shape) != shape:
@@ -827,7 +916,6 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         checks.check_cuda("q", q, like=self._workspace)
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
             checks.check_cuda(name, t, like=q)
-        enable_pdl = resolve_enable_pdl(enable_pdl, q.device)
         if out is None:
             out = torch.empty(shape, dtype=q.dtype, device=q.device)
         else:
@@ -836,7 +924,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             lse = torch.empty(shape[:2], dtype=torch.float32, device=q.device)
         elif lse is not None:
             check_output("lse", lse, shape[:2], torch.float32, q)
-        self._cached_module.batch_decode(
+        _batch_decode_op(
             q,
             k_cache,
             v_cache,
@@ -882,16 +970,6 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         wrapper = self._prefill
         prefill._check_vectors("q", q)
         kv = wrapper._check_cache(paged_kv_cache, plan)
-        wrapper._set_score_params(
-            False,
-            self._pos_encoding_mode,
-            False,
-            self._window_left,
-            self._logits_soft_cap,
-            self._sm_scale,
-            self._rope_scale,
-            self._rope_theta,
-        )
         return wrapper._launch(
             plan,
             q,
@@ -899,6 +977,10 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             self._paged_kv_indptr_buf,
             self._paged_kv_indices_buf,
             self._paged_kv_last_page_len_buf,
+            False,
+            self._window_left,
+            self._sm_scale,
+            self._logits_soft_cap,
             q_scale,
             k_scale,
             v_scale,
@@ -906,7 +988,6 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             lse,
             return_lse,
             enable_pdl,
-            None,
         )
 
     def forward(

@@ -4,6 +4,10 @@ quantized variants, and LayerNorm, with the reference library's signatures.
 Inputs are ``[tokens, hidden]`` or ``[tokens, heads, head_dim]`` (normalized over the last
 dim, e.g. per-head QK norm), any strides with a contiguous last dim; math in float32.
 ``enable_pdl=None`` turns programmatic dependent launch on for sm90+ devices.
+
+Each kernel is the torch custom op of the API's name (``torch.ops.flashinfer.rmsnorm``, ...,
+see docs/compile.md): the functions here check and allocate in traceable torch code, then
+make one op call, which writes ``out`` (and ``input``/``residual`` for the fused adds).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import torch
 
 from . import checks
 from .api_logging import flashinfer_api
+from .custom_op import kernel_op
 from .jit.norm import gen_norm_module, gen_norm_quant_module
 from .pdl import resolve_enable_pdl
 from .trace.templates import norm as _trace
@@ -83,8 +88,7 @@ def _check_input_and_weight(input: Any, weight: Any, eps: Any) -> float:
 
 def _check_residual(residual: Any, input: torch.Tensor) -> None:
     _check_like("residual", residual, input)
-    if input.numel() and input.data_ptr() == residual.data_ptr():
-        raise ValueError("input and residual must be different tensors")
+    checks.check_distinct("input", input, "residual", residual)
 
 
 def _check_fp8_out(out: Any, input: torch.Tensor) -> None:
@@ -119,28 +123,115 @@ def _scale_on(scale: torch.Tensor | None, input: torch.Tensor) -> torch.Tensor |
     return scale.to(device=input.device, dtype=torch.float32)
 
 
-def _launch_options(enable_pdl: Any, input: torch.Tensor, **operands: torch.Tensor) -> bool:
-    """Type-checks ``enable_pdl``, then the devices (``input`` first); returns the PDL flag."""
-    enable_pdl = resolve_enable_pdl(enable_pdl, input.device)
+def _check_devices(enable_pdl: Any, input: torch.Tensor, **operands: torch.Tensor) -> None:
+    """Type-checks ``enable_pdl`` (resolved where the op runs), then the devices (``input``
+    first)."""
+    checks.check_optional_bool("enable_pdl", enable_pdl)
     checks.check_cuda("input", input)
     for name, tensor in operands.items():
         checks.check_cuda(name, tensor, like=input)
-    return enable_pdl
 
 
-def _rmsnorm(
-    input: Any, weight: Any, eps: Any, out: Any, enable_pdl: Any, function: str
-) -> torch.Tensor:
+def _pdl(enable_pdl: bool | None, input: torch.Tensor) -> bool:
+    return resolve_enable_pdl(enable_pdl, input.device)
+
+
+def _new_rmsnorm_op(function: str) -> Any:
+    """The op of ``function`` (rmsnorm or gemma_rmsnorm): writes ``out``."""
+
+    @kernel_op(function, mutates_args=("out",))
+    def op(
+        out: torch.Tensor,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        enable_pdl: bool | None,
+    ) -> None:
+        if input.numel():
+            module = get_norm_module(input.dtype)
+            getattr(module, function)(out, input, weight, eps, _pdl(enable_pdl, input))
+
+    return op
+
+
+def _new_fused_add_rmsnorm_op(function: str) -> Any:
+    """The op of ``function`` (fused_add_rmsnorm or its Gemma form): writes ``input`` and
+    ``residual``, which it checks are distinct now that their pointers are real."""
+
+    @kernel_op(function, mutates_args=("input", "residual"))
+    def op(
+        input: torch.Tensor,
+        residual: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        enable_pdl: bool | None,
+    ) -> None:
+        checks.check_distinct("input", input, "residual", residual)
+        if input.numel():
+            module = get_norm_module(input.dtype)
+            getattr(module, function)(input, residual, weight, eps, _pdl(enable_pdl, input))
+
+    return op
+
+
+_rmsnorm_op = _new_rmsnorm_op("rmsnorm")
+_gemma_rmsnorm_op = _new_rmsnorm_op("gemma_rmsnorm")
+_fused_add_rmsnorm_op = _new_fused_add_rmsnorm_op("fused_add_rmsnorm")
+_gemma_fused_add_rmsnorm_op = _new_fused_add_rmsnorm_op("gemma_fused_add_rmsnorm")
+
+
+@kernel_op("rmsnorm_quant", mutates_args=("out",))
+def _rmsnorm_quant_op(
+    out: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    scale_value: float,
+    eps: float,
+    enable_pdl: bool | None,
+) -> None:
+    if input.numel():
+        get_norm_quant_module(input.dtype).rmsnorm_quant(
+            out, input, weight, scale, scale_value, eps, _pdl(enable_pdl, input)
+        )
+
+
+@kernel_op("fused_add_rmsnorm_quant", mutates_args=("out", "residual"))
+def _fused_add_rmsnorm_quant_op(
+    out: torch.Tensor,
+    input: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    scale_value: float,
+    eps: float,
+    enable_pdl: bool | None,
+) -> None:
+    checks.check_distinct("input", input, "residual", residual)
+    if input.numel():
+        get_norm_quant_module(input.dtype).fused_add_rmsnorm_quant(
+            out, input, residual, weight, scale, scale_value, eps, _pdl(enable_pdl, input)
+        )
+
+
+@kernel_op("layernorm", mutates_args=("out",))
+def _layernorm_op(
+    out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor, eps: float
+) -> None:
+    if input.numel():
+        get_norm_module(input.dtype).layernorm(out, input, gemma, beta, eps, _pdl(None, input))
+
+
+def _rmsnorm(input: Any, weight: Any, eps: Any, out: Any, enable_pdl: Any, op: Any) -> torch.Tensor:
     eps = _check_input_and_weight(input, weight, eps)
     if out is not None:
         _check_like("out", out, input)
-    enable_pdl = _launch_options(enable_pdl, input, weight=weight)
+    _check_devices(enable_pdl, input, weight=weight)
     if out is None:
         out = torch.empty_like(input, memory_format=torch.contiguous_format)
     else:
         checks.check_cuda("out", out, like=input)
-    if input.numel():
-        getattr(get_norm_module(input.dtype), function)(out, input, weight, eps, enable_pdl)
+    op(out, input, weight, eps, enable_pdl)
     return out
 
 
@@ -165,7 +256,7 @@ def rmsnorm(
     Returns:
         ``out``, or a new tensor like ``input``.
     """
-    return _rmsnorm(input, weight, eps, out, enable_pdl, "rmsnorm")
+    return _rmsnorm(input, weight, eps, out, enable_pdl, _rmsnorm_op)
 
 
 @flashinfer_api(trace=_trace.gemma_rmsnorm_trace)
@@ -178,17 +269,16 @@ def gemma_rmsnorm(
 ) -> torch.Tensor:
     """Gemma's RMSNorm: ``input / sqrt(mean(input ** 2, -1) + eps) * (weight + 1)``.
     Arguments as :func:`rmsnorm`."""
-    return _rmsnorm(input, weight, eps, out, enable_pdl, "gemma_rmsnorm")
+    return _rmsnorm(input, weight, eps, out, enable_pdl, _gemma_rmsnorm_op)
 
 
 def _fused_add_rmsnorm(
-    input: Any, residual: Any, weight: Any, eps: Any, enable_pdl: Any, function: str
+    input: Any, residual: Any, weight: Any, eps: Any, enable_pdl: Any, op: Any
 ) -> None:
     eps = _check_input_and_weight(input, weight, eps)
     _check_residual(residual, input)
-    enable_pdl = _launch_options(enable_pdl, input, residual=residual, weight=weight)
-    if input.numel():
-        getattr(get_norm_module(input.dtype), function)(input, residual, weight, eps, enable_pdl)
+    _check_devices(enable_pdl, input, residual=residual, weight=weight)
+    op(input, residual, weight, eps, enable_pdl)
 
 
 @flashinfer_api(trace=_trace.fused_add_rmsnorm_trace)
@@ -205,7 +295,7 @@ def fused_add_rmsnorm(
     is taken of the unrounded float32 sum (as the reference library does). Shapes and dtypes
     as :func:`rmsnorm`; ``residual`` is shaped like ``input``.
     """
-    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, "fused_add_rmsnorm")
+    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, _fused_add_rmsnorm_op)
 
 
 @flashinfer_api(trace=_trace.gemma_fused_add_rmsnorm_trace)
@@ -217,7 +307,7 @@ def gemma_fused_add_rmsnorm(
     enable_pdl: bool | None = None,
 ) -> None:
     """:func:`fused_add_rmsnorm` with Gemma's ``weight + 1``."""
-    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, "gemma_fused_add_rmsnorm")
+    _fused_add_rmsnorm(input, residual, weight, eps, enable_pdl, _gemma_fused_add_rmsnorm_op)
 
 
 @flashinfer_api(trace=_trace.rmsnorm_quant_trace)
@@ -242,11 +332,8 @@ def rmsnorm_quant(
     eps = _check_input_and_weight(input, weight, eps)
     _check_fp8_out(out, input)
     scale, scale_value = _check_scale(scale)
-    enable_pdl = _launch_options(enable_pdl, input, weight=weight, out=out)
-    if input.numel():
-        get_norm_quant_module(input.dtype).rmsnorm_quant(
-            out, input, weight, _scale_on(scale, input), scale_value, eps, enable_pdl
-        )
+    _check_devices(enable_pdl, input, weight=weight, out=out)
+    _rmsnorm_quant_op(out, input, weight, _scale_on(scale, input), scale_value, eps, enable_pdl)
 
 
 @flashinfer_api(trace=_trace.fused_add_rmsnorm_quant_trace)
@@ -266,11 +353,10 @@ def fused_add_rmsnorm_quant(
     _check_residual(residual, input)
     _check_fp8_out(out, input)
     scale, scale_value = _check_scale(scale)
-    enable_pdl = _launch_options(enable_pdl, input, residual=residual, weight=weight, out=out)
-    if input.numel():
-        get_norm_quant_module(input.dtype).fused_add_rmsnorm_quant(
-            out, input, residual, weight, _scale_on(scale, input), scale_value, eps, enable_pdl
-        )
+    _check_devices(enable_pdl, input, residual=residual, weight=weight, out=out)
+    _fused_add_rmsnorm_quant_op(
+        out, input, residual, weight, _scale_on(scale, input), scale_value, eps, enable_pdl
+    )
 
 
 @flashinfer_api(trace=_trace.layernorm_trace)
@@ -298,8 +384,7 @@ def layernorm(
     checks.check_dtype("gemma", gemma, (torch.float32,))
     checks.check_dtype("beta", beta, (torch.float32,))
     checks.check_last_dim_contiguous("input", input)
-    enable_pdl = _launch_options(None, input, gemma=gemma, beta=beta)
+    _check_devices(None, input, gemma=gemma, beta=beta)
     out = torch.empty_like(input, memory_format=torch.contiguous_format)
-    if input.numel():
-        get_norm_module(input.dtype).layernorm(out, input, gemma, beta, eps, enable_pdl)
+    _layernorm_op(out, input, gemma, beta, eps)
     return out

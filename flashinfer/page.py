@@ -7,6 +7,10 @@ page_size, head_dim]`` ("HND"), keys at ``[:, 0]`` and values at ``[:, 1]``, or 
 ``(k_cache, v_cache)`` tuple of 4-D tensors; with page_size 1 the page_size dim may be
 left out. Index tensors are int32 or int64 (int64 ones are converted, as the reference
 does).
+
+The append kernel is the torch custom op ``torch.ops.flashinfer.append_paged_kv_cache``,
+writing the key and value caches (views of one 5-D tensor, or the pair's two tensors); the
+index helpers are plain torch code (see docs/compile.md).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 
 from . import checks, ragged
 from .api_logging import flashinfer_api
+from .custom_op import kernel_op
 from .jit.page import gen_page_module
 from .paged_kv import unpack_paged_kv_cache
 from .trace.templates import page as _trace
@@ -95,8 +100,38 @@ def get_seq_lens(
     checks.check_int("page_size", page_size, low=1)
     checks.check_same_device("kv_last_page_len", kv_last_page_len, kv_indptr)
     ragged.check_indptr("kv_indptr", kv_indptr)
-    pages = kv_indptr[1:] - kv_indptr[:-1]
+    pages = torch.diff(kv_indptr)
     return torch.clamp(pages - 1, min=0) * page_size + kv_last_page_len
+
+
+@kernel_op("append_paged_kv_cache", mutates_args=("k_cache", "v_cache"))
+def _append_op(
+    append_key: torch.Tensor,
+    append_value: torch.Tensor,
+    batch_indices: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+    kv_layout: str,
+) -> None:
+    """The append kernel; index tensors int32, caches 4-D as :func:`append_paged_kv_cache`
+    checked them."""
+    if append_key.shape[0]:
+        get_page_module(append_key.dtype).append_paged_kv_cache(
+            append_key,
+            append_value,
+            batch_indices,
+            positions,
+            k_cache,
+            v_cache,
+            kv_indices,
+            kv_indptr,
+            kv_last_page_len,
+            kv_layout == "HND",
+        )
 
 
 def _check_cache(name: str, cache: torch.Tensor, key: torch.Tensor, kv_layout: str) -> None:
@@ -146,7 +181,7 @@ def append_paged_kv_cache(
     must already cover the appended tokens. A token whose request, page or slot index is
     out of range (including past the end of ``kv_indices``) is skipped, never written out
     of bounds; only CPU-resident index tensors are validated on the host."""
-    hnd = checks.check_kv_layout(kv_layout)
+    checks.check_kv_layout(kv_layout)
     _check_appended(append_key, append_value)
     caches = unpack_paged_kv_cache(paged_kv_cache, kv_layout)
     for name, cache in caches:
@@ -176,16 +211,15 @@ def append_paged_kv_cache(
         ("kv_last_page_len", kv_last_page_len),
     ):
         checks.check_cuda(name, t, like=append_key)
-    if nnz:
-        get_page_module(append_key.dtype).append_paged_kv_cache(
-            append_key,
-            append_value,
-            batch_indices.int(),
-            positions.int(),
-            k_cache,
-            v_cache,
-            kv_indices.int(),
-            kv_indptr.int(),
-            kv_last_page_len.int(),
-            hnd,
-        )
+    _append_op(
+        append_key,
+        append_value,
+        batch_indices.int(),
+        positions.int(),
+        k_cache,
+        v_cache,
+        kv_indices.int(),
+        kv_indptr.int(),
+        kv_last_page_len.int(),
+        kv_layout,
+    )

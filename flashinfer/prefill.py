@@ -12,6 +12,10 @@ A query that sees no key gets output 0 and LSE -inf. q, KV and the output share 
 (float16 or bfloat16), head_dim 64, 128 or 256, ``num_qo_heads`` a multiple of
 ``num_kv_heads``. Query rows are tiled together with their GQA group and long KV is split
 across the GPU and merged (see :mod:`flashinfer.prefill_schedule`).
+
+Each launch is a torch custom op (``torch.ops.flashinfer.single_prefill_with_kv_cache``, and
+``batch_prefill_with_kv_cache`` for both wrappers; see docs/compile.md), made once per call
+after the checks, as in :mod:`flashinfer.decode`.
 """
 
 from __future__ import annotations
@@ -41,10 +45,13 @@ from .attention_args import (
     check_score_args,
     check_window,
     check_workspace,
+    copy_prefix,
     pinned_like,
     round_up,
     score_params,
+    to_device,
 )
+from .custom_op import is_symbolic, kernel_op
 from .jit.prefill import HEAD_DIMS, gen_prefill_module
 from .paged_kv import unpack_paged_kv_cache
 from .pdl import resolve_enable_pdl
@@ -112,7 +119,8 @@ def _check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any) -> int:
 
 def _check_vectors(name: str, t: torch.Tensor) -> None:
     """The kernel moves 16-byte vectors: the last dim contiguous, every other stride a
-    multiple of 8 elements and the data 16-byte aligned."""
+    multiple of 8 elements and the data 16-byte aligned (checked by the binding where the
+    call is traced: fake tensors have no address)."""
     checks.check_last_dim_contiguous(name, t)
     for dim in range(t.dim() - 1):
         if t.shape[dim] > 1 and t.stride(dim) % _VEC:
@@ -120,7 +128,7 @@ def _check_vectors(name: str, t: torch.Tensor) -> None:
                 f"{name}'s strides must be multiples of {_VEC} elements (16 "
                 f"bytes), got {tuple(t.stride())}"
             )
-    if t.data_ptr() % 16:
+    if not is_symbolic(t) and t.data_ptr() % 16:
         raise ValueError(f"{name} must be 16-byte aligned")
 
 
@@ -267,7 +275,7 @@ def single_prefill_with_kv_cache(
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_vectors(name, t)
     num_kv_heads, kv_len = (k.shape[0], k.shape[1]) if hnd else (k.shape[1], k.shape[0])
-    group = _check_heads(num_qo_heads, num_kv_heads, head_dim)
+    _check_heads(num_qo_heads, num_kv_heads, head_dim)
     scale, cap = score_params(head_dim, sm_scale, logits_soft_cap, None, k_scale)
     v_scale = check_optional_number("v_scale", v_scale)
     check_rope(rope_scale, rope_theta)
@@ -298,34 +306,121 @@ def single_prefill_with_kv_cache(
     if qo_len:
         if packed_custom_mask is None and custom_mask is not None:
             packed_custom_mask = packbits(custom_mask.reshape(-1), bitorder="little")
-        chunk, chunks = _single_chunks(
-            qo_len, kv_len, group, num_kv_heads, _max_ctas(q.dtype, head_dim, q.device)
-        )
-        rows = qo_len * chunks if chunks > 1 else 0
-        tmp_v = torch.empty(
-            max(rows * num_qo_heads * head_dim, 1), dtype=torch.float32, device=q.device
-        )
-        tmp_lse = torch.empty(max(rows * num_qo_heads, 1), dtype=torch.float32, device=q.device)
-        get_prefill_module(q.dtype, head_dim).single_prefill(
-            q,
-            k,
-            v,
-            packed_custom_mask,
-            tmp_v,
-            tmp_lse,
-            out,
-            lse,
-            hnd,
-            causal,
-            window_left,
-            chunk,
-            chunks,
-            scale,
-            cap,
-            resolve_enable_pdl(None, q.device),
+        _single_prefill_op(
+            q, k, v, packed_custom_mask, out, lse, hnd, causal, window_left, scale, cap
         )
         apply_v_scale(out, v_scale)
     return (out, lse) if return_lse else out
+
+
+@kernel_op("single_prefill_with_kv_cache", mutates_args=("out", "lse"))
+def _single_prefill_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    packed_custom_mask: torch.Tensor | None,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    hnd: bool,
+    causal: bool,
+    window_left: int,
+    score_scale: float,
+    score_cap: float,
+) -> None:
+    """single_prefill_with_kv_cache's launch. The split of the KV across the device and the
+    scratch for its partial states are decided here, where the device is known."""
+    qo_len, num_qo_heads, head_dim = q.shape
+    num_kv_heads, kv_len = (k.shape[0], k.shape[1]) if hnd else (k.shape[1], k.shape[0])
+    chunk, chunks = _single_chunks(
+        qo_len,
+        kv_len,
+        num_qo_heads // num_kv_heads,
+        num_kv_heads,
+        _max_ctas(q.dtype, head_dim, q.device),
+    )
+    rows = qo_len * chunks if chunks > 1 else 0
+    tmp_v = torch.empty(
+        max(rows * num_qo_heads * head_dim, 1), dtype=torch.float32, device=q.device
+    )
+    tmp_lse = torch.empty(max(rows * num_qo_heads, 1), dtype=torch.float32, device=q.device)
+    get_prefill_module(q.dtype, head_dim).single_prefill(
+        q,
+        k,
+        v,
+        packed_custom_mask,
+        tmp_v,
+        tmp_lse,
+        out,
+        lse,
+        hnd,
+        causal,
+        window_left,
+        chunk,
+        chunks,
+        score_scale,
+        score_cap,
+        resolve_enable_pdl(None, q.device),
+    )
+
+
+@kernel_op("batch_prefill_with_kv_cache", mutates_args=("tmp_v", "tmp_lse", "out", "lse"))
+def _batch_prefill_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor | None,
+    kv_last_page_len: torch.Tensor | None,
+    custom_mask: torch.Tensor | None,
+    mask_indptr: torch.Tensor | None,
+    plan: torch.Tensor,
+    tmp_v: torch.Tensor,
+    tmp_lse: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor | None,
+    hnd: bool,
+    work_capacity: int,
+    merge_capacity: int,
+    tmp_capacity: int,
+    grid_work: int,
+    grid_merge: int,
+    causal: bool,
+    window_left: int,
+    score_scale: float,
+    score_cap: float,
+    enable_pdl: bool | None,
+) -> None:
+    """The batch prefill wrappers' run() launch (paged: ``kv_indices`` and
+    ``kv_last_page_len`` given; ragged: None), on the planned schedule (``plan``, in the int
+    workspace) and scratch (``tmp_v``/``tmp_lse``, in the float workspace)."""
+    get_prefill_module(q.dtype, q.shape[-1]).batch_prefill(
+        q,
+        k,
+        v,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        kv_last_page_len,
+        custom_mask,
+        mask_indptr,
+        plan,
+        tmp_v,
+        tmp_lse,
+        out,
+        lse,
+        hnd,
+        work_capacity,
+        merge_capacity,
+        tmp_capacity,
+        grid_work,
+        grid_merge,
+        causal,
+        window_left,
+        score_scale,
+        score_cap,
+        resolve_enable_pdl(enable_pdl, q.device),
+    )
 
 
 single_prefill_with_kv_cache_return_lse = functools.partial(
@@ -476,8 +571,8 @@ class _MaskInput:
     bit_indptr: list[int]  # running sum of qo_len * kv_len, the reference's mask_indptr
     num_bytes: int  # of the packed mask the kernel reads
 
-    def pack(self, device: torch.device, non_blocking: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """(packed uint8, int32 byte offsets of each request's mask), on ``device``."""
+    def pack(self, like: torch.Tensor, non_blocking: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(packed uint8, int32 byte offsets of each request's mask), on ``like``'s device."""
         if self.custom is not None:
             # host offsets: segment_packbits reads them on the host anyway
             packed, byte_indptr = segment_packbits(
@@ -487,8 +582,8 @@ class _MaskInput:
             # The reference takes a packed mask with its bit-count offsets as byte offsets.
             packed, byte_indptr = self.packed, torch.tensor(self.bit_indptr, dtype=torch.int32)
         return (
-            packed.to(device, non_blocking=non_blocking),
-            byte_indptr.to(device=device, dtype=torch.int32, non_blocking=non_blocking),
+            to_device(packed, like, non_blocking, torch.uint8),
+            to_device(byte_indptr, like, non_blocking),
         )
 
 
@@ -575,8 +670,8 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         self._float_workspace_buffer = float_workspace_buffer
         self._workspace = workspace
         self.device = float_workspace_buffer.device
-        self._int_workspace_buffer = torch.empty(
-            INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device
+        self._int_workspace_buffer = float_workspace_buffer.new_empty(
+            INT_WORKSPACE_BYTES, dtype=torch.uint8
         )
         self._pin_memory_int_workspace_buffer = pinned_like(self._int_workspace_buffer)
         self._use_cuda_graph = use_cuda_graph
@@ -645,7 +740,9 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         tokens; a merge row per token (later plans have no more); the tmp rows the float
         workspace holds. A later schedule that does not fit is replaced by the unsplit one,
         unless the split was fixed."""
-        max_ctas = _max_ctas(opts.dtype, opts.head_dim, self.device)
+        # fake buffers (tracing without a GPU) have no device to fill: no split
+        fake = is_symbolic(self._workspace)
+        max_ctas = 1 if fake else _max_ctas(opts.dtype, opts.head_dim, self.device)
         fixed = None if opts.fixed_split_size is None else opts.fixed_split_size * page_size
 
         def schedule(allow_split: bool) -> PrefillSchedule:
@@ -705,7 +802,8 @@ class _BatchPrefillWrapper(WorkspaceOwner):
                 f"bytes; this plan needs {int_bytes} (see reset_workspace_buffer)"
             )
         tmp_v_bytes = round_up(4 * tmp_cap * opts.num_qo_heads * opts.head_dim)
-        needed = tmp_v_bytes + round_up(4 * tmp_cap * opts.num_qo_heads)
+        tmp_lse_bytes = round_up(4 * tmp_cap * opts.num_qo_heads)
+        needed = tmp_v_bytes + tmp_lse_bytes
         if needed > self._workspace.numel():
             raise ValueError(
                 f"float_workspace_buffer has {self._workspace.numel()} bytes; this "
@@ -728,9 +826,11 @@ class _BatchPrefillWrapper(WorkspaceOwner):
             tmp_capacity=tmp_cap,
             grid_work=work_cap if graph else schedule.num_work,
             grid_merge=merge_cap if graph else schedule.num_merge,
-            plan_words=self._int_workspace_buffer.view(torch.uint8)[:int_bytes].view(torch.int32),
-            tmp_v=self._workspace[:tmp_v_bytes].view(torch.float32),
-            tmp_lse=self._workspace[tmp_v_bytes:needed].view(torch.float32),
+            plan_words=self._int_workspace_buffer.view(torch.uint8)
+            .narrow(0, 0, int_bytes)
+            .view(torch.int32),
+            tmp_v=self._workspace.narrow(0, 0, tmp_v_bytes).view(torch.float32),
+            tmp_lse=self._workspace.narrow(0, tmp_v_bytes, tmp_lse_bytes).view(torch.float32),
         )
         return plan, words
 
@@ -758,29 +858,27 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         reads them (into the CUDA-graph buffers, or int32 copies on the device), upload the
         schedule and take the new plan."""
         non_blocking = opts.non_blocking
-        mask_arrays = None if mask is None else mask.pack(self.device, non_blocking)
+        workspace = self._float_workspace_buffer
+        mask_arrays = None if mask is None else mask.pack(workspace, non_blocking)
         if self._use_cuda_graph:
             for name, t in tables.items():
-                buffer = getattr(self, name)
-                buffer[: t.shape[0]].copy_(t, non_blocking=non_blocking)
+                copy_prefix(getattr(self, name), t, non_blocking)
             if mask_arrays is not None:
-                self._custom_mask_buf[: mask_arrays[0].shape[0]].copy_(
-                    mask_arrays[0], non_blocking=non_blocking
-                )
-                self._mask_indptr_buf.copy_(mask_arrays[1], non_blocking=non_blocking)
+                copy_prefix(self._custom_mask_buf, mask_arrays[0], non_blocking)
+                copy_prefix(self._mask_indptr_buf, mask_arrays[1], non_blocking)
             if self._graph_capacity is None:
                 self._graph_capacity = (plan.work_capacity, plan.merge_capacity, plan.tmp_capacity)
                 self._max_total_num_rows = plan.total_q
         else:
             for name, t in tables.items():
-                setattr(
-                    self,
-                    name,
-                    t.to(device=self.device, dtype=torch.int32, non_blocking=non_blocking),
-                )
+                setattr(self, name, to_device(t, workspace, non_blocking))
             self._custom_mask_buf, self._mask_indptr_buf = mask_arrays or (None, None)
         self._upload(words, plan.plan_words)
-        self._cached_module = get_prefill_module(opts.dtype, opts.head_dim)
+        # compiled here, not in a run() a CUDA graph may be capturing; a fake workspace
+        # (tracing without a GPU) needs no module
+        self._cached_module = (
+            None if is_symbolic(workspace) else get_prefill_module(opts.dtype, opts.head_dim)
+        )
         self._plan_info = plan
         if self._backend == "auto":
             self._backend = "fa2"  # the reference resolves it in plan() too
@@ -885,6 +983,10 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         kv_indptr: torch.Tensor,
         kv_indices: torch.Tensor | None,
         last_page_len: torch.Tensor | None,
+        causal: Any,
+        window_left: Any,
+        sm_scale: Any,
+        logits_soft_cap: Any,
         q_scale: Any,
         k_scale: Any,
         v_scale: Any,
@@ -892,21 +994,18 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         lse: Any,
         return_lse: Any,
         enable_pdl: Any,
-        window_left: int | None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """run()'s shared tail: the score parameters as planned (or as engines set them
-        since), the outputs checked or allocated, one launch."""
+        """run()'s shared tail: the score parameters (the planned ones, or as engines set
+        them since) checked, the outputs checked or allocated, one launch."""
         checks.check_bool("return_lse", return_lse)
-        scale, cap = score_params(
-            plan.head_dim, self._sm_scale, self._logits_soft_cap, q_scale, k_scale
-        )
+        checks.check_optional_bool("enable_pdl", enable_pdl)
+        scale, cap = score_params(plan.head_dim, sm_scale, logits_soft_cap, q_scale, k_scale)
         v_scale = check_optional_number("v_scale", v_scale)
-        window = check_window(self._window_left if window_left is None else window_left)
-        causal = checks.check_bool("causal", self._causal)
+        window = check_window(window_left)
+        causal = checks.check_bool("causal", causal)
         checks.check_cuda("q", q, like=self._workspace)
         for name, t in kv:
             checks.check_cuda(name, t, like=q)
-        enable_pdl = resolve_enable_pdl(enable_pdl, q.device)
         shape = (plan.total_q, plan.num_qo_heads, plan.head_dim)
         if out is None:
             out = torch.empty(shape, dtype=q.dtype, device=q.device)
@@ -927,7 +1026,7 @@ class _BatchPrefillWrapper(WorkspaceOwner):
                 (self._custom_mask_buf, self._mask_indptr_buf) if plan.has_mask else (None, None)
             )
             (_, k), (_, v) = kv
-            self._cached_module.batch_prefill(
+            _batch_prefill_op(
                 q,
                 k,
                 v,
@@ -1150,6 +1249,10 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
             self._kv_indptr_buf,
             None,
             None,
+            self._causal,
+            self._window_left,
+            self._sm_scale,
+            self._logits_soft_cap,
             q_scale,
             k_scale,
             v_scale,
@@ -1157,7 +1260,6 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
             lse,
             return_lse,
             enable_pdl,
-            None,
         )
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
@@ -1471,6 +1573,10 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
             self._paged_kv_indptr_buf,
             self._paged_kv_indices_buf,
             self._paged_kv_last_page_len_buf,
+            self._causal,
+            self._window_left if window_left is None else window_left,
+            self._sm_scale,
+            self._logits_soft_cap,
             q_scale,
             k_scale,
             v_scale,
@@ -1478,7 +1584,6 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
             lse,
             return_lse,
             enable_pdl,
-            window_left,
         )
 
     run_return_lse = functools.partialmethod(run, return_lse=True)

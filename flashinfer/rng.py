@@ -14,9 +14,15 @@ CUDA graph replays with whatever they hold then), or a ``torch.Generator`` suppl
 - neither: the default CUDA generator of the tensor's device, as torch's samplers do.
 
 When both ``seed`` and ``offset`` are given they win over ``generator``, which is left
-untouched (as in the reference). A generator is read on the host when the call is made, so a
-call captured in a CUDA graph replays with the numbers of the capture; pass seed and offset
-tensors when replays must differ.
+untouched (as in the reference).
+
+A generator is read on the host when the call is made, except during CUDA graph capture: its
+state read there would be baked into the graph, so a CUDA generator then draws a random seed
+into a device tensor (``torch.randint`` on the generator, which torch keeps graph-safe: each
+replay draws a new one and advances the generator) and the kernel reads it when it runs.
+A replay therefore never repeats the capture's numbers, but it does not give the numbers an
+eager call from the same generator state would. Seed and offset tensors the caller fills
+before each replay give chosen, reproducible numbers instead.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 import torch
 
 from . import checks
+from .tensor_format import graph_capture_in_progress
 from .utils import cuda_device_index
 
 _UINT64 = 1 << 64
@@ -74,6 +81,14 @@ def check_seed_args(generator: Any, seed: Any, offset: Any) -> None:
     _check_uint64("offset", 0 if offset is None else offset)
 
 
+def _random_seed(generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    """A uniformly random 64-bit seed (as int64, shape ``(1,)``) drawn on ``device`` from
+    ``generator``'s stream."""
+    return torch.randint(
+        -(1 << 63), (1 << 63) - 1, (1,), dtype=torch.int64, device=device, generator=generator
+    )
+
+
 def philox_seed_offset(
     device: torch.device,
     generator: torch.Generator | None = None,
@@ -81,7 +96,8 @@ def philox_seed_offset(
     offset: Seed | None = None,
     increment: int = OFFSET_INCREMENT,
 ) -> tuple[Seed, Seed]:
-    """The ``(seed, offset)`` a call on ``device`` draws with (see the module docstring);
+    """The ``(seed, offset)`` a call on ``device`` draws with (see the module docstring): ints,
+    or ``(1,)`` int64 device tensors when a CUDA generator is read during graph capture;
     ``increment`` (a multiple of 4): the generator offsets the call consumes."""
     check_seed_args(generator, seed, offset)
     if seed is not None:
@@ -89,15 +105,14 @@ def philox_seed_offset(
     if generator is None:
         generator = torch.cuda.default_generators[cuda_device_index(device)]
     if generator.device.type == "cpu":
-        drawn = torch.randint(
-            -(1 << 63), (1 << 63) - 1, (1,), dtype=torch.int64, generator=generator
-        )
-        return int(drawn) % _UINT64, 0
+        return int(_random_seed(generator, generator.device)) % _UINT64, 0
     # torch.Generator(device="cuda") carries no index: it is the current device's.
     if generator.device.type != device.type or cuda_device_index(
         generator.device
     ) != cuda_device_index(device):
         raise ValueError(f"generator is on {generator.device}, the input on {device}")
+    if graph_capture_in_progress():
+        return _random_seed(generator, device), torch.zeros(1, dtype=torch.int64, device=device)
     state = generator.get_state()
     if state.numel() != 16:
         raise RuntimeError(

@@ -4,6 +4,11 @@ Positions come as per-token ``pos_ids``, or as ragged batches (``indptr``, ``off
 token ``indptr[b] + j`` of request ``b`` is at position ``offsets[b] + j``). ``interleave``
 selects GPT-J pairs ``(2i, 2i+1)``, else NeoX pairs ``(i, i + rotary_dim/2)``; dims from
 ``rotary_dim`` on are left unchanged. Math in float32.
+
+Each kernel is a torch custom op (see docs/compile.md): ``apply_rope_pos_ids`` (which the
+ragged forms share, their positions computed in torch first), ``apply_llama31_rope_pos_ids``
+and ``apply_rope_with_cos_sin_cache`` write new ``q_rope``/``k_rope`` tensors; their
+``*_inplace`` ops write ``q`` and ``k``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import torch
 
 from . import checks, ragged
 from .api_logging import flashinfer_api
+from .custom_op import kernel_op
 from .jit.rope import gen_rope_module
 from .trace.templates import rope as _trace
 
@@ -82,25 +88,174 @@ def _positions(q: torch.Tensor, pos_ids: Any, ragged_batch: tuple[Any, Any] | No
     return pos_ids
 
 
-def _run(
+def _launch(
     function: str,
+    q_rope: torch.Tensor,
+    k_rope: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    *params: Any,
+) -> None:
+    """Every RoPE op's real implementation: the module's ``function`` (the in-place ops pass
+    ``q``/``k`` as their own outputs)."""
+    if q.shape[0]:
+        getattr(get_rope_module(q.dtype), function)(q_rope, k_rope, q, k, pos_ids, *params)
+
+
+@kernel_op("apply_rope_pos_ids", mutates_args=("q_rope", "k_rope"))
+def _rope_op(
+    q_rope: torch.Tensor,
+    k_rope: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int,
+    interleave: bool,
+    rope_scale: float,
+    rope_theta: float,
+) -> None:
+    _launch(
+        "apply_rope_pos_ids",
+        q_rope,
+        k_rope,
+        q,
+        k,
+        pos_ids,
+        rotary_dim,
+        interleave,
+        rope_scale,
+        rope_theta,
+    )
+
+
+@kernel_op("apply_rope_pos_ids_inplace", mutates_args=("q", "k"))
+def _rope_inplace_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int,
+    interleave: bool,
+    rope_scale: float,
+    rope_theta: float,
+) -> None:
+    _launch(
+        "apply_rope_pos_ids", q, k, q, k, pos_ids, rotary_dim, interleave, rope_scale, rope_theta
+    )
+
+
+@kernel_op("apply_llama31_rope_pos_ids", mutates_args=("q_rope", "k_rope"))
+def _llama31_op(
+    q_rope: torch.Tensor,
+    k_rope: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int,
+    interleave: bool,
+    rope_scale: float,
+    rope_theta: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    old_context_len: float,
+) -> None:
+    _launch(
+        "apply_llama31_rope_pos_ids",
+        q_rope,
+        k_rope,
+        q,
+        k,
+        pos_ids,
+        rotary_dim,
+        interleave,
+        rope_scale,
+        rope_theta,
+        low_freq_factor,
+        high_freq_factor,
+        old_context_len,
+    )
+
+
+@kernel_op("apply_llama31_rope_pos_ids_inplace", mutates_args=("q", "k"))
+def _llama31_inplace_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    pos_ids: torch.Tensor,
+    rotary_dim: int,
+    interleave: bool,
+    rope_scale: float,
+    rope_theta: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    old_context_len: float,
+) -> None:
+    _launch(
+        "apply_llama31_rope_pos_ids",
+        q,
+        k,
+        q,
+        k,
+        pos_ids,
+        rotary_dim,
+        interleave,
+        rope_scale,
+        rope_theta,
+        low_freq_factor,
+        high_freq_factor,
+        old_context_len,
+    )
+
+
+@kernel_op("apply_rope_with_cos_sin_cache", mutates_args=("q_rope", "k_rope"))
+def _cos_sin_op(
+    q_rope: torch.Tensor,
+    k_rope: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    interleave: bool,
+) -> None:
+    _launch("apply_rope_cos_sin_cache", q_rope, k_rope, q, k, positions, cos_sin_cache, interleave)
+
+
+@kernel_op("apply_rope_with_cos_sin_cache_inplace", mutates_args=("q", "k"))
+def _cos_sin_inplace_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    interleave: bool,
+) -> None:
+    _launch("apply_rope_cos_sin_cache", q, k, q, k, positions, cos_sin_cache, interleave)
+
+
+# (out-of-place op, in-place op) per kernel
+_ROPE = (_rope_op, _rope_inplace_op)
+_LLAMA31 = (_llama31_op, _llama31_inplace_op)
+_COS_SIN = (_cos_sin_op, _cos_sin_inplace_op)
+
+
+def _run(
+    ops: tuple[Any, Any],
     q: torch.Tensor,
     k: torch.Tensor,
     pos_ids: torch.Tensor,
     inplace: bool,
     *params: Any,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """After the device checks, the in-place op on ``q``/``k``, or the out-of-place op into
+    new contiguous tensors, which it returns."""
     checks.check_cuda("q", q)
     checks.check_cuda("k", k, like=q)
     checks.check_cuda("pos_ids", pos_ids, like=q)
     if inplace:
-        q_out, k_out = q, k
-    else:
-        q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        k_out = torch.empty_like(k, memory_format=torch.contiguous_format)
-    if q.shape[0]:
-        getattr(get_rope_module(q.dtype), function)(q_out, k_out, q, k, pos_ids, *params)
-    return None if inplace else (q_out, k_out)
+        ops[1](q, k, pos_ids, *params)
+        return None
+    q_rope = torch.empty_like(q, memory_format=torch.contiguous_format)
+    k_rope = torch.empty_like(k, memory_format=torch.contiguous_format)
+    ops[0](q_rope, k_rope, q, k, pos_ids, *params)
+    return q_rope, k_rope
 
 
 def _rope(
@@ -118,7 +273,7 @@ def _rope(
     dim = _rotary_dim(rotary_dim, q.shape[2])
     scale, theta = (_positive("rope_scale", rope_scale), _positive("rope_theta", rope_theta))
     pos_ids = _positions(q, pos_ids, ragged_batch)
-    return _run("apply_rope_pos_ids", q, k, pos_ids, inplace, dim, bool(interleave), scale, theta)
+    return _run(_ROPE, q, k, pos_ids, inplace, dim, bool(interleave), scale, theta)
 
 
 def _llama31(
@@ -152,9 +307,7 @@ def _llama31(
             f"high_freq_factor ({values[3]}) must exceed low_freq_factor ({values[2]})"
         )
     pos_ids = _positions(q, pos_ids, ragged_batch)
-    return _run(
-        "apply_llama31_rope_pos_ids", q, k, pos_ids, inplace, dim, bool(interleave), *values
-    )
+    return _run(_LLAMA31, q, k, pos_ids, inplace, dim, bool(interleave), *values)
 
 
 @flashinfer_api(trace=_trace.apply_rope_pos_ids_trace)
@@ -389,7 +542,7 @@ def _cos_sin_cache(
     checks.check_cuda("key", key, like=query)
     checks.check_cuda("positions", positions, like=query)
     checks.check_cuda("cos_sin_cache", cos_sin_cache, like=query)
-    result = _run("apply_rope_cos_sin_cache", q, k, positions, inplace, cos_sin_cache, not is_neox)
+    result = _run(_COS_SIN, q, k, positions, inplace, cos_sin_cache, not is_neox)
     if result is None:
         return None
     return result[0].view(query.shape), result[1].view(key.shape)

@@ -27,6 +27,12 @@ so one distribution can be sampled several times; the tokens then have the dtype
 yields token -1 (device values are not read on the host). A row without any positive
 probability left after filtering yields token 0; ``return_valid=True`` also returns a bool
 ``[batch]`` tensor that is False for such rows and for out-of-range indices.
+
+Each kernel is a torch custom op (see docs/compile.md): ``softmax``,
+``sampling_from_logits``, ``sampling_from_probs`` (every filtered sampler), ``renorm_probs``
+(top-p and top-k) and ``top_k_mask_logits``, each writing its output tensors. Without
+``seed`` and ``generator`` the op itself draws from the device's default CUDA generator when
+it runs, so a traced or compiled graph draws new numbers on every call.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import torch
 
 from . import checks
 from .api_logging import flashinfer_api
+from .custom_op import is_symbolic, kernel_op
 from .jit.sampling import gen_sampling_module
 from .pdl import resolve_enable_pdl
 from .rng import as_int64, check_seed_args, philox_seed_offset
@@ -185,13 +192,50 @@ def _words_per_row(vocab: int) -> int:
     return 4 * ((vocab + 3) // 4)
 
 
-def _random_args(x: torch.Tensor, generator: Any, seed: Any, offset: Any) -> tuple[Any, ...]:
-    """(seed_values, offset_values, seed, offset) for the binding; draws from the generator
-    when no seed is given."""
-    if isinstance(seed, torch.Tensor):
-        return seed, offset, 0, 0
+# What a sampling op draws with: (seed_values, offset_values, seed, offset), the tensors or the
+# ints (int64) set, or all None: draw from the default generator when the op runs.
+_Position = tuple[torch.Tensor | None, torch.Tensor | None, int | None, int | None]
+
+
+def _drawn(x: torch.Tensor, generator: Any, seed: Any, offset: Any) -> _Position:
+    """The position of ``seed``/``offset`` (ints), else of ``generator`` (the device's default
+    one if None), which is read and advanced now (see :mod:`flashinfer.rng`)."""
     seed, offset = philox_seed_offset(x.device, generator, seed, offset, _words_per_row(x.shape[1]))
+    if isinstance(seed, torch.Tensor):
+        return seed, offset, None, None
     return None, None, as_int64(seed), as_int64(offset)
+
+
+def _stream_position(x: torch.Tensor, generator: Any, seed: Any, offset: Any) -> _Position:
+    """The checked random arguments as the op takes them. Tensors and ints pass through; a
+    generator is read on the host now, which a graph traced with fake tensors would bake in,
+    so that is refused (dynamo instead breaks the graph there and reads it each call); with
+    neither, the op draws from the default generator when it runs, in eager and in graphs."""
+    if isinstance(seed, torch.Tensor):
+        return seed, offset, None, None
+    if seed is None:
+        if generator is None:
+            return None, None, None, None
+        if is_symbolic(x) and not torch.compiler.is_compiling():
+            raise ValueError(
+                "generator is read when the call is made, so a graph traced with fake tensors "
+                "would repeat one draw: pass seed and offset tensors, or no generator (the "
+                "default CUDA generator is then read each time the graph runs)"
+            )
+    return _drawn(x, generator, seed, offset)
+
+
+def _draw_if_unset(x: torch.Tensor, position: _Position) -> _Position:
+    """In an op: ``position``, or the default generator's when none was set."""
+    if position[0] is None and position[2] is None:
+        return _drawn(x, None, None, None)
+    return position
+
+
+def _binding_position(position: _Position) -> tuple[Any, ...]:
+    """The binding's (seed_values, offset_values, seed, offset): unused ints as 0."""
+    seed_values, offset_values, seed, offset = position
+    return seed_values, offset_values, seed or 0, offset or 0
 
 
 def _outputs(
@@ -206,6 +250,122 @@ def _check_no_nan(name: str, tensor: torch.Tensor) -> None:
     """Host-synchronizing NaN check, only when the caller asked for it."""
     if bool(torch.isnan(tensor).any()):
         raise ValueError(f"{name} contains NaN")
+
+
+def _nan_check_in_op(name: str, tensor: torch.Tensor, check_nan: bool) -> bool:
+    """With ``check_nan``, checks ``tensor`` now, or while tracing (values unknown) returns
+    True: the op checks its input when it runs."""
+    if not check_nan:
+        return False
+    if is_symbolic(tensor):
+        return True
+    _check_no_nan(name, tensor)
+    return False
+
+
+@kernel_op("softmax", mutates_args=("out",))
+def _softmax_op(
+    out: torch.Tensor,
+    logits: torch.Tensor,
+    temperature: torch.Tensor | None,
+    temperature_value: float,
+    enable_pdl: bool | None,
+) -> None:
+    if logits.shape[0]:
+        get_sampling_module(logits.dtype).softmax(
+            out,
+            logits,
+            temperature,
+            temperature_value,
+            resolve_enable_pdl(enable_pdl, logits.device),
+        )
+
+
+@kernel_op("sampling_from_logits", mutates_args=("out",))
+def _sampling_from_logits_op(
+    out: torch.Tensor,
+    logits: torch.Tensor,
+    indices: torch.Tensor | None,
+    seed_values: torch.Tensor | None,
+    offset_values: torch.Tensor | None,
+    seed: int | None,
+    offset: int | None,
+    check_nan: bool,
+) -> None:
+    if check_nan:
+        _check_no_nan("logits", logits)
+    position = _draw_if_unset(logits, (seed_values, offset_values, seed, offset))
+    if not out.shape[0]:
+        return
+    get_sampling_module(logits.dtype).sampling_from_logits(
+        out, logits, indices, *_binding_position(position)
+    )
+
+
+@kernel_op("sampling_from_probs", mutates_args=("out", "valid"))
+def _sampling_from_probs_op(
+    out: torch.Tensor,
+    valid: torch.Tensor | None,
+    probs: torch.Tensor,
+    indices: torch.Tensor | None,
+    top_k_values: torch.Tensor | None,
+    top_p_values: torch.Tensor | None,
+    min_p_values: torch.Tensor | None,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    filters: int,
+    top_k_first: bool,
+    seed_values: torch.Tensor | None,
+    offset_values: torch.Tensor | None,
+    seed: int | None,
+    offset: int | None,
+    check_nan: bool,
+) -> None:
+    if check_nan:
+        _check_no_nan("probs", probs)
+    position = _draw_if_unset(probs, (seed_values, offset_values, seed, offset))
+    if not out.shape[0]:
+        return
+    get_sampling_module(torch.float32).sampling_from_probs(
+        out,
+        valid,
+        probs,
+        indices,
+        top_k_values,
+        top_p_values,
+        min_p_values,
+        top_k,
+        top_p,
+        min_p,
+        filters,
+        top_k_first,
+        *_binding_position(position),
+    )
+
+
+@kernel_op("renorm_probs", mutates_args=("out",))
+def _renorm_probs_op(
+    out: torch.Tensor,
+    probs: torch.Tensor,
+    top_k_values: torch.Tensor | None,
+    top_p_values: torch.Tensor | None,
+    top_k: int,
+    top_p: float,
+    filters: int,
+) -> None:
+    if probs.shape[0]:
+        get_sampling_module(probs.dtype).renorm_probs(
+            out, probs, top_k_values, top_p_values, top_k, top_p, filters
+        )
+
+
+@kernel_op("top_k_mask_logits", mutates_args=("out",))
+def _top_k_mask_logits_op(
+    out: torch.Tensor, logits: torch.Tensor, top_k_values: torch.Tensor | None, top_k: int
+) -> None:
+    if logits.shape[0]:
+        get_sampling_module(logits.dtype).top_k_mask_logits(out, logits, top_k_values, top_k)
 
 
 def _filter_order(filter_apply_order: Any) -> bool:
@@ -242,34 +402,30 @@ def _sample_probs(
     check_seed_args(generator, seed, offset)
     _check_seed_tensors(seed, offset, batch, probs)
     checks.check_cuda(name, probs)
-    if check_nan:
-        _check_no_nan(name, probs)
+    nan_in_op = _nan_check_in_op(name, probs, check_nan)
     probs = softmax(probs) if from_logits else probs.float()
-    seed_values, offset_values, seed, offset = _random_args(probs, generator, seed, offset)
+    position = _stream_position(probs, generator, seed, offset)
     out, valid = _outputs(batch, indices, probs.device, return_valid)
     top_k = params.get("top_k", _Param(None, 1))
     top_p = params.get("top_p", _Param(None, 1.0))
     min_p = params.get("min_p", _Param(None, 0.0))
     which = sum(bit for key, bit in _FILTER_BITS.items() if key in params)
-    if batch:
-        get_sampling_module(torch.float32).sampling_from_probs(
-            out,
-            valid,
-            probs,
-            indices,
-            top_k.kernel_tensor(),
-            top_p.kernel_tensor(),
-            min_p.kernel_tensor(),
-            top_k.top_k(),
-            float(top_p.scalar),
-            float(min_p.scalar),
-            which,
-            top_k_first,
-            seed_values,
-            offset_values,
-            seed,
-            offset,
-        )
+    _sampling_from_probs_op(
+        out,
+        valid,
+        probs,
+        indices,
+        top_k.kernel_tensor(),
+        top_p.kernel_tensor(),
+        min_p.kernel_tensor(),
+        top_k.top_k(),
+        float(top_p.scalar),
+        float(min_p.scalar),
+        which,
+        top_k_first,
+        *position,
+        nan_in_op,
+    )
     return (out, valid) if return_valid else out
 
 
@@ -289,14 +445,11 @@ def softmax(
         if temperature is None
         else _per_request("temperature", temperature, logits.shape[0], logits)
     )
-    enable_pdl = resolve_enable_pdl(enable_pdl, logits.device)
+    checks.check_optional_bool("enable_pdl", enable_pdl)
     checks.check_cuda("logits", logits)
     logits = _native(logits)
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
-    if logits.shape[0]:
-        get_sampling_module(logits.dtype).softmax(
-            out, logits, temp.kernel_tensor(), float(temp.scalar), enable_pdl
-        )
+    _softmax_op(out, logits, temp.kernel_tensor(), float(temp.scalar), enable_pdl)
     return out
 
 
@@ -318,15 +471,11 @@ def sampling_from_logits(
     check_seed_args(generator, seed, offset)
     _check_seed_tensors(seed, offset, batch, logits)
     checks.check_cuda("logits", logits)
-    if check_nan:
-        _check_no_nan("logits", logits)
+    nan_in_op = _nan_check_in_op("logits", logits, check_nan)
     logits = _native(logits)
-    seed_values, offset_values, seed, offset = _random_args(logits, generator, seed, offset)
+    position = _stream_position(logits, generator, seed, offset)
     out, _ = _outputs(batch, indices, logits.device, False)
-    if batch:
-        get_sampling_module(logits.dtype).sampling_from_logits(
-            out, logits, indices, seed_values, offset_values, seed, offset
-        )
+    _sampling_from_logits_op(out, logits, indices, *position, nan_in_op)
     return out
 
 
@@ -498,15 +647,14 @@ def _row_op(
     name: str,
     x: torch.Tensor,
     dtype: torch.dtype,
-    launch: Callable[[Any, torch.Tensor, torch.Tensor], None],
+    launch: Callable[[torch.Tensor, torch.Tensor], None],
 ) -> torch.Tensor:
     """A [batch, vocab] op of the renorm/mask kind, after its checks: ``x`` as ``dtype``,
-    ``launch(module, out, x)`` into a new ``dtype`` output."""
+    ``launch(out, x)`` into a new ``dtype`` output."""
     checks.check_cuda(name, x)
     x = x.to(dtype)
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    if x.shape[0]:
-        launch(get_sampling_module(dtype), out, x)
+    launch(out, x)
     return out
 
 
@@ -523,7 +671,7 @@ def top_p_renorm_probs(
         "probs",
         probs,
         torch.float32,
-        lambda module, out, x: module.renorm_probs(
+        lambda out, x: _renorm_probs_op(
             out, x, None, param.kernel_tensor(), 1, float(param.scalar), _TOP_P
         ),
     )
@@ -542,7 +690,7 @@ def top_k_renorm_probs(
         "probs",
         probs,
         probs.dtype,
-        lambda module, out, x: module.renorm_probs(
+        lambda out, x: _renorm_probs_op(
             out, x, param.kernel_tensor(), None, param.top_k(), 1.0, _TOP_K
         ),
     )
@@ -558,9 +706,7 @@ def top_k_mask_logits(logits: torch.Tensor, top_k: int | torch.Tensor) -> torch.
         "logits",
         logits,
         logits.dtype,
-        lambda module, out, x: module.top_k_mask_logits(
-            out, x, param.kernel_tensor(), param.top_k()
-        ),
+        lambda out, x: _top_k_mask_logits_op(out, x, param.kernel_tensor(), param.top_k()),
     )
 
 

@@ -3,7 +3,8 @@
 ``@flashinfer_api(trace=template)`` attaches an :class:`ApiTrace` as the function's
 ``fi_trace`` attribute. With ``FLASHINFER_TRACE_DUMP=1`` set at import it also wraps the
 function so that its first call per set of const-axis values writes ``<name>.json`` to
-``FLASHINFER_TRACE_DUMP_DIR``; without it nothing wraps, so a call costs nothing extra.
+``FLASHINFER_TRACE_DUMP_DIR``; without it nothing wraps, so a call costs nothing extra. The
+auto-dump is eager-only: while dynamo traces, the wrapper calls the function and nothing else.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import logging
 import threading
 from pathlib import Path
 from typing import Any, Callable, TypeVar
+
+import torch
 
 from ..config import config
 from .template import Kwargs, TraceTemplate
@@ -124,7 +127,7 @@ def with_auto_dump(func: F, api_trace: ApiTrace) -> F:
     @functools.wraps(func)
     def dumping(*args: Any, **kwargs: Any) -> Any:
         nonlocal failed
-        if not failed:
+        if not failed and not torch.compiler.is_compiling():
             try:
                 api_trace.dump_once(args, kwargs)
             except TypeError:

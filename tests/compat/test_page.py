@@ -6,6 +6,8 @@ copy)."""
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ import flashinfer
 from flashinfer import checks
 from flashinfer import page as page_api
 
+from ..compile import cpu_kernels
 from .signature import assert_signature
 
 
@@ -65,12 +68,13 @@ class Recorder:
 
 
 @pytest.fixture
-def recorder(monkeypatch: pytest.MonkeyPatch) -> Recorder:
-    """Lets CPU tensors through the device check and records the module call."""
+def recorder(monkeypatch: pytest.MonkeyPatch) -> Iterator[Recorder]:
+    """Lets CPU tensors through the device check and the op, and records the module call."""
     module = Recorder()
     monkeypatch.setattr(page_api, "get_page_module", lambda dtype: module)
     monkeypatch.setattr(checks, "check_cuda", lambda name, tensor, like=None: None)
-    return module
+    with cpu_kernels(page_api):
+        yield module
 
 
 def _inputs(layout: str, page_size: int = 16, index_dtype: torch.dtype = torch.int32):  # noqa: ANN202

@@ -4,6 +4,8 @@ The reference keeps no deprecated aliases for these functions."""
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ import flashinfer
 from flashinfer import checks
 from flashinfer import rope as rope_api
 
+from ..compile import cpu_kernels
 from .signature import assert_signature
 
 ROPE = "(q, k, {ids}, rotary_dim=None, interleave=False, rope_scale=1, rope_theta=1e4)"
@@ -47,9 +50,11 @@ class NoOpModule:
 
 
 @pytest.fixture
-def cpu_run(monkeypatch: pytest.MonkeyPatch) -> None:
+def cpu_run(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(rope_api, "get_rope_module", lambda dtype: NoOpModule())
     monkeypatch.setattr(checks, "check_cuda", lambda name, tensor, like=None: None)
+    with cpu_kernels(rope_api):
+        yield
 
 
 def _qk(nnz: int = 6) -> tuple[torch.Tensor, torch.Tensor]:

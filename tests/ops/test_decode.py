@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Iterator
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from flashinfer.decode_schedule import (
 from flashinfer.jit.decode import DTYPES, HEAD_DIMS, gen_cascade_module, gen_decode_module
 from flashinfer.testing.reference import decode_attention as reference_decode
 from tests.conftest import run_python
+from tests.ops.test_prefill import cpu_kernels
 
 # -- the scheduler (pure host code) --------------------------------------------------------------
 
@@ -216,7 +218,7 @@ class CpuPlan:
 
 
 @pytest.fixture
-def cpu_plan(monkeypatch: pytest.MonkeyPatch) -> CpuPlan:
+def cpu_plan(monkeypatch: pytest.MonkeyPatch) -> Iterator[CpuPlan]:
     record = CpuPlan()
     monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: 64)
     monkeypatch.setattr(decode_api, "get_device_sm_count", lambda device: 2)
@@ -227,7 +229,8 @@ def cpu_plan(monkeypatch: pytest.MonkeyPatch) -> CpuPlan:
         lambda self, words, target: record.uploads.append(list(words)),
     )
     monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
-    return record
+    with cpu_kernels():
+        yield record
 
 
 def _i32(values: list[int]) -> torch.Tensor:

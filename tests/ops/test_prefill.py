@@ -5,12 +5,17 @@ stand-in module. Numerics are in tests/ops/test_prefill_gpu.py."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import Iterator
 
 import pytest
 import torch
+from torch.library import CustomOpDef
 
+from flashinfer import cascade as cascade_api
 from flashinfer import checks
+from flashinfer import decode as decode_api
 from flashinfer import prefill as prefill_api
 from flashinfer.jit.prefill import BATCH_PREFILL_ARGS, SINGLE_PREFILL_ARGS
 from flashinfer.prefill import (
@@ -20,11 +25,25 @@ from flashinfer.prefill import (
 )
 from flashinfer.prefill_schedule import pack_schedule, plan_length, plan_prefill_schedule
 from flashinfer.quantization import packbits, segment_packbits
+from tests.compile import cpu_kernels as compile_cpu_kernels
+from tests.compile import module_ops
 
 LOG2E = 1.4426950408889634
 MAX_CTAS = 64
 
 BATCH_ARGS, SINGLE_ARGS = BATCH_PREFILL_ARGS, SINGLE_PREFILL_ARGS
+
+
+def attention_ops() -> list[CustomOpDef]:
+    """The torch custom ops the attention modules (decode, prefill, cascade) register."""
+    return module_ops(decode_api, prefill_api, cascade_api)
+
+
+def cpu_kernels() -> contextlib.AbstractContextManager[None]:
+    """The attention ops' implementations registered for CPU tensors while the block runs
+    (the ops are CUDA-only): plan()/run() on CPU tensors under a recorder reach the stand-in
+    modules through the ops, as they reach the modules on a GPU."""
+    return compile_cpu_kernels(decode_api, prefill_api, cascade_api)
 
 
 class CpuPrefill:
@@ -51,7 +70,7 @@ class CpuPrefill:
 
 
 @pytest.fixture
-def cpu_prefill(monkeypatch: pytest.MonkeyPatch) -> CpuPrefill:
+def cpu_prefill(monkeypatch: pytest.MonkeyPatch) -> Iterator[CpuPrefill]:
     record = CpuPrefill()
     monkeypatch.setattr(prefill_api, "_max_ctas", lambda *a: MAX_CTAS)
     monkeypatch.setattr(prefill_api, "get_device_sm_count", lambda device: 2)
@@ -62,7 +81,8 @@ def cpu_prefill(monkeypatch: pytest.MonkeyPatch) -> CpuPrefill:
         lambda self, words, target: record.uploads.append(list(words)),
     )
     monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
-    return record
+    with cpu_kernels():
+        yield record
 
 
 def _bf16(*shape: int) -> torch.Tensor:
