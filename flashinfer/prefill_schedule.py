@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 DEFAULT_MIN_CHUNK = 256  # tokens: shorter chunks cost more in merging than they gain
-TILE_ROWS = 64  # packed query rows per CTA tile (the kernel's tile_rows())
+TILE_ROWS = 128  # packed query rows per CTA tile (the kernel's tile_rows())
 
 
 @dataclass(frozen=True)

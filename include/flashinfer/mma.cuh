@@ -32,15 +32,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t address)
                : "r"(address));
 }
 
-// c += a (16 x 16, row-major) * b (16 x 8, column-major), float32 accumulate.
+// c += a (16 x 16, row-major) * b (16 x 8, column-major), float32 accumulate. Not volatile:
+// a pure function of its registers, so the compiler may interleave it with other work.
 template <typename T>
 __device__ __forceinline__ void mma_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1);
 
 template <>
 __device__ __forceinline__ void mma_16816<__half>(float* c, const uint32_t* a, uint32_t b0,
                                                   uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -49,8 +49,7 @@ __device__ __forceinline__ void mma_16816<__half>(float* c, const uint32_t* a, u
 template <>
 __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float* c, const uint32_t* a, uint32_t b0,
                                                          uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

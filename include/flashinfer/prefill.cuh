@@ -12,15 +12,15 @@
 // running to the request's end. Split requests write float32 partial states (v, base-2 LSE)
 // to tmp row tmp_base + t * n + c, and cascade::MergeStatesKernel merges each token's n rows.
 //
-// Inside a CTA. Four warps each own 16 packed rows. Q (kTileRows x head_dim) is staged once;
-// K and V arrive in tiles of kTileKV tokens through a two-stage cp.async pipeline (tile i + 1
-// in flight while tile i is computed). Shared memory rows are swizzled (16-byte chunk c of
-// row r stored at chunk c ^ (r % 8)) so that ldmatrix reads are free of bank conflicts. S =
-// Q K^T and O += P V run on mma.sync m16n8k16 with float32 accumulators; the softmax is
-// online in log2 units (running row max m, running sum d, O rescaled by 2^(m_old - m_new)).
-// Only tiles that reach a mask boundary (causal diagonal, window edge, chunk end, custom
-// mask) evaluate the mask per element; KV tiles wholly outside the causal or window range
-// are never loaded.
+// Inside a CTA. Eight warps each own 16 packed rows (128 rows share each K/V tile: half the
+// L2 traffic per flop of a 64-row tile). Q (kTileRows x head_dim) is staged once; K and V
+// arrive in tiles of kTileKV tokens through a kStages-stage cp.async pipeline (tiles i + 1 ..
+// i + kStages - 1 in flight while tile i is computed). Shared memory rows are swizzled (16-byte
+// chunk c of row r stored at chunk c ^ (r % 8)) so that ldmatrix reads are free of bank conflicts.
+// S = Q K^T and O += P V run on mma.sync m16n8k16 with float32 accumulators; the softmax is online
+// in log2 units (running row max m, running sum d, O rescaled by 2^(m_old - m_new)). Only tiles
+// that reach a mask boundary (causal diagonal, window edge, chunk end, custom mask) evaluate the
+// mask per element; KV tiles wholly outside the causal or window range are never loaded.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -38,7 +38,7 @@
 namespace flashinfer {
 namespace prefill {
 
-constexpr int kWarps = 4;
+constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileRows = kWarps * 16;  // packed query rows per CTA
 
@@ -49,8 +49,9 @@ struct Tiling {
   static constexpr int kTileKV = kHeadDim <= 128 ? 64 : 16;  // tokens per K/V tile (registers)
   static constexpr int kQElems = kTileRows * kHeadDim;
   static constexpr int kKVElems = kTileKV * kHeadDim;
-  // Q, then two stages of K, then two stages of V (16-bit elements)
-  static constexpr size_t kSharedBytes = (kQElems + 4 * kKVElems) * 2;
+  static constexpr int kStages = 2;  // K/V tiles in flight: the one computed and kStages - 1 more
+  // Q, then kStages stages of K, then kStages of V (16-bit elements)
+  static constexpr size_t kSharedBytes = (kQElems + 2 * kStages * kKVElems) * 2;
 };
 
 template <typename T>
@@ -108,6 +109,9 @@ __device__ __forceinline__ bool work_item(const WorkList& w, int64_t i, Item* it
              max(w.plan[1], 1)};
     return true;
   }
+  // The grid is exactly the items; the last query tiles go first (under a causal mask they see
+  // the most keys), as the batch plan orders its items longest first.
+  i = gridDim.x - 1 - i;
   const int64_t chunks = w.single_chunks;
   *item = {0, i / chunks, i % chunks, chunks, chunks > 1 ? 0 : -1, w.chunk_tokens};
   return true;
@@ -119,6 +123,14 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
   return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
 }
 
+// 2^x on the special-function unit (inputs in log2 units; -inf gives 0, denormal results
+// flush to 0, which no softmax weight or rescale factor here can tell apart).
+__device__ __forceinline__ float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <typename T, int kHeadDim>
 __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, WorkList w) {
   using Tl = Tiling<kHeadDim>;
@@ -127,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
   extern __shared__ __align__(16) uint8_t shared_bytes[];
   T* const sq = reinterpret_cast<T*>(shared_bytes);
   T* const sk = sq + Tl::kQElems;
-  T* const sv = sk + 2 * Tl::kKVElems;
+  T* const sv = sk + Tl::kStages * Tl::kKVElems;
 
   pdl_wait();
   Item item;
@@ -176,7 +188,7 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
   auto load_kv = [&](int stage, int64_t kv0) {
     T* const k_tile = sk + stage * Tl::kKVElems;
     T* const v_tile = sv + stage * Tl::kKVElems;
-#pragma unroll 1
+#pragma unroll
     for (int c = tid; c < kTileKV * kChunks; c += kThreads) {
       const int token = c / kChunks, col = c % kChunks;
       const int64_t j = kv0 + token;
@@ -194,8 +206,13 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
       cp_async_16(v_tile + swizzle<kHeadDim>(token, col), p.v.data + (valid ? v_at : 0), valid);
     }
   };
-  if (num_tiles > 0) load_kv(0, lo);
-  cp_async_commit();
+  // Prologue: the first kStages - 1 tiles, one commit group each (empty past the last tile),
+  // so that group i always holds tile i.
+#pragma unroll
+  for (int i = 0; i < Tl::kStages - 1; ++i) {
+    if (i < num_tiles) load_kv(i, lo + i * kTileKV);
+    cp_async_commit();
+  }
 
   // This thread's two rows of its warp's 16: tile rows r[h] = warp * 16 + lane / 4 + 8h.
   int64_t token[2];
@@ -222,16 +239,14 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
 
   for (int64_t it = 0; it < num_tiles; ++it) {
     const int64_t kv0 = lo + it * kTileKV;
-    if (it + 1 < num_tiles) {
-      load_kv((it + 1) & 1, kv0 + kTileKV);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    const int64_t ahead = it + Tl::kStages - 1;
+    if (ahead < num_tiles) load_kv(static_cast<int>(ahead % Tl::kStages), lo + ahead * kTileKV);
+    cp_async_commit();
+    cp_async_wait<Tl::kStages - 1>();  // tile it has landed
     __syncthreads();
-    const uint32_t k_tile = k_base + (it & 1) * Tl::kKVElems * 2;
-    const uint32_t v_tile = v_base + (it & 1) * Tl::kKVElems * 2;
+    const int stage = static_cast<int>(it % Tl::kStages);
+    const uint32_t k_tile = k_base + stage * Tl::kKVElems * 2;
+    const uint32_t v_tile = v_base + stage * Tl::kKVElems * 2;
     float s[kScoreTiles][4];
 #pragma unroll
     for (int i = 0; i < kScoreTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
@@ -278,38 +293,51 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
         }
       }
     }
+    // Scores to log2 units. Without a soft cap the scale is folded into the exponent below
+    // (scale > 0, so the row max of raw scores is the max of scaled ones): one FFMA per score.
+    float unit = p.scale;
+    if (p.cap > 0.f) {
+      unit = 1.f;
 #pragma unroll
-    for (int i = 0; i < kScoreTiles; ++i) {
+      for (int i = 0; i < kScoreTiles; ++i) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        if (s[i][e] == -INFINITY) continue;
-        float x = s[i][e] * p.scale;
-        if (p.cap > 0.f) x = p.cap * tanhf(x);
-        s[i][e] = x;
+        for (int e = 0; e < 4; ++e) {
+          if (s[i][e] != -INFINITY) s[i][e] = p.cap * tanhf(s[i][e] * p.scale);
+        }
       }
     }
 
-    // Online softmax, per row; a row's four lanes (lane % 4) share its max.
+    // Online softmax, per row; a row's four lanes (lane % 4) share its max. Reductions over
+    // a lane's columns run as trees, not as serial chains of dependent instructions.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float row_max = m[h];
+      float part[kScoreTiles];
 #pragma unroll
-      for (int i = 0; i < kScoreTiles; ++i) {
-        row_max = fmaxf(row_max, fmaxf(s[i][2 * h], s[i][2 * h + 1]));
+      for (int i = 0; i < kScoreTiles; ++i) part[i] = fmaxf(s[i][2 * h], s[i][2 * h + 1]);
+#pragma unroll
+      for (int width = kScoreTiles / 2; width > 0; width /= 2) {
+#pragma unroll
+        for (int i = 0; i < width; ++i) part[i] = fmaxf(part[i], part[i + width]);
       }
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
-      row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+      float tile_max = part[0];
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float row_max = fmaxf(m[h], tile_max * unit);
       const float base = row_max == -INFINITY ? 0.f : row_max;  // nothing visible yet
-      const float rescale = exp2f(m[h] - base);
+      const float rescale = exp2_approx(m[h] - base);
       m[h] = row_max;
-      float sum = 0.f;
 #pragma unroll
       for (int i = 0; i < kScoreTiles; ++i) {
-        s[i][2 * h] = exp2f(s[i][2 * h] - base);
-        s[i][2 * h + 1] = exp2f(s[i][2 * h + 1] - base);
-        sum += s[i][2 * h] + s[i][2 * h + 1];
+        s[i][2 * h] = exp2_approx(fmaf(s[i][2 * h], unit, -base));
+        s[i][2 * h + 1] = exp2_approx(fmaf(s[i][2 * h + 1], unit, -base));
+        part[i] = s[i][2 * h] + s[i][2 * h + 1];
       }
-      d[h] = d[h] * rescale + sum;  // this lane's columns; the row's lanes add up at the end
+#pragma unroll
+      for (int width = kScoreTiles / 2; width > 0; width /= 2) {
+#pragma unroll
+        for (int i = 0; i < width; ++i) part[i] += part[i + width];
+      }
+      d[h] = d[h] * rescale + part[0];  // this lane's columns; the row's lanes add up at the end
 #pragma unroll
       for (int i = 0; i < kDimTiles; ++i) {
         o[i][2 * h] *= rescale;
@@ -335,7 +363,7 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
         mma::mma_16816<T>(o[2 * n2 + 1], a, b[2], b[3]);
       }
     }
-    __syncthreads();  // the stage just read is the next iteration's load target
+    __syncthreads();  // the stage just read is a later iteration's load target
   }
   cp_async_wait<0>();
   pdl_launch_dependents();

@@ -24,6 +24,7 @@ from flashinfer.decode_schedule import (
 from flashinfer.jit.decode import DTYPES, HEAD_DIMS, gen_cascade_module, gen_decode_module
 from flashinfer.testing.reference import decode_attention as reference_decode
 from tests.conftest import run_python
+from tests.ops.test_norm import build_with_ptxas_report
 from tests.ops.test_prefill import cpu_kernels
 
 # -- the scheduler (pure host code) --------------------------------------------------------------
@@ -494,6 +495,25 @@ def test_every_cascade_specialization_compiles(dtype: str) -> None:
     assert gen_cascade_module(dtype).build_and_load().dtype() == dtype
 
 
+# the representative specialization always; the others with --compile-matrix
+SPILL_CASES = [
+    pytest.param(d, h, marks=[] if (d, h) == ("bfloat16", 128) else [pytest.mark.compile_matrix])
+    for d in DTYPES
+    for h in HEAD_DIMS
+]
+
+
+@pytest.mark.parametrize("dtype,head_dim", SPILL_CASES)
+def test_decode_kernels_do_not_spill(
+    dtype: str, head_dim: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every decode kernel variant (one or two heads a thread, 128- and 64-register blocks)
+    and the chunk merge keep their state in registers: a spill would put local-memory
+    traffic into a kernel whose speed is its HBM stream."""
+    module = build_with_ptxas_report(gen_decode_module(dtype, head_dim), monkeypatch)
+    assert module.head_dim() == head_dim
+
+
 # -- GPU: numerics ------------------------------------------------------------------------------
 
 
@@ -542,8 +562,8 @@ def test_single_decode_matches_the_reference(
             return_lse=True,
         )
         assert out.dtype == dtype and out.shape == q.shape
-        torch.testing.assert_close(out.float(), want, **_tolerance(dtype))
-        torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(out.double(), want, **_tolerance(dtype))
+        torch.testing.assert_close(lse.double(), want_lse, atol=1e-3, rtol=1e-3)
 
 
 def _paged_batch(
@@ -649,8 +669,8 @@ def test_batch_decode_matches_the_reference(
                 assert (got[b] == 0).all() and (lse[b] == float("-inf")).all()
                 continue
             want, want_lse = reference_decode(q[b], ks[b], vs[b], scale, cap, window)
-            torch.testing.assert_close(got[b].float(), want, **_tolerance(dtype))
-            torch.testing.assert_close(lse[b], want_lse, atol=1e-3, rtol=1e-3)
+            torch.testing.assert_close(got[b].double(), want, **_tolerance(dtype))
+            torch.testing.assert_close(lse[b].double(), want_lse, atol=1e-3, rtol=1e-3)
 
 
 @pytest.mark.gpu
@@ -725,7 +745,7 @@ def test_cuda_graph_capture_and_replay_with_new_data_and_plans() -> None:
         out.fill_(float("nan"))
         graph.replay()
         torch.testing.assert_close(
-            out.float(),
+            out.double(),
             _expected_batch(q, k_cache, v_cache, *table, new_lens),
             atol=5e-3,
             rtol=5e-3,
@@ -835,7 +855,7 @@ def test_cuda_graph_replay_after_writing_the_buffers_directly() -> None:
         out.fill_(float("nan"))
         graph.replay()
         torch.testing.assert_close(
-            out.float(), _expected_batch(q, k_cache, v_cache, *table, lens), atol=2e-2, rtol=2e-2
+            out.double(), _expected_batch(q, k_cache, v_cache, *table, lens), atol=2e-2, rtol=2e-2
         )
 
 
@@ -856,7 +876,7 @@ def test_two_wrappers_sharing_a_float_workspace_keep_their_own_schedules() -> No
     q_a = torch.randn(4, heads, dim, dtype=dtype, device="cuda")
     out = a.run(q_a, (k_cache, v_cache))
     torch.testing.assert_close(
-        out.float(),
+        out.double(),
         _expected_batch(q_a, k_cache, v_cache, table_a[0], table_a[1], lens_a),
         atol=5e-3,
         rtol=5e-3,
@@ -885,7 +905,7 @@ def test_scales_lse_and_pdl() -> None:
         q, (k_cache, v_cache), q_scale=0.5, k_scale=2.5, v_scale=0.25, return_lse=True
     )
     want = _expected_batch(q, k_cache, v_cache, indptr, ids, lens, sm_scale=0.05 * 0.5 * 2.5)
-    torch.testing.assert_close(out.float(), want * 0.25, atol=1e-2, rtol=2e-2)
+    torch.testing.assert_close(out.double(), want * 0.25, atol=1e-2, rtol=2e-2)
     for b, n in enumerate(lens):
         pages = ids[indptr[b] : indptr[b + 1]].long().cuda()
         k = k_cache[pages].reshape(-1, kv_heads, dim)[:n].float()
@@ -909,7 +929,7 @@ def test_scales_lse_and_pdl() -> None:
         single_q, k0, v0, q_scale=2.0, k_scale=0.5, v_scale=3.0, sm_scale=0.1
     )
     torch.testing.assert_close(
-        got.float(), reference_decode(single_q, k0, v0, 0.1)[0] * 3.0, atol=6e-2, rtol=2e-2
+        got.double(), reference_decode(single_q, k0, v0, 0.1)[0] * 3.0, atol=6e-2, rtol=2e-2
     )
 
 
@@ -931,8 +951,61 @@ def test_out_of_range_page_ids_are_skipped_not_scored() -> None:
     k = k_cache[kept].reshape(-1, heads, dim)
     v = v_cache[kept].reshape(-1, heads, dim)
     torch.testing.assert_close(
-        out[0].float(), reference_decode(q[0], k, v, dim**-0.5)[0], atol=5e-3, rtol=5e-3
+        out[0].double(), reference_decode(q[0], k, v, dim**-0.5)[0], atol=5e-3, rtol=5e-3
     )
+
+
+SPLIT_CASES = [  # (qo_heads, kv_heads, head_dim, dtype): even groups fold two heads a thread
+    (2, 1, 64, torch.float16),
+    (6, 2, 128, torch.bfloat16),
+    (24, 2, 128, torch.float16),
+    (3, 1, 256, torch.bfloat16),
+    (32, 8, 128, torch.bfloat16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qo_heads,kv_heads,head_dim,dtype", SPLIT_CASES)
+def test_split_chunks_with_unscored_pages_merge_to_the_reference(
+    qo_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> None:
+    """Chunks of 4 pages of 7 tokens (28: neither a whole KV tile nor page-aligned tiles).
+    Request 0's pages 4-7 have ids outside the cache, so its chunk 1 scores nothing (an
+    empty state the merge must weigh 0) and chunk 2 loses one page of four; the other
+    requests are one token and a few chunks. With and without a soft cap."""
+    page_size, lens = 7, [500, 1, 90]
+    ks, vs, k_cache, v_cache, indptr, indices, last = _paged_batch(
+        lens, page_size, kv_heads, head_dim, dtype, "NHD", seed=head_dim + qo_heads
+    )
+    num_pages = k_cache.shape[0]
+    dropped = [4, 5, 6, 7, 9]  # request 0's page positions (its pages start at 0)
+    indices[dropped] = torch.tensor(
+        [num_pages, -1, num_pages + 7, 1 << 30, -(1 << 30)], dtype=torch.int32, device="cuda"
+    )
+    kept = torch.tensor([t // page_size not in dropped for t in range(lens[0])], device="cuda")
+    q = torch.randn(len(lens), qo_heads, head_dim, dtype=dtype, device="cuda")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    )
+    for cap in (None, 30.0):
+        wrapper.plan(
+            indptr,
+            indices,
+            last,
+            qo_heads,
+            kv_heads,
+            head_dim,
+            page_size,
+            q_data_type=dtype,
+            logits_soft_cap=cap,
+            fixed_split_size=4,
+        )
+        out, lse = wrapper.run(q, (k_cache, v_cache), return_lse=True)
+        for b in range(len(lens)):
+            k, v = (ks[0][kept], vs[0][kept]) if b == 0 else (ks[b], vs[b])
+            want, want_lse = reference_decode(q[b], k, v, head_dim**-0.5, cap)
+            torch.testing.assert_close(out[b].double(), want, **_tolerance(dtype))
+            torch.testing.assert_close(lse[b].double(), want_lse, atol=1e-3, rtol=1e-3)
 
 
 @pytest.mark.gpu
@@ -945,8 +1018,8 @@ def test_odd_and_large_gqa_groups_launch(group: int, head_dim: int) -> None:
     v = torch.randn_like(k)
     want, want_lse = reference_decode(q, k, v, head_dim**-0.5)
     out, lse = flashinfer.single_decode_with_kv_cache(q, k, v, return_lse=True)
-    torch.testing.assert_close(out.float(), want, atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(lse, want_lse, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(out.double(), want, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(lse.double(), want_lse, atol=1e-3, rtol=1e-3)
 
 
 @pytest.mark.gpu

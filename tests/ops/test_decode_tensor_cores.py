@@ -16,7 +16,7 @@ import flashinfer
 from flashinfer import decode as decode_api
 from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper, fast_decode_plan
 from flashinfer.decode_schedule import kv_lengths
-from flashinfer.prefill_schedule import pack_schedule, plan_length, plan_prefill_schedule
+from flashinfer.prefill_schedule import TILE_ROWS, pack_schedule, plan_length, plan_prefill_schedule
 from flashinfer.testing import reference
 from tests.ops.test_prefill import BATCH_ARGS, MAX_CTAS, CpuPrefill, _bf16, _i32, cpu_prefill  # noqa: F401 - cpu_prefill is a fixture used by cpu_tc
 
@@ -142,13 +142,14 @@ def test_plan_uploads_a_prefill_schedule_of_one_token_per_request(cpu_tc: CpuPre
 
 
 def test_groups_past_the_cuda_core_limit_plan_with_tensor_cores(cpu_tc: CpuPrefill) -> None:
-    """A GQA group of 128 heads fills two 64-row tiles per token; the CUDA-core kernel
-    (a thread block per group) refuses it."""
-    with pytest.raises(ValueError, match="GQA group size 128 is too large"):
-        decode_api._check_heads(128, 1, 128)
+    """A GQA group of two tiles' rows fills two tiles per token; the CUDA-core kernel (a
+    thread block per group) refuses it."""
+    group = 2 * TILE_ROWS
+    with pytest.raises(ValueError, match=f"GQA group size {group} is too large"):
+        decode_api._check_heads(group, 1, 128)
     w = _wrapper()
-    w.plan(*TABLE, 128, 1, 128, 16, q_data_type=torch.bfloat16)
-    assert cpu_tc.uploads[-1] == _expected_words([21, 16], group=128, heads=1)
+    w.plan(*TABLE, group, 1, 128, 16, q_data_type=torch.bfloat16)
+    assert cpu_tc.uploads[-1] == _expected_words([21, 16], group=group, heads=1)
     assert w._plan_info.schedule.work_q_tile == (0, 1, 0, 1)
 
 

@@ -23,7 +23,7 @@ from flashinfer.prefill import (
     BatchPrefillWithRaggedKVCacheWrapper,
     single_prefill_with_kv_cache,
 )
-from flashinfer.prefill_schedule import pack_schedule, plan_length, plan_prefill_schedule
+from flashinfer.prefill_schedule import TILE_ROWS, pack_schedule, plan_length, plan_prefill_schedule
 from flashinfer.quantization import packbits, segment_packbits
 from tests.compile import cpu_kernels as compile_cpu_kernels
 from tests.compile import module_ops
@@ -247,15 +247,19 @@ def test_single_prefill_splits_long_kv_of_short_queries(cpu_prefill: CpuPrefill)
     q, k = _bf16(2, 8, 128), _bf16(1000, 2, 128)
     single_prefill_with_kv_cache(q, k, k)
     launch = cpu_prefill.launches[-1]
-    # 1 q tile x 2 kv heads = 2 CTAs of 64: 1000 keys split into 4 chunks of 250
+    # 1 q tile x 2 kv heads = 2 CTAs: 1000 keys split into 4 chunks of 250
     assert (launch["chunk_tokens"], launch["num_chunks"]) == (250, 4)
     assert launch["tmp_v"].numel() == 2 * 4 * 8 * 128 and launch["tmp_lse"].numel() == 2 * 4 * 8
-    single_prefill_with_kv_cache(_bf16(150, 8, 128), k, k)  # 10 tiles x 2 heads: 3 chunks
+
+    def tokens_for(tiles: int) -> int:  # query tokens (group 4) that fill exactly `tiles` tiles
+        return tiles * TILE_ROWS // 4 - 10
+
+    single_prefill_with_kv_cache(_bf16(tokens_for(10), 8, 128), k, k)  # 20 CTAs: 3 chunks
     assert (cpu_prefill.launches[-1]["chunk_tokens"], cpu_prefill.launches[-1]["num_chunks"]) == (
         334,
         3,
     )
-    single_prefill_with_kv_cache(_bf16(300, 8, 128), k, k)  # 19 tiles x 2 heads: no room
+    single_prefill_with_kv_cache(_bf16(tokens_for(19), 8, 128), k, k)  # 38 CTAs: no room
     assert (cpu_prefill.launches[-1]["chunk_tokens"], cpu_prefill.launches[-1]["num_chunks"]) == (
         1000,
         1,
@@ -281,7 +285,7 @@ def test_single_chunks_cover_the_kv_and_fill_at_most_the_gpu(
     qo_len, kv_len, group, heads, max_ctas
 ) -> None:
     chunk, chunks = prefill_api._single_chunks(qo_len, kv_len, group, heads, max_ctas)
-    ctas = math.ceil(qo_len * group / 64) * heads
+    ctas = math.ceil(qo_len * group / TILE_ROWS) * heads
     assert (chunks - 1) * chunk < kv_len <= chunks * chunk  # every chunk is nonempty
     if chunks > 1:  # no more chunks than 256-token ones, and the CTAs fit the GPU
         assert chunks <= math.ceil(kv_len / 256) and ctas * chunks <= max_ctas
@@ -1152,7 +1156,7 @@ def test_prefill_binding_checks_too() -> None:
     """The representative specialization (bf16, head_dim 128) compiles for this machine's
     target; its binding refuses bad arguments with Python exceptions before any launch."""
     module = prefill_api.get_prefill_module(torch.bfloat16, 128)
-    assert (module.dtype(), module.head_dim(), module.tile_rows()) == ("bfloat16", 128, 64)
+    assert (module.dtype(), module.head_dim(), module.tile_rows()) == ("bfloat16", 128, TILE_ROWS)
     q, k, out = _bf16_cpu(8, 4, 128), _bf16_cpu(10, 2, 128), _bf16_cpu(8, 4, 128)
     tmp = torch.empty(1)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from typing import Any
 
 import pytest
 import torch
@@ -195,27 +196,32 @@ def test_scheduler_matches_the_model(seed: int) -> None:
     assert unpack(words, work_capacity, merge_capacity) == schedule
 
 
+def _plan64(*args: Any, **kwargs: Any) -> PrefillSchedule:
+    """The scheduler with 64-row tiles: the worked examples below count tiles of 64."""
+    return plan_prefill_schedule(*args, tile_rows=64, **kwargs)
+
+
 def test_one_long_request_spreads_over_the_gpu() -> None:
-    schedule = plan_prefill_schedule([0, 64], [32768], 1, 8, 924)
+    schedule = _plan64([0, 64], [32768], 1, 8, 924)
     assert 924 // 2 < schedule.num_work * 8 <= 924
     assert schedule.num_merge == 64 and schedule.merge_row == tuple(range(64))
     assert schedule.num_tmp_rows == 64 * schedule.num_work
     check_schedule(schedule, [0, 64], [32768], 1, 64, False)
-    full = plan_prefill_schedule([0, *range(4096, 4096 * 65, 4096)], [4096] * 64, 1, 8, 924)
+    full = _plan64([0, *range(4096, 4096 * 65, 4096)], [4096] * 64, 1, 8, 924)
     assert full.chunk_size is None and full.num_work == 64 * 64  # the tiles alone fill it
     assert set(full.work_tmp_base) == {-1} and full.num_merge == 0 and full.merge_indptr == (0,)
     # Room for one more CTA, but splitting either request needs two: no split.
-    tight = plan_prefill_schedule([0, 64, 128], [300, 300], 1, 1, 3, min_chunk=16)
+    tight = _plan64([0, 64, 128], [300, 300], 1, 1, 3, min_chunk=16)
     assert tight.chunk_size is None and tight.num_work == 2
 
 
 def test_causal_order_puts_the_long_tiles_first() -> None:
-    plain = plan_prefill_schedule([0, 256], [256], 1, 1, 4)
+    plain = _plan64([0, 256], [256], 1, 1, 4)
     assert plain.work_q_tile == (0, 1, 2, 3)  # equal costs: in tile order
-    causal = plan_prefill_schedule([0, 256], [256], 1, 1, 4, causal=True)
+    causal = _plan64([0, 256], [256], 1, 1, 4, causal=True)
     assert causal.work_q_tile == (3, 2, 1, 0)  # tile 3 sees all 256 keys, tile 0 only 64
     # Split causally, a tile's chunks past its last token cost nothing and go last.
-    split = plan_prefill_schedule([0, 256], [256], 1, 1, 8, causal=True, fixed_chunk=100)
+    split = _plan64([0, 256], [256], 1, 1, 8, causal=True, fixed_chunk=100)
     assert list(zip(split.work_q_tile, split.work_chunk)) == [
         (1, 0),
         (2, 0),
@@ -235,24 +241,24 @@ def test_causal_order_puts_the_long_tiles_first() -> None:
 
 def test_fixed_chunk_and_disabled_split() -> None:
     qo_indptr, kv_lens = [0, 5, 105], [1000, 10]
-    fixed = plan_prefill_schedule(qo_indptr, kv_lens, 1, 1, 8, fixed_chunk=100)
+    fixed = _plan64(qo_indptr, kv_lens, 1, 1, 8, fixed_chunk=100)
     assert fixed.chunk_size == 100 and fixed.num_work == 10 + 2
     check_schedule(fixed, qo_indptr, kv_lens, 1, 64, False)
     assert fixed.merge_row == (0, 1, 2, 3, 4) and fixed.num_tmp_rows == 50
     # A fixed chunk applies even when the unsplit tiles already fill the GPU.
-    assert plan_prefill_schedule(qo_indptr, kv_lens, 1, 1, 1, fixed_chunk=100).chunk_size == 100
-    assert plan_prefill_schedule(qo_indptr, kv_lens, 1, 1, 8, fixed_chunk=1000).chunk_size is None
-    never = plan_prefill_schedule([0, 64], [100000], 1, 1, 1000, allow_split=False)
+    assert _plan64(qo_indptr, kv_lens, 1, 1, 1, fixed_chunk=100).chunk_size == 100
+    assert _plan64(qo_indptr, kv_lens, 1, 1, 8, fixed_chunk=1000).chunk_size is None
+    never = _plan64([0, 64], [100000], 1, 1, 1000, allow_split=False)
     assert never.chunk_size is None and never.num_work == 1 and never.work_tmp_base == (-1,)
-    assert plan_prefill_schedule([0, 64], [100000], 1, 1, 1000).chunk_size is not None
+    assert _plan64([0, 64], [100000], 1, 1, 1000).chunk_size is not None
 
 
 def test_empty_queries_and_empty_kv() -> None:
     # A request without queries gets no items, and its long KV does not cause a split.
-    idle = plan_prefill_schedule([0, 0, 4], [100000, 10], 1, 1, 1000)
+    idle = _plan64([0, 0, 4], [100000, 10], 1, 1, 1000)
     assert idle.chunk_size is None and idle.work_request == (1,)
     # A request without keys still gets one unsplit item per q tile (it writes 0 / -inf).
-    mixed = plan_prefill_schedule([0, 100, 101], [0, 1000], 2, 1, 64, fixed_chunk=100)
+    mixed = _plan64([0, 100, 101], [0, 1000], 2, 1, 64, fixed_chunk=100)
     assert [
         (t, c, n, b)
         for r, t, c, n, b in zip(
@@ -266,14 +272,14 @@ def test_empty_queries_and_empty_kv() -> None:
     ] == [(t, 0, 1, -1) for t in range(4)]
     check_schedule(mixed, [0, 100, 101], [0, 1000], 2, 64, False)
     assert mixed.merge_row == (100,) and mixed.merge_indptr == (0, 10)
-    empty = plan_prefill_schedule([0], [], 1, 1, 8)
+    empty = _plan64([0], [], 1, 1, 8)
     assert empty.num_work == 0 and empty.num_tmp_rows == 0
     assert pack_schedule(empty, 0, 0) == [0, 1, 0, 0]
 
 
 def test_packed_layout_and_capacity() -> None:
     assert prefill_schedule.kv_lengths is decode_schedule.kv_lengths  # reused, not copied
-    schedule = plan_prefill_schedule([0, 2, 3], [600, 200], 1, 1, 8, fixed_chunk=256)
+    schedule = _plan64([0, 2, 3], [600, 200], 1, 1, 8, fixed_chunk=256)
     assert schedule.chunk_size == 256
     words = pack_schedule(schedule, 5, 3)
     assert len(words) == plan_length(5, 3) == 4 + 25 + 6
