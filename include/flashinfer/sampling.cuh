@@ -15,7 +15,12 @@
 //    to [2^39, 2^40), target ceil(top_p * total)), so the histograms use integer atomics,
 //    the result does not depend on the order threads add in, and it is the same for a row
 //    and the row times any power of two. Ties with the pivot are kept. Top-p keeps token j
-//    iff the mass of tokens strictly more likely than j is < top_p of the row's mass.
+//    iff the mass of tokens strictly more likely than j is < top_p of the row's mass; its
+//    total is the first histogram's sum, so it costs no pass of its own.
+//    A row's elements crowd into a few bins (probabilities share a handful of exponents), so
+//    the lanes of a warp that hit one bin sum their weights first and one lane adds the sum,
+//    with native 32-bit shared atomics on the bin's two 32-bit words: a 64-bit shared atomic
+//    add compiles to a compare-and-swap retry loop, which the crowding serializes.
 //
 // 2. Exponential race. Drawing j with probability p_j / sum(p) over a kept set S equals
 //    taking argmax_{j in S} p_j / E_j with E_j ~ Exp(1) i.i.d. (for logits: argmax of
@@ -82,12 +87,17 @@ __device__ __forceinline__ void for_lanes(int valid, F&& f) {
   }
 }
 
-// Calls f(g, x, valid) for every group of the row this thread owns.
+// Calls f(g, x, valid) for every group of the row this thread owns. The lanes of a warp run
+// the same iterations (a lane past the end of the row gets valid = 0), so f may use warp-wide
+// intrinsics.
 template <bool kAligned, typename T, typename F>
 __device__ __forceinline__ void for_each_group(const T* row, int64_t n, F&& f) {
-  for (int64_t g = threadIdx.x; g * kVec < n; g += blockDim.x) {
-    float x[kVec];
-    const int valid = load_group<kAligned>(row, n, g, x);
+  const int64_t groups = (n + kVec - 1) / kVec;
+  const int lane = threadIdx.x & 31;
+  for (int64_t warp_first = threadIdx.x - lane; warp_first < groups; warp_first += blockDim.x) {
+    const int64_t g = warp_first + lane;
+    float x[kVec] = {};
+    const int valid = g < groups ? load_group<kAligned>(row, n, g, x) : 0;
     f(g, x, valid);
   }
 }
@@ -169,54 +179,105 @@ struct RandomSource {
   }
 };
 
+// A 256-bin histogram of 64-bit weights, each bin two 32-bit words (see the header comment).
 struct SelectShared {
-  unsigned long long hist[256];
+  uint32_t low[256], high[256];
   unsigned long long above;
   uint32_t bin;
   bool found;
+
+  __device__ __forceinline__ unsigned long long weight(int b) const {
+    return (static_cast<unsigned long long>(high[b]) << 32) | low[b];
+  }
+  // Exact modulo 2^64 whatever the order of the adds: each add's carry out of `low` goes to
+  // `high`.
+  __device__ __forceinline__ void add(uint32_t b, unsigned long long w) {
+    const uint32_t w_low = static_cast<uint32_t>(w);
+    const uint32_t carry = atomicAdd(&low[b], w_low) > 0xFFFFFFFFu - w_low ? 1u : 0u;
+    const uint32_t w_high = static_cast<uint32_t>(w >> 32) + carry;
+    if (w_high != 0) atomicAdd(&high[b], w_high);
+  }
 };
 
+// Adds weight w of each lane with `active` to its bin, one atomic per distinct bin of the warp.
+// Every lane of the warp calls it. Weights are 1 (kUnit) or below 2^40 (fixed-point mass).
+template <bool kUnit>
+__device__ __forceinline__ void histogram_add(SelectShared& sh, bool active, uint32_t bin,
+                                              unsigned long long w) {
+  const unsigned members = __ballot_sync(0xffffffffu, active);
+  if (!active) return;
+  const unsigned lane = threadIdx.x & 31;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  (void)members;
+  const unsigned peers = 1u << lane;  // no warp reduction before sm_80: every lane adds its own
+  const unsigned long long sum = w;
+#else
+  const unsigned peers = __match_any_sync(members, bin);
+  unsigned long long sum;
+  if (kUnit) {
+    sum = __popc(peers);
+  } else {  // 20-bit halves: 32 of either sum to under 2^25
+    const uint32_t low = __reduce_add_sync(peers, static_cast<uint32_t>(w) & 0xFFFFFu);
+    const uint32_t high = __reduce_add_sync(peers, static_cast<uint32_t>(w >> 20));
+    sum = (static_cast<unsigned long long>(high) << 20) + low;
+  }
+#endif
+  if (lane != static_cast<unsigned>(__ffs(peers) - 1)) return;
+  if (kUnit) {
+    atomicAdd(&sh.low[bin], static_cast<uint32_t>(sum));  // a count never carries: n < 2^31
+  } else {
+    sh.add(bin, sum);
+  }
+}
+
 // Radix select (see the header comment). weigh(x, &key) returns element x's weight and sets
-// its key. Returns the key of the first element, in descending key order, at which the
-// cumulative weight reaches target (>= 1); 0 (keep everything) if the row's total weight is
-// below target.
-template <bool kAligned, typename T, typename Weigh>
-__device__ uint32_t radix_select(const T* row, int64_t n, unsigned long long target, Weigh weigh,
+// its key; Weigh::kUnit says every weight is 1. target_of(total) maps the row's total weight
+// to the target (>= 1). Returns the key of the first element, in descending key order, at
+// which the cumulative weight reaches the target; 0 (keep everything) if the total is below
+// it.
+template <bool kAligned, typename T, typename Weigh, typename Target>
+__device__ uint32_t radix_select(const T* row, int64_t n, Target target_of, Weigh weigh,
                                  SelectShared& sh) {
   uint32_t prefix = 0, mask = 0;
-  unsigned long long above = 0;  // weight of the elements above the current key range
+  unsigned long long above = 0;   // weight of the elements above the current key range
+  unsigned long long target = 0;  // set in the scan warp by the first level
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) sh.hist[b] = 0;
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) sh.low[b] = sh.high[b] = 0;
     __syncthreads();
-    for_each_element<kAligned>(row, n, [&](int64_t, float x) {
-      uint32_t key;
-      const unsigned long long w = weigh(x, &key);
-      if (w != 0 && (key & mask) == prefix) atomicAdd(&sh.hist[(key >> shift) & 255u], w);
+    for_each_group<kAligned>(row, n, [&](int64_t, const float (&x)[kVec], int valid) {
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        uint32_t key;
+        const unsigned long long w = weigh(x[j], &key);
+        histogram_add<Weigh::kUnit>(sh, j < valid && w != 0 && (key & mask) == prefix,
+                                    (key >> shift) & 255u, w);
+      }
     });
     __syncthreads();
     if (threadIdx.x < 32) {
       // lane l covers bins 255 - 8l down to 248 - 8l: lanes in order scan the bins from the top
       const int lane = threadIdx.x;
       unsigned long long sum = 0;
-      for (int b = 0; b < 8; ++b) sum += sh.hist[255 - 8 * lane - b];
+      for (int b = 0; b < 8; ++b) sum += sh.weight(255 - 8 * lane - b);
       unsigned long long inclusive = sum;
 #pragma unroll
       for (int offset = 1; offset < 32; offset <<= 1) {
         const unsigned long long up = __shfl_up_sync(0xffffffffu, inclusive, offset);
         if (lane >= offset) inclusive += up;
       }
+      if (shift == 24) target = target_of(__shfl_sync(0xffffffffu, inclusive, 31));
       const unsigned crossing = __ballot_sync(0xffffffffu, above + inclusive >= target);
       if (lane == 0) sh.found = crossing != 0;
       if (crossing != 0 && lane == __ffs(crossing) - 1) {
         unsigned long long running = above + inclusive - sum;
         for (int b = 0; b < 8; ++b) {
           const int bin = 255 - 8 * lane - b;
-          if (running + sh.hist[bin] >= target) {
+          if (running + sh.weight(bin) >= target) {
             sh.bin = bin;
             sh.above = running;
             break;
           }
-          running += sh.hist[bin];
+          running += sh.weight(bin);
         }
       }
     }
@@ -257,18 +318,38 @@ struct RowSource {
   }
 };
 
-// Weights for radix_select: top-k counts elements, top-p adds up their fixed-point mass.
+// Weights for radix_select: top-k counts elements, top-p adds up their fixed-point mass over
+// the keys >= floor_key (the top-k set when top-k applies first: the elements below it come
+// after the pivot in descending order, so dropping them only drops them from the total).
 struct CountWeight {
+  static constexpr bool kUnit = true;
   __device__ __forceinline__ unsigned long long operator()(float x, uint32_t* key) const {
     *key = ordered_key(x);
     return 1;
   }
 };
 struct MassWeight {
+  static constexpr bool kUnit = false;
   float scale;
+  uint32_t floor_key;
   __device__ __forceinline__ unsigned long long operator()(float x, uint32_t* key) const {
     *key = ordered_key(x);
-    return fixed_point_mass(x, scale);
+    return *key >= floor_key ? fixed_point_mass(x, scale) : 0ull;
+  }
+};
+
+// Targets for radix_select: k elements; top_p of the total mass, rounded up (at least 1).
+struct CountTarget {
+  int64_t k;
+  __device__ __forceinline__ unsigned long long operator()(unsigned long long) const {
+    return static_cast<unsigned long long>(k);
+  }
+};
+struct MassTarget {
+  float top_p;
+  __device__ __forceinline__ unsigned long long operator()(unsigned long long total) const {
+    const double wanted = ceil(static_cast<double>(fmaxf(top_p, 0.f)) * static_cast<double>(total));
+    return wanted < 1.0 ? 1ull : static_cast<unsigned long long>(wanted);
   }
 };
 
@@ -281,7 +362,7 @@ __device__ uint32_t filter_pivot(const T* row, int64_t n, const Filters& f, int6
   if (f.use_top_k) {
     const int64_t k = top_k_target(f.top_k.at(out_row), n);
     if (k > 0) {
-      top_k_pivot = radix_select<kAligned>(row, n, k, CountWeight(), sh);
+      top_k_pivot = radix_select<kAligned>(row, n, CountTarget{k}, CountWeight(), sh);
       pivot = top_k_pivot;
     }
   }
@@ -296,23 +377,10 @@ __device__ uint32_t filter_pivot(const T* row, int64_t n, const Filters& f, int6
     total = block_reduce<kThreads / 32>(total, Sum(), 0.f);
     largest = block_reduce<kThreads / 32>(largest, Max(), 0.f);
     if (top_p < 1.f) {
-      // the mass top-p is measured against: the top-k set's when top-k applies first
-      const uint32_t floor_key = f.top_k_first ? top_k_pivot : 0u;
-      const MassWeight weigh{mass_scale(total)};
-      unsigned long long base = 0;
-      for_each_element<kAligned>(row, n, [&](int64_t, float x) {
-        uint32_t key;
-        const unsigned long long q = weigh(x, &key);
-        if (key >= floor_key) base += q;
-      });
-      base = block_reduce<kThreads / 32>(base, Sum(), 0ull);
-      if (base > 0) {
-        const double wanted =
-            ceil(static_cast<double>(fmaxf(top_p, 0.f)) * static_cast<double>(base));
-        const unsigned long long target =
-            wanted < 1.0 ? 1ull : static_cast<unsigned long long>(wanted);
-        pivot = max(pivot, radix_select<kAligned>(row, n, target, weigh, sh));
-      }
+      // the mass top-p is measured against: the top-k set's when top-k applies first (a row
+      // without mass there selects 0, keeping the pivot)
+      const MassWeight weigh{mass_scale(total), f.top_k_first ? top_k_pivot : 0u};
+      pivot = max(pivot, radix_select<kAligned>(row, n, MassTarget{top_p}, weigh, sh));
     }
     if (min_p > 0.f) pivot = max(pivot, ordered_key(fminf(min_p, 1.f) * largest));
   }
@@ -449,7 +517,8 @@ __global__ void __launch_bounds__(kThreads)
   const T* row = logits + blockIdx.x * in_stride;
   T* dst = out + blockIdx.x * out_stride;
   const int64_t k = top_k_target(top_k.at(blockIdx.x), n);
-  const uint32_t pivot = k > 0 ? radix_select<kAligned>(row, n, k, CountWeight(), sh) : 0u;
+  const uint32_t pivot =
+      k > 0 ? radix_select<kAligned>(row, n, CountTarget{k}, CountWeight(), sh) : 0u;
   for_each_element<kAligned>(row, n, [&](int64_t i, float x) {
     dst[i] = from_float<T>(ordered_key(x) >= pivot ? x : -INFINITY);
   });

@@ -748,6 +748,39 @@ def test_large_batch_and_vocab() -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [33, 4099, 128257])
+@pytest.mark.parametrize("shift", [0, 1])
+def test_crowded_histogram_bins_select_exact_sets(vocab, shift) -> None:
+    """Rows of four distinct values send whole warps into one histogram bin at every radix
+    level (warp-aggregated adds; a bin's mass carries between its two 32-bit words). shift 1
+    starts rows off the 4-element boundary (scalar loads); odd vocabularies end mid-warp."""
+    gen = torch.Generator(device="cuda").manual_seed(vocab + shift)
+    levels = torch.tensor([1.0, 3.0, 9.0, 27.0], device="cuda")
+    raw = levels[torch.randint(0, 4, (5, vocab + shift), device="cuda", generator=gen)]
+    probs = (raw / raw.sum(-1, keepdim=True))[:, shift:]
+    for top_k in (1, vocab // 3, vocab - 1):
+        keep = reference.top_k_set(probs, top_k)
+        assert torch.equal(flashinfer.top_k_renorm_probs(probs, top_k) > 0, keep)
+        logits = probs.log()
+        masked = flashinfer.top_k_mask_logits(logits, top_k)
+        lkeep = reference.top_k_set(logits, top_k)
+        assert torch.equal(masked, torch.where(lkeep, logits, float("-inf")))
+    for top_p in (0.3, 0.8):
+        keep = reference.top_p_set(probs, top_p)
+        free = _near_boundary(probs, top_p)
+        kept = flashinfer.top_p_renorm_probs(probs, top_p) > 0
+        assert torch.equal(kept[~free], keep[~free])
+    top_k_set = reference.top_k_set(probs, vocab // 2)
+    in_top_k = reference.renormalize(probs, top_k_set)
+    allowed = top_k_set & (reference.top_p_set(in_top_k, 0.5) | _near_boundary(in_top_k, 0.5))
+    for draw in range(4):
+        tokens = flashinfer.top_k_top_p_sampling_from_probs(
+            probs, vocab // 2, 0.5, filter_apply_order="top_k_first", seed=3, offset=draw
+        ).long()
+        assert allowed.gather(1, tokens[:, None]).all()
+
+
+@pytest.mark.gpu
 def test_sampling_from_logits_matches_softmax() -> None:
     logits = torch.randn(1, 64, device="cuda") * 1.5
     logits[0, 5] = float("-inf")
