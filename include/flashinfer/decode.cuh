@@ -10,27 +10,34 @@
 // request. So a CUDA-graph replay after the page-table buffers were rewritten attends to the
 // new lengths, whatever the schedule assumed (a longer request only makes its last chunk
 // longer). A chunk writes a partial state (float32 v, base-2 LSE) to a temporary row, and
-// cascade::MergeStatesKernel merges a request's chunks; a request with one chunk writes its
-// output directly.
+// MergeChunksKernel merges a request's chunks; a request with one chunk writes its output
+// directly.
 //
 // Tiling inside a CTA. Threads are (tx, ty, tz): tx owns 8 consecutive dims of head_dim
-// (one 16-byte vector; kBdx = head_dim / 8 lanes span a row), ty is the query head within
-// the GQA group (all of a KV head's query heads share each K/V load), tz splits the tile's
-// tokens. KV arrives in tiles of kTileTokens tokens (4096 / head_dim: 8 KiB of K and 8 KiB of
-// V per tile at 16 bits) through a two-stage cp.async pipeline in shared memory: while the
-// CTA computes on tile t, tile t+1 is in flight. Each 16-byte cp.async fetches one token's
-// 8-dim slice; the page table is consulted once per token for K and V, so pages of any size
-// and order work. A token whose page id is out of range is not scored at all (a flag per
-// token in shared memory). For each token a (ty, tz) group computes q.k by a shuffle
-// reduction across its kBdx lanes and folds the token into an online softmax (running max,
-// sum and weighted V, in log2 units). At the end the tz groups' states merge through shared
-// memory, in order.
+// (one 16-byte vector; kBdx = head_dim / 8 lanes span a row), ty picks the thread's query
+// heads within the GQA group (two for an even group, so each K/V vector read from shared
+// memory and widened to float serves two heads; all of a KV head's query heads share each
+// K/V load), tz splits the tile's tokens. Decode reads each K/V byte once, so the kernel is
+// a stream from HBM and its speed is the bytes it keeps in flight: KV arrives in tiles of
+// kTileTokens tokens (4096 / head_dim: 8 KiB of K and 8 KiB of V at 16 bits) through a
+// kStages-deep cp.async ring, so two tiles are in flight while the CTA folds the third (four
+// CTAs of 128 threads fit an H100 SM: up to 128 KiB in flight per SM). The page table is read
+// once per token per tile, by one thread, one ring round ahead of its use (so the load's
+// latency hides behind a tile's compute); the token's K and V offsets go to shared memory,
+// where the copies of every 16-byte chunk find them. A token whose page id (or position in
+// the page table) is out of range gets offset -1: its rows are zero-filled, never read, and
+// it is not scored. Each (ty, tz) group folds its tokens kBatch at a time: kBatch independent
+// q.k dot products and shuffle reductions across the row's kBdx lanes (instruction-level
+// parallelism instead of one token's latency chain), then one online-softmax update (running
+// max, sum and weighted V, in log2 units). At the end the tz groups' states merge through
+// shared memory, in order.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 
 #include "flashinfer/cascade.cuh"
 #include "flashinfer/kv_table.cuh"
@@ -41,7 +48,6 @@ namespace flashinfer {
 namespace decode {
 
 constexpr int kVec = 8;  // elements per 16-byte vector (16-bit types)
-constexpr float kLog2e = 1.4426950408889634f;
 
 // The schedule. Batch mode: plan points at [num_work, chunk_tokens, request[cap],
 // chunk[cap], num_chunks[cap], tmp_row[cap]] on the device (tmp_row -1: write the output
@@ -105,11 +111,46 @@ template <int kHeadDim>
 struct Tiling {
   static constexpr int kBdx = kHeadDim / kVec;
   static constexpr int kTileTokens = 4096 / kHeadDim;
+  static constexpr int kStages = 3;  // tiles in shared memory: two in flight, one being folded
   // bytes of one stage of K plus V tiles, at 16-bit elements
   static constexpr int kStageBytes = 2 * kTileTokens * kHeadDim * 2;
-  // after both stages: one "scored" flag per token per stage
-  static constexpr int kFlagBytes = 2 * kTileTokens;
+  // after the stages: the tokens' offsets, one slot per tile, one slot more than stages
+  // (a slot is refilled one ring round ahead, while the tile before it is still folded)
+  static constexpr int kOffsetSlots = kStages + 1;
+  static constexpr int kOffsetBytes = kOffsetSlots * kTileTokens * 16;
+  static constexpr int kBatch = 4;  // tokens folded into the online softmax at once
 };
+
+// Where a token's K and V rows (of this CTA's KV head) start, in elements; k = -1: the token
+// is not scored (past the chunk's end, or an out-of-range page id or page-table position).
+struct TokenOffsets {
+  int64_t k, v;
+};
+
+// A token's page-table entry, fetched before its offsets are needed: the caller issues the
+// load, does other work, and only then inspects `page` (in offsets_of).
+struct PendingToken {
+  int64_t page, slot;
+};
+
+__device__ __forceinline__ PendingToken fetch_token(const PageTable& pt, int64_t page_base,
+                                                    int64_t token, int64_t end) {
+  if (token >= end) return {-1, 0};
+  if (!pt.indices) return {0, token};
+  // 32-bit division: KV lengths and page sizes are < 2^31 (checked on the host)
+  const uint32_t t = static_cast<uint32_t>(token), size = static_cast<uint32_t>(pt.page_size);
+  const int64_t at = page_base + t / size;
+  const int64_t page = at >= 0 && at < pt.num_indices ? pt.indices[at] : -1;
+  return {page, t % size};
+}
+
+template <typename T>
+__device__ __forceinline__ TokenOffsets offsets_of(const DecodeParams<T>& p, PendingToken x,
+                                                   int64_t kv_head) {
+  if (x.page < 0 || x.page >= p.pages.num_pages) return {-1, -1};
+  return {x.page * p.k.page_stride + x.slot * p.k.slot_stride + kv_head * p.k.head_stride,
+          x.page * p.v.page_stride + x.slot * p.v.slot_stride + kv_head * p.v.head_stride};
+}
 
 // Lanes [base, base + kBdx) of this thread's warp: one row's shuffle partners. A partial last
 // warp (an odd GQA group) has only whole rows active, so the mask never names an idle lane.
@@ -120,147 +161,325 @@ __device__ __forceinline__ unsigned row_mask() {
   return ((1u << kBdx) - 1u) << ((lane % 32) & ~(kBdx - 1u));
 }
 
-// blockDim = (kBdx, group, bdz); grid = (work items, kv heads). Dynamic shared memory:
-// max(2 stages, the final merge's bdz * group * (head_dim + 2) floats).
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(1024) DecodeKernel(DecodeParams<T> p, WorkList work) {
+// 2^x, flushing denormals (ex2.approx: 2 ulp); 2^-inf = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Two 16-bit elements of a 32-bit word as floats (element 0 in the low half). A bf16 is the
+// high half of a float: one shift or mask each.
+__device__ __forceinline__ float2 widen(uint32_t w, __nv_bfloat16) {
+  return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+}
+__device__ __forceinline__ float2 widen(uint32_t w, __half) {
+  __half2 h;
+  memcpy(&h, &w, sizeof(h));
+  return __half22float2(h);
+}
+
+// The kVec elements at `src` (16-byte aligned, shared memory) as floats.
+template <typename T>
+__device__ __forceinline__ void load_floats(const T* src, float* f) {
+  const uint4 u = *reinterpret_cast<const uint4*>(src);
+  const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = widen(words[i], T{});
+    f[2 * i] = x.x;
+    f[2 * i + 1] = x.y;
+  }
+}
+
+// acc[0..7] += w * (lo, hi)
+__device__ __forceinline__ void add_scaled(float* acc, float4 lo, float4 hi, float w) {
+  acc[0] += w * lo.x;
+  acc[1] += w * lo.y;
+  acc[2] += w * lo.z;
+  acc[3] += w * lo.w;
+  acc[4] += w * hi.x;
+  acc[5] += w * hi.y;
+  acc[6] += w * hi.z;
+  acc[7] += w * hi.w;
+}
+
+// blockDim = (kBdx, group / kHeads, bdz) with at most kMaxThreads threads; grid = (work
+// items, kv heads). Each thread folds kHeads query heads (ty * kHeads + h of the group) over
+// the same K/V vectors, so a vector's shared-memory read and conversion to float serve
+// kHeads heads. Dynamic shared memory: SharedBytes. Blocks of up to 256 threads get up to
+// 128 registers a thread, larger ones 64.
+template <typename T, int kHeadDim, int kHeads, int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
+    DecodeKernel(DecodeParams<T> p, WorkList work) {
   using Tile = Tiling<kHeadDim>;
-  constexpr int kBdx = Tile::kBdx, kTile = Tile::kTileTokens;
+  constexpr int kBdx = Tile::kBdx, kTile = Tile::kTileTokens, kStages = Tile::kStages;
+  constexpr int kSlots = Tile::kOffsetSlots, kBatch = Tile::kBatch;
   extern __shared__ __align__(16) unsigned char smem[];
   pdl_wait();  // everything below may read what the previous kernel wrote
   WorkItem item;
   if (!work_item(work, p.pages, blockIdx.x, &item)) return;
   const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
-  const int group = blockDim.y, bdz = blockDim.z;
-  const int tid = tx + kBdx * (ty + group * tz);
-  const int threads = kBdx * group * bdz;
+  const int rows = blockDim.y, bdz = blockDim.z, group = rows * kHeads;
+  const int tid = tx + kBdx * (ty + rows * tz);
+  const int threads = kBdx * rows * bdz;  // >= kTile (see TokenLanes)
   const int64_t kv_head = blockIdx.y;
-  const int64_t qo_head = kv_head * group + ty;
+  const int64_t head0 = kv_head * group + ty * kHeads;  // this thread's first query head
   const int64_t page_base = p.pages.indices ? p.pages.indptr[item.request] : 0;
 
-  float q[kVec];
-  {
-    const Vec<T, kVec> qv = *reinterpret_cast<const Vec<T, kVec>*>(
-        p.q + item.request * p.q_batch_stride + qo_head * p.q_head_stride + tx * kVec);
+  float q[kHeads][kVec];
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) q[j] = to_float(qv.data[j]) * p.scores.scale;
+  for (int h = 0; h < kHeads; ++h) {
+    const Vec<T, kVec> qv = *reinterpret_cast<const Vec<T, kVec>*>(
+        p.q + item.request * p.q_batch_stride + (head0 + h) * p.q_head_stride + tx * kVec);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) q[h][j] = to_float(qv.data[j]) * p.scores.scale;
   }
 
-  // stage s: K tile at smem + s * kStageBytes, V tile right after it
-  auto k_tile = [&](int stage) { return reinterpret_cast<T*>(smem + stage * Tile::kStageBytes); };
-  auto v_tile = [&](int stage) { return k_tile(stage) + kTile * kHeadDim; };
-  auto scored = [&](int stage) { return smem + 2 * Tile::kStageBytes + stage * kTile; };
-
-  auto load_tile = [&](int64_t tile_start, int stage) {
+  // Tile j: its K rows at stage j % kStages, its V rows right after; its tokens' offsets in
+  // slot j % kSlots. Thread tid < kTile owns token tid of every tile's page-table lookup.
+  T* const stages = reinterpret_cast<T*>(smem);
+  TokenOffsets* const offsets = reinterpret_cast<TokenOffsets*>(smem + kStages * Tile::kStageBytes);
+  auto k_tile = [&](int j) { return stages + (j % kStages) * 2 * kTile * kHeadDim; };
+  auto slot = [&](int j) { return offsets + (j % kSlots) * kTile; };
+  auto token_of = [&](int j) { return item.start + static_cast<int64_t>(j) * kTile + tid; };
+  auto issue = [&](int j) {
+    T* const kt = k_tile(j);
+    T* const vt = kt + kTile * kHeadDim;
+    const TokenOffsets* const off = slot(j);
     for (int c = tid; c < kTile * kBdx; c += threads) {
-      const int token = c / kBdx, part = c % kBdx;
-      const int64_t t = tile_start + token;
-      int64_t page = -1, slot = 0;
-      if (t < item.end) locate(p.pages, page_base, t, &page, &slot);
-      const bool valid = page >= 0;
-      const int64_t k_at =
-          page * p.k.page_stride + slot * p.k.slot_stride + kv_head * p.k.head_stride + part * kVec;
-      const int64_t v_at =
-          page * p.v.page_stride + slot * p.v.slot_stride + kv_head * p.v.head_stride + part * kVec;
-      // not scored: zero-fill from a valid dummy address
-      cp_async_16(k_tile(stage) + token * kHeadDim + part * kVec, p.k.data + (valid ? k_at : 0),
-                  valid);
-      cp_async_16(v_tile(stage) + token * kHeadDim + part * kVec, p.v.data + (valid ? v_at : 0),
-                  valid);
-      if (part == 0) scored(stage)[token] = valid;
+      const int token = c / kBdx, col = (c % kBdx) * kVec;
+      const TokenOffsets at = off[token];
+      const bool valid = at.k >= 0;  // not scored: zero-fill from a valid dummy address
+      cp_async_16(kt + token * kHeadDim + col, p.k.data + (valid ? at.k + col : 0), valid);
+      cp_async_16(vt + token * kHeadDim + col, p.v.data + (valid ? at.v + col : 0), valid);
     }
-    cp_async_commit();
   };
 
-  float m = -INFINITY, d = 0.f, o[kVec] = {};
-  const int64_t tiles = (item.end - item.start + kTile - 1) / kTile;
-  const int per_lane = kTile / bdz;
-  if (tiles > 0) load_tile(item.start, 0);
-  for (int64_t i = 0; i < tiles; ++i) {
-    const int stage = static_cast<int>(i & 1);
-    if (i + 1 < tiles) {
-      load_tile(item.start + (i + 1) * kTile, stage ^ 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
+  const int tiles = static_cast<int>((item.end - item.start + kTile - 1) / kTile);
+  if (tid < kTile) {
+#pragma unroll
+    for (int j = 0; j < kStages; ++j) {
+      slot(j)[tid] = offsets_of(p, fetch_token(p.pages, page_base, token_of(j), item.end), kv_head);
     }
-    __syncthreads();
-    const int64_t tile_start = item.start + i * kTile;
-    for (int u = 0; u < per_lane; ++u) {
-      const int token = tz * per_lane + u;
-      const Vec<T, kVec> kv =
-          *reinterpret_cast<const Vec<T, kVec>*>(k_tile(stage) + token * kHeadDim + tx * kVec);
-      float s = 0.f;
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) s += q[j] * to_float(kv.data[j]);
-#pragma unroll
-      for (int offset = kBdx / 2; offset > 0; offset >>= 1) {
-        s += __shfl_xor_sync(row_mask<kBdx>(), s, offset);
-      }
-      if (tile_start + token >= item.end || !scored(stage)[token]) continue;
-      if (p.scores.cap > 0.f) s = p.scores.cap * tanhf(s);
-      const float m_new = fmaxf(m, s);
-      const float rescale = exp2f(m - m_new);
-      const float w = exp2f(s - m_new);
-      const Vec<T, kVec> vv =
-          *reinterpret_cast<const Vec<T, kVec>*>(v_tile(stage) + token * kHeadDim + tx * kVec);
-      d = d * rescale + w;
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) o[j] = o[j] * rescale + w * to_float(vv.data[j]);
-      m = m_new;
-    }
-    __syncthreads();  // the stage is refilled by the next iteration's prefetch
-  }
-  pdl_launch_dependents();  // the merge (or the next kernel) may start its prologue
-
-  // Merge the bdz partial states of each query head, in tz order.
-  float* merge_o = reinterpret_cast<float*>(smem);     // [bdz][group][head_dim]
-  float* merge_md = merge_o + bdz * group * kHeadDim;  // [bdz][group][2]
-  const int slot = tz * group + ty;
-#pragma unroll
-  for (int j = 0; j < kVec; ++j) merge_o[slot * kHeadDim + tx * kVec + j] = o[j];
-  if (tx == 0) {
-    merge_md[2 * slot] = m;
-    merge_md[2 * slot + 1] = d;
   }
   __syncthreads();
-  if (tz != 0) return;
-  float total_m = -INFINITY;
-  for (int z = 0; z < bdz; ++z) total_m = fmaxf(total_m, merge_md[2 * (z * group + ty)]);
-  float total_d = 0.f, acc[kVec] = {};
-  if (total_m != -INFINITY) {
-    for (int z = 0; z < bdz; ++z) {
-      const int zs = z * group + ty;
-      const float w = exp2f(merge_md[2 * zs] - total_m);
-      total_d += merge_md[2 * zs + 1] * w;
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) acc[j] += merge_o[zs * kHeadDim + tx * kVec + j] * w;
+  for (int j = 0; j < kStages - 1; ++j) {
+    if (j < tiles) issue(j);
+    cp_async_commit();  // one group per tile, empty past the end: the waits count tiles
+  }
+
+  float m[kHeads], d[kHeads], o[kHeads][kVec];
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h) {
+    m[h] = -INFINITY;
+    d[h] = 0.f;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) o[h][j] = 0.f;
+  }
+  const int per_lane = kTile / bdz;  // tokens of a tile each tz group folds: kBatch * n
+  const unsigned mask = row_mask<kBdx>();
+  for (int i = 0; i < tiles; ++i) {
+    PendingToken ahead{-1, 0};
+    if (tid < kTile) ahead = fetch_token(p.pages, page_base, token_of(i + kStages), item.end);
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile i has landed; every thread is done with tile i - 1's stage
+    if (i + kStages - 1 < tiles) issue(i + kStages - 1);
+    cp_async_commit();
+
+    // this thread's rows of tile i: tokens tz, tz + bdz, ... (per_lane of them)
+    const T* const kt = k_tile(i) + tz * kHeadDim + tx * kVec;
+    const T* const vt = kt + kTile * kHeadDim;
+    const TokenOffsets* const off = slot(i) + tz;
+    for (int u0 = 0; u0 < per_lane; u0 += kBatch) {
+      float s[kHeads][kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        float k[kVec];
+        load_floats(kt + (u0 + b) * bdz * kHeadDim, k);
+#pragma unroll
+        for (int h = 0; h < kHeads; ++h) {
+          s[h][b] = 0.f;
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) s[h][b] += q[h][j] * k[j];
+        }
+      }
+#pragma unroll
+      for (int offset = kBdx / 2; offset > 0; offset >>= 1) {
+#pragma unroll
+        for (int h = 0; h < kHeads; ++h) {
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) s[h][b] += __shfl_xor_sync(mask, s[h][b], offset);
+        }
+      }
+      float w[kHeads][kBatch];
+#pragma unroll
+      for (int h = 0; h < kHeads; ++h) {
+        float m_new = m[h];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const float x = p.scores.cap > 0.f ? p.scores.cap * tanhf(s[h][b]) : s[h][b];
+          s[h][b] = off[(u0 + b) * bdz].k >= 0 ? x : -INFINITY;
+          m_new = fmaxf(m_new, s[h][b]);
+        }
+        // nothing scored yet: every weight (and the rescale of the empty state) is 0
+        const float base = m_new == -INFINITY ? 0.f : m_new;
+        const float rescale = fast_exp2(m[h] - base);
+        d[h] *= rescale;
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) o[h][j] *= rescale;
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          w[h][b] = fast_exp2(s[h][b] - base);
+          d[h] += w[h][b];
+        }
+        m[h] = m_new;
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        float v[kVec];
+        load_floats(vt + (u0 + b) * bdz * kHeadDim, v);
+#pragma unroll
+        for (int h = 0; h < kHeads; ++h) {
+#pragma unroll
+          for (int j = 0; j < kVec; ++j) o[h][j] += w[h][b] * v[j];
+        }
+      }
+    }
+    if (tid < kTile) slot(i + kStages)[tid] = offsets_of(p, ahead, kv_head);
+  }
+  pdl_launch_dependents();  // the merge (or the next kernel) may start its prologue
+  cp_async_wait<0>();       // only empty groups are left
+  __syncthreads();          // every thread is done with the stages: the merge reuses them
+
+  // Merge the bdz partial states of each query head, in tz order. Each head's 8 dims of a
+  // thread go to shared memory as two float4 halves, lane-contiguous (no bank conflicts).
+  if (bdz > 1) {
+    float4* const merge_o = reinterpret_cast<float4*>(smem);  // [bdz * group][2][kBdx]
+    float2* const merge_md = reinterpret_cast<float2*>(merge_o + bdz * group * 2 * kBdx);
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h) {
+      const int me = tz * group + ty * kHeads + h;
+      merge_o[2 * me * kBdx + tx] = make_float4(o[h][0], o[h][1], o[h][2], o[h][3]);
+      merge_o[(2 * me + 1) * kBdx + tx] = make_float4(o[h][4], o[h][5], o[h][6], o[h][7]);
+      if (tx == 0) merge_md[me] = make_float2(m[h], d[h]);
+    }
+    __syncthreads();
+    if (tz != 0) return;
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h) {
+      const int mine = ty * kHeads + h;
+      m[h] = -INFINITY;
+      for (int z = 0; z < bdz; ++z) m[h] = fmaxf(m[h], merge_md[z * group + mine].x);
+      d[h] = 0.f;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) o[h][j] = 0.f;
+      if (m[h] == -INFINITY) continue;
+      for (int z = 0; z < bdz; ++z) {
+        const int zs = z * group + mine;
+        const float2 md = merge_md[zs];
+        const float w = exp2f(md.x - m[h]);
+        d[h] += md.y * w;
+        add_scaled(o[h], merge_o[2 * zs * kBdx + tx], merge_o[(2 * zs + 1) * kBdx + tx], w);
+      }
     }
   }
-  const float inv = total_d > 0.f ? 1.f / total_d : 0.f;
-  const float lse = total_d > 0.f ? total_m + log2f(total_d) : -INFINITY;
-  if (item.tmp_row < 0) {
-    Vec<T, kVec> ov;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) ov.data[j] = from_float<T>(acc[j] * inv);
-    *reinterpret_cast<Vec<T, kVec>*>(p.out + item.request * p.out_batch_stride +
-                                     qo_head * p.out_head_stride + tx * kVec) = ov;
-    if (p.lse && tx == 0) p.lse[item.request * p.num_qo_heads + qo_head] = lse;
-  } else {
-    float* dst = p.tmp_v + (item.tmp_row * p.num_qo_heads + qo_head) * kHeadDim + tx * kVec;
+  for (int h = 0; h < kHeads; ++h) {
+    const int64_t qo_head = head0 + h;
+    const float inv = d[h] > 0.f ? 1.f / d[h] : 0.f;
+    const float lse = d[h] > 0.f ? m[h] + log2f(d[h]) : -INFINITY;
+    if (item.tmp_row < 0) {
+      Vec<T, kVec> ov;
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) dst[j] = acc[j] * inv;
-    if (tx == 0) p.tmp_lse[item.tmp_row * p.num_qo_heads + qo_head] = lse;
+      for (int j = 0; j < kVec; ++j) ov.data[j] = from_float<T>(o[h][j] * inv);
+      *reinterpret_cast<Vec<T, kVec>*>(p.out + item.request * p.out_batch_stride +
+                                       qo_head * p.out_head_stride + tx * kVec) = ov;
+      if (p.lse && tx == 0) p.lse[item.request * p.num_qo_heads + qo_head] = lse;
+    } else {
+      float4* const dst = reinterpret_cast<float4*>(
+          p.tmp_v + (item.tmp_row * p.num_qo_heads + qo_head) * kHeadDim + tx * kVec);
+      dst[0] = make_float4(o[h][0] * inv, o[h][1] * inv, o[h][2] * inv, o[h][3] * inv);
+      dst[1] = make_float4(o[h][4] * inv, o[h][5] * inv, o[h][6] * inv, o[h][7] * inv);
+      if (tx == 0) p.tmp_lse[item.tmp_row * p.num_qo_heads + qo_head] = lse;
+    }
   }
 }
 
-// Threads along tokens: a power of two dividing the tile, doubled while the block has fewer
-// than 128 threads or a partial warp, and never past 1024 threads (an odd GQA group may then
-// end in a partial warp: see row_mask).
+// Merges each split request's chunk states (tmp rows) into its output row (the formula of
+// cascade.cuh). grid (positions, qo heads), kMergeThreads threads: thread (tx, row) owns 8
+// dims of head_dim (tx) and every kRows-th state (row). The states' maximum LSE comes first
+// (a block reduction), so every state's weight is known up front and a row's loads do not
+// wait on each other (no running rescale, no serial chain over the states); the rows' partial
+// sums then add up in shared memory, in row order (deterministic).
+constexpr int kMergeThreads = 128;
+
+template <typename T, int kHeadDim>
+__global__ void __launch_bounds__(kMergeThreads)
+    MergeChunksKernel(DecodeParams<T> p, cascade::MergeSchedule schedule) {
+  constexpr int kBdx = kHeadDim / kVec, kRows = kMergeThreads / kBdx;
+  __shared__ float4 part_o[kRows][2][kBdx];
+  __shared__ float part_w[kRows];
+  pdl_wait();  // launched right behind the decode kernel whose states it reads
+  const int64_t position = blockIdx.x, head = blockIdx.y, heads = p.num_qo_heads;
+  if (schedule.count_on_device && position >= *schedule.count_on_device) return;
+  const int64_t first =
+      schedule.indptr ? schedule.indptr[position] : position * schedule.per_position;
+  const int64_t last =
+      schedule.indptr ? schedule.indptr[position + 1] : first + schedule.per_position;
+  const int64_t out_row = schedule.out_rows ? schedule.out_rows[position] : position;
+  const int tx = threadIdx.x % kBdx, row = threadIdx.x / kBdx;
+
+  float max_s = -INFINITY;
+  for (int64_t i = first + threadIdx.x; i < last; i += kMergeThreads) {
+    max_s = fmaxf(max_s, p.tmp_lse[i * heads + head]);
+  }
+  max_s = block_reduce<kMergeThreads / 32>(max_s, Max(), -INFINITY);
+  float weight = 0.f, acc[kVec] = {};
+  if (max_s != -INFINITY) {  // else every state is empty: v = 0, s = -inf
+#pragma unroll 4
+    for (int64_t i = first + row; i < last; i += kRows) {
+      const float w = exp2f(p.tmp_lse[i * heads + head] - max_s);  // 0 for an empty state
+      const float4* const src =
+          reinterpret_cast<const float4*>(p.tmp_v + (i * heads + head) * kHeadDim + tx * kVec);
+      weight += w;
+      add_scaled(acc, src[0], src[1], w);
+    }
+  }
+  part_o[row][0][tx] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+  part_o[row][1][tx] = make_float4(acc[4], acc[5], acc[6], acc[7]);
+  if (tx == 0) part_w[row] = weight;
+  __syncthreads();
+  if (row != 0) return;
+  weight = 0.f;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) acc[j] = 0.f;
+  for (int r = 0; r < kRows; ++r) {
+    weight += part_w[r];
+    add_scaled(acc, part_o[r][0][tx], part_o[r][1][tx], 1.f);
+  }
+  const float inv = weight > 0.f ? 1.f / weight : 0.f;
+  Vec<T, kVec> ov;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) ov.data[j] = from_float<T>(acc[j] * inv);
+  *reinterpret_cast<Vec<T, kVec>*>(p.out + out_row * p.out_batch_stride + head * p.out_head_stride +
+                                   tx * kVec) = ov;
+  if (p.lse && tx == 0) {
+    p.lse[out_row * heads + head] = weight > 0.f ? max_s + log2f(weight) : -INFINITY;
+  }
+}
+
+// Threads along tokens for `rows` thread rows of kBdx lanes: a power of two dividing the tile,
+// doubled while the block has fewer than 128 threads or a partial warp, and never past 1024
+// threads (an odd GQA group may then end in a partial warp: see row_mask). Doubling stops by
+// bdz = 1024 / head_dim (the block then has 128 * rows threads, whole warps), so each tz
+// group folds a multiple of kBatch tokens of a tile, and the block has at least kTileTokens
+// threads (one page-table lookup per token).
 template <int kHeadDim>
-inline int TokenLanes(int group) {
+inline int TokenLanes(int rows) {
   int bdz = 1;
-  const int row = Tiling<kHeadDim>::kBdx * group;
+  const int row = Tiling<kHeadDim>::kBdx * rows;
   while (bdz < Tiling<kHeadDim>::kTileTokens && row * bdz * 2 <= 1024 &&
          (row * bdz < 128 || (row * bdz) % 32 != 0)) {
     bdz *= 2;
@@ -270,43 +489,73 @@ inline int TokenLanes(int group) {
 
 template <int kHeadDim>
 inline size_t SharedBytes(int group, int bdz) {
-  const size_t merge = static_cast<size_t>(bdz) * group * (kHeadDim + 2) * sizeof(float);
-  const size_t stages =
-      2 * static_cast<size_t>(Tiling<kHeadDim>::kStageBytes) + Tiling<kHeadDim>::kFlagBytes;
-  return merge > stages ? merge : stages;
+  using Tile = Tiling<kHeadDim>;
+  const size_t merge =
+      bdz > 1 ? static_cast<size_t>(bdz) * group * (kHeadDim * sizeof(float) + sizeof(float2)) : 0;
+  const size_t pipeline =
+      static_cast<size_t>(Tile::kStages) * Tile::kStageBytes + Tile::kOffsetBytes;
+  return merge > pipeline ? merge : pipeline;
 }
 
-// The launch shape for a group size. Raising the kernel's dynamic shared memory limit is
-// done once per size and never again at that size, so launches captured in a CUDA graph
-// (after a warm-up run) make no attribute calls.
-template <typename T, int kHeadDim>
-cudaError_t PrepareDecodeKernel(int group, dim3* block, size_t* smem) {
+template <typename T>
+using DecodeKernelFn = void (*)(DecodeParams<T>, WorkList);
+
+// Raising a kernel's dynamic shared memory limit is done once per size and device and never
+// again at that size, so launches captured in a CUDA graph (after a warm-up run) make no
+// attribute calls.
+template <auto kKernel>
+cudaError_t RaiseSharedLimit(int bytes) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> configured[kMaxDevices] = {};  // bytes set, per device
-  const int bdz = TokenLanes<kHeadDim>(group);
-  *block = dim3(Tiling<kHeadDim>::kBdx, group, bdz);
-  *smem = SharedBytes<kHeadDim>(group, bdz);
-  const int bytes = static_cast<int>(*smem);
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   const bool tracked = device < kMaxDevices;
   if (tracked && bytes <= configured[device].load()) return cudaSuccess;
-  err = cudaFuncSetAttribute(DecodeKernel<T, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             bytes);
+  err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err == cudaSuccess && tracked) configured[device].store(bytes);
   return err;
+}
+
+constexpr int kSmallBlock = 256;  // the most threads of the 128-register kernels
+
+// The kernel and launch shape for a group size: two query heads a thread for an even group
+// whose block stays small (every even group up to 32 at head_dim 128), else one.
+template <typename T, int kHeadDim>
+cudaError_t PrepareDecodeKernel(int group, DecodeKernelFn<T>* kernel, dim3* block, size_t* smem) {
+  using Tile = Tiling<kHeadDim>;
+  const bool paired = group % 2 == 0 && Tile::kBdx * group / 2 <= kSmallBlock;
+  const int rows = paired ? group / 2 : group;
+  const int bdz = TokenLanes<kHeadDim>(rows);
+  *block = dim3(Tile::kBdx, rows, bdz);
+  *smem = SharedBytes<kHeadDim>(group, bdz);
+  const int threads = Tile::kBdx * rows * bdz;
+  if (threads < Tile::kTileTokens || threads > 1024 || Tile::kTileTokens / bdz % Tile::kBatch) {
+    return cudaErrorInvalidConfiguration;
+  }
+  const int bytes = static_cast<int>(*smem);
+  if (paired) {
+    *kernel = DecodeKernel<T, kHeadDim, 2, kSmallBlock>;
+    return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 2, kSmallBlock>>(bytes);
+  }
+  if (threads <= kSmallBlock) {
+    *kernel = DecodeKernel<T, kHeadDim, 1, kSmallBlock>;
+    return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 1, kSmallBlock>>(bytes);
+  }
+  *kernel = DecodeKernel<T, kHeadDim, 1, 1024>;
+  return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 1, 1024>>(bytes);
 }
 
 // CTAs of DecodeKernel resident per SM for this group size (the scheduler's unit of fill).
 template <typename T, int kHeadDim>
 cudaError_t DecodeBlocksPerSM(int group, int* blocks) {
+  DecodeKernelFn<T> kernel;
   dim3 block;
   size_t smem;
-  cudaError_t err = PrepareDecodeKernel<T, kHeadDim>(group, &block, &smem);
+  cudaError_t err = PrepareDecodeKernel<T, kHeadDim>(group, &kernel, &block, &smem);
   if (err != cudaSuccess) return err;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      blocks, DecodeKernel<T, kHeadDim>, static_cast<int>(block.x * block.y * block.z), smem);
+      blocks, kernel, static_cast<int>(block.x * block.y * block.z), smem);
 }
 
 // Launches the decode kernel over `grid_work` work items, then (when merge_positions > 0)
@@ -318,18 +567,19 @@ cudaError_t Decode(const DecodeParams<T>& p, const WorkList& work, int64_t grid_
                    int64_t merge_positions, bool pdl, cudaStream_t stream) {
   if (grid_work == 0 || num_kv_heads == 0) return cudaSuccess;
   const int group = static_cast<int>(p.num_qo_heads / num_kv_heads);
+  DecodeKernelFn<T> kernel;
   dim3 block;
   size_t smem;
-  cudaError_t err = PrepareDecodeKernel<T, kHeadDim>(group, &block, &smem);
+  cudaError_t err = PrepareDecodeKernel<T, kHeadDim>(group, &kernel, &block, &smem);
   if (err != cudaSuccess) return err;
-  err = launch_kernel(DecodeKernel<T, kHeadDim>,
+  err = launch_kernel(kernel,
                       dim3(static_cast<unsigned>(grid_work), static_cast<unsigned>(num_kv_heads)),
                       block, smem, stream, pdl, p, work);
   if (err != cudaSuccess || merge_positions == 0) return err;
-  const int64_t h = p.num_qo_heads;
-  return cascade::MergeStates<float, T>({p.out, p.lse, p.out_batch_stride, p.out_head_stride, h, 1},
-                                        {p.tmp_v, p.tmp_lse, h * kHeadDim, kHeadDim, h, 1}, merge,
-                                        merge_positions, h, kHeadDim, stream, pdl);
+  return launch_kernel(
+      MergeChunksKernel<T, kHeadDim>,
+      dim3(static_cast<unsigned>(merge_positions), static_cast<unsigned>(p.num_qo_heads)),
+      dim3(kMergeThreads), 0, stream, pdl, p, merge);
 }
 
 }  // namespace decode
