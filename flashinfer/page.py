@@ -111,14 +111,19 @@ def _append_op(
     batch_indices: torch.Tensor,
     positions: torch.Tensor,
     k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    v_cache: torch.Tensor | None,
     kv_indices: torch.Tensor,
     kv_indptr: torch.Tensor,
     kv_last_page_len: torch.Tensor,
     kv_layout: str,
 ) -> None:
-    """The append kernel; index tensors int32, caches 4-D as :func:`append_paged_kv_cache`
-    checked them."""
+    """The append kernel; index tensors int32, caches as :func:`append_paged_kv_cache`
+    checked them: a (k, v) pair, or (v_cache None) the one combined cache, split into its
+    two views here, inside the op. A compiled graph with dynamic shapes loses writes made
+    through two ``select`` views of one graph input (torch 2.11 and 2.13), so the op is
+    given the tensor itself."""
+    if v_cache is None:
+        (_, k_cache), (_, v_cache) = unpack_paged_kv_cache(k_cache, kv_layout)
     if append_key.shape[0]:
         get_page_module(append_key.dtype).append_paged_kv_cache(
             append_key,
@@ -211,13 +216,16 @@ def append_paged_kv_cache(
         ("kv_last_page_len", kv_last_page_len),
     ):
         checks.check_cuda(name, t, like=append_key)
+    # the op takes a combined cache whole (see _append_op)
+    op_caches = (
+        (paged_kv_cache, None) if isinstance(paged_kv_cache, torch.Tensor) else (k_cache, v_cache)
+    )
     _append_op(
         append_key,
         append_value,
         batch_indices.int(),
         positions.int(),
-        k_cache,
-        v_cache,
+        *op_caches,
         kv_indices.int(),
         kv_indptr.int(),
         kv_last_page_len.int(),
