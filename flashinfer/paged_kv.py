@@ -5,7 +5,9 @@
 - a ``(k_cache, v_cache)`` pair (tuple or list) of 4-D tensors of those pages;
 - with ``page_size == 1`` the page-size dim may be left out: a 4-D tensor, or 3-D k/v.
 
-Every form becomes two 4-D views of the same storage: nothing is copied.
+Every form becomes two 4-D views of the same storage: nothing is copied. The views are
+taken with ``select``, not Python indexing, which on a fake CUDA tensor needs torch built
+with CUDA; so a cache traces with fake tensors on any torch.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def unpack_paged_kv_cache(paged_kv_cache: Any, kv_layout: str) -> tuple[Part, Pa
                 "paged_kv_cache must hold keys and values in dim 1 (size 2), got "
                 f"shape {tuple(paged_kv_cache.shape)}"
             )
-        return ("paged_kv_cache", cache[:, 0]), ("paged_kv_cache", cache[:, 1])
+        return ("paged_kv_cache", cache.select(1, 0)), ("paged_kv_cache", cache.select(1, 1))
     if isinstance(paged_kv_cache, (tuple, list)):
         if len(paged_kv_cache) != 2:
             raise ValueError(

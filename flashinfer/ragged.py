@@ -52,14 +52,15 @@ class TokenRequests:
         """``per_request[request]`` (int64) for owned tokens, ``fill`` for the others."""
         if per_request.shape[0] == 0:
             return torch.full_like(self.within, fill)
-        return torch.where(self.owned, per_request.long()[self.request], fill)
+        return torch.where(self.owned, per_request.long().index_select(0, self.request), fill)
 
 
 def token_requests(indptr: torch.Tensor, nnz: int) -> TokenRequests:
     """Map ``nnz`` tokens to their requests with a binary search of ``indptr``: no device
     synchronization, and memory-safe whatever ``indptr`` holds (every gather index is
     clamped to a valid request), unlike ``repeat_interleave(output_size=...)``, which
-    writes past its output when the counts do not add up."""
+    writes past its output when the counts do not add up. Gathers use ``index_select``:
+    Python indexing of a fake CUDA tensor needs torch built with CUDA."""
     device = indptr.device
     batch_size = indptr.shape[0] - 1
     zeros = torch.zeros(nnz, dtype=torch.int64, device=device)
@@ -68,7 +69,7 @@ def token_requests(indptr: torch.Tensor, nnz: int) -> TokenRequests:
     tokens = torch.arange(nnz, dtype=indptr.dtype, device=device)
     request = (torch.searchsorted(indptr, tokens, right=True) - 1).clamp_(0, batch_size - 1)
     bounds = indptr.long()
-    start, end = bounds[request], bounds[request + 1]
+    start, end = bounds.index_select(0, request), bounds.index_select(0, request + 1)
     tokens = tokens.long()
     owned = (start <= tokens) & (tokens < end)
     return TokenRequests(
