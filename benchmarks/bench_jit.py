@@ -38,17 +38,21 @@ Row = tuple[str, str, str]
 
 def _env(workspace: Path) -> dict[str, str]:
     """The environment of a measured child process: this one's, with its own workspace and
-    the target arch (FLASHINFER_CUDA_ARCH_LIST as flashinfer.config reads it, else 9.0a)."""
+    the target arch (FLASHINFER_CUDA_ARCH_LIST as flashinfer.config reads it, else 9.0a),
+    and no AOT layer or module repository (the figures are of JIT builds in the workspace)."""
     from flashinfer.config import config
 
     arch = config.cuda_arch_list or ARCH
-    return dict(
+    env = dict(
         os.environ,
         FLASHINFER_WORKSPACE_BASE=str(workspace),
         FLASHINFER_CUDA_ARCH_LIST=arch,
         TVM_FFI_CUDA_ARCH_LIST=arch,
         PYTHONWARNINGS="ignore",
     )
+    for name in ("FLASHINFER_AOT_DIR", "FLASHINFER_CUBINS_REPOSITORY"):
+        env.pop(name, None)
+    return env
 
 
 def _python(code: str, env: dict[str, str]) -> str:
