@@ -50,8 +50,9 @@ struct Tiling {
   static constexpr int kQElems = kTileRows * kHeadDim;
   static constexpr int kKVElems = kTileKV * kHeadDim;
   static constexpr int kStages = 2;  // K/V tiles in flight: the one computed and kStages - 1 more
-  // Q, then kStages stages of K, then kStages of V (16-bit elements)
-  static constexpr size_t kSharedBytes = (kQElems + 2 * kStages * kKVElems) * 2;
+  // Q, then kStages stages of K, then kStages of V (16-bit elements), then per stage one
+  // byte per token: 1 when the token is on a page outside the cache (not scored)
+  static constexpr size_t kSharedBytes = (kQElems + 2 * kStages * kKVElems) * 2 + kStages * kTileKV;
 };
 
 template <typename T>
@@ -140,6 +141,7 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
   T* const sq = reinterpret_cast<T*>(shared_bytes);
   T* const sk = sq + Tl::kQElems;
   T* const sv = sk + Tl::kStages * Tl::kKVElems;
+  uint8_t* const unscored = reinterpret_cast<uint8_t*>(sv + Tl::kStages * Tl::kKVElems);
 
   pdl_wait();
   Item item;
@@ -184,7 +186,8 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
     cp_async_16(sq + swizzle<kHeadDim>(r, col), valid ? src : p.q, valid);
   }
   // A K/V tile: tokens at or past `hi`, and tokens on pages outside the cache, read as zeros
-  // (never memory another request owns) and are masked.
+  // (never memory another request owns) and are masked: the first by `hi`, the second by
+  // their byte in `unscored`, written by the thread that loads the token's first chunk.
   auto load_kv = [&](int stage, int64_t kv0) {
     T* const k_tile = sk + stage * Tl::kKVElems;
     T* const v_tile = sv + stage * Tl::kKVElems;
@@ -198,6 +201,7 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
         locate(p.pages, page_base, kv_offset + j, &page, &slot);
         valid = page >= 0;
       }
+      if (col == 0) unscored[stage * kTileKV + token] = j < hi && !valid;
       const int64_t k_at =
           page * p.k.page_stride + slot * p.k.slot_stride + kv_head * p.k.head_stride + col * 8;
       const int64_t v_at =
@@ -265,7 +269,16 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
       }
     }
 
-    const bool needs_mask = kv0 + kTileKV > hi || p.mask ||
+    // Out-of-range page ids (only a page table has them): does this tile hold any?
+    const uint8_t* const tile_unscored = unscored + stage * kTileKV;
+    bool bad_pages = false;
+    if (p.pages.indices) {
+      bool mine = false;
+#pragma unroll
+      for (int t = lane; t < kTileKV; t += 32) mine |= tile_unscored[t] != 0;
+      bad_pages = __any_sync(0xffffffffu, mine);
+    }
+    const bool needs_mask = kv0 + kTileKV > hi || p.mask || bad_pages ||
                             (causal && kv0 + kTileKV - 1 > t_first + delta) ||
                             (p.window_left >= 0 && kv0 < t_last + delta - p.window_left);
     if (needs_mask) {
@@ -284,7 +297,7 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int h = e / 2, col = i * 8 + 2 * (lane % 4) + (e % 2);
-          bool visible = col >= first[h] && col < last[h];
+          bool visible = col >= first[h] && col < last[h] && !(bad_pages && tile_unscored[col]);
           if (p.mask && visible && row_valid[h]) {  // a padding row has no mask bits
             const int64_t bit = mask_base[h] + kv0 + col;
             visible = (p.mask[bit >> 3] >> (bit & 7)) & 1;

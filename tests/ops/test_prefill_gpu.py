@@ -439,6 +439,46 @@ def test_batch_paged_prefill_matches_the_reference(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,causal", [(64, False), (128, True), (256, True)])
+def test_out_of_range_page_ids_are_skipped_not_scored(prefill, head_dim: int, causal: bool) -> None:
+    """A page id past the cache or negative: its tokens are not scored (as decode skips
+    them), so the result is attention over the other tokens, causal positions unchanged."""
+    dtype, qo_heads, kv_heads, page_size = torch.bfloat16, 8, 2, 16
+    qo_lens, kv_lens = [5, 40, 1], [70, 100, 33]
+    torch.manual_seed(head_dim)
+    q, ks, vs = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype)
+    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, "NHD", seed=3)
+    num_pages = cache.shape[0]
+    bad = {(0, 1): num_pages + 7, (1, 0): -3, (1, 5): num_pages, (2, 2): 1 << 30}
+    for (request, page), page_id in bad.items():
+        indices[indptr[request] + page] = page_id
+    masks = []
+    for request, (m, n) in enumerate(zip(qo_lens, kv_lens)):
+        rows, cols = torch.arange(m, device="cuda")[:, None], torch.arange(n, device="cuda")
+        visible = (
+            cols <= rows + n - m if causal else torch.ones(m, n, dtype=torch.bool, device="cuda")
+        )
+        skipped = torch.tensor([(request, j // page_size) in bad for j in range(n)], device="cuda")
+        masks.append(visible & ~skipped)
+    wrapper = prefill.BatchPrefillWithPagedKVCacheWrapper(_workspace())
+    wrapper.plan(
+        _indptr(qo_lens),
+        indptr,
+        indices,
+        last,
+        qo_heads,
+        kv_heads,
+        head_dim,
+        page_size,
+        causal=causal,
+        q_data_type=dtype,
+    )
+    out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
+    wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
+    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["ragged", "paged"])
 def test_batch_prefill_custom_mask(prefill, kind: str) -> None:
     """Per-request masks, flattened and concatenated (the reference's custom_mask); causal
