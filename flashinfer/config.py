@@ -148,15 +148,21 @@ def _parse_log_level(raw: str) -> int:
     raise ValueError("expected DEBUG, INFO, WARNING, ERROR or CRITICAL")
 
 
-def _getenv(name: str) -> str | None:
-    """``os.environ.get(name)``, faster for unset names: on POSIX it looks the name up in
-    CPython's bytes dict behind ``os.environ``, where ``get`` raises and catches a KeyError
-    per unset name (a tenth of a warm module load, which reads ~40 settings)."""
+def _environ_bytes() -> dict[bytes, bytes] | None:
+    """CPython's bytes dict behind ``os.environ`` on POSIX (None elsewhere): looking an
+    unset name up there costs a dict miss, where ``os.environ.get`` raises and catches a
+    KeyError per unset name (a tenth of a warm module load, which reads ~40 settings)."""
     data = getattr(os.environ, "_data", None)
-    if os.name == "posix" and isinstance(data, dict):
-        raw = data.get(name.encode())
-        return None if raw is None else os.fsdecode(raw)
-    return os.environ.get(name)
+    return data if os.name == "posix" and isinstance(data, dict) else None
+
+
+def _getenv(name: str) -> str | None:
+    """``os.environ.get(name)``, faster for unset names (see _environ_bytes)."""
+    data = _environ_bytes()
+    if data is None:
+        return os.environ.get(name)
+    raw = data.get(name.encode())
+    return None if raw is None else os.fsdecode(raw)
 
 
 @dataclass(frozen=True)
@@ -375,7 +381,11 @@ class Config:
     def snapshot(self) -> tuple[str | None, ...]:
         """The raw value of every variable (None: unset), in a fixed order: what decides
         every setting, for caches keyed by the environment."""
-        return tuple([_getenv(name) for name in _NAMES])
+        data = _environ_bytes()
+        if data is None:
+            return tuple([os.environ.get(name) for name in _NAMES])
+        raws = [data.get(key) for key in _ENCODED_NAMES]
+        return tuple([None if raw is None else os.fsdecode(raw) for raw in raws])
 
     def workspace_text(self, snapshot: tuple[str | None, ...]) -> str:
         """``workspace_base`` as a str, from a :meth:`snapshot`: the warm path's way, which
@@ -410,5 +420,6 @@ class Config:
 
 _VARIABLES = Config.variables()
 _NAMES = [var.name for var in _VARIABLES]
+_ENCODED_NAMES = [name.encode() for name in _NAMES]  # keys of _environ_bytes()
 _WORKSPACE_INDEX = _NAMES.index(Config.workspace_base.name)
 config = Config()
