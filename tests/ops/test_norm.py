@@ -732,3 +732,152 @@ def test_pdl_chain_replays_identically_from_a_cuda_graph() -> None:
     torch.cuda.synchronize()
     for a, b in zip(got, expected):
         assert torch.equal(a, b)
+
+
+# -- row layouts (GPU): warp groups, cached blocks, looping blocks --------------------------
+# A row of `units` loads (16-byte vectors, or elements on the scalar path) is normalized by a
+# group of lanes of a warp when units <= 64 (scalar: 128), by one block holding the row in
+# registers up to 2048 units (scalar: 4096), and by a block re-reading it beyond that.
+
+
+def _layout_hiddens(dtype: torch.dtype) -> list[int]:
+    vec = 16 // torch.tensor([], dtype=dtype).element_size()
+    return [
+        vec,  # one vector: groups of one lane
+        64,
+        128,  # QK norm
+        64 * vec,  # the longest row of the groups layout
+        65 * vec,  # the shortest cached block
+        2048 * vec,  # the longest cached block
+        2049 * vec,  # the shortest looping block
+        65536,  # looping
+        127,  # scalar (not a multiple of the vector): groups
+        4095,  # scalar: cached block
+        4097,  # scalar: looping block
+    ]
+
+
+LAYOUT_CASES = [(d, h) for d in DTYPES for h in _layout_hiddens(d)]
+
+
+def _poisoned_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.full(t.shape, float("nan"), dtype=t.dtype, device=t.device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 7, 9, 130])
+@pytest.mark.parametrize(
+    "dtype,hidden", LAYOUT_CASES, ids=[f"{str(d)[6:]}-{h}" for d, h in LAYOUT_CASES]
+)
+def test_every_norm_at_each_row_layout(dtype: torch.dtype, hidden: int, rows: int) -> None:
+    """Row counts that are not multiples of the rows per block (1 .. 256 in the groups
+    layout), at hidden sizes on both sides of each layout's limit, for every kernel."""
+    x, w = _inputs(rows, hidden, dtype, hidden * 11 + rows)
+    tolerance = TOLERANCE[dtype]
+
+    out = _poisoned_like(x)
+    flashinfer.rmsnorm(x, w, eps=1e-6, out=out)
+    torch.testing.assert_close(out.double(), reference.rmsnorm(x, w, 1e-6), **tolerance)
+
+    out = _poisoned_like(x)
+    flashinfer.gemma_rmsnorm(x, w, eps=1e-6, out=out)
+    torch.testing.assert_close(out.double(), reference.gemma_rmsnorm(x, w, 1e-6), **tolerance)
+
+    residual = torch.randn_like(x)
+    expected, expected_residual = reference.fused_add_rmsnorm(x, residual, w, 1e-6)
+    in_place = x.clone()
+    flashinfer.fused_add_rmsnorm(in_place, residual, w, 1e-6)
+    assert torch.equal(residual, expected_residual)
+    torch.testing.assert_close(in_place.double(), expected, **tolerance)
+
+    gemma = torch.rand(hidden, device="cuda") + 0.5
+    beta = torch.randn(hidden, device="cuda")
+    layer_tolerance = dict(atol=5e-5, rtol=5e-5) if dtype == torch.float32 else tolerance
+    torch.testing.assert_close(
+        flashinfer.layernorm(x, gemma, beta, 1e-5).double(),
+        reference.layernorm(x, gemma, beta, 1e-5),
+        **layer_tolerance,
+    )
+
+    quantized = _poisoned_fp8(rows, hidden)
+    flashinfer.rmsnorm_quant(quantized, x, w, 0.02, 1e-6)
+    y = reference.rmsnorm(x, w, 1e-6)
+    value = float(torch.tensor(0.02, dtype=torch.float32))
+    assert_fp8_close(quantized, reference.fp8_e4m3_quantize(y, value), y / value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("tokens", [1, 7, 9, 130])
+@pytest.mark.parametrize("offset", [0, 1], ids=["aligned", "misaligned"])
+def test_per_head_norms_with_a_strided_head_dim(
+    dtype: torch.dtype, head_dim: int, tokens: int, offset: int
+) -> None:
+    """QK norm on [tokens, heads, head_dim] views whose heads are every other head of a
+    buffer (head stride 2 * (head_dim + 8)), so the rows are neither contiguous nor a
+    multiple of the rows per block; offset 1 misaligns every row (the scalar path)."""
+    heads = 3
+    torch.manual_seed(tokens * 1000 + head_dim + offset)
+    buffer = torch.randn(tokens, 2 * heads, head_dim + 8, dtype=dtype, device="cuda") * 2
+    view = buffer[:, ::2, offset : offset + head_dim]
+    w = torch.rand(head_dim, dtype=dtype, device="cuda") + 0.5
+    tolerance = TOLERANCE[dtype]
+    expected = reference.rmsnorm(view, w, 1e-6)
+
+    out = _poisoned_like(view)
+    flashinfer.rmsnorm(view, w, out=out)
+    torch.testing.assert_close(out.double(), expected, **tolerance)
+
+    gemma = torch.rand(head_dim, device="cuda") + 0.5
+    beta = torch.randn(head_dim, device="cuda")
+    layer_tolerance = dict(atol=5e-5, rtol=5e-5) if dtype == torch.float32 else tolerance
+    torch.testing.assert_close(
+        flashinfer.layernorm(view, gemma, beta, 1e-5).double(),
+        reference.layernorm(view, gemma, beta, 1e-5),
+        **layer_tolerance,
+    )
+
+    residual_buffer = torch.randn_like(buffer)
+    residual = residual_buffer[:, 1::2, offset : offset + head_dim]
+    expected_sum, expected_residual = reference.fused_add_rmsnorm(view, residual, w, 1e-6)
+    before, residual_before = buffer.clone(), residual_buffer.clone()
+    flashinfer.fused_add_rmsnorm(view, residual, w, 1e-6)  # in place on both views
+    assert torch.equal(residual, expected_residual)
+    torch.testing.assert_close(view.double(), expected_sum, **tolerance)
+    untouched_by_view = torch.ones_like(buffer, dtype=torch.bool)
+    untouched_by_view[:, ::2, offset : offset + head_dim] = False
+    assert torch.equal(buffer[untouched_by_view], before[untouched_by_view])
+    untouched_by_residual = torch.ones_like(buffer, dtype=torch.bool)
+    untouched_by_residual[:, 1::2, offset : offset + head_dim] = False
+    assert torch.equal(
+        residual_buffer[untouched_by_residual], residual_before[untouched_by_residual]
+    )
+
+    current = view.clone()
+    flashinfer.rmsnorm(view, w, out=view)  # in place on the strided view
+    torch.testing.assert_close(view.double(), reference.rmsnorm(current, w, 1e-6), **tolerance)
+    assert torch.equal(buffer[untouched_by_view], before[untouched_by_view])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [128, 4096, 65536])
+@pytest.mark.parametrize("misaligned", ["gemma", "beta", "both"])
+def test_layernorm_with_misaligned_gamma_or_beta(
+    dtype: torch.dtype, hidden: int, misaligned: str
+) -> None:
+    """gamma / beta slices starting 4 bytes into a buffer: not 16-byte aligned, so they are
+    read one float at a time (the aligned case is in every other layernorm test)."""
+    x, _ = _inputs(19, hidden, dtype, hidden + 3)
+    gemma_buffer = torch.rand(hidden + 1, device="cuda") + 0.5
+    beta_buffer = torch.randn(hidden + 1, device="cuda")
+    gemma = gemma_buffer[1:] if misaligned in ("gemma", "both") else gemma_buffer[:-1]
+    beta = beta_buffer[1:] if misaligned in ("beta", "both") else beta_buffer[:-1]
+    assert (gemma.data_ptr() % 16 != 0) or (beta.data_ptr() % 16 != 0)
+    tolerance = dict(atol=5e-5, rtol=5e-5) if dtype == torch.float32 else TOLERANCE[dtype]
+    torch.testing.assert_close(
+        flashinfer.layernorm(x, gemma, beta, 1e-5).double(),
+        reference.layernorm(x, gemma, beta, 1e-5),
+        **tolerance,
+    )
