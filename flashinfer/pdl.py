@@ -11,13 +11,13 @@ from typing import Any
 
 import torch
 
+from .checks import check_optional_bool
+
 
 def resolve_enable_pdl(enable_pdl: Any, device: torch.device) -> bool:
     """``enable_pdl`` as the reference takes it: ``None`` means on where the device has PDL
     (sm90+); ``True`` on an older device is off, as in the reference."""
-    if enable_pdl is not None and not isinstance(enable_pdl, bool):
-        raise TypeError(f"enable_pdl must be a bool or None, got {type(enable_pdl).__name__}")
-    if enable_pdl is False or device.type != "cuda":
+    if check_optional_bool("enable_pdl", enable_pdl) is False or device.type != "cuda":
         return False
     from .utils import get_compute_capability
 
