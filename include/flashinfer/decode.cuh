@@ -40,6 +40,7 @@
 #include <cstring>
 
 #include "flashinfer/cascade.cuh"
+#include "flashinfer/fast_math.cuh"
 #include "flashinfer/kv_table.cuh"
 #include "flashinfer/pdl.cuh"
 #include "flashinfer/vec.cuh"
@@ -159,13 +160,6 @@ __device__ __forceinline__ unsigned row_mask() {
   if (kBdx >= 32) return 0xffffffffu;
   const unsigned lane = threadIdx.x + kBdx * (threadIdx.y + blockDim.y * threadIdx.z);
   return ((1u << kBdx) - 1u) << ((lane % 32) & ~(kBdx - 1u));
-}
-
-// 2^x, flushing denormals (ex2.approx: 2 ulp); 2^-inf = 0.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // Two 16-bit elements of a 32-bit word as floats (element 0 in the low half). A bf16 is the
@@ -325,13 +319,13 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
         }
         // nothing scored yet: every weight (and the rescale of the empty state) is 0
         const float base = m_new == -INFINITY ? 0.f : m_new;
-        const float rescale = fast_exp2(m[h] - base);
+        const float rescale = exp2_approx(m[h] - base);
         d[h] *= rescale;
 #pragma unroll
         for (int j = 0; j < kVec; ++j) o[h][j] *= rescale;
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
-          w[h][b] = fast_exp2(s[h][b] - base);
+          w[h][b] = exp2_approx(s[h][b] - base);
           d[h] += w[h][b];
         }
         m[h] = m_new;

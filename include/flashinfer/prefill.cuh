@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "flashinfer/cascade.cuh"
+#include "flashinfer/fast_math.cuh"
 #include "flashinfer/kv_table.cuh"
 #include "flashinfer/mma.cuh"
 #include "flashinfer/pdl.cuh"
@@ -122,14 +123,6 @@ __device__ __forceinline__ bool work_item(const WorkList& w, int64_t i, Item* it
 template <int kHeadDim>
 __device__ __forceinline__ int swizzle(int row, int chunk) {
   return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
-}
-
-// 2^x on the special-function unit (inputs in log2 units; -inf gives 0, denormal results
-// flush to 0, which no softmax weight or rescale factor here can tell apart).
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 template <typename T, int kHeadDim>
