@@ -24,7 +24,7 @@ from . import checks, ragged
 from .api_logging import flashinfer_api
 from .custom_op import kernel_op
 from .jit.page import gen_page_module
-from .paged_kv import unpack_paged_kv_cache
+from .paged_kv import split_combined_cache, unpack_paged_kv_cache
 from .trace.templates import page as _trace
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -123,7 +123,7 @@ def _append_op(
     through two ``select`` views of one graph input (torch 2.11 and 2.13), so the op is
     given the tensor itself."""
     if v_cache is None:
-        (_, k_cache), (_, v_cache) = unpack_paged_kv_cache(k_cache, kv_layout)
+        k_cache, v_cache = split_combined_cache(k_cache, kv_layout)
     if append_key.shape[0]:
         get_page_module(append_key.dtype).append_paged_kv_cache(
             append_key,

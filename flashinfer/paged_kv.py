@@ -21,24 +21,36 @@ from . import checks
 Part = tuple[str, torch.Tensor]  # the name errors use for it, and the 4-D view
 
 
+def _slot_dim(kv_layout: str) -> int:
+    """Where page_size goes back in a cache given without it (page_size 1)."""
+    return -2 if kv_layout == "HND" else -3
+
+
+def split_combined_cache(cache: torch.Tensor, kv_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The key and the value cache (4-D views) of a combined ``[max_num_pages, 2, ...]``
+    cache (4-D with page_size 1), already checked by :func:`unpack_paged_kv_cache`."""
+    if cache.dim() == 4:
+        cache = cache.unsqueeze(_slot_dim(kv_layout))
+    return cache.select(1, 0), cache.select(1, 1)
+
+
 def unpack_paged_kv_cache(paged_kv_cache: Any, kv_layout: str) -> tuple[Part, Part]:
     """The key and the value cache as (name, 4-D view) pairs, from any accepted form."""
-    slot_dim = -2 if checks.check_kv_layout(kv_layout) else -3  # where page_size goes back
+    checks.check_kv_layout(kv_layout)
+    slot_dim = _slot_dim(kv_layout)
     if isinstance(paged_kv_cache, torch.Tensor):
         if paged_kv_cache.dim() not in (4, 5):
             raise ValueError(
                 "paged_kv_cache must be 5-D [max_num_pages, 2, ...] (4-D with page_size 1), "
                 f"got {paged_kv_cache.dim()}-D with shape {tuple(paged_kv_cache.shape)}"
             )
-        cache = paged_kv_cache
-        if cache.dim() == 4:
-            cache = cache.unsqueeze(slot_dim)
-        if cache.shape[1] != 2:
+        if paged_kv_cache.shape[1] != 2:
             raise ValueError(
                 "paged_kv_cache must hold keys and values in dim 1 (size 2), got "
                 f"shape {tuple(paged_kv_cache.shape)}"
             )
-        return ("paged_kv_cache", cache.select(1, 0)), ("paged_kv_cache", cache.select(1, 1))
+        k, v = split_combined_cache(paged_kv_cache, kv_layout)
+        return ("paged_kv_cache", k), ("paged_kv_cache", v)
     if isinstance(paged_kv_cache, (tuple, list)):
         if len(paged_kv_cache) != 2:
             raise ValueError(
