@@ -341,10 +341,13 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
     stays the planned one). The score parameters (``_sm_scale``, ``_logits_soft_cap``,
     ``_window_left``) are read at each ``run()``, as in the reference.
 
-    With ``use_tensor_cores=True``, ``plan()`` builds a prefill schedule of one query token
-    per request (``qo_indptr = arange(batch + 1)``) and ``run()`` launches the prefill kernel,
-    as the reference does; a :class:`flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper`
-    over this wrapper's buffers does both, and everything above holds the same.
+    With ``use_tensor_cores=True``, ``plan()`` builds a prefill schedule of ``q_len_per_req``
+    query tokens per request (``qo_indptr = arange(batch + 1) * q_len_per_req``; causal,
+    bottom-right aligned, when more than one: speculative decoding's draft tokens, already
+    appended to the cache) and ``run()`` launches the prefill kernel, as the reference does; a
+    :class:`flashinfer.prefill.BatchPrefillWithPagedKVCacheWrapper` over this wrapper's
+    buffers does both, and everything above holds the same. In CUDA-graph mode the first
+    ``plan()`` fixes ``q_len_per_req``.
     """
 
     def __init__(
@@ -438,6 +441,8 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         self._rope_scale: float | None = None
         self._rope_theta: float | None = None
         self._copy_done: torch.cuda.Event | None = None
+        self._q_len_per_req = 1
+        self._graph_q_len: int | None = None  # CUDA-graph mode: fixed by the first plan()
 
     @property
     def use_tensor_cores(self) -> bool:
@@ -621,9 +626,16 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         check_rope(rope_scale, rope_theta)
         checks.check_bool("non_blocking", non_blocking)
         checks.check_bool("disable_split_kv", disable_split_kv)
-        if checks.check_int("q_len_per_req", q_len_per_req, 1) != 1:
+        q_len = checks.check_int("q_len_per_req", q_len_per_req, 1)
+        if q_len > 1 and self._prefill is None:
             raise ValueError(
-                f"q_len_per_req must be 1 (one query token per request), got {q_len_per_req}"
+                f"q_len_per_req={q_len} needs use_tensor_cores=True (the CUDA-core decode "
+                "kernel takes one query token per request)"
+            )
+        if self._use_cuda_graph and self._graph_q_len not in (None, q_len):
+            raise ValueError(
+                f"in CUDA-graph mode q_len_per_req is fixed by the first plan() "
+                f"({self._graph_q_len}); got {q_len}: use a wrapper per q_len_per_req"
             )
         if fixed_split_size is not None and fixed_split_size != -1:
             checks.check_int("fixed_split_size", fixed_split_size, 1)
@@ -675,6 +687,13 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             lengths = kv_lengths(ptr, last, page_size)
         if max(lengths, default=0) >= 1 << 31:
             raise ValueError("KV lengths must be < 2^31")
+        if q_len > 1 and min(lengths, default=q_len) < q_len:
+            b = min(range(batch), key=lengths.__getitem__)
+            raise ValueError(
+                f"q_len_per_req={q_len} needs every request's KV length >= q_len_per_req "
+                f"(its query tokens are appended to the cache first); request {b} has "
+                f"{lengths[b]}"
+            )
 
         checks.check_cuda("float_workspace_buffer", self._float_workspace_buffer)
         if self._prefill is None:
@@ -705,7 +724,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
                 num_qo_heads=num_qo_heads,
                 num_kv_heads=num_kv_heads,
                 head_dim=head_dim,
-                causal=False,
+                causal=q_len > 1,  # a request's tokens see the cache up to their own
                 pos_encoding_mode=pos_encoding_mode,
                 window_left=window_left,
                 logits_soft_cap=cap,
@@ -716,15 +735,12 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
                 fixed_split_size=fixed_split_size,
                 allow_split=not disable_split_kv,
             )
-            plan, words = wrapper._build(opts, list(range(batch + 1)), lengths, page_size, 0, False)
+            qo_indptr = torch.arange(batch + 1, dtype=torch.int32) * q_len
+            plan, words = wrapper._build(opts, qo_indptr.tolist(), lengths, page_size, 0, False)
             self._set_page_table(indptr, indices, last_page_len, non_blocking, copy_buffers)
-            # one query token per request; CUDA-graph mode keeps the constructor's arange
-            qo_indptr = (
-                {}
-                if self._use_cuda_graph
-                else {"_qo_indptr_buf": torch.arange(batch + 1, dtype=torch.int32)}
-            )
-            wrapper._commit(opts, plan, words, None, qo_indptr)
+            # CUDA-graph mode: the constructor's arange is right for one token per request
+            tables = {} if self._use_cuda_graph and q_len == 1 else {"_qo_indptr_buf": qo_indptr}
+            wrapper._commit(opts, plan, words, None, tables)
             self._cached_module = wrapper._cached_module
         self._plan_info = plan
         self._set_score_params(
@@ -734,7 +750,9 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         self._num_qo_heads = num_qo_heads
         self._num_kv_heads = num_kv_heads
         self._cached_q_data_type = self._cached_kv_data_type = self._cached_o_data_type = dtype
-        self._q_len_per_req = 1
+        self._q_len_per_req = q_len
+        if self._use_cuda_graph:
+            self._graph_q_len = q_len
 
     def _build(
         self,
@@ -862,11 +880,13 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         skip_softmax_threshold_scale_factor: float | None = None,
         kv_cache_sf: Any = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``q`` ``[batch, num_qo_heads, head_dim]``; ``paged_kv_cache`` a ``(k, v)`` pair of
-        ``[num_pages, page_size, num_kv_heads, head_dim]`` (NHD) or ``[num_pages,
-        num_kv_heads, page_size, head_dim]`` (HND), or one ``[num_pages, 2, ...]`` tensor (see
-        :mod:`flashinfer.paged_kv`). Returns ``out`` (and ``lse`` ``[batch, num_qo_heads]``,
-        base 2, with ``return_lse``)."""
+        """``q`` ``[batch * q_len_per_req, num_qo_heads, head_dim]`` (request b's tokens in
+        rows ``b * q_len_per_req ...``); ``paged_kv_cache`` a ``(k, v)`` pair of ``[num_pages,
+        page_size, num_kv_heads, head_dim]`` (NHD) or ``[num_pages, num_kv_heads, page_size,
+        head_dim]`` (HND), or one ``[num_pages, 2, ...]`` tensor (see
+        :mod:`flashinfer.paged_kv`). Returns ``out`` shaped like ``q`` (and ``lse`` ``[rows,
+        num_qo_heads]``, base 2, with ``return_lse``). ``q_len_per_req`` here is deprecated:
+        it must agree with ``q`` and the plan."""
         plan = self._plan_info
         if plan is None:
             raise RuntimeError("call plan() before run()")
@@ -888,8 +908,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
                 DeprecationWarning,
                 stacklevel=3,
             )
-            if checks.check_int("q_len_per_req", q_len_per_req, 1) != 1:
-                raise ValueError(f"q_len_per_req must be 1, got {q_len_per_req}")
+            checks.check_int("q_len_per_req", q_len_per_req, 1)
         if window_left is not None and window_left != self._window_left:
             raise ValueError(
                 f"window_left={window_left!r} differs from the planned "
@@ -898,7 +917,8 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         checks.check_bool("return_lse", return_lse)
         checks.check_optional_bool("enable_pdl", enable_pdl)
         checks.check_tensor("q", q)
-        shape = (plan.batch, plan.num_qo_heads, plan.head_dim)
+        self._check_q_rows(q, plan.batch, q_len_per_req)
+        shape = (plan.batch * self._q_len_per_req, plan.num_qo_heads, plan.head_dim)
         if tuple(q.shape) != shape:
             raise ValueError(f"q has shape {tuple(q.shape)}; plan() was for {shape}")
         if q.dtype != plan.dtype:
@@ -952,6 +972,28 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
 
     run_return_lse = functools.partialmethod(run, return_lse=True)
 
+    def _check_q_rows(self, q: torch.Tensor, batch: int, q_len_per_req: int | None) -> None:
+        """q holds ``batch * q_len_per_req`` rows for the planned q_len_per_req; the q_len
+        it implies (or the deprecated run() argument) must be the planned one, which the
+        tensor-core schedule and its causal mask are built for."""
+        planned = self._q_len_per_req
+        rows = q.shape[0] if q.dim() else 0
+        if q_len_per_req is not None and rows != batch * q_len_per_req:
+            raise ValueError(
+                f"q.shape[0] ({rows}) is not batch_size * q_len_per_req ({batch} * {q_len_per_req})"
+            )
+        implied = q_len_per_req
+        if implied is None and batch and rows % batch == 0:
+            implied = rows // batch
+        if implied not in (None, planned) and implied >= 1:
+            fix = (
+                "re-plan with the matching q_len_per_req"
+                if self._prefill is not None or implied == 1
+                else "the CUDA-core decode kernel takes one query token per request "
+                "(use_tensor_cores=True takes more)"
+            )
+            raise ValueError(f"q implies q_len_per_req={implied}, but plan() used {planned}; {fix}")
+
     def _run_tensor_cores(
         self,
         plan: prefill._Plan,
@@ -977,7 +1019,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             self._paged_kv_indptr_buf,
             self._paged_kv_indices_buf,
             self._paged_kv_last_page_len_buf,
-            False,
+            self._q_len_per_req > 1,
             self._window_left,
             self._sm_scale,
             self._logits_soft_cap,

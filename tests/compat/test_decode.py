@@ -149,7 +149,7 @@ def test_plan_accepts_the_deprecated_positional_order(cpu_plan: CpuPlan) -> None
 
 PLAN_BAD = [
     ("window_right must be 0", ValueError, dict(window_right=5)),
-    ("q_len_per_req must be 1", ValueError, dict(q_len_per_req=2)),
+    ("q_len_per_req=2 needs use_tensor_cores=True", ValueError, dict(q_len_per_req=2)),
     (
         "o_data_type torch.float16 differs from q_data_type torch.bfloat16",
         TypeError,
@@ -264,6 +264,8 @@ def test_every_cache_form_and_run_keyword(cpu_plan: CpuPlan) -> None:
             w.run(q, (k, v), **kwargs)
     with pytest.raises(ValueError, match="extra positional arguments"):
         w.run(q, (k, v), torch.zeros(1))
+    with pytest.raises(ValueError, match="q_len_per_req=2, but plan\\(\\) used 1; the CUDA-core"):
+        w.run(torch.cat([q, q]), (k, v))
     with pytest.warns(DeprecationWarning, match="q_len_per_req"):
         w.run(q, (k, v), q_len_per_req=1)
     assert len(cpu_plan.launches) == launches + 1

@@ -154,7 +154,12 @@ def test_groups_past_the_cuda_core_limit_plan_with_tensor_cores(cpu_tc: CpuPrefi
 
 
 PLAN_BAD = [
-    ("q_len_per_req must be 1", ValueError, dict(q_len_per_req=2)),
+    (
+        "q_len_per_req=17 needs every request's KV length >= q_len_per_req .*request 1 has 16",
+        ValueError,
+        dict(q_len_per_req=17),
+    ),
+    ("q_len_per_req must be >= 1", ValueError, dict(q_len_per_req=0)),
     ("window_right must be 0", ValueError, dict(window_right=1)),
     ("head_dim must be one of 64, 128, 256, got 96", ValueError, dict(head_dim=96)),
     ("must be a multiple of num_kv_heads", ValueError, dict(num_kv_heads=3)),
@@ -326,7 +331,21 @@ RUN_BAD = [
     ("return_lse must be a bool", TypeError, dict(return_lse=None)),
     ("sinks is not supported", ValueError, dict(sinks=torch.zeros(8))),
     ("window_left=5 differs from the planned -1", ValueError, dict(window_left=5)),
-    ("q_len_per_req must be 1", ValueError, dict(q_len_per_req=2)),
+    (
+        "q.shape\\[0\\] \\(2\\) is not batch_size \\* q_len_per_req \\(2 \\* 2\\)",
+        ValueError,
+        dict(q_len_per_req=2),
+    ),
+    (
+        "q implies q_len_per_req=3, but plan\\(\\) used 1; re-plan",
+        ValueError,
+        dict(q=_bf16(6, 8, 128)),
+    ),
+    (
+        "q implies q_len_per_req=3, but plan\\(\\) used 1",
+        ValueError,
+        dict(q=_bf16(6, 8, 128), q_len_per_req=3),
+    ),
     ("extra positional arguments", ValueError, dict(args=(1,))),
     ("v_scale must be finite", ValueError, dict(v_scale=NAN)),
     ("k_scale must be > 0.0", ValueError, dict(k_scale=0.0)),
@@ -389,11 +408,12 @@ def model_batch_prefill(launch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
-@pytest.mark.parametrize("layout", ["NHD", "HND"])
-def test_the_launch_computes_decode_attention(cpu_tc, monkeypatch, layout) -> None:
+@pytest.mark.parametrize("layout,q_len", [("NHD", 1), ("HND", 1), ("NHD", 3), ("HND", 2)])
+def test_the_launch_computes_decode_attention(cpu_tc, monkeypatch, layout, q_len) -> None:
     """The launch arguments, read as batch_prefill reads them (a float64 model standing in
-    for the kernel), give the decode reference: one query row per request, all its keys (or
-    its window), the scales and the soft cap."""
+    for the kernel), give the decode reference: q_len_per_req query rows per request, the
+    last one seeing all its keys and the earlier ones causally fewer (or its window), the
+    scales and the soft cap."""
 
     def batch_prefill(*args) -> None:  # noqa: ANN002
         launch = dict(zip(BATCH_ARGS, args))
@@ -403,7 +423,8 @@ def test_the_launch_computes_decode_attention(cpu_tc, monkeypatch, layout) -> No
             launch["lse"].copy_(lse)
 
     monkeypatch.setattr(cpu_tc, "batch_prefill", batch_prefill)
-    lens, page_size, heads, kv_heads, dim = [1, 40, 0, 17], 16, 8, 2, 64
+    lens = [1, 40, 0, 17] if q_len == 1 else [q_len, 40, q_len + 1, 17]
+    page_size, heads, kv_heads, dim = 16, 8, 2, 64
     pages = [-(-n // page_size) for n in lens]
     indptr = _i32([0, *torch.tensor(pages).cumsum(0).tolist()])
     indices = torch.randperm(sum(pages) + 2)[: sum(pages)].to(torch.int32)
@@ -414,7 +435,7 @@ def test_the_launch_computes_decode_attention(cpu_tc, monkeypatch, layout) -> No
         else (sum(pages) + 2, kv_heads, page_size, dim)
     )
     k_cache, v_cache = torch.randn(shape).to(torch.bfloat16), torch.randn(shape).to(torch.bfloat16)
-    q = _bf16(len(lens), heads, dim)
+    q = _bf16(len(lens) * q_len, heads, dim)
     w = _wrapper(kv_layout=layout)
     for sm_scale, cap, window in ((None, None, -1), (0.3, 20.0, -1), (None, None, 5)):
         w.plan(
@@ -429,8 +450,10 @@ def test_the_launch_computes_decode_attention(cpu_tc, monkeypatch, layout) -> No
             sm_scale=sm_scale,
             logits_soft_cap=cap,
             window_left=window,
+            q_len_per_req=q_len,
         )
         out, lse = w.run(q, (k_cache, v_cache), q_scale=2.0, v_scale=0.5, return_lse=True)
+        assert out.shape == q.shape and lse.shape == q.shape[:2]
         nhd = (
             (k_cache, v_cache)
             if layout == "NHD"
@@ -439,11 +462,62 @@ def test_the_launch_computes_decode_attention(cpu_tc, monkeypatch, layout) -> No
         for b, n in enumerate(lens):
             ids = indices[indptr[b] : indptr[b + 1]].long()
             k, v = (c[ids].flatten(0, 1)[:n] for c in nhd)
-            want, want_lse = reference.decode_attention(
-                q[b], k, v, (sm_scale or dim**-0.5) * 2.0, cap, window
+            rows = slice(b * q_len, (b + 1) * q_len)
+            want, want_lse = reference.attention(
+                q[rows], k, v, True, (sm_scale or dim**-0.5) * 2.0, window, cap
             )
-            torch.testing.assert_close(out[b].double(), want * 0.5, atol=2e-2, rtol=2e-2)
-            torch.testing.assert_close(lse[b].double(), want_lse, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(out[rows].double(), want * 0.5, atol=2e-2, rtol=2e-2)
+            torch.testing.assert_close(lse[rows].double(), want_lse, atol=1e-5, rtol=1e-5)
+
+
+def test_q_len_per_req_plans_a_causal_prefill_of_that_many_tokens(cpu_tc: CpuPrefill) -> None:
+    """Speculative decoding's draft tokens: q_len_per_req rows per request, causal (the
+    reference's semantics); q's rows must match the plan; fast_decode_plan takes it too."""
+    w = _wrapper()
+    w.plan(*TABLE, *SHAPE, q_data_type=torch.bfloat16, q_len_per_req=3)
+    schedule = plan_prefill_schedule([0, 3, 6], [21, 16], 4, 2, MAX_CTAS, causal=True)
+    assert cpu_tc.uploads == [pack_schedule(schedule, schedule.num_work, schedule.num_merge)]
+    plan = w._plan_info
+    assert (plan.batch, plan.total_q, w._q_len_per_req) == (2, 6, 3)
+    q = _bf16(6, 8, 128)
+    out, lse = w.run(q, _cache(), return_lse=True)
+    launch = cpu_tc.launches[-1]
+    assert launch["qo_indptr"].tolist() == [0, 3, 6] and launch["causal"] is True
+    assert out.shape == (6, 8, 128) and lse.shape == (6, 8)
+    with pytest.warns(DeprecationWarning, match="q_len_per_req"):
+        w.run(q, _cache(), q_len_per_req=3)
+    for rows in (2, 4):
+        with pytest.raises(
+            ValueError, match=f"q implies q_len_per_req={rows // 2}, but plan\\(\\) used 3"
+        ):
+            w.run(_bf16(rows, 8, 128), _cache())
+    w.plan(*TABLE, *SHAPE, q_data_type=torch.bfloat16)  # one token per request again
+    w.run(_bf16(2, 8, 128), _cache())
+    assert cpu_tc.launches[-1]["qo_indptr"].tolist() == [0, 1, 2]
+    assert cpu_tc.launches[-1]["causal"] is False
+
+    fast_decode_plan(w, *TABLE, *SHAPE, q_data_type=torch.bfloat16, q_len_per_req=2)
+    full_pages = [32, 16]  # last_page_len is never read on the host
+    schedule = plan_prefill_schedule([0, 2, 4], full_pages, 4, 2, MAX_CTAS, causal=True)
+    assert cpu_tc.uploads[-1] == pack_schedule(schedule, schedule.num_work, schedule.num_merge)
+    w.run(_bf16(4, 8, 128), _cache())
+    assert cpu_tc.launches[-1]["qo_indptr"].tolist() == [0, 2, 4]
+
+
+def test_cuda_graph_mode_fixes_q_len_per_req_at_the_first_plan(cpu_tc: CpuPrefill) -> None:
+    w = _graph_wrapper()
+    qo_indptr = w._prefill._qo_indptr_buf
+    w.plan(*TABLE, *SHAPE, q_data_type=torch.bfloat16, q_len_per_req=2)
+    assert w._prefill._qo_indptr_buf is qo_indptr and qo_indptr.tolist() == [0, 2, 4]
+    w.run(_bf16(4, 8, 128), _cache())
+    launch = cpu_tc.launches[-1]
+    assert launch["qo_indptr"] is qo_indptr and launch["causal"] is True
+    fixed = "q_len_per_req is fixed by the first plan\\(\\) \\(2\\); got 1"
+    with pytest.raises(ValueError, match=fixed):
+        w.plan(*TABLE, *SHAPE, q_data_type=torch.bfloat16)
+    assert qo_indptr.tolist() == [0, 2, 4] and w._q_len_per_req == 2
+    w.plan(*TABLE, *SHAPE, q_data_type=torch.bfloat16, q_len_per_req=2)  # the same: fine
+    assert len(cpu_tc.uploads) == 2
 
 
 def test_reset_workspace_buffer_moves_the_next_plan(cpu_tc: CpuPrefill) -> None:
@@ -736,6 +810,56 @@ def test_tensor_core_decode_matches_cuda_cores_and_float64(
             torch.testing.assert_close(lse[b].double(), want_lse, **LSE_TOLERANCE)
         torch.testing.assert_close(out, core_out, **_tolerance(dtype))
         torch.testing.assert_close(lse, core_lse, **LSE_TOLERANCE)
+
+
+Q_LEN_CASES = [  # (q_len_per_req, group, head_dim, layout, dtype)
+    (2, 4, 128, "NHD", torch.bfloat16),
+    (4, 8, 64, "HND", torch.float16),
+    (3, 1, 256, "NHD", torch.bfloat16),
+    (7, 4, 128, "HND", torch.float16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_len,group,head_dim,layout,dtype", Q_LEN_CASES)
+def test_several_query_tokens_per_request_attend_causally(
+    q_len, group, head_dim, layout, dtype
+) -> None:
+    """q_len_per_req > 1: request b's rows b * q_len ... are its newest tokens, each seeing
+    the keys up to its own position (bottom-right causal), with and without a window, on
+    short, page-straddling and split requests; outputs poisoned with NaN."""
+    torch.manual_seed(q_len * head_dim + group)
+    kv_heads, page_size = 2, 16
+    qo_heads = group * kv_heads
+    lens = [q_len, q_len + 17, 300, 4099, 33]
+    ks, vs, k_cache, v_cache, indptr, indices, last = _paged(
+        lens, page_size, kv_heads, head_dim, dtype, layout, seed=q_len
+    )
+    q = torch.randn(len(lens) * q_len, qo_heads, head_dim, dtype=dtype, device="cuda")
+    w = BatchDecodeWithPagedKVCacheWrapper(_workspace(), layout, use_tensor_cores=True)
+    for window in (-1, 5):
+        w.plan(
+            indptr,
+            indices,
+            last,
+            qo_heads,
+            kv_heads,
+            head_dim,
+            page_size,
+            q_data_type=dtype,
+            window_left=window,
+            q_len_per_req=q_len,
+        )
+        out = torch.full_like(q, NAN)
+        lse = torch.full(q.shape[:2], NAN, device="cuda")
+        w.run(q, (k_cache, v_cache), out=out, lse=lse, return_lse=True)
+        for b in range(len(lens)):
+            rows = slice(b * q_len, (b + 1) * q_len)
+            want, want_lse = reference.attention(
+                q[rows], ks[b], vs[b], causal=True, window_left=window
+            )
+            torch.testing.assert_close(out[rows].double(), want, **_tolerance(dtype))
+            torch.testing.assert_close(lse[rows].double(), want_lse, **LSE_TOLERANCE)
 
 
 @pytest.mark.gpu
