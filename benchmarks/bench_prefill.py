@@ -5,7 +5,8 @@ reference first, then timed next to torch's flash SDPA on the same data in the s
 Reports TFLOP/s (a causal mask counts the visible pairs only), the ratio to torch and the
 share of the device's dense bf16 tensor-core peak. Results go to
 benchmarks/results/prefill.md. Without a GPU it says so and exits 0.
-Usage: python benchmarks/bench_prefill.py [--output FILE]
+Usage: python benchmarks/bench_prefill.py [--output FILE]; FLASHINFER_PREFILL_TILING=128:m2kv32
+(for example) measures another kernel tiling.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Sequence
 import torch
 from gpu_script import device_facts, measure, script_args, timing_fact
 from report import write_report
+
+from flashinfer.jit.prefill import DEFAULT_TILINGS, prefill_tiling
 
 CASES = [  # (routine, its flags)
     ("single_prefill_with_kv_cache", ["--s_qo", "8192", "--s_kv", "8192", "--causal"]),
@@ -87,6 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args is None:
         return 0
     peak = dense_bf16_peak(torch.cuda.get_device_name())
+    tiling = prefill_tiling(128)
+    tiling_source = (
+        "the default" if tiling == DEFAULT_TILINGS[128] else "from FLASHINFER_PREFILL_TILING"
+    )
     peak_note = (
         f"dense bf16 peak used for the share: {peak:.0f} TFLOP/s (data sheet, by the device name)"
         if peak
@@ -107,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "enable_gqa=True, on dense [B, H, L, D] views of the same data (batch: the pages "
             "gathered once, before timing)",
             peak_note,
+            f"kernel tiling (head_dim 128): {tiling.name} ({tiling_source})",
             "command: `python benchmarks/bench_prefill.py` (flashinfer_benchmark.py routines, "
             "backends fa2 and flash)",
         ],

@@ -5,6 +5,7 @@
 
 namespace fp = flashinfer::prefill;
 namespace fc = flashinfer::cascade;
+using Tiling = fp::Tiling<kHeadDim, kPrefillMTiles, kPrefillTileKV>;
 
 cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
   fp::PrefillParams<DType> p;
@@ -45,12 +46,12 @@ cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
     merge = {nullptr, nullptr, nullptr, l.single_chunks};
     merge_positions = l.single_qo_len;
   }
-  return fp::Prefill<DType, kHeadDim>(p, work, l.grid_work, l.num_kv_heads, merge, merge_positions,
-                                      l.pdl, stream);
+  return fp::Prefill<DType, Tiling>(p, work, l.grid_work, l.num_kv_heads, merge, merge_positions,
+                                    l.pdl, stream);
 }
 
 cudaError_t prefill_blocks_per_sm(int* blocks) {
-  return fp::PrefillBlocksPerSM<DType, kHeadDim>(blocks);
+  return fp::PrefillBlocksPerSM<DType, Tiling>(blocks);
 }
 
 int prefill_tile_rows() { return fp::kTileRows; }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,26 @@ def _parse_optional_dir(raw: str) -> Path | None:
 
 def _parse_name_patterns(raw: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in raw.split(",") if p.strip())
+
+
+_TILING = re.compile(r"(\d+):m(\d+)kv(\d+)")
+
+
+def _parse_prefill_tilings(raw: str) -> tuple[tuple[int, int, int], ...]:
+    """Comma-separated ``head_dim:m<tiles>kv<tokens>`` entries (``128:m2kv32``), as
+    ``(head_dim, m_tiles, tile_kv)``; flashinfer.jit.prefill checks the values."""
+    found = []
+    for entry in raw.replace(" ", "").split(","):
+        if not entry:
+            continue
+        match = _TILING.fullmatch(entry)
+        if match is None:
+            raise ValueError(
+                f"expected head_dim:m<tiles>kv<tokens> entries such as 128:m2kv32, got {entry!r}"
+            )
+        head_dim, m_tiles, tile_kv = (int(g) for g in match.groups())
+        found.append((head_dim, m_tiles, tile_kv))
+    return tuple(found)
 
 
 def _default_workspace() -> Path:
@@ -370,6 +391,13 @@ class Config:
         False,
         _parse_bool,
         "compile the device printf helpers of flashinfer/debug.cuh in (separate build dir)",
+    )
+    prefill_tiling = EnvVar(
+        "FLASHINFER_PREFILL_TILING",
+        (),
+        _parse_prefill_tilings,
+        "prefill kernel CTA shapes to try instead of the defaults, e.g. 128:m2kv32 (tuning; "
+        "read when a process first loads that head_dim's module)",
     )
 
     _validated: tuple[str | None, ...] | None = None

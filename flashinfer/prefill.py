@@ -174,6 +174,14 @@ def _plan_dtype(q_data_type: Any, kv_data_type: Any, o_data_type: Any) -> torch.
     return dtype
 
 
+def _check_rows(name: str, tokens: int, num_qo_heads: int) -> None:
+    """The kernel packs query rows (tokens x query heads) and positions in 32 bits."""
+    if tokens * num_qo_heads >= _INT32_LIMIT:
+        raise ValueError(
+            f"{name}: {tokens} query tokens x {num_qo_heads} query heads must be < 2^31"
+        )
+
+
 def _check_mask_values(mask: torch.Tensor) -> None:
     """What packbits reads: booleans, or numbers where nonzero means attend."""
     checks.check_tensor("custom_mask", mask)
@@ -276,6 +284,9 @@ def single_prefill_with_kv_cache(
         _check_vectors(name, t)
     num_kv_heads, kv_len = (k.shape[0], k.shape[1]) if hnd else (k.shape[1], k.shape[0])
     _check_heads(num_qo_heads, num_kv_heads, head_dim)
+    _check_rows("q", qo_len, num_qo_heads)
+    if kv_len >= _INT32_LIMIT:
+        raise ValueError(f"k holds {kv_len} tokens; at most 2^31 - 1")
     scale, cap = score_params(head_dim, sm_scale, logits_soft_cap, None, k_scale)
     v_scale = check_optional_number("v_scale", v_scale)
     check_rope(rope_scale, rope_theta)
@@ -791,6 +802,7 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         """The plan record and the schedule's words; raises (changing nothing) when a
         workspace is too small."""
         checks.check_cuda("float_workspace_buffer", self._float_workspace_buffer)
+        _check_rows("qo_indptr[-1]", qo_indptr[-1], opts.num_qo_heads)
         schedule, (work_cap, merge_cap, tmp_cap) = self._schedule(
             opts, qo_indptr, kv_lens, page_size, has_mask
         )

@@ -3,8 +3,10 @@ single, ragged and paged prefill (include/flashinfer/prefill.cuh)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from ..config import config
 from .core import JitSpec, gen_jit_spec
 from .dtypes import dtype_info
 from .registry import register_op
@@ -12,10 +14,63 @@ from .render import PendingRender
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("float16", "bfloat16")
+# float32 O and score accumulators a lane may hold (kMTiles * (head_dim + tile_kv) / 2): past
+# this the kernel's other state no longer fits in 255 registers without spilling
+MAX_ACCUMULATORS = 160
 
 
-def prefill_uri(dtype: Any, head_dim: int) -> str:
-    return f"prefill_{dtype_info(dtype).short}_hd{head_dim}"
+@dataclass(frozen=True)
+class PrefillTiling:
+    """The prefill kernel's CTA shape (include/flashinfer/prefill.cuh, ``Tiling``): 16-row
+    mma tiles per warp (1: eight warps; 2: four warps, each K/V fragment feeding two mma)
+    and tokens per K/V tile. A CTA has 128 query rows either way."""
+
+    m_tiles: int
+    tile_kv: int
+
+    @property
+    def name(self) -> str:
+        return f"m{self.m_tiles}kv{self.tile_kv}"
+
+    def check(self, head_dim: int) -> None:
+        """Raise ValueError when the kernel cannot take this shape at ``head_dim``."""
+        accumulators = self.m_tiles * (head_dim + self.tile_kv) // 2
+        if self.m_tiles not in (1, 2) or self.tile_kv not in (16, 32, 64):
+            raise ValueError(f"{self.name}: m_tiles must be 1 or 2 and tile_kv 16, 32 or 64")
+        if accumulators > MAX_ACCUMULATORS:
+            raise ValueError(
+                f"{self.name} at head_dim {head_dim} needs {accumulators} accumulators a "
+                f"lane; at most {MAX_ACCUMULATORS} fit"
+            )
+
+
+# Measured on an H100 (docs/attention.md); FLASHINFER_PREFILL_TILING overrides them.
+DEFAULT_TILINGS = {64: PrefillTiling(1, 64), 128: PrefillTiling(1, 64), 256: PrefillTiling(1, 16)}
+
+
+def prefill_tiling(head_dim: int) -> PrefillTiling:
+    """``head_dim``'s tiling: FLASHINFER_PREFILL_TILING's entry for it, else the default."""
+    tiling = DEFAULT_TILINGS[head_dim]
+    for entry_dim, m_tiles, tile_kv in config.prefill_tiling:
+        if entry_dim not in HEAD_DIMS:
+            raise ValueError(
+                f"FLASHINFER_PREFILL_TILING: head_dim {entry_dim} is not one of {HEAD_DIMS}"
+            )
+        if entry_dim == head_dim:
+            tiling = PrefillTiling(m_tiles, tile_kv)
+    try:
+        tiling.check(head_dim)
+    except ValueError as err:
+        raise ValueError(f"FLASHINFER_PREFILL_TILING: {err}") from None
+    return tiling
+
+
+def prefill_uri(dtype: Any, head_dim: int, tiling: PrefillTiling | None = None) -> str:
+    """The module's name; a tiling other than the default is part of it."""
+    base = f"prefill_{dtype_info(dtype).short}_hd{head_dim}"
+    if tiling is None or tiling == DEFAULT_TILINGS[head_dim]:
+        return base
+    return f"{base}_{tiling.name}"
 
 
 # The binding functions' parameters, in order (the debug printer names arguments by them;
@@ -67,15 +122,19 @@ SINGLE_PREFILL_ARGS = (
 )
 
 
-def gen_prefill_module(dtype: Any, head_dim: int) -> JitSpec:
+def gen_prefill_module(dtype: Any, head_dim: int, tiling: PrefillTiling | None = None) -> JitSpec:
     """The spec of the prefill module for ``dtype`` x ``head_dim`` (its attention config
-    rendered when planned)."""
+    rendered when planned), with ``tiling`` or :func:`prefill_tiling`'s."""
     info = dtype_info(dtype)
     if info.bits != 16:
         raise TypeError(f"prefill supports float16 and bfloat16, not {info.name}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-    uri = prefill_uri(dtype, head_dim)
+    if tiling is None:
+        tiling = prefill_tiling(head_dim)
+    else:
+        tiling.check(head_dim)
+    uri = prefill_uri(dtype, head_dim, tiling)
     config = PendingRender.of(
         "attention_config.jinja",
         uri,
@@ -86,6 +145,8 @@ def gen_prefill_module(dtype: Any, head_dim: int) -> JitSpec:
         dlpack_code=info.dlpack_code,
         bits=info.bits,
         head_dim=head_dim,
+        prefill_m_tiles=tiling.m_tiles,
+        prefill_tile_kv=tiling.tile_kv,
     )
     return gen_jit_spec(
         uri,

@@ -12,9 +12,11 @@
 // running to the request's end. Split requests write float32 partial states (v, base-2 LSE)
 // to tmp row tmp_base + t * n + c, and cascade::MergeStatesKernel merges each token's n rows.
 //
-// Inside a CTA. Eight warps each own 16 packed rows (128 rows share each K/V tile: half the
-// L2 traffic per flop of a 64-row tile). Q (kTileRows x head_dim) is staged once; K and V
-// arrive in tiles of kTileKV tokens through a kStages-stage cp.async pipeline (tiles i + 1 ..
+// Inside a CTA. Its warps each own kMTiles x 16 packed rows (Tiling: 8 warps of 16 rows, or 4
+// of 32 so that every K/V fragment read from shared memory feeds two mma, FlashAttention-2's
+// layout); 128 rows share each K/V tile (half the L2 traffic per flop of a 64-row tile). Q
+// (kTileRows x head_dim) is staged once; K and V arrive in tiles of kTileKV tokens through a
+// kStages-stage cp.async pipeline (tiles i + 1 ..
 // i + kStages - 1 in flight while tile i is computed). Shared memory rows are swizzled (16-byte
 // chunk c of row r stored at chunk c ^ (r % 8)) so that ldmatrix reads are free of bank conflicts.
 // S = Q K^T and O += P V run on mma.sync m16n8k16 with float32 accumulators; the softmax is online
@@ -39,15 +41,22 @@
 namespace flashinfer {
 namespace prefill {
 
-constexpr int kWarps = 8;
-constexpr int kThreads = kWarps * 32;
-constexpr int kTileRows = kWarps * 16;  // packed query rows per CTA
+constexpr int kTileRows = 128;  // packed query rows per CTA (prefill_schedule.py's TILE_ROWS)
 
-template <int kHeadDim>
+// A CTA's shape: kMTiles 16-row mma tiles per warp (1 or 2) and kTileKV tokens per K/V tile.
+// A lane holds kMTiles * (kHeadDim + kTileKV) / 2 float32 accumulators (O and the scores):
+// the register file bounds both.
+template <int kHeadDim_, int kMTiles_, int kTileKV_>
 struct Tiling {
+  static constexpr int kHeadDim = kHeadDim_, kMTiles = kMTiles_, kTileKV = kTileKV_;
   static_assert(kHeadDim % 64 == 0, "the swizzle needs at least 8 chunks of 16 bytes per row");
-  static constexpr int kChunks = kHeadDim / 8;               // 16-byte chunks per row
-  static constexpr int kTileKV = kHeadDim <= 128 ? 64 : 16;  // tokens per K/V tile (registers)
+  static_assert(kMTiles == 1 || kMTiles == 2, "a warp owns 16 or 32 rows");
+  static_assert(kTileKV % 16 == 0 && kTileKV <= 64, "K/V tiles are 16 to 64 tokens");
+  static constexpr int kWarpRows = 16 * kMTiles;
+  static constexpr int kWarps = kTileRows / kWarpRows;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
+  static_assert(kTileKV * kChunks % kThreads == 0, "every thread loads as many K/V chunks");
   static constexpr int kQElems = kTileRows * kHeadDim;
   static constexpr int kKVElems = kTileKV * kHeadDim;
   static constexpr int kStages = 2;  // K/V tiles in flight: the one computed and kStages - 1 more
@@ -96,10 +105,10 @@ struct WorkList {
 };
 
 struct Item {
-  int64_t request, q_tile, chunk, chunks, tmp_base, chunk_tokens;
+  int request, q_tile, chunk, chunks, tmp_base, chunk_tokens;
 };
 
-__device__ __forceinline__ bool work_item(const WorkList& w, int64_t i, Item* item) {
+__device__ __forceinline__ bool work_item(const WorkList& w, int i, Item* item) {
   if (w.plan) {
     if (i >= w.plan[0]) return false;
     const int32_t* a = w.plan + 2;
@@ -113,9 +122,10 @@ __device__ __forceinline__ bool work_item(const WorkList& w, int64_t i, Item* it
   }
   // The grid is exactly the items; the last query tiles go first (under a causal mask they see
   // the most keys), as the batch plan orders its items longest first.
-  i = gridDim.x - 1 - i;
-  const int64_t chunks = w.single_chunks;
-  *item = {0, i / chunks, i % chunks, chunks, chunks > 1 ? 0 : -1, w.chunk_tokens};
+  i = static_cast<int>(gridDim.x) - 1 - i;
+  const int chunks = static_cast<int>(w.single_chunks);
+  *item = {0,      i / chunks,          i % chunks,
+           chunks, chunks > 1 ? 0 : -1, static_cast<int>(w.chunk_tokens)};
   return true;
 }
 
@@ -125,9 +135,64 @@ __device__ __forceinline__ int swizzle(int row, int chunk) {
   return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
 }
 
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, WorkList w) {
-  using Tl = Tiling<kHeadDim>;
+// A lane's ldmatrix addresses in a swizzled tile: chunk 2 * pair + half of row `row + rows`,
+// `rows` a multiple of 8. The XOR touches only a chunk's low three bits, so the address is
+// one of four per-lane bases (by pair % 4) plus a compile-time offset whenever rows and pair
+// are: four registers instead of one per (rows, pair) the loops visit.
+template <int kHeadDim>
+struct SwizzledRows {
+  uint32_t base[4];
+  __device__ __forceinline__ SwizzledRows(uint32_t tile, int row, int half) {
+    const int y = half ^ (row & 7);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) base[j] = tile + 2 * (row * kHeadDim + (((2 * j) ^ y) << 3));
+  }
+  __device__ __forceinline__ uint32_t at(int rows, int pair) const {
+    return base[pair & 3] + 32 * (pair & ~3) + 2 * rows * kHeadDim;
+  }
+};
+
+// Bits [begin_bit, begin_bit + kCols) of a bit-packed mask (little bit order) as bit c of the
+// result; bytes at or past `end_bit` (the mask row's end) are never read and read as 0. A
+// few byte loads at one base address per 32 columns, not one load (and one 64-bit address
+// register) per column.
+template <int kCols>
+__device__ __forceinline__ uint64_t mask_bits(const uint8_t* mask, int64_t begin_bit,
+                                              int64_t end_bit) {
+  static_assert(kCols <= 64, "a tile row's bits fit one 64-bit word");
+  constexpr int kGroupCols = kCols < 32 ? kCols : 32;
+  constexpr int kBytes = (kGroupCols + 7 + 7) / 8;  // a group's bits behind a 0..7-bit offset
+  const int64_t last_byte = (end_bit - 1) >> 3;
+  uint64_t bits = 0;
+#pragma unroll
+  for (int g = 0; g < kCols / kGroupCols; ++g) {
+    const int64_t first = begin_bit + g * kGroupCols, byte0 = first >> 3;
+    uint64_t word = 0;
+#pragma unroll
+    for (int k = 0; k < kBytes; ++k) {
+      if (byte0 + k <= last_byte) word |= uint64_t{mask[byte0 + k]} << (8 * k);
+    }
+    bits |= ((word >> (first & 7)) & ((uint64_t{1} << kGroupCols) - 1)) << (g * kGroupCols);
+  }
+  return bits;
+}
+
+// Where the request's query tokens start and how many it has (clamped to [0, 2^31)).
+template <typename T>
+__device__ __forceinline__ void query_span(const PrefillParams<T>& p, int request, int* q_start,
+                                           int* qo_len) {
+  int64_t start = 0, len = p.single_qo_len;
+  if (p.qo_indptr) {
+    start = p.qo_indptr[request];
+    len = int64_t{p.qo_indptr[request + 1]} - start;
+  }
+  *q_start = static_cast<int>(start);
+  *qo_len = static_cast<int>(min(max(len, int64_t{0}), int64_t{0x7fffffff}));
+}
+
+template <typename T, typename Tl>
+__global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p, WorkList w) {
+  constexpr int kHeadDim = Tl::kHeadDim, kMTiles = Tl::kMTiles, kThreads = Tl::kThreads;
   constexpr int kTileKV = Tl::kTileKV, kChunks = Tl::kChunks;
   constexpr int kScoreTiles = kTileKV / 8, kDimTiles = kHeadDim / 8;
   extern __shared__ __align__(16) uint8_t shared_bytes[];
@@ -139,55 +204,60 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
   pdl_wait();
   Item item;
   if (!work_item(w, blockIdx.x, &item)) return;
-  const int64_t kv_head = blockIdx.y, group = p.group;
-  int64_t q_start = 0, qo_len = p.single_qo_len, kv_len = p.single_kv_len;
-  int64_t kv_offset = 0, page_base = 0;
+  // Token positions are 32-bit (lengths < 2^31, checked on the host): the registers they
+  // would take as 64-bit values are the accumulators'.
+  const int64_t kv_head = blockIdx.y;
+  const int group = static_cast<int>(p.group);  // <= num_qo_heads < 2^16
+  int q_start, qo_len, kv_offset = 0, page_base = 0;
+  query_span(p, item.request, &q_start, &qo_len);
+  int64_t kv_len64 = p.single_kv_len;
   if (p.qo_indptr) {
-    q_start = p.qo_indptr[item.request];
-    qo_len = p.qo_indptr[item.request + 1] - q_start;
     if (p.pages.indices) {
       page_base = p.pages.indptr[item.request];
-      kv_len = request_length(p.pages, item.request);
+      kv_len64 = request_length(p.pages, item.request);
     } else {
       kv_offset = p.pages.indptr[item.request];
-      kv_len = p.pages.indptr[item.request + 1] - kv_offset;
+      kv_len64 = int64_t{p.pages.indptr[item.request + 1]} - kv_offset;
     }
   }
-  qo_len = max(qo_len, int64_t{0});
-  kv_len = max(kv_len, int64_t{0});
-  const int64_t row0 = item.q_tile * kTileRows, rows = qo_len * group;
+  const int kv_len = static_cast<int>(min(max(kv_len64, int64_t{0}), int64_t{0x7fffffff}));
+  // Packed rows are 32-bit too: tokens x query heads < 2^31 (checked on the host).
+  const int rows = static_cast<int>(min(int64_t{qo_len} * group, int64_t{0x7fffffff}));
+  const int row0 = item.q_tile * kTileRows;
   if (row0 >= rows) return;  // no query token of this tile (lengths shrank since the plan)
-  const int64_t t_first = row0 / group, t_last = min(row0 + kTileRows - 1, rows - 1) / group;
-  const int64_t delta = kv_len - qo_len;  // bottom-right alignment of causal and window masks
+  const int t_first = row0 / group, t_last = min(row0 + kTileRows - 1, rows - 1) / group;
+  const int delta = kv_len - qo_len;  // bottom-right alignment of causal and window masks
   const bool causal = p.causal && !p.mask;
 
   // The KV range this tile attends in its chunk: [lo, hi).
-  int64_t lo = min(item.chunk * item.chunk_tokens, kv_len);
-  int64_t hi = item.chunk + 1 >= item.chunks ? kv_len : min(lo + item.chunk_tokens, kv_len);
-  if (causal) hi = min(hi, t_last + delta + 1);
-  if (p.window_left >= 0) lo = max(lo, t_first + delta - p.window_left);
-  const int64_t num_tiles = hi > lo ? (hi - lo + kTileKV - 1) / kTileKV : 0;
+  int64_t lo64 = min(int64_t{item.chunk} * item.chunk_tokens, int64_t{kv_len});
+  int64_t hi64 =
+      item.chunk + 1 >= item.chunks ? kv_len : min(lo64 + item.chunk_tokens, int64_t{kv_len});
+  if (causal) hi64 = min(hi64, int64_t{t_last} + delta + 1);
+  if (p.window_left >= 0) lo64 = max(lo64, int64_t{t_first} + delta - p.window_left);
+  const int lo = static_cast<int>(lo64), hi = static_cast<int>(max(hi64, lo64));
+  const int num_tiles = static_cast<int>((int64_t{hi} - lo + kTileKV - 1) / kTileKV);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // Q: packed rows past the request's end are zero-filled (their results are never stored).
   for (int c = tid; c < kTileRows * kChunks; c += kThreads) {
     const int r = c / kChunks, col = c % kChunks;
-    const int64_t packed = row0 + r;
+    const int packed = row0 + r;
     const bool valid = packed < rows;
-    const int64_t t = packed / group, head = kv_head * group + packed % group;
-    const T* src = p.q + (q_start + t) * p.q_row_stride + head * p.q_head_stride + col * 8;
+    const int64_t t = q_start + packed / group, head = kv_head * group + packed % group;
+    const T* src = p.q + t * p.q_row_stride + head * p.q_head_stride + col * 8;
     cp_async_16(sq + swizzle<kHeadDim>(r, col), valid ? src : p.q, valid);
   }
   // A K/V tile: tokens at or past `hi`, and tokens on pages outside the cache, read as zeros
   // (never memory another request owns) and are masked: the first by `hi`, the second by
   // their byte in `unscored`, written by the thread that loads the token's first chunk.
-  auto load_kv = [&](int stage, int64_t kv0) {
+  auto load_kv = [&](int stage, int kv0) {
     T* const k_tile = sk + stage * Tl::kKVElems;
     T* const v_tile = sv + stage * Tl::kKVElems;
 #pragma unroll
     for (int c = tid; c < kTileKV * kChunks; c += kThreads) {
       const int token = c / kChunks, col = c % kChunks;
-      const int64_t j = kv0 + token;
+      const int j = kv0 + token;
       int64_t page = 0, slot = 0;
       bool valid = j < hi;
       if (valid) {
@@ -211,54 +281,64 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
     cp_async_commit();
   }
 
-  // This thread's two rows of its warp's 16: tile rows r[h] = warp * 16 + lane / 4 + 8h.
-  int64_t token[2];
-  bool row_valid[2];
+  // This thread's rows: two of each of its warp's 16-row mma tiles, tile rows
+  // warp * kWarpRows + mt * 16 + lane / 4 + 8h. Their tokens are derived where a mask or the
+  // epilogue needs them, not held in registers through the loop.
+  const int warp_row = warp * Tl::kWarpRows;
+  const int lane_row = warp_row + lane / 4;
+  // the first bit of this request's custom mask
+  const int64_t mask_bit0 = p.mask && p.mask_indptr ? int64_t{p.mask_indptr[item.request]} * 8 : 0;
+  // 32-bit shared-window byte addresses of this lane's ldmatrix rows: Q (A operand) rows
+  // lane % 16 of each m-tile; K (B operand, 16 keys x 16 dims a step) and V (B operand read
+  // transposed, 16 keys x 16 dims) rows of stage 0
+  const SwizzledRows<kHeadDim> q_rows(mma::smem_address(sq), warp_row + lane % 16, lane / 16);
+  const SwizzledRows<kHeadDim> k_rows(mma::smem_address(sk), lane % 8 + (lane / 16) * 8,
+                                      (lane / 8) % 2);
+  const SwizzledRows<kHeadDim> v_rows(mma::smem_address(sv), lane % 8 + ((lane / 8) % 2) * 8,
+                                      lane / 16);
+  float o[kMTiles][kDimTiles][4];
+  float m[kMTiles][2], d[kMTiles][2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t packed = row0 + warp * 16 + lane / 4 + 8 * h;
-    token[h] = packed / group;
-    row_valid[h] = packed < rows;
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int i = 0; i < kDimTiles; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    d[mt][0] = d[mt][1] = 0.f;
   }
-  int64_t mask_base[2] = {0, 0};
-  if (p.mask) {
-    const int64_t offset = p.mask_indptr ? p.mask_indptr[item.request] : 0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) mask_base[h] = offset * 8 + token[h] * kv_len;
-  }
-  // 32-bit shared-window byte addresses of the tiles, for ldmatrix
-  const uint32_t q_base = mma::smem_address(sq), k_base = mma::smem_address(sk);
-  const uint32_t v_base = mma::smem_address(sv);
-  float o[kDimTiles][4];
-#pragma unroll
-  for (int i = 0; i < kDimTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.f, 0.f};
 
-  for (int64_t it = 0; it < num_tiles; ++it) {
-    const int64_t kv0 = lo + it * kTileKV;
-    const int64_t ahead = it + Tl::kStages - 1;
-    if (ahead < num_tiles) load_kv(static_cast<int>(ahead % Tl::kStages), lo + ahead * kTileKV);
+  for (int it = 0; it < num_tiles; ++it) {
+    const int kv0 = lo + it * kTileKV;
+    const int ahead = it + Tl::kStages - 1;
+    if (ahead < num_tiles) load_kv(ahead % Tl::kStages, lo + ahead * kTileKV);
     cp_async_commit();
     cp_async_wait<Tl::kStages - 1>();  // tile it has landed
     __syncthreads();
-    const int stage = static_cast<int>(it % Tl::kStages);
-    const uint32_t k_tile = k_base + stage * Tl::kKVElems * 2;
-    const uint32_t v_tile = v_base + stage * Tl::kKVElems * 2;
-    float s[kScoreTiles][4];
+    const int stage = it % Tl::kStages;
+    const uint32_t stage_bytes = stage * Tl::kKVElems * 2;
+    // S = Q K^T: each K fragment read from shared memory feeds every m-tile of the warp.
+    float s[kMTiles][kScoreTiles][4];
 #pragma unroll
-    for (int i = 0; i < kScoreTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int i = 0; i < kScoreTiles; ++i)
+        s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+    }
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      uint32_t a[4];
-      mma::ldmatrix_x4(a,
-                       q_base + 2 * swizzle<kHeadDim>(warp * 16 + lane % 16, ks * 2 + lane / 16));
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        mma::ldmatrix_x4(a[mt], q_rows.at(mt * 16, ks));
+      }
 #pragma unroll
       for (int n2 = 0; n2 < kTileKV / 16; ++n2) {
         uint32_t b[4];
-        mma::ldmatrix_x4(b, k_tile + 2 * swizzle<kHeadDim>(n2 * 16 + lane % 8 + (lane / 16) * 8,
-                                                           ks * 2 + (lane / 8) % 2));
-        mma::mma_16816<T>(s[2 * n2], a, b[0], b[1]);
-        mma::mma_16816<T>(s[2 * n2 + 1], a, b[2], b[3]);
+        mma::ldmatrix_x4(b, k_rows.at(n2 * 16, ks) + stage_bytes);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma::mma_16816<T>(s[mt][2 * n2], a[mt], b[0], b[1]);
+          mma::mma_16816<T>(s[mt][2 * n2 + 1], a[mt], b[2], b[3]);
+        }
       }
     }
 
@@ -275,27 +355,34 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
                             (causal && kv0 + kTileKV - 1 > t_first + delta) ||
                             (p.window_left >= 0 && kv0 < t_last + delta - p.window_left);
     if (needs_mask) {
-      // Per row, the visible columns of this tile are [first, last) in 32-bit tile offsets.
-      int first[2], last[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        int64_t end = hi - kv0, begin = 0;
-        if (causal) end = min(end, token[h] + delta + 1 - kv0);
-        if (p.window_left >= 0) begin = max(begin, token[h] + delta - p.window_left - kv0);
-        last[h] = static_cast<int>(max(min(end, int64_t{kTileKV}), int64_t{0}));
-        first[h] = static_cast<int>(min(begin, int64_t{kTileKV}));
-      }
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        // Per row, the visible columns of this tile are [first, last) in 32-bit tile offsets.
+        int first[2], last[2];
+        uint64_t custom[2] = {~uint64_t{0}, ~uint64_t{0}};  // bit c: column c is visible
 #pragma unroll
-      for (int i = 0; i < kScoreTiles; ++i) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e / 2, col = i * 8 + 2 * (lane % 4) + (e % 2);
-          bool visible = col >= first[h] && col < last[h] && !(bad_pages && tile_unscored[col]);
-          if (p.mask && visible && row_valid[h]) {  // a padding row has no mask bits
-            const int64_t bit = mask_base[h] + kv0 + col;
-            visible = (p.mask[bit >> 3] >> (bit & 7)) & 1;
+        for (int h = 0; h < 2; ++h) {
+          const int packed = row0 + lane_row + mt * 16 + 8 * h;
+          const int token = packed / group;
+          if (p.mask && packed < rows) {  // a padding row has no mask bits
+            const int64_t row_bit = mask_bit0 + int64_t{token} * kv_len;
+            custom[h] = mask_bits<kTileKV>(p.mask, row_bit + kv0, row_bit + kv_len);
           }
-          if (!visible) s[i][e] = -INFINITY;
+          int64_t end = hi - kv0, begin = 0;
+          if (causal) end = min(end, int64_t{token} + delta + 1 - kv0);
+          if (p.window_left >= 0) begin = max(begin, int64_t{token} + delta - p.window_left - kv0);
+          last[h] = static_cast<int>(max(min(end, int64_t{kTileKV}), int64_t{0}));
+          first[h] = static_cast<int>(min(begin, int64_t{kTileKV}));
+        }
+#pragma unroll
+        for (int i = 0; i < kScoreTiles; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int h = e / 2, col = i * 8 + 2 * (lane % 4) + (e % 2);
+            const bool visible = col >= first[h] && col < last[h] && (custom[h] >> col) & 1 &&
+                                 !(bad_pages && tile_unscored[col]);
+            if (!visible) s[mt][i][e] = -INFINITY;
+          }
         }
       }
     }
@@ -305,10 +392,13 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
     if (p.cap > 0.f) {
       unit = 1.f;
 #pragma unroll
-      for (int i = 0; i < kScoreTiles; ++i) {
+      for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          if (s[i][e] != -INFINITY) s[i][e] = p.cap * tanhf(s[i][e] * p.scale);
+        for (int i = 0; i < kScoreTiles; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (s[mt][i][e] != -INFINITY) s[mt][i][e] = p.cap * tanhf(s[mt][i][e] * p.scale);
+          }
         }
       }
     }
@@ -316,57 +406,65 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
     // Online softmax, per row; a row's four lanes (lane % 4) share its max. Reductions over
     // a lane's columns run as trees, not as serial chains of dependent instructions.
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float part[kScoreTiles];
+    for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-      for (int i = 0; i < kScoreTiles; ++i) part[i] = fmaxf(s[i][2 * h], s[i][2 * h + 1]);
+      for (int h = 0; h < 2; ++h) {
+        float part[kScoreTiles];
 #pragma unroll
-      for (int width = kScoreTiles / 2; width > 0; width /= 2) {
+        for (int i = 0; i < kScoreTiles; ++i) part[i] = fmaxf(s[mt][i][2 * h], s[mt][i][2 * h + 1]);
 #pragma unroll
-        for (int i = 0; i < width; ++i) part[i] = fmaxf(part[i], part[i + width]);
-      }
-      float tile_max = part[0];
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float row_max = fmaxf(m[h], tile_max * unit);
-      const float base = row_max == -INFINITY ? 0.f : row_max;  // nothing visible yet
-      const float rescale = exp2_approx(m[h] - base);
-      m[h] = row_max;
+        for (int width = kScoreTiles / 2; width > 0; width /= 2) {
 #pragma unroll
-      for (int i = 0; i < kScoreTiles; ++i) {
-        s[i][2 * h] = exp2_approx(fmaf(s[i][2 * h], unit, -base));
-        s[i][2 * h + 1] = exp2_approx(fmaf(s[i][2 * h + 1], unit, -base));
-        part[i] = s[i][2 * h] + s[i][2 * h + 1];
-      }
+          for (int i = 0; i < width; ++i) part[i] = fmaxf(part[i], part[i + width]);
+        }
+        float tile_max = part[0];
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float row_max = fmaxf(m[mt][h], tile_max * unit);
+        const float base = row_max == -INFINITY ? 0.f : row_max;  // nothing visible yet
+        const float rescale = exp2_approx(m[mt][h] - base);
+        m[mt][h] = row_max;
 #pragma unroll
-      for (int width = kScoreTiles / 2; width > 0; width /= 2) {
+        for (int i = 0; i < kScoreTiles; ++i) {
+          s[mt][i][2 * h] = exp2_approx(fmaf(s[mt][i][2 * h], unit, -base));
+          s[mt][i][2 * h + 1] = exp2_approx(fmaf(s[mt][i][2 * h + 1], unit, -base));
+          part[i] = s[mt][i][2 * h] + s[mt][i][2 * h + 1];
+        }
 #pragma unroll
-        for (int i = 0; i < width; ++i) part[i] += part[i + width];
-      }
-      d[h] = d[h] * rescale + part[0];  // this lane's columns; the row's lanes add up at the end
+        for (int width = kScoreTiles / 2; width > 0; width /= 2) {
 #pragma unroll
-      for (int i = 0; i < kDimTiles; ++i) {
-        o[i][2 * h] *= rescale;
-        o[i][2 * h + 1] *= rescale;
+          for (int i = 0; i < width; ++i) part[i] += part[i + width];
+        }
+        d[mt][h] = d[mt][h] * rescale + part[0];  // this lane's columns; summed at the end
+#pragma unroll
+        for (int i = 0; i < kDimTiles; ++i) {
+          o[mt][i][2 * h] *= rescale;
+          o[mt][i][2 * h + 1] *= rescale;
+        }
       }
     }
 
-    // O += P V: P's accumulator fragments are the A operand of the next mma, 16 keys a step.
+    // O += P V: P's accumulator fragments are the A operand of the next mma, 16 keys a step;
+    // each V fragment read from shared memory feeds every m-tile of the warp.
 #pragma unroll
     for (int kk = 0; kk < kTileKV / 16; ++kk) {
-      uint32_t a[4];
-      a[0] = mma::pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = mma::pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = mma::pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = mma::pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        a[mt][0] = mma::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = mma::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = mma::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = mma::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int n2 = 0; n2 < kHeadDim / 16; ++n2) {
         uint32_t b[4];
-        mma::ldmatrix_x4_trans(
-            b, v_tile + 2 * swizzle<kHeadDim>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
-                                              n2 * 2 + lane / 16));
-        mma::mma_16816<T>(o[2 * n2], a, b[0], b[1]);
-        mma::mma_16816<T>(o[2 * n2 + 1], a, b[2], b[3]);
+        mma::ldmatrix_x4_trans(b, v_rows.at(kk * 16, n2) + stage_bytes);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma::mma_16816<T>(o[mt][2 * n2], a[mt], b[0], b[1]);
+          mma::mma_16816<T>(o[mt][2 * n2 + 1], a[mt], b[2], b[3]);
+        }
       }
     }
     __syncthreads();  // the stage just read is a later iteration's load target
@@ -374,40 +472,50 @@ __global__ void __launch_bounds__(kThreads) PrefillKernel(PrefillParams<T> p, Wo
   cp_async_wait<0>();
   pdl_launch_dependents();
 
+  // The work item and the request's query span again: read back rather than held in
+  // registers through the loop (the same memory, unchanged while the kernel runs).
+  work_item(w, blockIdx.x, &item);
+  query_span(p, item.request, &q_start, &qo_len);
+  const int out_rows = static_cast<int>(min(int64_t{qo_len} * group, int64_t{0x7fffffff}));
+  const int tile_row0 = item.q_tile * kTileRows + lane_row;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    d[h] += __shfl_xor_sync(0xffffffffu, d[h], 1);
-    d[h] += __shfl_xor_sync(0xffffffffu, d[h], 2);
-    if (!row_valid[h]) continue;
-    const int64_t packed = row0 + warp * 16 + lane / 4 + 8 * h;
-    const float inv = d[h] > 0.f ? 1.f / d[h] : 0.f;
-    const float lse = d[h] > 0.f ? m[h] + log2f(d[h]) : -INFINITY;
-    const int64_t t = token[h], head = kv_head * group + packed % group;
-    const int dim = 2 * (lane % 4);
-    if (item.tmp_base < 0) {
-      T* dst = p.out + (q_start + t) * p.out_row_stride + head * p.out_head_stride + dim;
+  for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
-      for (int i = 0; i < kDimTiles; ++i) {
-        *reinterpret_cast<uint32_t*>(dst + i * 8) =
-            mma::pack2<T>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+    for (int h = 0; h < 2; ++h) {
+      float sum = d[mt][h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int packed = tile_row0 + mt * 16 + 8 * h;
+      if (packed >= out_rows) continue;
+      const float inv = sum > 0.f ? 1.f / sum : 0.f;
+      const float lse = sum > 0.f ? m[mt][h] + log2f(sum) : -INFINITY;
+      const int64_t t = packed / group, head = kv_head * group + packed % group;
+      const int dim = 2 * (lane % 4);
+      if (item.tmp_base < 0) {
+        T* dst = p.out + (q_start + t) * p.out_row_stride + head * p.out_head_stride + dim;
+#pragma unroll
+        for (int i = 0; i < kDimTiles; ++i) {
+          *reinterpret_cast<uint32_t*>(dst + i * 8) =
+              mma::pack2<T>(o[mt][i][2 * h] * inv, o[mt][i][2 * h + 1] * inv);
+        }
+        if (p.lse && lane % 4 == 0) p.lse[(q_start + t) * p.num_qo_heads + head] = lse;
+      } else {
+        const int64_t row = (item.tmp_base + t * item.chunks + item.chunk) * p.num_qo_heads + head;
+        float* dst = p.tmp_v + row * kHeadDim + dim;
+#pragma unroll
+        for (int i = 0; i < kDimTiles; ++i) {
+          *reinterpret_cast<float2*>(dst + i * 8) =
+              make_float2(o[mt][i][2 * h] * inv, o[mt][i][2 * h + 1] * inv);
+        }
+        if (lane % 4 == 0) p.tmp_lse[row] = lse;
       }
-      if (p.lse && lane % 4 == 0) p.lse[(q_start + t) * p.num_qo_heads + head] = lse;
-    } else {
-      const int64_t row = (item.tmp_base + t * item.chunks + item.chunk) * p.num_qo_heads + head;
-      float* dst = p.tmp_v + row * kHeadDim + dim;
-#pragma unroll
-      for (int i = 0; i < kDimTiles; ++i) {
-        *reinterpret_cast<float2*>(dst + i * 8) =
-            make_float2(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
-      }
-      if (lane % 4 == 0) p.tmp_lse[row] = lse;
     }
   }
 }
 
 // Raising the kernel's dynamic shared memory limit happens once per device and never again,
 // so launches captured in a CUDA graph (after a warm-up run) make no attribute calls.
-template <typename T, int kHeadDim>
+template <typename T, typename Tl>
 cudaError_t PreparePrefillKernel() {
   constexpr int kMaxDevices = 64;
   static std::atomic<bool> configured[kMaxDevices] = {};
@@ -415,40 +523,39 @@ cudaError_t PreparePrefillKernel() {
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device < kMaxDevices && configured[device].load()) return cudaSuccess;
-  err =
-      cudaFuncSetAttribute(PrefillKernel<T, kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(Tiling<kHeadDim>::kSharedBytes));
+  err = cudaFuncSetAttribute(PrefillKernel<T, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(Tl::kSharedBytes));
   if (err == cudaSuccess && device < kMaxDevices) configured[device].store(true);
   return err;
 }
 
 // CTAs of PrefillKernel resident per SM (the scheduler's unit of fill).
-template <typename T, int kHeadDim>
+template <typename T, typename Tl>
 cudaError_t PrefillBlocksPerSM(int* blocks) {
-  cudaError_t err = PreparePrefillKernel<T, kHeadDim>();
+  cudaError_t err = PreparePrefillKernel<T, Tl>();
   if (err != cudaSuccess) return err;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, PrefillKernel<T, kHeadDim>, kThreads,
-                                                       Tiling<kHeadDim>::kSharedBytes);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, PrefillKernel<T, Tl>, Tl::kThreads,
+                                                       Tl::kSharedBytes);
 }
 
 // Launches the prefill kernel over `grid_work` work items, then (when merge_positions > 0)
 // the merge of split requests' tmp rows into the output. `pdl`: both launch with
 // programmatic dependent launch (see pdl.cuh).
-template <typename T, int kHeadDim>
+template <typename T, typename Tl>
 cudaError_t Prefill(const PrefillParams<T>& p, const WorkList& work, int64_t grid_work,
                     int64_t num_kv_heads, const cascade::MergeSchedule& merge,
                     int64_t merge_positions, bool pdl, cudaStream_t stream) {
   if (grid_work == 0 || num_kv_heads == 0) return cudaSuccess;
-  cudaError_t err = PreparePrefillKernel<T, kHeadDim>();
+  cudaError_t err = PreparePrefillKernel<T, Tl>();
   if (err != cudaSuccess) return err;
-  err = launch_kernel(PrefillKernel<T, kHeadDim>,
+  err = launch_kernel(PrefillKernel<T, Tl>,
                       dim3(static_cast<unsigned>(grid_work), static_cast<unsigned>(num_kv_heads)),
-                      dim3(kThreads), Tiling<kHeadDim>::kSharedBytes, stream, pdl, p, work);
+                      dim3(Tl::kThreads), Tl::kSharedBytes, stream, pdl, p, work);
   if (err != cudaSuccess || merge_positions == 0) return err;
   const int64_t h = p.num_qo_heads;
   return cascade::MergeStates<float, T>({p.out, p.lse, p.out_row_stride, p.out_head_stride, h, 1},
-                                        {p.tmp_v, p.tmp_lse, h * kHeadDim, kHeadDim, h, 1}, merge,
-                                        merge_positions, h, kHeadDim, stream, pdl);
+                                        {p.tmp_v, p.tmp_lse, h * Tl::kHeadDim, Tl::kHeadDim, h, 1},
+                                        merge, merge_positions, h, Tl::kHeadDim, stream, pdl);
 }
 
 }  // namespace prefill

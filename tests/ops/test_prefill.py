@@ -17,7 +17,14 @@ from flashinfer import cascade as cascade_api
 from flashinfer import checks
 from flashinfer import decode as decode_api
 from flashinfer import prefill as prefill_api
-from flashinfer.jit.prefill import BATCH_PREFILL_ARGS, SINGLE_PREFILL_ARGS
+from flashinfer.jit.prefill import (
+    BATCH_PREFILL_ARGS,
+    DEFAULT_TILINGS,
+    SINGLE_PREFILL_ARGS,
+    PrefillTiling,
+    gen_prefill_module,
+    prefill_tiling,
+)
 from flashinfer.prefill import (
     BatchPrefillWithPagedKVCacheWrapper,
     BatchPrefillWithRaggedKVCacheWrapper,
@@ -27,6 +34,7 @@ from flashinfer.prefill_schedule import TILE_ROWS, pack_schedule, plan_length, p
 from flashinfer.quantization import packbits, segment_packbits
 from tests.compile import cpu_kernels as compile_cpu_kernels
 from tests.compile import module_ops
+from tests.ops.test_norm import build_with_ptxas_report
 
 LOG2E = 1.4426950408889634
 MAX_CTAS = 64
@@ -183,6 +191,19 @@ SINGLE_BAD = [
         "packed_custom_mask must be 1-D",
         ValueError,
         dict(packed_custom_mask=torch.zeros(7, 1, dtype=torch.uint8)),
+    ),
+    (
+        "q: 16777216 query tokens x 128 query heads must be < 2\\^31",
+        ValueError,
+        dict(q=_bf16(1, 128, 128).expand(1 << 24, 128, 128)),
+    ),
+    (
+        "k holds 2147483648 tokens; at most 2\\^31 - 1",
+        ValueError,
+        dict(
+            k=_bf16(1, 2, 128).expand(1 << 31, 2, 128),
+            v=_bf16(1, 2, 128).expand(1 << 31, 2, 128),
+        ),
     ),
     ("q must be a CUDA tensor", ValueError, dict()),
     (
@@ -342,6 +363,11 @@ COMMON_PLAN_BAD = [
         dict(qo_indptr=_i32([1, 3, 5])),
     ),
     ("qo_indptr has dtype torch.float32", TypeError, dict(qo_indptr=torch.zeros(3))),
+    (
+        "qo_indptr\\[-1\\]: 268435456 query tokens x 8 query heads must be < 2\\^31",
+        ValueError,
+        dict(qo_indptr=_i32([0, 3, 1 << 28])),
+    ),
     ("qo_indptr must be 1-D", ValueError, dict(qo_indptr=torch.zeros(3, 1, dtype=torch.int32))),
     (
         "qo_indptr needs batch_size \\+ 1 elements",
@@ -1224,11 +1250,68 @@ def test_prefill_binding_checks_too() -> None:
         batch(mask=torch.zeros(4, dtype=torch.uint8))
 
 
-@pytest.mark.compile_matrix
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_every_prefill_specialization_compiles(dtype: str, head_dim: int) -> None:
-    from flashinfer.jit.prefill import gen_prefill_module
+# -- tilings and the compiled kernels ------------------------------------------------------------
 
-    module = gen_prefill_module(dtype, head_dim).build_and_load()
-    assert module.head_dim() == head_dim and module.dtype() == dtype
+
+def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FLASHINFER_PREFILL_TILING picks another CTA shape per head_dim (a module of its own,
+    rendered into the config); shapes the kernel cannot take are refused, naming it."""
+    monkeypatch.delenv("FLASHINFER_PREFILL_TILING", raising=False)
+    assert prefill_tiling(128) == DEFAULT_TILINGS[128] == PrefillTiling(1, 64)
+    assert gen_prefill_module("bfloat16", 128).name == "prefill_bf16_hd128"
+    monkeypatch.setenv("FLASHINFER_PREFILL_TILING", "128:m2kv32, 64:m2kv64")
+    assert prefill_tiling(128) == PrefillTiling(2, 32)
+    assert prefill_tiling(64) == PrefillTiling(2, 64)
+    assert prefill_tiling(256) == DEFAULT_TILINGS[256]
+    spec = gen_prefill_module("float16", 128)
+    assert spec.name == "prefill_f16_hd128_m2kv32"
+    (config,) = spec.renders
+    text = config.render().read_text()
+    assert "kPrefillMTiles = 2;" in text and "kPrefillTileKV = 32;" in text
+    explicit = gen_prefill_module("float16", 128, DEFAULT_TILINGS[128])
+    assert explicit.name == "prefill_f16_hd128"
+    assert "kPrefillMTiles = 1;" in explicit.renders[0].render().read_text()
+    for raw, message in (
+        ("128:m2kv64", "FLASHINFER_PREFILL_TILING: m2kv64 at head_dim 128 needs 192 accumulators"),
+        ("96:m1kv64", "FLASHINFER_PREFILL_TILING: head_dim 96 is not one of"),
+        ("128:m3kv32", "m_tiles must be 1 or 2"),
+        ("128:m1kv48", "tile_kv 16, 32 or 64"),
+        ("128-m2kv32", "invalid value '128-m2kv32' for FLASHINFER_PREFILL_TILING"),
+    ):
+        monkeypatch.setenv("FLASHINFER_PREFILL_TILING", raw)
+        with pytest.raises(ValueError, match=message):
+            prefill_tiling(128)
+    with pytest.raises(ValueError, match="m2kv64 at head_dim 256 needs 320 accumulators"):
+        gen_prefill_module("float16", 256, PrefillTiling(2, 64))
+
+
+# Every default tiling and the alternatives worth measuring: the representative and the
+# four-warp shape of head_dim 128 always, the rest with --compile-matrix.
+TILING_CASES = [
+    pytest.param(
+        dtype,
+        head_dim,
+        tiling,
+        marks=[] if dtype == "bfloat16" and head_dim == 128 else [pytest.mark.compile_matrix],
+    )
+    for dtype in ("float16", "bfloat16")
+    for head_dim, tiling in (
+        (64, None),
+        (64, (2, 64)),
+        (64, (2, 32)),
+        (128, None),
+        (128, (2, 32)),
+        (256, None),
+        (256, (1, 32)),
+    )
+]
+
+
+@pytest.mark.parametrize("dtype,head_dim,tiling", TILING_CASES)
+def test_prefill_kernels_do_not_spill(dtype, head_dim, tiling, monkeypatch) -> None:
+    """Every tiling keeps its accumulators and state in registers (ptxas -v): a spill would
+    put local-memory traffic into the loop of a kernel bound by its issue rate."""
+    monkeypatch.delenv("FLASHINFER_PREFILL_TILING", raising=False)
+    spec = gen_prefill_module(dtype, head_dim, None if tiling is None else PrefillTiling(*tiling))
+    module = build_with_ptxas_report(spec, monkeypatch)
+    assert (module.head_dim(), module.dtype(), module.tile_rows()) == (head_dim, dtype, TILE_ROWS)
