@@ -20,10 +20,30 @@ NAN = float("nan")
 LSE_TOLERANCE = dict(atol=1e-2, rtol=1e-3)  # base-2 LSE, float32 from fp16/bf16 inputs
 
 
-@pytest.fixture
-def prefill() -> ModuleType:
-    """flashinfer.prefill, imported only when a GPU test runs (collection must not need it)."""
-    return importlib.import_module("flashinfer.prefill")
+# The kernel tilings not chosen by default, per head_dim (docs/attention.md): every test
+# runs on the default modules and on these, so a tiling is known correct before a benchmark
+# makes it the default.
+OTHER_TILINGS = {64: (2, 32), 128: (2, 32), 256: (1, 32)}
+_other_modules: dict[tuple[Any, int], Any] = {}
+
+
+@pytest.fixture(params=["default", "other"], ids=["default-tiling", "other-tiling"])
+def prefill(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """flashinfer.prefill, imported only when a GPU test runs (collection must not need it);
+    with "other", its modules are OTHER_TILINGS' builds."""
+    module = importlib.import_module("flashinfer.prefill")
+    if request.param == "other":
+        from flashinfer.jit.prefill import PrefillTiling, gen_prefill_module
+
+        def get_prefill_module(dtype: Any, head_dim: int) -> Any:
+            key = (dtype, head_dim)
+            if key not in _other_modules:
+                tiling = PrefillTiling(*OTHER_TILINGS[head_dim])
+                _other_modules[key] = gen_prefill_module(dtype, head_dim, tiling).build_and_load()
+            return _other_modules[key]
+
+        monkeypatch.setattr(module, "get_prefill_module", get_prefill_module)
+    return module
 
 
 def _tolerance(dtype: torch.dtype) -> dict[str, float]:
