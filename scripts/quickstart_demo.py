@@ -230,24 +230,41 @@ def _generate_on_gpu(config: Any) -> int:
             f"{mode:<14}: {results[mode].tokens_per_second():9.0f} tokens/s over decode steps "
             f"2-{STEPS} (whole run {time.perf_counter() - start:.1f} s)"
         )
+    ok = True
+    for mode, result in results.items():
+        worst, agree, clear = _against_torch(model, result)
+        ok &= agree == clear
+        print(
+            f"{mode:<14}: vs the plain torch model (float32, dense KV, teacher forced on its "
+            f"tokens): max logit error {worst:.3g}; greedy token agrees at {agree}/{clear} "
+            "steps with a clear top-2 gap"
+        )
     eager = results["eager"]
+    print(f"tokens of request 0: {eager.tokens[0].tolist()}")
+    for mode in ("torch.compile", "CUDA graph"):
+        # rounding may differ once the surrounding torch ops are compiled: a near tie can
+        # then pick the other token and the runs part ways (each still checked above)
+        same = torch.equal(results[mode].tokens, eager.tokens)
+        verdict = "equal eager's" if same else "differ from eager's (each run checked above)"
+        print(f"{mode} tokens {verdict}")
+    return 0 if ok else 1
+
+
+def _against_torch(model: Any, result: Any) -> tuple[float, int, int]:
+    """The largest logit error against the plain torch model fed the same tokens, and at how
+    many of the steps with a clear top-2 gap (> 0.1) the chosen token is torch's argmax."""
+    from flashinfer.testing import toy_llama
+
     worst, agree, clear = 0.0, 0, 0
     for b, prompt in enumerate(PROMPTS):
-        chosen = eager.tokens[b].tolist()
+        chosen = result.tokens[b].tolist()
         want = toy_llama.reference_logits(model, prompt + chosen[:-1])[len(prompt) - 1 :]
-        worst = max(worst, (eager.logits[b] - want).abs().max().item())
+        worst = max(worst, (result.logits[b] - want).abs().max().item())
         top = want.topk(2, dim=-1).values
         decisive = (top[:, 0] - top[:, 1]) > 0.1
         clear += int(decisive.sum())
-        agree += int((eager.tokens[b] == want.argmax(-1))[decisive].sum())
-    print(f"tokens of request 0: {eager.tokens[0].tolist()}")
-    print(
-        f"vs the plain torch model (float32, dense KV, teacher forced): max logit error "
-        f"{worst:.3g}; greedy token agrees at {agree}/{clear} steps with a clear top-2 gap"
-    )
-    same = all(torch.equal(r.tokens, eager.tokens) for r in results.values())
-    print(f"compiled and CUDA-graph tokens {'equal' if same else 'DIFFER FROM'} eager's")
-    return 0 if agree == clear and same else 1
+        agree += int((result.tokens[b] == want.argmax(-1))[decisive].sum())
+    return worst, agree, clear
 
 
 def main() -> int:
