@@ -42,6 +42,13 @@ class PrefillTiling:
                 f"{self.name} at head_dim {head_dim} needs {accumulators} accumulators a "
                 f"lane; at most {MAX_ACCUMULATORS} fit"
             )
+        threads = 32 * 128 // (16 * self.m_tiles)
+        chunks = self.tile_kv * head_dim // 8  # 16-byte K/V chunks a tile loads
+        if chunks % threads:
+            raise ValueError(
+                f"{self.name} at head_dim {head_dim}: {chunks} 16-byte chunks per K/V tile "
+                f"do not split evenly over {threads} threads"
+            )
 
 
 # Measured on an H100 (docs/attention.md); FLASHINFER_PREFILL_TILING overrides them.

@@ -257,14 +257,16 @@ __global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p
 #pragma unroll
     for (int c = tid; c < kTileKV * kChunks; c += kThreads) {
       const int token = c / kChunks, col = c % kChunks;
-      const int j = kv0 + token;
+      // compared as hi - kv0 (> 0): kv0 + token may pass 2^31 - 1 in a request's last tile
+      const bool in_range = token < hi - kv0;
       int64_t page = 0, slot = 0;
-      bool valid = j < hi;
+      bool valid = in_range;
       if (valid) {
+        const int j = kv0 + token;
         locate(p.pages, page_base, kv_offset + j, &page, &slot);
         valid = page >= 0;
       }
-      if (col == 0) unscored[stage * kTileKV + token] = j < hi && !valid;
+      if (col == 0) unscored[stage * kTileKV + token] = in_range && !valid;
       const int64_t k_at =
           page * p.k.page_stride + slot * p.k.slot_stride + kv_head * p.k.head_stride + col * 8;
       const int64_t v_at =
@@ -351,8 +353,10 @@ __global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p
       for (int t = lane; t < kTileKV; t += 32) mine |= tile_unscored[t] != 0;
       bad_pages = __any_sync(0xffffffffu, mine);
     }
-    const bool needs_mask = kv0 + kTileKV > hi || p.mask || bad_pages ||
-                            (causal && kv0 + kTileKV - 1 > t_first + delta) ||
+    // (64-bit: kv0 + kTileKV may pass 2^31 - 1 in a request's last tile)
+    const int64_t kv_end = int64_t{kv0} + kTileKV;
+    const bool needs_mask = kv_end > hi || p.mask || bad_pages ||
+                            (causal && kv_end - 1 > t_first + delta) ||
                             (p.window_left >= 0 && kv0 < t_last + delta - p.window_left);
     if (needs_mask) {
 #pragma unroll
@@ -470,12 +474,13 @@ __global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p
     __syncthreads();  // the stage just read is a later iteration's load target
   }
   cp_async_wait<0>();
-  pdl_launch_dependents();
 
   // The work item and the request's query span again: read back rather than held in
-  // registers through the loop (the same memory, unchanged while the kernel runs).
+  // registers through the loop (the same memory, unchanged while the kernel runs; read
+  // before dependents may launch, so no later kernel's write can race the reads).
   work_item(w, blockIdx.x, &item);
   query_span(p, item.request, &q_start, &qo_len);
+  pdl_launch_dependents();
   const int out_rows = static_cast<int>(min(int64_t{qo_len} * group, int64_t{0x7fffffff}));
   const int tile_row0 = item.q_tile * kTileRows + lane_row;
 #pragma unroll

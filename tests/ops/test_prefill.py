@@ -1283,6 +1283,8 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
             prefill_tiling(128)
     with pytest.raises(ValueError, match="m2kv64 at head_dim 256 needs 320 accumulators"):
         gen_prefill_module("float16", 256, PrefillTiling(2, 64))
+    with pytest.raises(ValueError, match="m1kv16 at head_dim 64: 128 16-byte chunks per K/V"):
+        gen_prefill_module("float16", 64, PrefillTiling(1, 16))
 
 
 # Every default tiling and the alternatives worth measuring: the representative and the
