@@ -51,7 +51,8 @@ class PrefillTiling:
             )
 
 
-# Measured on an H100 (docs/attention.md); FLASHINFER_PREFILL_TILING overrides them.
+# The kernel's shapes before other tilings existed (head_dim 128's measured on an H100, against
+# 64-row tiles: docs/attention.md); FLASHINFER_PREFILL_TILING overrides them.
 DEFAULT_TILINGS = {64: PrefillTiling(1, 64), 128: PrefillTiling(1, 64), 256: PrefillTiling(1, 16)}
 
 
