@@ -143,9 +143,8 @@ template <int kHeadDim>
 struct SwizzledRows {
   uint32_t base[4];
   __device__ __forceinline__ SwizzledRows(uint32_t tile, int row, int half) {
-    const int y = half ^ (row & 7);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) base[j] = tile + 2 * (row * kHeadDim + (((2 * j) ^ y) << 3));
+    for (int j = 0; j < 4; ++j) base[j] = tile + 2 * swizzle<kHeadDim>(row, 2 * j + half);
   }
   __device__ __forceinline__ uint32_t at(int rows, int pair) const {
     return base[pair & 3] + 32 * (pair & ~3) + 2 * rows * kHeadDim;
