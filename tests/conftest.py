@@ -124,3 +124,24 @@ def run_python(
             f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
         )
     return proc
+
+
+def run_host_program(source: Path, binary: Path, stdin: str = "") -> list[str]:
+    """Build ``source`` (C++ including headers under include/) with the host compiler, run
+    it with ``stdin`` and return its output lines."""
+    from flashinfer.jit.toolchain import current_toolchain
+
+    subprocess.run(
+        [
+            str(current_toolchain().cxx),
+            "-O2",
+            "-std=c++17",
+            f"-I{REPO_ROOT / 'include'}",
+            str(source),
+            "-o",
+            str(binary),
+        ],
+        check=True,
+    )
+    proc = subprocess.run([str(binary)], input=stdin, capture_output=True, text=True, check=True)
+    return proc.stdout.split("\n")

@@ -9,11 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-#ifdef __CUDACC__
-#define FLASHINFER_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define FLASHINFER_HOST_DEVICE inline
-#endif
+#include "flashinfer/host_device.h"
 
 namespace flashinfer {
 

@@ -37,6 +37,7 @@
 #include "flashinfer/kv_table.cuh"
 #include "flashinfer/mma.cuh"
 #include "flashinfer/pdl.cuh"
+#include "flashinfer/prefill_mask.h"
 
 namespace flashinfer {
 namespace prefill {
@@ -236,6 +237,7 @@ __global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p
   if (p.window_left >= 0) lo64 = max(lo64, int64_t{t_first} + delta - p.window_left);
   const int lo = static_cast<int>(lo64), hi = static_cast<int>(max(hi64, lo64));
   const int num_tiles = static_cast<int>((int64_t{hi} - lo + kTileKV - 1) / kTileKV);
+  const MaskShape shape{hi, delta, causal, p.window_left};
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   // Q: packed rows past the request's end are zero-filled (their results are never stored).
@@ -316,157 +318,162 @@ __global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p
     __syncthreads();
     const int stage = it % Tl::kStages;
     const uint32_t stage_bytes = stage * Tl::kKVElems * 2;
-    // S = Q K^T: each K fragment read from shared memory feeds every m-tile of the warp.
-    float s[kMTiles][kScoreTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-      for (int i = 0; i < kScoreTiles; ++i)
-        s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
-    }
-#pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      uint32_t a[kMTiles][4];
+    // A warp none of whose rows can see a key of this tile skips its math: its state is what
+    // every score masked would leave. Its rows are padding past the request's end (one-token
+    // decode of a GQA group of 4 fills 4 of 128 rows), or under a causal mask their tokens all
+    // precede the tile, or under a window they all start past it. The branch is warp-uniform.
+    if (rows_see_tile(shape, row0 + warp_row, Tl::kWarpRows, rows, group, kv0, kTileKV)) {
+      // S = Q K^T: each K fragment read from shared memory feeds every m-tile of the warp.
+      float s[kMTiles][kScoreTiles][4];
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-        mma::ldmatrix_x4(a[mt], q_rows.at(mt * 16, ks));
+#pragma unroll
+        for (int i = 0; i < kScoreTiles; ++i)
+          s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
       }
 #pragma unroll
-      for (int n2 = 0; n2 < kTileKV / 16; ++n2) {
-        uint32_t b[4];
-        mma::ldmatrix_x4(b, k_rows.at(n2 * 16, ks) + stage_bytes);
+      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+        uint32_t a[kMTiles][4];
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          mma::mma_16816<T>(s[mt][2 * n2], a[mt], b[0], b[1]);
-          mma::mma_16816<T>(s[mt][2 * n2 + 1], a[mt], b[2], b[3]);
+          mma::ldmatrix_x4(a[mt], q_rows.at(mt * 16, ks));
+        }
+#pragma unroll
+        for (int n2 = 0; n2 < kTileKV / 16; ++n2) {
+          uint32_t b[4];
+          mma::ldmatrix_x4(b, k_rows.at(n2 * 16, ks) + stage_bytes);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma::mma_16816<T>(s[mt][2 * n2], a[mt], b[0], b[1]);
+            mma::mma_16816<T>(s[mt][2 * n2 + 1], a[mt], b[2], b[3]);
+          }
         }
       }
-    }
 
-    // Out-of-range page ids (only a page table has them): does this tile hold any?
-    const uint8_t* const tile_unscored = unscored + stage * kTileKV;
-    bool bad_pages = false;
-    if (p.pages.indices) {
-      bool mine = false;
+      // Out-of-range page ids (only a page table has them): does this tile hold any?
+      const uint8_t* const tile_unscored = unscored + stage * kTileKV;
+      bool bad_pages = false;
+      if (p.pages.indices) {
+        bool mine = false;
 #pragma unroll
-      for (int t = lane; t < kTileKV; t += 32) mine |= tile_unscored[t] != 0;
-      bad_pages = __any_sync(0xffffffffu, mine);
-    }
-    // (64-bit: kv0 + kTileKV may pass 2^31 - 1 in a request's last tile)
-    const int64_t kv_end = int64_t{kv0} + kTileKV;
-    const bool needs_mask = kv_end > hi || p.mask || bad_pages ||
-                            (causal && kv_end - 1 > t_first + delta) ||
-                            (p.window_left >= 0 && kv0 < t_last + delta - p.window_left);
-    if (needs_mask) {
+        for (int t = lane; t < kTileKV; t += 32) mine |= tile_unscored[t] != 0;
+        bad_pages = __any_sync(0xffffffffu, mine);
+      }
+      // (64-bit: kv0 + kTileKV may pass 2^31 - 1 in a request's last tile)
+      const int64_t kv_end = int64_t{kv0} + kTileKV;
+      const bool needs_mask = kv_end > hi || p.mask || bad_pages ||
+                              (causal && kv_end - 1 > t_first + delta) ||
+                              (p.window_left >= 0 && kv0 < t_last + delta - p.window_left);
+      if (needs_mask) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          // Per row, the visible columns of this tile are [first, last) in 32-bit tile offsets.
+          int first[2], last[2];
+          uint64_t custom[2] = {~uint64_t{0}, ~uint64_t{0}};  // bit c: column c is visible
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int packed = row0 + lane_row + mt * 16 + 8 * h;
+            const int token = packed / group;
+            if (p.mask && packed < rows) {  // a padding row has no mask bits
+              const int64_t row_bit = mask_bit0 + int64_t{token} * kv_len;
+              custom[h] = mask_bits<kTileKV>(p.mask, row_bit + kv0, row_bit + kv_len);
+            }
+            const KeySpan span = visible_keys(shape, token);
+            last[h] = static_cast<int>(max(min(span.end - kv0, int64_t{kTileKV}), int64_t{0}));
+            first[h] = static_cast<int>(min(max(span.begin - kv0, int64_t{0}), int64_t{kTileKV}));
+          }
+#pragma unroll
+          for (int i = 0; i < kScoreTiles; ++i) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int h = e / 2, col = i * 8 + 2 * (lane % 4) + (e % 2);
+              const bool visible = col >= first[h] && col < last[h] && (custom[h] >> col) & 1 &&
+                                   !(bad_pages && tile_unscored[col]);
+              if (!visible) s[mt][i][e] = -INFINITY;
+            }
+          }
+        }
+      }
+      // Scores to log2 units. Without a soft cap the scale is folded into the exponent below
+      // (scale > 0, so the row max of raw scores is the max of scaled ones): one FFMA per score.
+      float unit = p.scale;
+      if (p.cap > 0.f) {
+        unit = 1.f;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+          for (int i = 0; i < kScoreTiles; ++i) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              if (s[mt][i][e] != -INFINITY) s[mt][i][e] = p.cap * tanhf(s[mt][i][e] * p.scale);
+            }
+          }
+        }
+      }
+
+      // Online softmax, per row; a row's four lanes (lane % 4) share its max. Reductions over
+      // a lane's columns run as trees, not as serial chains of dependent instructions.
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-        // Per row, the visible columns of this tile are [first, last) in 32-bit tile offsets.
-        int first[2], last[2];
-        uint64_t custom[2] = {~uint64_t{0}, ~uint64_t{0}};  // bit c: column c is visible
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int packed = row0 + lane_row + mt * 16 + 8 * h;
-          const int token = packed / group;
-          if (p.mask && packed < rows) {  // a padding row has no mask bits
-            const int64_t row_bit = mask_bit0 + int64_t{token} * kv_len;
-            custom[h] = mask_bits<kTileKV>(p.mask, row_bit + kv0, row_bit + kv_len);
+          float part[kScoreTiles];
+#pragma unroll
+          for (int i = 0; i < kScoreTiles; ++i)
+            part[i] = fmaxf(s[mt][i][2 * h], s[mt][i][2 * h + 1]);
+#pragma unroll
+          for (int width = kScoreTiles / 2; width > 0; width /= 2) {
+#pragma unroll
+            for (int i = 0; i < width; ++i) part[i] = fmaxf(part[i], part[i + width]);
           }
-          int64_t end = hi - kv0, begin = 0;
-          if (causal) end = min(end, int64_t{token} + delta + 1 - kv0);
-          if (p.window_left >= 0) begin = max(begin, int64_t{token} + delta - p.window_left - kv0);
-          last[h] = static_cast<int>(max(min(end, int64_t{kTileKV}), int64_t{0}));
-          first[h] = static_cast<int>(min(begin, int64_t{kTileKV}));
-        }
+          float tile_max = part[0];
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+          const float row_max = fmaxf(m[mt][h], tile_max * unit);
+          const float base = row_max == -INFINITY ? 0.f : row_max;  // nothing visible yet
+          const float rescale = exp2_approx(m[mt][h] - base);
+          m[mt][h] = row_max;
 #pragma unroll
-        for (int i = 0; i < kScoreTiles; ++i) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int h = e / 2, col = i * 8 + 2 * (lane % 4) + (e % 2);
-            const bool visible = col >= first[h] && col < last[h] && (custom[h] >> col) & 1 &&
-                                 !(bad_pages && tile_unscored[col]);
-            if (!visible) s[mt][i][e] = -INFINITY;
+          for (int i = 0; i < kScoreTiles; ++i) {
+            s[mt][i][2 * h] = exp2_approx(fmaf(s[mt][i][2 * h], unit, -base));
+            s[mt][i][2 * h + 1] = exp2_approx(fmaf(s[mt][i][2 * h + 1], unit, -base));
+            part[i] = s[mt][i][2 * h] + s[mt][i][2 * h + 1];
           }
-        }
-      }
-    }
-    // Scores to log2 units. Without a soft cap the scale is folded into the exponent below
-    // (scale > 0, so the row max of raw scores is the max of scaled ones): one FFMA per score.
-    float unit = p.scale;
-    if (p.cap > 0.f) {
-      unit = 1.f;
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
+          for (int width = kScoreTiles / 2; width > 0; width /= 2) {
 #pragma unroll
-        for (int i = 0; i < kScoreTiles; ++i) {
+            for (int i = 0; i < width; ++i) part[i] += part[i + width];
+          }
+          d[mt][h] = d[mt][h] * rescale + part[0];  // this lane's columns; summed at the end
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            if (s[mt][i][e] != -INFINITY) s[mt][i][e] = p.cap * tanhf(s[mt][i][e] * p.scale);
+          for (int i = 0; i < kDimTiles; ++i) {
+            o[mt][i][2 * h] *= rescale;
+            o[mt][i][2 * h + 1] *= rescale;
           }
         }
       }
-    }
 
-    // Online softmax, per row; a row's four lanes (lane % 4) share its max. Reductions over
-    // a lane's columns run as trees, not as serial chains of dependent instructions.
+      // O += P V: P's accumulator fragments are the A operand of the next mma, 16 keys a step;
+      // each V fragment read from shared memory feeds every m-tile of the warp.
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float part[kScoreTiles];
-#pragma unroll
-        for (int i = 0; i < kScoreTiles; ++i) part[i] = fmaxf(s[mt][i][2 * h], s[mt][i][2 * h + 1]);
-#pragma unroll
-        for (int width = kScoreTiles / 2; width > 0; width /= 2) {
-#pragma unroll
-          for (int i = 0; i < width; ++i) part[i] = fmaxf(part[i], part[i + width]);
-        }
-        float tile_max = part[0];
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float row_max = fmaxf(m[mt][h], tile_max * unit);
-        const float base = row_max == -INFINITY ? 0.f : row_max;  // nothing visible yet
-        const float rescale = exp2_approx(m[mt][h] - base);
-        m[mt][h] = row_max;
-#pragma unroll
-        for (int i = 0; i < kScoreTiles; ++i) {
-          s[mt][i][2 * h] = exp2_approx(fmaf(s[mt][i][2 * h], unit, -base));
-          s[mt][i][2 * h + 1] = exp2_approx(fmaf(s[mt][i][2 * h + 1], unit, -base));
-          part[i] = s[mt][i][2 * h] + s[mt][i][2 * h + 1];
-        }
-#pragma unroll
-        for (int width = kScoreTiles / 2; width > 0; width /= 2) {
-#pragma unroll
-          for (int i = 0; i < width; ++i) part[i] += part[i + width];
-        }
-        d[mt][h] = d[mt][h] * rescale + part[0];  // this lane's columns; summed at the end
-#pragma unroll
-        for (int i = 0; i < kDimTiles; ++i) {
-          o[mt][i][2 * h] *= rescale;
-          o[mt][i][2 * h + 1] *= rescale;
-        }
-      }
-    }
-
-    // O += P V: P's accumulator fragments are the A operand of the next mma, 16 keys a step;
-    // each V fragment read from shared memory feeds every m-tile of the warp.
-#pragma unroll
-    for (int kk = 0; kk < kTileKV / 16; ++kk) {
-      uint32_t a[kMTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        a[mt][0] = mma::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        a[mt][1] = mma::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        a[mt][2] = mma::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        a[mt][3] = mma::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
-#pragma unroll
-      for (int n2 = 0; n2 < kHeadDim / 16; ++n2) {
-        uint32_t b[4];
-        mma::ldmatrix_x4_trans(b, v_rows.at(kk * 16, n2) + stage_bytes);
+      for (int kk = 0; kk < kTileKV / 16; ++kk) {
+        uint32_t a[kMTiles][4];
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          mma::mma_16816<T>(o[mt][2 * n2], a[mt], b[0], b[1]);
-          mma::mma_16816<T>(o[mt][2 * n2 + 1], a[mt], b[2], b[3]);
+          a[mt][0] = mma::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          a[mt][1] = mma::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          a[mt][2] = mma::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          a[mt][3] = mma::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int n2 = 0; n2 < kHeadDim / 16; ++n2) {
+          uint32_t b[4];
+          mma::ldmatrix_x4_trans(b, v_rows.at(kk * 16, n2) + stage_bytes);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma::mma_16816<T>(o[mt][2 * n2], a[mt], b[0], b[1]);
+            mma::mma_16816<T>(o[mt][2 * n2 + 1], a[mt], b[2], b[3]);
+          }
         }
       }
     }

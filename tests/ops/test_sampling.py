@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import struct
-import subprocess
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ import flashinfer
 from flashinfer import rng
 from flashinfer import sampling as sampling_api
 from flashinfer.testing import reference
-from tests.conftest import REPO_ROOT, run_python
+from tests.conftest import REPO_ROOT, run_host_program, run_python
 
 # -- CPU: checks before any launch ------------------------------------------------------------
 
@@ -475,7 +474,7 @@ def test_philox_matches_the_published_known_answers(tmp_path) -> None:
         '  for (const auto& b : r) std::printf("%08x %08x %08x %08x\\n", b.x, b.y, b.z, b.w);\n'
         "}\n"
     )
-    lines = _run_host_program(source, tmp_path / "kat")
+    lines = run_host_program(source, tmp_path / "kat")
     assert lines[:3] == [" ".join(f"{w:08x}" for w in block) for block in KNOWN_ANSWERS]
 
 
@@ -498,26 +497,6 @@ def test_the_python_philox_model_matches_the_known_answers() -> None:
     assert got == KNOWN_ANSWERS
 
 
-def _run_host_program(source, binary) -> list[str]:  # noqa: ANN001
-    from flashinfer.jit.toolchain import current_toolchain
-
-    subprocess.run(
-        [
-            str(current_toolchain().cxx),
-            "-O2",
-            "-std=c++17",
-            f"-I{REPO_ROOT / 'include'}",
-            str(source),
-            "-o",
-            str(binary),
-        ],
-        check=True,
-    )
-    return subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout.split(
-        "\n"
-    )
-
-
 def _float_bits(value: float) -> int:
     return struct.unpack("<I", struct.pack("<f", value))[0]
 
@@ -527,7 +506,7 @@ def test_host_harness_counter_layout_uniforms_and_key_order(tmp_path) -> None:
     those of an independent model of the curand/torch layout (word p of a subsequence is lane
     p % 4 of block p // 4), its uniforms lie in (0, 1) (never 1.0f, over a sweep of the
     32-bit inputs), and -0.0 ties +0.0 in the key order."""
-    lines = _run_host_program(
+    lines = run_host_program(
         REPO_ROOT / "tests" / "ops" / "sampling_harness.cc", tmp_path / "harness"
     )
     rows = [line.split() for line in lines if line]

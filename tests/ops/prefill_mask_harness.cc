@@ -1,0 +1,39 @@
+// Host harness for include/flashinfer/prefill_mask.h, built and run by tests/ops/test_prefill.py
+// with the host compiler. Reads queries from stdin, one per line, and prints what the prefill
+// kernel computes for each (the test compares with an independent Python model):
+//   span hi delta causal window_left token          -> "begin end"
+//   tile hi delta causal window_left first_row num_rows rows group kv0 tile_kv -> "0" or "1"
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
+#include "flashinfer/prefill_mask.h"
+
+int main() {
+  char kind[8];
+  while (std::scanf("%7s", kind) == 1) {
+    flashinfer::prefill::MaskShape shape{};
+    int causal = 0;
+    if (std::scanf("%d %d %d %" SCNd64, &shape.hi, &shape.delta, &causal, &shape.window_left) != 4)
+      return 2;
+    shape.causal = causal != 0;
+    if (std::strcmp(kind, "span") == 0) {
+      int token = 0;
+      if (std::scanf("%d", &token) != 1) return 2;
+      const flashinfer::prefill::KeySpan span = flashinfer::prefill::visible_keys(shape, token);
+      std::printf("%" PRId64 " %" PRId64 "\n", span.begin, span.end);
+    } else if (std::strcmp(kind, "tile") == 0) {
+      int first_row = 0, num_rows = 0, rows = 0, group = 0, kv0 = 0, tile_kv = 0;
+      if (std::scanf("%d %d %d %d %d %d", &first_row, &num_rows, &rows, &group, &kv0, &tile_kv) !=
+          6)
+        return 2;
+      std::printf("%d\n", flashinfer::prefill::rows_see_tile(shape, first_row, num_rows, rows,
+                                                             group, kv0, tile_kv)
+                              ? 1
+                              : 0);
+    } else {
+      return 2;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,120 @@
+"""The prefill kernel's mask arithmetic (include/flashinfer/prefill_mask.h), run on the host
+against an independent model of the reference's masks: which keys a query token sees under
+the causal and sliding-window masks (bottom-right aligned), and when a warp may skip a K/V
+tile because none of its rows sees a key of it."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from tests.conftest import REPO_ROOT, run_host_program
+
+HARNESS = REPO_ROOT / "tests" / "ops" / "prefill_mask_harness.cc"
+
+
+@dataclass(frozen=True)
+class Masks:
+    qo_len: int
+    kv_len: int
+    hi: int  # keys at or past hi belong to another chunk (or lie past a causal tile's end)
+    causal: bool
+    window_left: int
+
+    @property
+    def delta(self) -> int:
+        return self.kv_len - self.qo_len
+
+    def sees(self, token: int, key: int) -> bool:
+        """The reference's rule, key by key."""
+        if not 0 <= key < min(self.hi, self.kv_len):
+            return False
+        if self.causal and key > token + self.delta:
+            return False
+        return self.window_left < 0 or key >= token + self.delta - self.window_left
+
+    def head(self) -> str:
+        return f"{self.hi} {self.delta} {int(self.causal)} {self.window_left}"
+
+
+def _random_masks(rng: random.Random) -> Masks:
+    qo_len = rng.randint(1, 200)
+    kv_len = rng.choice([rng.randint(0, 200), qo_len + rng.randint(0, 300)])
+    hi = rng.choice([kv_len, rng.randint(0, kv_len)])
+    return Masks(qo_len, kv_len, hi, rng.random() < 0.6, rng.choice([-1, 0, 1, rng.randint(0, 90)]))
+
+
+def _query(lines: list[str], text: str) -> int:
+    lines.append(text)
+    return len(lines) - 1
+
+
+@pytest.fixture(scope="module")
+def harness(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    binary = tmp_path_factory.mktemp("prefill_mask") / "harness"
+
+    def run(queries: list[str]) -> list[str]:
+        return run_host_program(HARNESS, binary, "\n".join(queries) + "\n")[: len(queries)]
+
+    return run
+
+
+def test_each_token_sees_the_keys_the_reference_shows(harness) -> None:  # noqa: ANN001
+    rng = random.Random(0)
+    cases = [(m, t) for m in (_random_masks(rng) for _ in range(300)) for t in range(m.qo_len)]
+    answers = harness([f"span {m.head()} {t}" for m, t in cases])
+    for (m, token), answer in zip(cases, answers):
+        begin, end = map(int, answer.split())
+        want = [j for j in range(m.kv_len) if m.sees(token, j)]
+        got = list(range(max(begin, 0), end))
+        assert got == want, (m, token, begin, end)
+
+
+def test_a_warp_skips_a_tile_only_when_none_of_its_rows_sees_a_key(harness) -> None:  # noqa: ANN001
+    rng = random.Random(1)
+    queries: list[str] = []
+    cases = []
+    for _ in range(150):
+        m = _random_masks(rng)
+        group = rng.choice([1, 2, 3, 4, 7, 8])
+        rows = m.qo_len * group
+        warp_rows = rng.choice([16, 32])
+        tile_kv = rng.choice([16, 32, 64])
+        for first_row in range(0, rows + 2 * warp_rows, warp_rows):
+            for kv0 in range(0, max(m.hi, 1), tile_kv):
+                line = f"tile {m.head()} {first_row} {warp_rows} {rows} {group} {kv0} {tile_kv}"
+                cases.append((m, group, rows, warp_rows, tile_kv, first_row, kv0))
+                queries.append(line)
+    answers = harness(queries)
+    skipped = exact = 0
+    for (m, group, rows, warp_rows, tile_kv, first_row, kv0), answer in zip(cases, answers):
+        visible = any(
+            m.sees(row // group, key)
+            for row in range(first_row, min(first_row + warp_rows, rows))
+            for key in range(kv0, kv0 + tile_kv)
+        )
+        sees = answer == "1"
+        assert sees or not visible, (m, group, first_row, warp_rows, kv0, tile_kv)
+        if m.kv_len >= m.qo_len:  # every token's keys form one run: the test is exact
+            assert sees == visible, (m, group, first_row, warp_rows, kv0, tile_kv)
+            exact += 1
+        skipped += not sees
+    assert skipped > 1000 and exact > 1000  # the cases reach both answers
+
+
+def test_rows_near_the_32_bit_limit_do_not_overflow(harness) -> None:  # noqa: ANN001
+    rows = 2**31 - 1
+    group = 1 << 15
+    qo_len = rows // group + 1
+    m = Masks(qo_len, qo_len, qo_len, True, -1)
+    last_token = (rows - 1) // group
+    first_row = rows - 5
+    answers = harness(
+        [
+            f"tile {m.head()} {first_row} 32 {rows} {group} {last_token} 16",
+            f"tile {m.head()} {first_row} 32 {rows} {group} {last_token + 1} 16",
+        ]
+    )
+    assert answers == ["1", "0"]
