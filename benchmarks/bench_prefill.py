@@ -5,12 +5,15 @@ reference first, then timed next to torch's flash SDPA on the same data in the s
 Reports TFLOP/s (a causal mask counts the visible pairs only), the ratio to torch and the
 share of the device's dense bf16 tensor-core peak. Results go to
 benchmarks/results/prefill.md. Without a GPU it says so and exits 0.
-Usage: python benchmarks/bench_prefill.py [--output FILE]; FLASHINFER_PREFILL_TILING=128:m2kv32
-(for example) measures another kernel tiling.
+Usage: python benchmarks/bench_prefill.py [--output FILE] [--probe];
+FLASHINFER_PREFILL_TILING=128:m2kv32 (for example) measures another kernel tiling. --probe adds
+rows that tell the batch case's costs apart: the same batch over ragged (contiguous) K/V, and
+over pages of 1 and of 64 tokens.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Sequence
 
@@ -20,23 +23,18 @@ from report import write_report
 
 from flashinfer.jit.prefill import DEFAULT_TILINGS, prefill_tiling
 
+# 16 requests of 2048 query and 2048 KV tokens; torch reads the pages gathered before timing
+BATCH = ["--batch_size", "16", "--s_qo", "2048", "--s_kv", "2048", "--causal"]
+UNTIMED_GATHER = ["--torch_gather", "untimed"]
 CASES = [  # (routine, its flags)
     ("single_prefill_with_kv_cache", ["--s_qo", "8192", "--s_kv", "8192", "--causal"]),
-    (
-        "BatchPrefillWithPagedKVCacheWrapper",
-        [
-            "--batch_size",
-            "16",
-            "--s_qo",
-            "2048",
-            "--s_kv",
-            "2048",
-            "--page_size",
-            "16",
-            "--causal",
-            "--torch_gather",
-            "untimed",
-        ],
+    ("BatchPrefillWithPagedKVCacheWrapper", [*BATCH, "--page_size", "16", *UNTIMED_GATHER]),
+]
+PROBE_CASES = [
+    ("BatchPrefillWithRaggedKVCacheWrapper", BATCH),
+    *(
+        ("BatchPrefillWithPagedKVCacheWrapper", [*BATCH, "--page_size", page, *UNTIMED_GATHER])
+        for page in ("1", "64")
     ),
 ]
 SHAPE_FLAGS = [
@@ -86,9 +84,14 @@ def row(routine: str, flags: Sequence[str], peak: float | None) -> tuple[str, ..
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = script_args("bench_prefill.py", "prefill.md", __doc__.splitlines()[0], argv=argv)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--probe", action="store_true", help="also the ragged batch and pages of 1 and 64"
+    )
+    args = script_args("bench_prefill.py", "prefill.md", argv=argv, parser=parser)
     if args is None:
         return 0
+    cases = CASES + PROBE_CASES if args.probe else CASES
     peak = dense_bf16_peak(torch.cuda.get_device_name())
     tiling = prefill_tiling(128)
     tiling_source = (
@@ -129,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "speedup",
         ],
         "llrrrrrr",
-        [row(routine, flags, peak) for routine, flags in CASES],
+        [row(routine, flags, peak) for routine, flags in cases],
     )
     return 0
 

@@ -855,6 +855,7 @@ def fake_gpu_measure(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
         ("bench_decode", [], 12),
         ("bench_sampling", [], 12 + 9),
         ("bench_prefill", [], 2),
+        ("bench_prefill", ["--probe"], 5),
     ],
 )
 def test_bench_scripts_write_their_tables(
