@@ -350,46 +350,43 @@ __global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p
         }
       }
 
-      // Out-of-range page ids (only a page table has them): does this tile hold any?
-      const uint8_t* const tile_unscored = unscored + stage * kTileKV;
-      bool bad_pages = false;
+      // Bit c: the tile's token c is on a page outside the cache (only a page table has them).
+      uint64_t blocked = 0;
       if (p.pages.indices) {
-        bool mine = false;
-#pragma unroll
-        for (int t = lane; t < kTileKV; t += 32) mine |= tile_unscored[t] != 0;
-        bad_pages = __any_sync(0xffffffffu, mine);
+        const uint8_t* const tile_unscored = unscored + stage * kTileKV;
+        blocked = __ballot_sync(0xffffffffu, lane < kTileKV && tile_unscored[lane] != 0);
+        if (kTileKV > 32) {
+          blocked |= uint64_t{__ballot_sync(0xffffffffu, tile_unscored[32 + lane] != 0)} << 32;
+        }
       }
       // (64-bit: kv0 + kTileKV may pass 2^31 - 1 in a request's last tile)
       const int64_t kv_end = int64_t{kv0} + kTileKV;
-      const bool needs_mask = kv_end > hi || p.mask || bad_pages ||
+      const bool needs_mask = kv_end > hi || p.mask || blocked ||
                               (causal && kv_end - 1 > t_first + delta) ||
                               (p.window_left >= 0 && kv0 < t_last + delta - p.window_left);
       if (needs_mask) {
+        // Per row, one word of visible columns (causal and window range, custom mask, pages
+        // in the cache), shifted so that this lane's columns i * 8 + e % 2 test at
+        // compile-time bit positions: no per-element branch, load or variable shift.
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          // Per row, the visible columns of this tile are [first, last) in 32-bit tile offsets.
-          int first[2], last[2];
-          uint64_t custom[2] = {~uint64_t{0}, ~uint64_t{0}};  // bit c: column c is visible
+          uint64_t visible[2];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int packed = row0 + lane_row + mt * 16 + 8 * h;
             const int token = packed / group;
+            uint64_t bits = visible_bits(shape, token, kv0, kTileKV) & ~blocked;
             if (p.mask && packed < rows) {  // a padding row has no mask bits
               const int64_t row_bit = mask_bit0 + int64_t{token} * kv_len;
-              custom[h] = mask_bits<kTileKV>(p.mask, row_bit + kv0, row_bit + kv_len);
+              bits &= mask_bits<kTileKV>(p.mask, row_bit + kv0, row_bit + kv_len);
             }
-            const KeySpan span = visible_keys(shape, token);
-            last[h] = static_cast<int>(max(min(span.end - kv0, int64_t{kTileKV}), int64_t{0}));
-            first[h] = static_cast<int>(min(max(span.begin - kv0, int64_t{0}), int64_t{kTileKV}));
+            visible[h] = bits >> (2 * (lane % 4));
           }
 #pragma unroll
           for (int i = 0; i < kScoreTiles; ++i) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              const int h = e / 2, col = i * 8 + 2 * (lane % 4) + (e % 2);
-              const bool visible = col >= first[h] && col < last[h] && (custom[h] >> col) & 1 &&
-                                   !(bad_pages && tile_unscored[col]);
-              if (!visible) s[mt][i][e] = -INFINITY;
+              if (!((visible[e / 2] >> (i * 8 + e % 2)) & 1)) s[mt][i][e] = -INFINITY;
             }
           }
         }

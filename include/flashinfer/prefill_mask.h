@@ -35,6 +35,23 @@ FLASHINFER_HOST_DEVICE KeySpan visible_keys(const MaskShape& m, int token) {
   return span;
 }
 
+// Bits [first, last) of a 64-bit word, for 0 <= first, last <= 64 (none when last <= first).
+FLASHINFER_HOST_DEVICE uint64_t bit_range(int first, int last) {
+  const uint64_t below_last = last >= 64 ? ~uint64_t{0} : (uint64_t{1} << last) - 1;
+  const uint64_t below_first = first >= 64 ? ~uint64_t{0} : (uint64_t{1} << first) - 1;
+  return below_last & ~below_first;
+}
+
+// Bit c (c < tile_kv <= 64): token `token` sees key kv0 + c under the causal and window masks.
+FLASHINFER_HOST_DEVICE uint64_t visible_bits(const MaskShape& m, int token, int kv0, int tile_kv) {
+  const KeySpan span = visible_keys(m, token);
+  const int64_t first = span.begin - kv0, last = span.end - kv0;
+  const auto clamp = [tile_kv](int64_t x) {
+    return static_cast<int>(x < 0 ? 0 : x > tile_kv ? tile_kv : x);
+  };
+  return bit_range(clamp(first), clamp(last));
+}
+
 // Whether packed rows [first_row, first_row + num_rows) below `rows` (token = row / group)
 // may see a key in [kv0, kv0 + tile_kv): false only when none of them does, so a warp of
 // those rows may skip the tile (exact when every token sees some key, as with kv_len >=

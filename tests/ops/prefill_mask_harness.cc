@@ -2,6 +2,7 @@
 // with the host compiler. Reads queries from stdin, one per line, and prints what the prefill
 // kernel computes for each (the test compares with an independent Python model):
 //   span hi delta causal window_left token          -> "begin end"
+//   bits hi delta causal window_left token kv0 tile_kv -> the visible columns' word, decimal
 //   tile hi delta causal window_left first_row num_rows rows group kv0 tile_kv -> "0" or "1"
 #include <cinttypes>
 #include <cstdio>
@@ -22,6 +23,10 @@ int main() {
       if (std::scanf("%d", &token) != 1) return 2;
       const flashinfer::prefill::KeySpan span = flashinfer::prefill::visible_keys(shape, token);
       std::printf("%" PRId64 " %" PRId64 "\n", span.begin, span.end);
+    } else if (std::strcmp(kind, "bits") == 0) {
+      int token = 0, kv0 = 0, tile_kv = 0;
+      if (std::scanf("%d %d %d", &token, &kv0, &tile_kv) != 3) return 2;
+      std::printf("%" PRIu64 "\n", flashinfer::prefill::visible_bits(shape, token, kv0, tile_kv));
     } else if (std::strcmp(kind, "tile") == 0) {
       int first_row = 0, num_rows = 0, rows = 0, group = 0, kv0 = 0, tile_kv = 0;
       if (std::scanf("%d %d %d %d %d %d", &first_row, &num_rows, &rows, &group, &kv0, &tile_kv) !=

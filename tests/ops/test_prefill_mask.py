@@ -72,6 +72,24 @@ def test_each_token_sees_the_keys_the_reference_shows(harness) -> None:  # noqa:
         assert got == want, (m, token, begin, end)
 
 
+def test_a_tile_row_word_has_a_bit_per_visible_key(harness) -> None:  # noqa: ANN001
+    """The word the kernel masks a boundary tile's row with: bit c set exactly when the token
+    sees key kv0 + c, for tiles of 16 to 64 keys anywhere around the row's span."""
+    rng = random.Random(2)
+    cases = []
+    for _ in range(400):
+        m = _random_masks(rng)
+        token = rng.randrange(m.qo_len)
+        tile_kv = rng.choice([16, 32, 64])
+        for kv0 in range(-tile_kv, m.kv_len + tile_kv, rng.choice([1, 7, 16])):
+            cases.append((m, token, kv0, tile_kv))
+    answers = harness([f"bits {m.head()} {t} {kv0} {n}" for m, t, kv0, n in cases])
+    for (m, token, kv0, tile_kv), answer in zip(cases, answers):
+        want = sum(1 << c for c in range(tile_kv) if m.sees(token, kv0 + c))
+        assert int(answer) == want, (m, token, kv0, tile_kv)
+    assert {len(a) for a in answers} != {1}  # words other than 0 were seen
+
+
 def test_a_warp_skips_a_tile_only_when_none_of_its_rows_sees_a_key(harness) -> None:  # noqa: ANN001
     rng = random.Random(1)
     queries: list[str] = []
