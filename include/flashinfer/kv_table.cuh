@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "flashinfer/fastdiv.h"
+
 namespace flashinfer {
 
 // K or V of a paged cache: token t of request b is slot t % page_size of page
@@ -38,21 +40,20 @@ __device__ __forceinline__ int64_t request_length(const PageTable& pt, int64_t r
   return (pages - 1) * pt.page_size + last;
 }
 
-// The page and slot of the request's token `token` (page -1 when its page id or its
-// position in the page table is out of range). 32-bit division: KV lengths and page sizes are
-// < 2^31 (checked on the host).
-__device__ __forceinline__ void locate(const PageTable& pt, int64_t page_base, int64_t token,
-                                       int64_t* page, int64_t* slot) {
-  if (!pt.indices) {
-    *page = 0;
-    *slot = token;
-    return;
-  }
-  const uint32_t t = static_cast<uint32_t>(token), size = static_cast<uint32_t>(pt.page_size);
-  const int64_t at = page_base + t / size;
-  *page = at >= 0 && at < pt.num_indices ? pt.indices[at] : -1;
-  if (*page >= pt.num_pages) *page = -1;
-  *slot = t % size;
+// The page of the request's token `token` (-1 when its page id or its position in the page
+// table is out of range; 0 for a contiguous cache), and its slot in that page. `page_size`
+// divides by pt.page_size. Token positions and page sizes are < 2^31 (checked on the host).
+// Branch-free, so that the page-table loads of several tokens issue back to back.
+__device__ __forceinline__ int page_of(const PageTable& pt, const FastDiv& page_size, int page_base,
+                                       int token) {
+  if (!pt.indices) return 0;
+  const int64_t at = int64_t{page_base} + page_size.quotient(static_cast<uint32_t>(token));
+  const int id = at >= 0 && at < pt.num_indices ? pt.indices[at] : -1;
+  return id < pt.num_pages ? id : -1;
+}
+__device__ __forceinline__ int slot_of(const PageTable& pt, const FastDiv& page_size, int token) {
+  if (!pt.indices) return token;
+  return token - static_cast<int>(page_size.quotient(static_cast<uint32_t>(token)) * page_size.d);
 }
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool fill) {

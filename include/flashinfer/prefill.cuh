@@ -251,29 +251,45 @@ __global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p
   }
   // A K/V tile: tokens at or past `hi`, and tokens on pages outside the cache, read as zeros
   // (never memory another request owns) and are masked: the first by `hi`, the second by
-  // their byte in `unscored`, written by the thread that loads the token's first chunk.
+  // their byte in `unscored`, written by the thread that loads the token's first chunk. A
+  // thread loads chunk kv_col of tokens kv_row + i * kKVRowStep: the page-table loads of
+  // kKVBatch tokens (one multiply-high division each) issue together, then their copies.
+  constexpr int kKVRowStep = kThreads / kChunks, kKVLoads = kTileKV / kKVRowStep;
+  // page-table loads in flight at once: all of them, but two with m2's O accumulators, which
+  // leave no registers for more
+  constexpr int kKVBatch = kMTiles == 1 || kKVLoads < 2 ? kKVLoads : 2;
+  static_assert(kThreads % kChunks == 0 && kTileKV % kKVRowStep == 0 && kKVLoads % kKVBatch == 0,
+                "whole tokens per thread");
+  const int kv_row = tid / kChunks, kv_col = tid % kChunks;
+  const FastDiv page_size(p.pages.indices ? static_cast<uint32_t>(p.pages.page_size) : 1u);
   auto load_kv = [&](int stage, int kv0) {
+    // a token past `hi` looks up position kv0 instead (kv0 + token may pass 2^31 - 1 in a
+    // request's last tile, so the bound is compared as hi - kv0 > 0)
+    auto position = [&](int token) { return kv_offset + (token < hi - kv0 ? kv0 + token : kv0); };
     T* const k_tile = sk + stage * Tl::kKVElems;
     T* const v_tile = sv + stage * Tl::kKVElems;
 #pragma unroll
-    for (int c = tid; c < kTileKV * kChunks; c += kThreads) {
-      const int token = c / kChunks, col = c % kChunks;
-      // compared as hi - kv0 (> 0): kv0 + token may pass 2^31 - 1 in a request's last tile
-      const bool in_range = token < hi - kv0;
-      int64_t page = 0, slot = 0;
-      bool valid = in_range;
-      if (valid) {
-        const int j = kv0 + token;
-        locate(p.pages, page_base, kv_offset + j, &page, &slot);
-        valid = page >= 0;
+    for (int g = 0; g < kKVLoads; g += kKVBatch) {
+      int page[kKVBatch];
+#pragma unroll
+      for (int i = 0; i < kKVBatch; ++i) {
+        page[i] = page_of(p.pages, page_size, page_base, position(kv_row + (g + i) * kKVRowStep));
       }
-      if (col == 0) unscored[stage * kTileKV + token] = in_range && !valid;
-      const int64_t k_at =
-          page * p.k.page_stride + slot * p.k.slot_stride + kv_head * p.k.head_stride + col * 8;
-      const int64_t v_at =
-          page * p.v.page_stride + slot * p.v.slot_stride + kv_head * p.v.head_stride + col * 8;
-      cp_async_16(k_tile + swizzle<kHeadDim>(token, col), p.k.data + (valid ? k_at : 0), valid);
-      cp_async_16(v_tile + swizzle<kHeadDim>(token, col), p.v.data + (valid ? v_at : 0), valid);
+#pragma unroll
+      for (int i = 0; i < kKVBatch; ++i) {
+        const int token = kv_row + (g + i) * kKVRowStep;
+        const bool in_range = token < hi - kv0, valid = in_range && page[i] >= 0;
+        if (kv_col == 0) unscored[stage * kTileKV + token] = in_range && !valid;
+        const int64_t slot = slot_of(p.pages, page_size, position(token));
+        const int64_t k_at = page[i] * p.k.page_stride + slot * p.k.slot_stride +
+                             kv_head * p.k.head_stride + kv_col * 8;
+        const int64_t v_at = page[i] * p.v.page_stride + slot * p.v.slot_stride +
+                             kv_head * p.v.head_stride + kv_col * 8;
+        cp_async_16(k_tile + swizzle<kHeadDim>(token, kv_col), p.k.data + (valid ? k_at : 0),
+                    valid);
+        cp_async_16(v_tile + swizzle<kHeadDim>(token, kv_col), p.v.data + (valid ? v_at : 0),
+                    valid);
+      }
     }
   };
   // Prologue: the first kStages - 1 tiles, one commit group each (empty past the last tile),

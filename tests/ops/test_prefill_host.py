@@ -1,7 +1,8 @@
-"""The prefill kernel's mask arithmetic (include/flashinfer/prefill_mask.h), run on the host
-against an independent model of the reference's masks: which keys a query token sees under
-the causal and sliding-window masks (bottom-right aligned), and when a warp may skip a K/V
-tile because none of its rows sees a key of it."""
+"""The prefill kernel's arithmetic that runs the same on the host, checked there against
+independent Python models: the masks (include/flashinfer/prefill_mask.h: which keys a query
+token sees under the causal and sliding-window masks, bottom-right aligned, and when a warp
+may skip a K/V tile because none of its rows sees a key of it) and the division by the page
+size (include/flashinfer/fastdiv.h)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT, run_host_program
 
-HARNESS = REPO_ROOT / "tests" / "ops" / "prefill_mask_harness.cc"
+HARNESS = REPO_ROOT / "tests" / "ops" / "prefill_harness.cc"
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def _query(lines: list[str], text: str) -> int:
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    binary = tmp_path_factory.mktemp("prefill_mask") / "harness"
+    binary = tmp_path_factory.mktemp("prefill_host") / "harness"
 
     def run(queries: list[str]) -> list[str]:
         return run_host_program(HARNESS, binary, "\n".join(queries) + "\n")[: len(queries)]
@@ -136,3 +137,21 @@ def test_rows_near_the_32_bit_limit_do_not_overflow(harness) -> None:  # noqa: A
         ]
     )
     assert answers == ["1", "0"]
+
+
+def test_page_size_division_by_multiply_high(harness) -> None:  # noqa: ANN001
+    """FastDiv's quotient for every page size a cache may have (1 to 2^31 - 1, dense at the
+    small ones) over token positions up to 2^31 - 1, at and around multiples of the divisor."""
+    rng = random.Random(3)
+    limit = 2**31 - 1
+    divisors = [*range(1, 130), 255, 256, 257, 4095, 4096, 65537, 2**30, 2**30 + 1, limit]
+    divisors += [rng.randint(1, limit) for _ in range(40)]
+    cases = []
+    for d in divisors:
+        numerators = {0, 1, d - 1, d, d + 1, limit, limit - 1, limit // d * d, limit // d * d - 1}
+        numerators |= {rng.randint(0, limit) for _ in range(30)}
+        numerators |= {k * d + r for k in (2, 3, 1000) for r in (-1, 0, 1)}
+        cases += [(d, n) for n in sorted(numerators) if 0 <= n <= limit]
+    answers = harness([f"div {d} {n}" for d, n in cases])
+    wrong = [(d, n, a) for (d, n), a in zip(cases, answers) if int(a) != n // d]
+    assert not wrong, wrong[:5]

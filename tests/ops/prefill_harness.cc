@@ -1,18 +1,27 @@
-// Host harness for include/flashinfer/prefill_mask.h, built and run by tests/ops/test_prefill.py
-// with the host compiler. Reads queries from stdin, one per line, and prints what the prefill
-// kernel computes for each (the test compares with an independent Python model):
+// Host harness for include/flashinfer/prefill_mask.h and fastdiv.h, built and run by
+// tests/ops/test_prefill_host.py with the host compiler. Reads queries from stdin, one per
+// line, and prints what the prefill kernel computes for each (the test compares with an
+// independent Python model):
 //   span hi delta causal window_left token          -> "begin end"
 //   bits hi delta causal window_left token kv0 tile_kv -> the visible columns' word, decimal
 //   tile hi delta causal window_left first_row num_rows rows group kv0 tile_kv -> "0" or "1"
+//   div d n                                          -> n / d by FastDiv
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 
+#include "flashinfer/fastdiv.h"
 #include "flashinfer/prefill_mask.h"
 
 int main() {
   char kind[8];
   while (std::scanf("%7s", kind) == 1) {
+    if (std::strcmp(kind, "div") == 0) {
+      uint32_t d = 0, n = 0;
+      if (std::scanf("%" SCNu32 " %" SCNu32, &d, &n) != 2) return 2;
+      std::printf("%" PRIu32 "\n", flashinfer::FastDiv(d).quotient(n));
+      continue;
+    }
     flashinfer::prefill::MaskShape shape{};
     int causal = 0;
     if (std::scanf("%d %d %d %" SCNd64, &shape.hi, &shape.delta, &causal, &shape.window_left) != 4)
