@@ -404,6 +404,10 @@ PAGED_CASES = [  # (qo_lens, kv_lens, page_size, qo_heads, kv_heads, head_dim, l
     ([256, 40], [256, 1111], 16, 16, 4, 256, "NHD", torch.float16),
     ([20, 1], [3000, 4095], 16, 32, 8, 128, "HND", torch.float16),
     ([5, 90], [77, 90], 1, 8, 2, 64, "NHD", torch.bfloat16),
+    # page sizes that are not powers of two (the kernel divides by a multiply-high), and 64
+    ([7, 70, 1], [300, 70, 129], 7, 16, 4, 128, "NHD", torch.bfloat16),
+    ([12, 40], [100, 41], 3, 8, 8, 256, "HND", torch.float16),
+    ([33, 2, 64], [2000, 65, 64], 64, 8, 2, 64, "HND", torch.float16),
 ]
 
 
