@@ -807,6 +807,13 @@ def test_gpu_bench_scripts_without_a_gpu_say_so(script: tuple[str, ...], tmp_pat
     assert "no CUDA GPU visible" in proc.stdout and not output.exists()
 
 
+def test_the_profiling_driver_without_a_gpu_says_so() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    proc = _run_bench("prefill_profile.py")
+    assert proc.returncode == 0 and "no CUDA GPU visible" in proc.stdout, proc.stderr
+
+
 def test_bench_family_needs_a_family(capsys: pytest.CaptureFixture[str]) -> None:
     import bench_family
 
