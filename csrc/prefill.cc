@@ -67,7 +67,9 @@ PrefillLaunch LaunchOf(const TensorView& q, const TensorView& k, const TensorVie
   l.score_scale = static_cast<float>(score_scale);
   l.score_cap = static_cast<float>(score_cap);
   l.causal = causal;
-  l.window_left = window_left;
+  // A window of 2^31 keys or more hides none (lengths are < 2^31): passed as no window, so
+  // the kernel's 64-bit position arithmetic (position - window_left) cannot overflow.
+  l.window_left = window_left >= (int64_t{1} << 31) ? -1 : window_left;
   l.pdl = enable_pdl;
   return l;
 }
@@ -117,7 +119,8 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
   if (paged) {
     FLASHINFER_CHECK(kv_indices.has_value() && kv_last_page_len.has_value(), ValueError)
         << "a paged KV cache needs kv_indices and kv_last_page_len";
-    FLASHINFER_CHECK(page_size >= 1, ValueError) << "page_size must be >= 1";
+    FLASHINFER_CHECK(page_size >= 1 && page_size < (int64_t{1} << 31), ValueError)
+        << "page_size must be in [1, 2^31), got " << page_size;
     l.kv_indices = IndexArray(kv_indices.value(), "kv_indices", 0, q);
     l.kv_last_page_len = IndexArray(kv_last_page_len.value(), "kv_last_page_len", batch, q);
     l.num_indices = kv_indices.value().size(0);

@@ -17,6 +17,7 @@ cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
   p.v = {static_cast<const DType*>(l.v), l.v_page_stride, l.v_slot_stride, l.v_head_stride};
   p.pages = {l.kv_indices, l.kv_indptr,   l.kv_last_page_len,
              l.page_size,  l.num_indices, l.num_pages};
+  p.page_div = flashinfer::FastDiv(l.kv_indices ? static_cast<uint32_t>(l.page_size) : 1u);
   p.mask = l.mask;
   p.mask_indptr = l.mask_indptr;
   p.out = static_cast<DType*>(l.out);

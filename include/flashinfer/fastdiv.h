@@ -15,7 +15,7 @@ namespace flashinfer {
 struct FastDiv {
   uint32_t d, m, s;
 
-  FLASHINFER_HOST_DEVICE explicit FastDiv(uint32_t divisor) : d(divisor), m(0), s(0) {
+  FLASHINFER_HOST_DEVICE explicit FastDiv(uint32_t divisor = 1) : d(divisor), m(0), s(0) {
     while ((uint64_t{1} << s) < d) ++s;
     m = static_cast<uint32_t>((uint64_t{1} << 32) * ((uint64_t{1} << s) - d) / d + 1);
   }

@@ -52,7 +52,8 @@ struct Tiling {
   static constexpr int kHeadDim = kHeadDim_, kMTiles = kMTiles_, kTileKV = kTileKV_;
   static_assert(kHeadDim % 64 == 0, "the swizzle needs at least 8 chunks of 16 bytes per row");
   static_assert(kMTiles == 1 || kMTiles == 2, "a warp owns 16 or 32 rows");
-  static_assert(kTileKV % 16 == 0 && kTileKV <= 64, "K/V tiles are 16 to 64 tokens");
+  // (one or two 32-token ballots and mask-bit groups cover a tile's tokens)
+  static_assert(kTileKV == 16 || kTileKV == 32 || kTileKV == 64, "K/V tiles of 16, 32 or 64");
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kWarps = kTileRows / kWarpRows;
   static constexpr int kThreads = kWarps * 32;
@@ -76,6 +77,7 @@ struct PrefillParams {
   // Paged: indices, indptr (page offsets) and last_page_len. Ragged: indices null, indptr the
   // token offsets. Single: indptr null too, kv_len = single_kv_len.
   PageTable pages;
+  FastDiv page_div;  // divides by pages.page_size (set up on the host, once per launch)
   // Bit-packed boolean masks (little bit order): request b's [qo_len, kv_len] mask, row-major,
   // starts at byte mask_indptr[b] (at 0 when mask_indptr is null). Null: no custom mask.
   const uint8_t* mask;
@@ -261,7 +263,6 @@ __global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p
   static_assert(kThreads % kChunks == 0 && kTileKV % kKVRowStep == 0 && kKVLoads % kKVBatch == 0,
                 "whole tokens per thread");
   const int kv_row = tid / kChunks, kv_col = tid % kChunks;
-  const FastDiv page_size(p.pages.indices ? static_cast<uint32_t>(p.pages.page_size) : 1u);
   auto load_kv = [&](int stage, int kv0) {
     // a token past `hi` looks up position kv0 instead (kv0 + token may pass 2^31 - 1 in a
     // request's last tile, so the bound is compared as hi - kv0 > 0)
@@ -273,14 +274,14 @@ __global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p
       int page[kKVBatch];
 #pragma unroll
       for (int i = 0; i < kKVBatch; ++i) {
-        page[i] = page_of(p.pages, page_size, page_base, position(kv_row + (g + i) * kKVRowStep));
+        page[i] = page_of(p.pages, p.page_div, page_base, position(kv_row + (g + i) * kKVRowStep));
       }
 #pragma unroll
       for (int i = 0; i < kKVBatch; ++i) {
         const int token = kv_row + (g + i) * kKVRowStep;
         const bool in_range = token < hi - kv0, valid = in_range && page[i] >= 0;
         if (kv_col == 0) unscored[stage * kTileKV + token] = in_range && !valid;
-        const int64_t slot = slot_of(p.pages, page_size, position(token));
+        const int64_t slot = slot_of(p.pages, p.page_div, position(token));
         const int64_t k_at = page[i] * p.k.page_stride + slot * p.k.slot_stride +
                              kv_head * p.k.head_stride + kv_col * 8;
         const int64_t v_at = page[i] * p.v.page_stride + slot * p.v.slot_stride +

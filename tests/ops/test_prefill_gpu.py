@@ -342,6 +342,9 @@ RAGGED_CASES = [  # (qo_lens, kv_lens, qo_heads, kv_heads, head_dim, layout, dty
     ([512, 1024], [2048, 1024], 16, 2, 256, "NHD", torch.float16),
     ([33, 7, 700], [900, 7, 700], 32, 4, 128, "HND", torch.bfloat16),
     ([200, 3], [100, 3000], 16, 4, 64, "NHD", torch.bfloat16),  # qo > kv in request 0
+    # odd GQA groups: a token's rows straddle the warps' 16- and 32-row boundaries
+    ([45, 1, 130], [45, 500, 300], 9, 3, 128, "NHD", torch.bfloat16),
+    ([19, 64], [700, 64], 10, 2, 64, "HND", torch.float16),
 ]
 
 BATCH_VARIANTS = [  # (causal, sm_scale, logits_soft_cap, window_left)
@@ -408,6 +411,7 @@ PAGED_CASES = [  # (qo_lens, kv_lens, page_size, qo_heads, kv_heads, head_dim, l
     ([7, 70, 1], [300, 70, 129], 7, 16, 4, 128, "NHD", torch.bfloat16),
     ([12, 40], [100, 41], 3, 8, 8, 256, "HND", torch.float16),
     ([33, 2, 64], [2000, 65, 64], 64, 8, 2, 64, "HND", torch.float16),
+    ([50, 9], [130, 400], 5, 14, 2, 256, "NHD", torch.bfloat16),  # GQA group 7
 ]
 
 
@@ -500,6 +504,88 @@ def test_out_of_range_page_ids_are_skipped_not_scored(prefill, head_dim: int, ca
     out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
     wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
     _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks))
+
+
+def _accepted_tilings() -> list[tuple[int, int, int]]:
+    """(head_dim, m_tiles, tile_kv) of every tiling PrefillTiling.check accepts."""
+    from flashinfer.jit.prefill import HEAD_DIMS, PrefillTiling
+
+    accepted = []
+    for head_dim, m_tiles, tile_kv in itertools.product(HEAD_DIMS, (1, 2), (16, 32, 64)):
+        try:
+            PrefillTiling(m_tiles, tile_kv).check(head_dim)
+        except ValueError:
+            continue
+        accepted.append((head_dim, m_tiles, tile_kv))
+    return accepted
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,m_tiles,tile_kv", _accepted_tilings())
+def test_every_tiling_masks_and_skips_as_the_reference(
+    head_dim: int, m_tiles: int, tile_kv: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each tiling FLASHINFER_PREFILL_TILING may select, on the paths its shape changes:
+    pages of 7 tokens with out-of-range page ids, a custom mask and a window together, a GQA
+    group of 3 (rows straddling warps), a query longer than its KV and a one-token request."""
+    from flashinfer.jit.prefill import PrefillTiling, gen_prefill_module
+
+    module = importlib.import_module("flashinfer.prefill")
+    tiling = PrefillTiling(m_tiles, tile_kv)
+    built: dict[Any, Any] = {}
+
+    def get_prefill_module(dtype: Any, dim: int) -> Any:
+        if dtype not in built:
+            built[dtype] = gen_prefill_module(dtype, dim, tiling).build_and_load()
+        return built[dtype]
+
+    monkeypatch.setattr(module, "get_prefill_module", get_prefill_module)
+    dtype, qo_heads, kv_heads, page_size, window = torch.bfloat16, 6, 2, 7, 40
+    qo_lens, kv_lens = [150, 1, 90], [120, 333, 200]
+    torch.manual_seed(head_dim + tile_kv)
+    q, ks, vs = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype)
+    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, "HND", seed=tile_kv)
+    bad = {(0, 3): cache.shape[0] + 1, (1, 0): -1, (2, 10): 1 << 29}
+    for (request, page), page_id in bad.items():
+        indices[indptr[request] + page] = page_id
+    custom = [torch.rand(m, n, device="cuda") > 0.25 for m, n in zip(qo_lens, kv_lens)]
+    masks = []
+    for request, (m, n) in enumerate(zip(qo_lens, kv_lens)):
+        rows, cols = torch.arange(m, device="cuda")[:, None], torch.arange(n, device="cuda")
+        in_window = cols >= rows + n - m - window
+        skipped = torch.tensor([(request, j // page_size) in bad for j in range(n)], device="cuda")
+        masks.append(custom[request] & in_window & ~skipped)
+    wrapper = module.BatchPrefillWithPagedKVCacheWrapper(_workspace(), kv_layout="HND")
+    wrapper.plan(
+        _indptr(qo_lens),
+        indptr,
+        indices,
+        last,
+        qo_heads,
+        kv_heads,
+        head_dim,
+        page_size,
+        custom_mask=torch.cat([c.flatten() for c in custom]),
+        window_left=window,
+        q_data_type=dtype,
+    )
+    out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
+    wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
+    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks))
+
+
+@pytest.mark.gpu
+def test_a_window_past_every_key_is_no_window(prefill) -> None:
+    """window_left of 2^63 - 1 with queries longer than the KV: every key is in the window
+    (the kernel's position - window_left arithmetic must not wrap)."""
+    dtype = torch.float16
+    q = _randn(300, 8, 128, dtype=dtype)
+    k, v = _randn(100, 2, 128, dtype=dtype), _randn(100, 2, 128, dtype=dtype)
+    for window in ((1 << 63) - 1, 1 << 31):
+        out, lse = prefill.single_prefill_with_kv_cache(
+            q, k, v, window_left=window, return_lse=True
+        )
+        _check(out, lse, reference_attention(q, k, v))
 
 
 @pytest.mark.gpu
