@@ -40,15 +40,26 @@ __device__ __forceinline__ int64_t request_length(const PageTable& pt, int64_t r
   return (pages - 1) * pt.page_size + last;
 }
 
+// *ptr when `pred`, else `fallback`: a predicated load, not a branch, so that several of
+// them issue back to back. For tables that do not change while the kernel runs (.nc).
+__device__ __forceinline__ int load_if(const int32_t* ptr, bool pred, int fallback) {
+  int value = fallback;
+  asm("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p ld.global.nc.b32 %0, [%1];\n}\n"
+      : "+r"(value)
+      : "l"(ptr), "r"(static_cast<int>(pred)));
+  return value;
+}
+
 // The page of the request's token `token` (-1 when its page id or its position in the page
 // table is out of range; 0 for a contiguous cache), and its slot in that page. `page_size`
 // divides by pt.page_size. Token positions and page sizes are < 2^31 (checked on the host).
 // Branch-free, so that the page-table loads of several tokens issue back to back.
 __device__ __forceinline__ int page_of(const PageTable& pt, const FastDiv& page_size, int page_base,
                                        int token) {
-  if (!pt.indices) return 0;
   const int64_t at = int64_t{page_base} + page_size.quotient(static_cast<uint32_t>(token));
-  const int id = at >= 0 && at < pt.num_indices ? pt.indices[at] : -1;
+  const bool in_table = pt.indices != nullptr && at >= 0 && at < pt.num_indices;
+  const int id = load_if(pt.indices + (in_table ? at : 0), in_table, -1);
+  if (!pt.indices) return 0;
   return id < pt.num_pages ? id : -1;
 }
 __device__ __forceinline__ int slot_of(const PageTable& pt, const FastDiv& page_size, int token) {
