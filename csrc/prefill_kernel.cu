@@ -28,6 +28,7 @@ cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
   p.tmp_lse = l.tmp_lse;
   p.num_qo_heads = l.num_qo_heads;
   p.group = l.num_qo_heads / l.num_kv_heads;
+  p.group_div = flashinfer::FastDiv(static_cast<uint32_t>(p.group));
   p.scale = l.score_scale;
   p.cap = l.score_cap;
   p.causal = l.causal;

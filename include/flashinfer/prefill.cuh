@@ -88,9 +88,10 @@ struct PrefillParams {
   float* tmp_v;    // [tmp rows, qo_heads, head_dim]
   float* tmp_lse;  // [tmp rows, qo_heads]
   int64_t num_qo_heads, group;
-  float scale;  // applied to q.k: sm_scale * log2e, or sm_scale / cap with a soft cap
-  float cap;    // > 0: score = cap * log2e * tanh(scaled q.k)
-  bool causal;  // ignored with a custom mask, as in the reference
+  FastDiv group_div;  // divides by group (set up on the host)
+  float scale;        // applied to q.k: sm_scale * log2e, or sm_scale / cap with a soft cap
+  float cap;          // > 0: score = cap * log2e * tanh(scaled q.k)
+  bool causal;        // ignored with a custom mask, as in the reference
   // >= 0: token t sees key j only if j >= t + kv_len - qo_len - window_left
   int64_t window_left;
   int64_t single_qo_len, single_kv_len;
@@ -227,7 +228,9 @@ __global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p
   const int rows = static_cast<int>(min(int64_t{qo_len} * group, int64_t{0x7fffffff}));
   const int row0 = item.q_tile * kTileRows;
   if (row0 >= rows) return;  // no query token of this tile (lengths shrank since the plan)
-  const int t_first = row0 / group, t_last = min(row0 + kTileRows - 1, rows - 1) / group;
+  const FastDiv& by_group = p.group_div;
+  const int t_first = by_group.quotient(row0);
+  const int t_last = by_group.quotient(min(row0 + kTileRows - 1, rows - 1));
   const int delta = kv_len - qo_len;  // bottom-right alignment of causal and window masks
   const bool causal = p.causal && !p.mask;
 
@@ -242,27 +245,32 @@ __global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p
   const MaskShape shape{hi, delta, causal, p.window_left};
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  // Q: packed rows past the request's end are zero-filled (their results are never stored).
-  for (int c = tid; c < kTileRows * kChunks; c += kThreads) {
-    const int r = c / kChunks, col = c % kChunks;
-    const int packed = row0 + r;
+  // Q: this thread's chunk kv_col of tile rows kv_row + i * kKVRowStep (as it loads K/V);
+  // packed rows past the request's end are zero-filled (their results are never stored).
+  constexpr int kKVRowStep = kThreads / kChunks;
+  const int kv_row = tid / kChunks, kv_col = tid % kChunks;
+#pragma unroll
+  for (int i = 0; i < kTileRows / kKVRowStep; ++i) {
+    const int r = kv_row + i * kKVRowStep, packed = row0 + r;
     const bool valid = packed < rows;
-    const int64_t t = q_start + packed / group, head = kv_head * group + packed % group;
-    const T* src = p.q + t * p.q_row_stride + head * p.q_head_stride + col * 8;
-    cp_async_16(sq + swizzle<kHeadDim>(r, col), valid ? src : p.q, valid);
+    const int t = by_group.quotient(packed);
+    const int64_t head = kv_head * group + (packed - t * group);
+    const T* src =
+        p.q + (q_start + int64_t{t}) * p.q_row_stride + head * p.q_head_stride + kv_col * 8;
+    cp_async_16(sq + swizzle<kHeadDim>(r, kv_col), valid ? src : p.q, valid);
   }
   // A K/V tile: tokens at or past `hi`, and tokens on pages outside the cache, read as zeros
   // (never memory another request owns) and are masked: the first by `hi`, the second by
   // their byte in `unscored`, written by the thread that loads the token's first chunk. A
   // thread loads chunk kv_col of tokens kv_row + i * kKVRowStep: the page-table loads of
   // kKVBatch tokens (one multiply-high division each) issue together, then their copies.
-  constexpr int kKVRowStep = kThreads / kChunks, kKVLoads = kTileKV / kKVRowStep;
+  constexpr int kKVLoads = kTileKV / kKVRowStep;
   // page-table loads in flight at once: all of them, but two with m2's O accumulators, which
   // leave no registers for more
   constexpr int kKVBatch = kMTiles == 1 || kKVLoads < 2 ? kKVLoads : 2;
-  static_assert(kThreads % kChunks == 0 && kTileKV % kKVRowStep == 0 && kKVLoads % kKVBatch == 0,
+  static_assert(kThreads % kChunks == 0 && kTileRows % kKVRowStep == 0 &&
+                    kTileKV % kKVRowStep == 0 && kKVLoads % kKVBatch == 0,
                 "whole tokens per thread");
-  const int kv_row = tid / kChunks, kv_col = tid % kChunks;
   auto load_kv = [&](int stage, int kv0) {
     // a token past `hi` looks up position kv0 instead (kv0 + token may pass 2^31 - 1 in a
     // request's last tile, so the bound is compared as hi - kv0 > 0)
@@ -339,7 +347,7 @@ __global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p
     // every score masked would leave. Its rows are padding past the request's end (one-token
     // decode of a GQA group of 4 fills 4 of 128 rows), or under a causal mask their tokens all
     // precede the tile, or under a window they all start past it. The branch is warp-uniform.
-    if (rows_see_tile(shape, row0 + warp_row, Tl::kWarpRows, rows, group, kv0, kTileKV)) {
+    if (rows_see_tile(shape, row0 + warp_row, Tl::kWarpRows, rows, by_group, kv0, kTileKV)) {
       // S = Q K^T: each K fragment read from shared memory feeds every m-tile of the warp.
       float s[kMTiles][kScoreTiles][4];
 #pragma unroll
@@ -391,7 +399,7 @@ __global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int packed = row0 + lane_row + mt * 16 + 8 * h;
-            const int token = packed / group;
+            const int token = by_group.quotient(packed);
             uint64_t bits = visible_bits(shape, token, kv0, kTileKV) & ~blocked;
             if (p.mask && packed < rows) {  // a padding row has no mask bits
               const int64_t row_bit = mask_bit0 + int64_t{token} * kv_len;
@@ -514,7 +522,7 @@ __global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p
       if (packed >= out_rows) continue;
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
       const float lse = sum > 0.f ? m[mt][h] + log2f(sum) : -INFINITY;
-      const int64_t t = packed / group, head = kv_head * group + packed % group;
+      const int64_t t = p.group_div.quotient(packed), head = kv_head * group + (packed - t * group);
       const int dim = 2 * (lane % 4);
       if (item.tmp_base < 0) {
         T* dst = p.out + (q_start + t) * p.out_row_stride + head * p.out_head_stride + dim;

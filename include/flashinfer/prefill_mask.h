@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "flashinfer/fastdiv.h"
 #include "flashinfer/host_device.h"
 
 namespace flashinfer {
@@ -57,12 +58,12 @@ FLASHINFER_HOST_DEVICE uint64_t visible_bits(const MaskShape& m, int token, int 
 // those rows may skip the tile (exact when every token sees some key, as with kv_len >=
 // qo_len).
 FLASHINFER_HOST_DEVICE bool rows_see_tile(const MaskShape& m, int first_row, int num_rows, int rows,
-                                          int group, int kv0, int tile_kv) {
+                                          const FastDiv& group, int kv0, int tile_kv) {
   if (first_row >= rows) return false;
   const int tail = rows - 1 - first_row;  // rows - 1 may sit near 2^31: no first_row + num_rows
   const int last_row = first_row + (num_rows - 1 < tail ? num_rows - 1 : tail);
-  const int64_t begin = visible_keys(m, first_row / group).begin;
-  const int64_t end = visible_keys(m, last_row / group).end;
+  const int64_t begin = visible_keys(m, group.quotient(first_row)).begin;
+  const int64_t end = visible_keys(m, group.quotient(last_row)).end;
   const int64_t tile_end = int64_t{kv0} + tile_kv;
   return (begin > kv0 ? begin : kv0) < (end < tile_end ? end : tile_end);
 }

@@ -41,10 +41,11 @@ int main() {
       if (std::scanf("%d %d %d %d %d %d", &first_row, &num_rows, &rows, &group, &kv0, &tile_kv) !=
           6)
         return 2;
-      std::printf("%d\n", flashinfer::prefill::rows_see_tile(shape, first_row, num_rows, rows,
-                                                             group, kv0, tile_kv)
-                              ? 1
-                              : 0);
+      std::printf("%d\n",
+                  flashinfer::prefill::rows_see_tile(shape, first_row, num_rows, rows,
+                                                     flashinfer::FastDiv(group), kv0, tile_kv)
+                      ? 1
+                      : 0);
     } else {
       return 2;
     }
