@@ -106,6 +106,15 @@ inline const int32_t* IndexArray(const TensorView& t, const char* name, int64_t 
   return static_cast<const int32_t*>(DataPtr(t));
 }
 
+// A paged cache's page ids (IndexArray's checks), never null: the kernels read a null table
+// as a contiguous cache, and an empty tensor's data pointer may be null. An empty table
+// points at `stand_in` instead, which its length (0 entries) keeps from ever being read.
+inline const int32_t* PageIndices(const TensorView& t, const int32_t* stand_in,
+                                  const TensorView& q) {
+  const int32_t* indices = IndexArray(t, "kv_indices", 0, q);
+  return indices != nullptr ? indices : stand_in;
+}
+
 // Every tensor on q's device.
 inline void CheckDevices(const TensorView& q,
                          std::initializer_list<std::pair<const TensorView*, const char*>> tensors) {

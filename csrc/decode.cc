@@ -72,7 +72,7 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
   FLASHINFER_CHECK(page_size >= 1, ValueError) << "page_size must be >= 1";
   CheckCuda(q, "q");
   const int32_t* indptr = IndexArray(kv_indptr, "kv_indptr", batch + 1, q);
-  const int32_t* indices = IndexArray(kv_indices, "kv_indices", 0, q);
+  const int32_t* indices = PageIndices(kv_indices, indptr, q);
   const int32_t* last_page_len = IndexArray(kv_last_page_len, "kv_last_page_len", batch, q);
   FLASHINFER_CHECK(work_capacity >= grid_work && merge_capacity >= grid_merge && grid_work >= 0 &&
                        grid_merge >= 0 && window_left >= -1,

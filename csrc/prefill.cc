@@ -17,9 +17,9 @@ namespace {
 
 // grid.y is num_kv_heads for the prefill kernel and num_qo_heads for the split-KV merge.
 int64_t CheckGroup(int64_t qo_heads, int64_t kv_heads) {
-  FLASHINFER_CHECK(kv_heads >= 1 && qo_heads % kv_heads == 0, ValueError)
-      << "num_qo_heads (" << qo_heads << ") must be a multiple of num_kv_heads (" << kv_heads
-      << ")";
+  FLASHINFER_CHECK(kv_heads >= 1 && qo_heads >= 1 && qo_heads % kv_heads == 0, ValueError)
+      << "num_qo_heads (" << qo_heads << ") must be a positive multiple of num_kv_heads ("
+      << kv_heads << ")";
   FLASHINFER_CHECK(qo_heads <= 65535, ValueError)
       << "num_qo_heads " << qo_heads << " exceeds 65535";
   return qo_heads / kv_heads;
@@ -121,7 +121,7 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
         << "a paged KV cache needs kv_indices and kv_last_page_len";
     FLASHINFER_CHECK(page_size >= 1 && page_size < (int64_t{1} << 31), ValueError)
         << "page_size must be in [1, 2^31), got " << page_size;
-    l.kv_indices = IndexArray(kv_indices.value(), "kv_indices", 0, q);
+    l.kv_indices = PageIndices(kv_indices.value(), l.kv_indptr, q);
     l.kv_last_page_len = IndexArray(kv_last_page_len.value(), "kv_last_page_len", batch, q);
     l.num_indices = kv_indices.value().size(0);
     l.num_pages = k.size(0);

@@ -42,11 +42,12 @@ __device__ __forceinline__ int64_t request_length(const PageTable& pt, int64_t r
 
 // *ptr when `pred`, else `fallback`: a predicated load, not a branch, so that several of
 // them issue back to back. For tables that do not change while the kernel runs (.nc).
+// Volatile: it stays after pdl_wait() (griddepcontrol.wait) whatever its operands are.
 __device__ __forceinline__ int load_if(const int32_t* ptr, bool pred, int fallback) {
   int value = fallback;
-  asm("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p ld.global.nc.b32 %0, [%1];\n}\n"
-      : "+r"(value)
-      : "l"(ptr), "r"(static_cast<int>(pred)));
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p ld.global.nc.b32 %0, [%1];\n}\n"
+               : "+r"(value)
+               : "l"(ptr), "r"(static_cast<int>(pred)));
   return value;
 }
 

@@ -1195,8 +1195,10 @@ def test_prefill_binding_checks_too() -> None:
         single()
     with pytest.raises(ValueError, match="q has head_dim 64, this module is for 128"):
         single(q=_bf16_cpu(8, 4, 64))
-    with pytest.raises(ValueError, match="num_qo_heads \\(3\\) must be a multiple of num_kv"):
+    with pytest.raises(ValueError, match="num_qo_heads \\(3\\) must be a positive multiple"):
         single(q=_bf16_cpu(8, 3, 128), out=_bf16_cpu(8, 3, 128))
+    with pytest.raises(ValueError, match="num_qo_heads \\(0\\) must be a positive multiple"):
+        single(q=_bf16_cpu(8, 0, 128), out=_bf16_cpu(8, 0, 128))  # a GQA group of 0
     with pytest.raises(ValueError, match="k's strides must be multiples of 8"):
         single(k=_bf16_cpu(10, 2, 130)[..., :128])
     with pytest.raises(TypeError, match="q has dtype float16, expected bfloat16"):
