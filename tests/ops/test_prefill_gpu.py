@@ -169,6 +169,23 @@ def _paged_kv(
     return cache, indptr, indices, last
 
 
+def _break_page_ids(
+    indices: torch.Tensor, indptr: torch.Tensor, bad: dict[tuple[int, int], int]
+) -> None:
+    """bad[(request, page)] = an id outside the cache, written into the request's page table."""
+    for (request, page), page_id in bad.items():
+        indices[indptr[request] + page] = page_id
+
+
+def _on_broken_pages(
+    request: int, kv_len: int, page_size: int, bad: dict[tuple[int, int], int]
+) -> torch.Tensor:
+    """Which of the request's tokens sit on a page _break_page_ids broke (never scored)."""
+    return torch.tensor(
+        [(request, j // page_size) in bad for j in range(kv_len)], dtype=torch.bool, device="cuda"
+    )
+
+
 def _kv_data(
     kv_lens: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -478,15 +495,14 @@ def test_out_of_range_page_ids_are_skipped_not_scored(prefill, head_dim: int, ca
     cache, indptr, indices, last = _paged_kv(ks, vs, page_size, "NHD", seed=3)
     num_pages = cache.shape[0]
     bad = {(0, 1): num_pages + 7, (1, 0): -3, (1, 5): num_pages, (2, 2): 1 << 30}
-    for (request, page), page_id in bad.items():
-        indices[indptr[request] + page] = page_id
+    _break_page_ids(indices, indptr, bad)
     masks = []
     for request, (m, n) in enumerate(zip(qo_lens, kv_lens)):
         rows, cols = torch.arange(m, device="cuda")[:, None], torch.arange(n, device="cuda")
         visible = (
             cols <= rows + n - m if causal else torch.ones(m, n, dtype=torch.bool, device="cuda")
         )
-        skipped = torch.tensor([(request, j // page_size) in bad for j in range(n)], device="cuda")
+        skipped = _on_broken_pages(request, n, page_size, bad)
         masks.append(visible & ~skipped)
     wrapper = prefill.BatchPrefillWithPagedKVCacheWrapper(_workspace())
     wrapper.plan(
@@ -546,14 +562,13 @@ def test_every_tiling_masks_and_skips_as_the_reference(
     q, ks, vs = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype)
     cache, indptr, indices, last = _paged_kv(ks, vs, page_size, "HND", seed=tile_kv)
     bad = {(0, 3): cache.shape[0] + 1, (1, 0): -1, (2, 10): 1 << 29}
-    for (request, page), page_id in bad.items():
-        indices[indptr[request] + page] = page_id
+    _break_page_ids(indices, indptr, bad)
     custom = [torch.rand(m, n, device="cuda") > 0.25 for m, n in zip(qo_lens, kv_lens)]
     masks = []
     for request, (m, n) in enumerate(zip(qo_lens, kv_lens)):
         rows, cols = torch.arange(m, device="cuda")[:, None], torch.arange(n, device="cuda")
         in_window = cols >= rows + n - m - window
-        skipped = torch.tensor([(request, j // page_size) in bad for j in range(n)], device="cuda")
+        skipped = _on_broken_pages(request, n, page_size, bad)
         masks.append(custom[request] & in_window & ~skipped)
     wrapper = module.BatchPrefillWithPagedKVCacheWrapper(_workspace(), kv_layout="HND")
     wrapper.plan(
