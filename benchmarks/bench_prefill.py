@@ -1,27 +1,38 @@
 """Prefill attention benchmark (GPU): (a) single_prefill_with_kv_cache over 8192 tokens and
 (b) BatchPrefillWithPagedKVCacheWrapper over 16 requests x 2048 tokens, page 16; both causal,
-32 query / 8 KV heads, head_dim 128, bf16. Each case is checked against a float64 torch
-reference first, then timed next to torch's flash SDPA on the same data in the same run.
+32 query / 8 KV heads, head_dim 128 (--head_dim), bf16. Each case is checked against a float64
+torch reference first, then timed next to torch's flash SDPA on the same data in the same run.
 Reports TFLOP/s (a causal mask counts the visible pairs only), the ratio to torch and the
 share of the device's dense bf16 tensor-core peak. Results go to
 benchmarks/results/prefill.md. Without a GPU it says so and exits 0.
-Usage: python benchmarks/bench_prefill.py [--output FILE] [--probe];
-FLASHINFER_PREFILL_TILING=128:m2kv32 (for example) measures another kernel tiling. --probe adds
-rows that tell the batch case's costs apart: the same batch over ragged (contiguous) K/V, and
-over pages of 1 and of 64 tokens.
+Usage: python benchmarks/bench_prefill.py [--output FILE] [--probe] [--head_dim D]
+[--tilings all|m2kv32,...]. --probe adds rows that tell the batch case's costs apart: the same
+batch over ragged (contiguous) K/V, and over pages of 1 and of 64 tokens. --tilings runs every
+case once per kernel tiling (docs/attention.md), in this process; without it the tiling is
+FLASHINFER_PREFILL_TILING's or the default.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import itertools
+import re
 import sys
-from typing import Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from gpu_script import device_facts, measure, script_args, timing_fact
 from report import write_report
 
-from flashinfer.jit.prefill import DEFAULT_TILINGS, prefill_tiling
+from flashinfer.jit.prefill import (
+    DEFAULT_TILINGS,
+    HEAD_DIMS,
+    PrefillTiling,
+    gen_prefill_module,
+    prefill_tiling,
+)
 
 # 16 requests of 2048 query and 2048 KV tokens; torch reads the pages gathered before timing
 BATCH = ["--batch_size", "16", "--s_qo", "2048", "--s_kv", "2048", "--causal"]
@@ -37,16 +48,20 @@ PROBE_CASES = [
         for page in ("1", "64")
     ),
 ]
-SHAPE_FLAGS = [
-    "--num_qo_heads",
-    "32",
-    "--num_kv_heads",
-    "8",
-    "--head_dim_qk",
-    "128",
-    "--q_dtype",
-    "bfloat16",
-]
+
+
+def shape_flags(head_dim: int) -> list[str]:
+    return [
+        "--num_qo_heads",
+        "32",
+        "--num_kv_heads",
+        "8",
+        "--head_dim_qk",
+        str(head_dim),
+        "--q_dtype",
+        "bfloat16",
+    ]
+
 
 # Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's data sheets, TFLOP/s; the most
 # specific names first, as torch.cuda.get_device_name() spells them.
@@ -67,11 +82,14 @@ def dense_bf16_peak(device_name: str) -> float | None:
     return next((peak for key, peak in DENSE_BF16_PEAKS if key in device_name), None)
 
 
-def row(routine: str, flags: Sequence[str], peak: float | None) -> tuple[str, ...]:
-    result = measure(routine, [*flags, *SHAPE_FLAGS], backends=("fa2", "flash"))
+def row(
+    tiling: str, routine: str, flags: Sequence[str], head_dim: int, peak: float | None
+) -> tuple[str, ...]:
+    result = measure(routine, [*flags, *shape_flags(head_dim)], backends=("fa2", "flash"))
     ours, theirs = result["fa2"], result["flash"]
     ours_ms, torch_ms = ours["median_time"], theirs["median_time"]
     return (
+        tiling,
         routine,
         str(ours["case"]),
         f"{ours_ms * 1e3:.0f}",
@@ -83,20 +101,103 @@ def row(routine: str, flags: Sequence[str], peak: float | None) -> tuple[str, ..
     )
 
 
+def parse_tilings(spec: str, head_dim: int) -> list[PrefillTiling]:
+    """``all`` (every tiling the kernel takes at ``head_dim``) or names like m2kv32."""
+    if spec == "all":
+        shapes = itertools.product((1, 2), (16, 32, 64))
+    else:
+        shapes = []
+        for name in spec.split(","):
+            match = re.fullmatch(r"m(\d+)kv(\d+)", name.strip())
+            if not match:
+                raise SystemExit(f"--tilings: {name!r} is not m<tiles>kv<tokens>, e.g. m2kv32")
+            shapes.append((int(match[1]), int(match[2])))
+    tilings = []
+    for m_tiles, tile_kv in shapes:
+        tiling = PrefillTiling(m_tiles, tile_kv)
+        try:
+            tiling.check(head_dim)
+        except ValueError as err:
+            if spec == "all":
+                continue
+            raise SystemExit(f"--tilings: {err}") from None
+        tilings.append(tiling)
+    return tilings
+
+
+@contextlib.contextmanager
+def kernel_tiling(tiling: PrefillTiling) -> Iterator[None]:
+    """flashinfer.prefill's API on modules built with ``tiling`` while inside (its module
+    cache and its CTAs-per-device cache, which plan() reads, swapped out and restored)."""
+    api = importlib.import_module("flashinfer.prefill")
+    original = api.get_prefill_module
+    built: dict[tuple[Any, int], Any] = {}
+
+    def get_prefill_module(dtype: Any, head_dim: int) -> Any:
+        if (dtype, head_dim) not in built:
+            built[dtype, head_dim] = gen_prefill_module(dtype, head_dim, tiling).build_and_load()
+        return built[dtype, head_dim]
+
+    api.get_prefill_module = get_prefill_module
+    api._max_ctas.cache_clear()
+    try:
+        yield
+    finally:
+        api.get_prefill_module = original
+        api._max_ctas.cache_clear()
+
+
+def rows(
+    cases: list[tuple[str, list[str]]],
+    tilings: list[PrefillTiling] | None,
+    head_dim: int,
+    peak: float | None,
+) -> list[tuple[str, ...]]:
+    if tilings is None:
+        name = prefill_tiling(head_dim).name
+        return [row(name, routine, flags, head_dim, peak) for routine, flags in cases]
+    table = []
+    for tiling in tilings:
+        with kernel_tiling(tiling):
+            table += [row(tiling.name, r, flags, head_dim, peak) for r, flags in cases]
+    return table
+
+
+def command_flags(args: argparse.Namespace) -> str:
+    """The flags that chose what was measured, as typed."""
+    flags = " --probe" if args.probe else ""
+    if args.head_dim != 128:
+        flags += f" --head_dim {args.head_dim}"
+    return flags + (f" --tilings {args.tilings}" if args.tilings else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--probe", action="store_true", help="also the ragged batch and pages of 1 and 64"
     )
+    parser.add_argument("--head_dim", type=int, choices=HEAD_DIMS, default=128)
+    parser.add_argument(
+        "--tilings", default=None, help="'all' or comma-separated names such as m1kv64,m2kv32"
+    )
     args = script_args("bench_prefill.py", "prefill.md", argv=argv, parser=parser)
     if args is None:
         return 0
+    head_dim = args.head_dim
+    tilings = None if args.tilings is None else parse_tilings(args.tilings, head_dim)
     cases = CASES + PROBE_CASES if args.probe else CASES
     peak = dense_bf16_peak(torch.cuda.get_device_name())
-    tiling = prefill_tiling(128)
-    tiling_source = (
-        "the default" if tiling == DEFAULT_TILINGS[128] else "from FLASHINFER_PREFILL_TILING"
-    )
+    if tilings is None:
+        tiling = prefill_tiling(head_dim)
+        source = (
+            "the default"
+            if tiling == DEFAULT_TILINGS[head_dim]
+            else "from FLASHINFER_PREFILL_TILING"
+        )
+        tiling_note = f"kernel tiling (head_dim {head_dim}): {tiling.name} ({source})"
+    else:
+        default = DEFAULT_TILINGS[head_dim].name
+        tiling_note = f"kernel tilings (head_dim {head_dim}; the default is {default}): --tilings"
     peak_note = (
         f"dense bf16 peak used for the share: {peak:.0f} TFLOP/s (data sheet, by the device name)"
         if peak
@@ -107,8 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "Prefill attention benchmark (GPU)",
         [
             *device_facts(),
-            "32 query / 8 KV heads, head_dim 128, bf16, NHD, causal (bottom-right aligned); "
-            "batch: 16 requests of 2048 query and 2048 KV tokens over shuffled pages of 16",
+            f"32 query / 8 KV heads, head_dim {head_dim}, bf16, NHD, causal (bottom-right "
+            "aligned); batch: 16 requests of 2048 query and 2048 KV tokens over shuffled "
+            "pages of 16",
             f"each case checked against float64 torch first; then {timing_fact(100)}; batch: "
             "plan() once, run() timed",
             "TFLOP/s counts 4 * qo_heads * head_dim per visible (query, key) pair (causal: "
@@ -117,11 +219,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "enable_gqa=True, on dense [B, H, L, D] views of the same data (batch: the pages "
             "gathered once, before timing)",
             peak_note,
-            f"kernel tiling (head_dim 128): {tiling.name} ({tiling_source})",
-            "command: `python benchmarks/bench_prefill.py` (flashinfer_benchmark.py routines, "
-            "backends fa2 and flash)",
+            tiling_note,
+            f"command: `python benchmarks/bench_prefill.py{command_flags(args)}` "
+            "(flashinfer_benchmark.py routines, backends fa2 and flash)",
         ],
         [
+            "tiling",
             "routine",
             "case",
             "flashinfer us",
@@ -131,8 +234,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "torch TFLOP/s",
             "speedup",
         ],
-        "llrrrrrr",
-        [row(routine, flags, peak) for routine, flags in cases],
+        "lllrrrrrr",
+        rows(cases, tilings, head_dim, peak),
     )
     return 0
 

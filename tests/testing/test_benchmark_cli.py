@@ -807,6 +807,41 @@ def test_gpu_bench_scripts_without_a_gpu_say_so(script: tuple[str, ...], tmp_pat
     assert "no CUDA GPU visible" in proc.stdout and not output.exists()
 
 
+def test_bench_prefill_swaps_the_tiling_in_and_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--tilings: inside kernel_tiling, flashinfer.prefill builds its modules with that
+    tiling (once per dtype and head_dim) and re-reads its CTAs per device; after it, the
+    configured modules are back."""
+    import bench_prefill
+
+    from flashinfer import prefill as api
+    from flashinfer.jit.prefill import PrefillTiling
+
+    built: list[tuple[Any, int, PrefillTiling]] = []
+
+    class Spec:
+        def __init__(self, dtype: Any, head_dim: int, tiling: PrefillTiling) -> None:
+            built.append((dtype, head_dim, tiling))
+
+        def build_and_load(self) -> str:
+            return f"module {built[-1][2].name}"
+
+    monkeypatch.setattr(bench_prefill, "gen_prefill_module", Spec)
+    original = api.get_prefill_module
+    tiling = PrefillTiling(2, 32)
+    with bench_prefill.kernel_tiling(tiling):
+        assert api.get_prefill_module(torch.bfloat16, 128) == "module m2kv32"
+        assert api.get_prefill_module(torch.bfloat16, 128) == "module m2kv32"
+        assert api._max_ctas.cache_info().currsize == 0
+    assert built == [(torch.bfloat16, 128, tiling)]
+    assert api.get_prefill_module is original
+    names = [t.name for t in bench_prefill.parse_tilings("all", 256)]
+    assert names == ["m1kv16", "m1kv32", "m1kv64"]
+    with pytest.raises(SystemExit, match="m2kv64 at head_dim 128 needs 192 accumulators"):
+        bench_prefill.parse_tilings("m2kv64", 128)
+    with pytest.raises(SystemExit, match="'2x32' is not m<tiles>kv<tokens>"):
+        bench_prefill.parse_tilings("2x32", 128)
+
+
 def test_the_profiling_driver_without_a_gpu_says_so() -> None:
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
@@ -863,6 +898,8 @@ def fake_gpu_measure(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
         ("bench_sampling", [], 12 + 9),
         ("bench_prefill", [], 2),
         ("bench_prefill", ["--probe"], 5),
+        ("bench_prefill", ["--tilings", "m1kv64,m2kv32"], 4),
+        ("bench_prefill", ["--head_dim", "64", "--tilings", "all"], 2 * 5),
     ],
 )
 def test_bench_scripts_write_their_tables(
