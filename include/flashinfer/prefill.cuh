@@ -21,8 +21,10 @@
 // chunk c of row r stored at chunk c ^ (r % 8)) so that ldmatrix reads are free of bank conflicts.
 // S = Q K^T and O += P V run on mma.sync m16n8k16 with float32 accumulators; the softmax is online
 // in log2 units (running row max m, running sum d, O rescaled by 2^(m_old - m_new)). Only tiles
-// that reach a mask boundary (causal diagonal, window edge, chunk end, custom mask) evaluate the
-// mask per element; KV tiles wholly outside the causal or window range are never loaded.
+// that reach a mask boundary (causal diagonal, window edge, chunk end, custom mask, a page
+// outside the cache) mask their scores, each row by one word of visible columns
+// (prefill_mask.h); KV tiles wholly outside the causal or window range are never loaded, and
+// a warp none of whose rows sees a key of a tile skips that tile's math.
 #pragma once
 
 #include <cuda_bf16.h>
