@@ -6,10 +6,10 @@ Reports TFLOP/s (a causal mask counts the visible pairs only), the ratio to torc
 share of the device's dense bf16 tensor-core peak. Results go to
 benchmarks/results/prefill.md. Without a GPU it says so and exits 0.
 Usage: python benchmarks/bench_prefill.py [--output FILE] [--probe] [--head_dim D]
-[--tilings all|m2kv32,...]. --probe adds rows that tell the batch case's costs apart: the same
-batch over ragged (contiguous) K/V, and over pages of 1 and of 64 tokens. --tilings runs every
-case once per kernel tiling (docs/attention.md), in this process; without it the tiling is
-FLASHINFER_PREFILL_TILING's or the default.
+[--tilings all|m2kv32,m1kv64c2,...]. --probe adds rows that tell the batch case's costs
+apart: the same batch over ragged (contiguous) K/V, and over pages of 1 and of 64 tokens.
+--tilings runs every case once per kernel tiling (docs/attention.md), in this process;
+without it the tiling is FLASHINFER_PREFILL_TILING's or the default.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import itertools
 import re
 import sys
 from typing import Any, Iterator, Sequence
@@ -30,6 +29,7 @@ from flashinfer.jit.prefill import (
     DEFAULT_TILINGS,
     HEAD_DIMS,
     PrefillTiling,
+    accepted_tilings,
     gen_prefill_module,
     prefill_tiling,
 )
@@ -102,24 +102,18 @@ def row(
 
 
 def parse_tilings(spec: str, head_dim: int) -> list[PrefillTiling]:
-    """``all`` (every tiling the kernel takes at ``head_dim``) or names like m2kv32."""
+    """``all`` (every tiling the kernel takes at ``head_dim``) or names like m2kv32, m1kv64c2."""
     if spec == "all":
-        shapes = itertools.product((1, 2), (16, 32, 64))
-    else:
-        shapes = []
-        for name in spec.split(","):
-            match = re.fullmatch(r"m(\d+)kv(\d+)", name.strip())
-            if not match:
-                raise SystemExit(f"--tilings: {name!r} is not m<tiles>kv<tokens>, e.g. m2kv32")
-            shapes.append((int(match[1]), int(match[2])))
+        return accepted_tilings(head_dim)
     tilings = []
-    for m_tiles, tile_kv in shapes:
-        tiling = PrefillTiling(m_tiles, tile_kv)
+    for name in spec.split(","):
+        match = re.fullmatch(r"m(\d+)kv(\d+)(?:c(\d+))?", name.strip())
+        if not match:
+            raise SystemExit(f"--tilings: {name!r} is not m<tiles>kv<tokens>[c<ctas>], e.g. m2kv32")
+        tiling = PrefillTiling(int(match[1]), int(match[2]), int(match[3] or 1))
         try:
             tiling.check(head_dim)
         except ValueError as err:
-            if spec == "all":
-                continue
             raise SystemExit(f"--tilings: {err}") from None
         tilings.append(tiling)
     return tilings

@@ -114,12 +114,13 @@ def _parse_name_patterns(raw: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 
 
-_TILING = re.compile(r"(\d+):m(\d+)kv(\d+)")
+_TILING = re.compile(r"(\d+):m(\d+)kv(\d+)(?:c(\d+))?")
 
 
-def _parse_prefill_tilings(raw: str) -> tuple[tuple[int, int, int], ...]:
-    """Comma-separated ``head_dim:m<tiles>kv<tokens>`` entries (``128:m2kv32``), as
-    ``(head_dim, m_tiles, tile_kv)``; flashinfer.jit.prefill checks the values."""
+def _parse_prefill_tilings(raw: str) -> tuple[tuple[int, int, int, int], ...]:
+    """Comma-separated ``head_dim:m<tiles>kv<tokens>[c<ctas>]`` entries (``128:m2kv32``,
+    ``64:m1kv64c2``), as ``(head_dim, m_tiles, tile_kv, ctas)`` (ctas 1 when left out);
+    flashinfer.jit.prefill checks the values."""
     found = []
     for entry in raw.replace(" ", "").split(","):
         if not entry:
@@ -127,10 +128,11 @@ def _parse_prefill_tilings(raw: str) -> tuple[tuple[int, int, int], ...]:
         match = _TILING.fullmatch(entry)
         if match is None:
             raise ValueError(
-                f"expected head_dim:m<tiles>kv<tokens> entries such as 128:m2kv32, got {entry!r}"
+                "expected head_dim:m<tiles>kv<tokens>[c<ctas>] entries such as 128:m2kv32, "
+                f"got {entry!r}"
             )
-        head_dim, m_tiles, tile_kv = (int(g) for g in match.groups())
-        found.append((head_dim, m_tiles, tile_kv))
+        head_dim, m_tiles, tile_kv = (int(g) for g in match.groups()[:3])
+        found.append((head_dim, m_tiles, tile_kv, int(match[4] or 1)))
     return tuple(found)
 
 
@@ -396,7 +398,8 @@ class Config:
         "FLASHINFER_PREFILL_TILING",
         (),
         _parse_prefill_tilings,
-        "prefill kernel CTA shapes to try instead of the defaults, e.g. 128:m2kv32 (tuning; "
+        "prefill kernel CTA shapes to try instead of the defaults, e.g. 128:m2kv32 or "
+        "64:m1kv64c2 (tuning; "
         "read when a process first loads that head_dim's module)",
     )
 

@@ -3,6 +3,7 @@ single, ragged and paged prefill (include/flashinfer/prefill.cuh)."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,30 +18,42 @@ DTYPES = ("float16", "bfloat16")
 # float32 O and score accumulators a lane may hold (kMTiles * (head_dim + tile_kv) / 2): past
 # this the kernel's other state no longer fits in 255 registers without spilling
 MAX_ACCUMULATORS = 160
+# ... and in 128 registers, for two 256-thread CTAs per SM (ctas=2; head_dim 128 m1kv32's 80
+# spilled there)
+MAX_ACCUMULATORS_TWO_CTAS = 72
 
 
 @dataclass(frozen=True)
 class PrefillTiling:
     """The prefill kernel's CTA shape (include/flashinfer/prefill.cuh, ``Tiling``): 16-row
-    mma tiles per warp (1: eight warps; 2: four warps, each K/V fragment feeding two mma)
-    and tokens per K/V tile. A CTA has 128 query rows either way."""
+    mma tiles per warp (1: eight warps; 2: four warps, each K/V fragment feeding two mma),
+    tokens per K/V tile, and the CTAs per SM the compiler must fit in registers (2: at most
+    128 registers a thread, for m1's 256-thread CTAs). A CTA has 128 query rows."""
 
     m_tiles: int
     tile_kv: int
+    ctas: int = 1
 
     @property
     def name(self) -> str:
-        return f"m{self.m_tiles}kv{self.tile_kv}"
+        suffix = f"c{self.ctas}" if self.ctas != 1 else ""
+        return f"m{self.m_tiles}kv{self.tile_kv}{suffix}"
 
     def check(self, head_dim: int) -> None:
         """Raise ValueError when the kernel cannot take this shape at ``head_dim``."""
         accumulators = self.m_tiles * (head_dim + self.tile_kv) // 2
         if self.m_tiles not in (1, 2) or self.tile_kv not in (16, 32, 64):
             raise ValueError(f"{self.name}: m_tiles must be 1 or 2 and tile_kv 16, 32 or 64")
-        if accumulators > MAX_ACCUMULATORS:
+        if self.ctas not in (1, 2) or (self.ctas == 2 and self.m_tiles != 1):
+            raise ValueError(
+                f"{self.name}: ctas must be 1, or 2 with m_tiles 1 (m2's 128-thread CTAs fit "
+                "two per SM already)"
+            )
+        limit = MAX_ACCUMULATORS if self.ctas == 1 else MAX_ACCUMULATORS_TWO_CTAS
+        if accumulators > limit:
             raise ValueError(
                 f"{self.name} at head_dim {head_dim} needs {accumulators} accumulators a "
-                f"lane; at most {MAX_ACCUMULATORS} fit"
+                f"lane; at most {limit} fit"
             )
         threads = 32 * 128 // (16 * self.m_tiles)
         chunks = self.tile_kv * head_dim // 8  # 16-byte K/V chunks a tile loads
@@ -51,6 +64,19 @@ class PrefillTiling:
             )
 
 
+def accepted_tilings(head_dim: int) -> list[PrefillTiling]:
+    """Every tiling :meth:`PrefillTiling.check` accepts at ``head_dim``."""
+    accepted = []
+    for m_tiles, tile_kv, ctas in itertools.product((1, 2), (16, 32, 64), (1, 2)):
+        tiling = PrefillTiling(m_tiles, tile_kv, ctas)
+        try:
+            tiling.check(head_dim)
+        except ValueError:
+            continue
+        accepted.append(tiling)
+    return accepted
+
+
 # The kernel's shapes before other tilings existed (head_dim 128's measured on an H100, against
 # 64-row tiles: docs/attention.md); FLASHINFER_PREFILL_TILING overrides them.
 DEFAULT_TILINGS = {64: PrefillTiling(1, 64), 128: PrefillTiling(1, 64), 256: PrefillTiling(1, 16)}
@@ -59,13 +85,13 @@ DEFAULT_TILINGS = {64: PrefillTiling(1, 64), 128: PrefillTiling(1, 64), 256: Pre
 def prefill_tiling(head_dim: int) -> PrefillTiling:
     """``head_dim``'s tiling: FLASHINFER_PREFILL_TILING's entry for it, else the default."""
     tiling = DEFAULT_TILINGS[head_dim]
-    for entry_dim, m_tiles, tile_kv in config.prefill_tiling:
+    for entry_dim, m_tiles, tile_kv, ctas in config.prefill_tiling:
         if entry_dim not in HEAD_DIMS:
             raise ValueError(
                 f"FLASHINFER_PREFILL_TILING: head_dim {entry_dim} is not one of {HEAD_DIMS}"
             )
         if entry_dim == head_dim:
-            tiling = PrefillTiling(m_tiles, tile_kv)
+            tiling = PrefillTiling(m_tiles, tile_kv, ctas)
     try:
         tiling.check(head_dim)
     except ValueError as err:
@@ -155,6 +181,7 @@ def gen_prefill_module(dtype: Any, head_dim: int, tiling: PrefillTiling | None =
         head_dim=head_dim,
         prefill_m_tiles=tiling.m_tiles,
         prefill_tile_kv=tiling.tile_kv,
+        prefill_ctas=tiling.ctas,
     )
     return gen_jit_spec(
         uri,

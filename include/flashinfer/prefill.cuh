@@ -48,10 +48,13 @@ constexpr int kTileRows = 128;  // packed query rows per CTA (prefill_schedule.p
 
 // A CTA's shape: kMTiles 16-row mma tiles per warp (1 or 2) and kTileKV tokens per K/V tile.
 // A lane holds kMTiles * (kHeadDim + kTileKV) / 2 float32 accumulators (O and the scores):
-// the register file bounds both.
-template <int kHeadDim_, int kMTiles_, int kTileKV_>
+// the register file bounds both. kMinCTAs: CTAs per SM the compiler must fit in registers
+// (__launch_bounds__; 2 caps 256-thread CTAs at 128 registers a thread).
+template <int kHeadDim_, int kMTiles_, int kTileKV_, int kMinCTAs_ = 1>
 struct Tiling {
   static constexpr int kHeadDim = kHeadDim_, kMTiles = kMTiles_, kTileKV = kTileKV_;
+  static constexpr int kMinCTAs = kMinCTAs_;
+  static_assert(kMinCTAs == 1 || kMinCTAs == 2, "one or two CTAs per SM");
   static_assert(kHeadDim % 64 == 0, "the swizzle needs at least 8 chunks of 16 bytes per row");
   static_assert(kMTiles == 1 || kMTiles == 2, "a warp owns 16 or 32 rows");
   // (one or two 32-token ballots and mask-bit groups cover a tile's tokens)
@@ -195,8 +198,11 @@ __device__ __forceinline__ void query_span(const PrefillParams<T>& p, int reques
   *qo_len = static_cast<int>(min(max(len, int64_t{0}), int64_t{0x7fffffff}));
 }
 
+// (a minimum of 0 CTAs per SM leaves it to ptxas, as without one: naming 1 changed its
+// register allocation, and 128:m2kv32 spilled)
 template <typename T, typename Tl>
-__global__ void __launch_bounds__(Tl::kThreads) PrefillKernel(PrefillParams<T> p, WorkList w) {
+__global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs > 1 ? Tl::kMinCTAs : 0)
+    PrefillKernel(PrefillParams<T> p, WorkList w) {
   constexpr int kHeadDim = Tl::kHeadDim, kMTiles = Tl::kMTiles, kThreads = Tl::kThreads;
   constexpr int kTileKV = Tl::kTileKV, kChunks = Tl::kChunks;
   constexpr int kScoreTiles = kTileKV / 8, kDimTiles = kHeadDim / 8;

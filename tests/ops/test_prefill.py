@@ -20,8 +20,10 @@ from flashinfer import prefill as prefill_api
 from flashinfer.jit.prefill import (
     BATCH_PREFILL_ARGS,
     DEFAULT_TILINGS,
+    HEAD_DIMS,
     SINGLE_PREFILL_ARGS,
     PrefillTiling,
+    accepted_tilings,
     gen_prefill_module,
     prefill_tiling,
 )
@@ -1270,6 +1272,12 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
     (config,) = spec.renders
     text = config.render().read_text()
     assert "kPrefillMTiles = 2;" in text and "kPrefillTileKV = 32;" in text
+    assert "kPrefillMinCTAs = 1;" in text
+    monkeypatch.setenv("FLASHINFER_PREFILL_TILING", "64:m1kv64c2")
+    assert prefill_tiling(64) == PrefillTiling(1, 64, 2)
+    two = gen_prefill_module("bfloat16", 64)
+    assert two.name == "prefill_bf16_hd64_m1kv64c2"
+    assert "kPrefillMinCTAs = 2;" in two.renders[0].render().read_text()
     explicit = gen_prefill_module("float16", 128, DEFAULT_TILINGS[128])
     assert explicit.name == "prefill_f16_hd128"
     assert "kPrefillMTiles = 1;" in explicit.renders[0].render().read_text()
@@ -1279,6 +1287,9 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
         ("128:m3kv32", "m_tiles must be 1 or 2"),
         ("128:m1kv48", "tile_kv 16, 32 or 64"),
         ("128-m2kv32", "invalid value '128-m2kv32' for FLASHINFER_PREFILL_TILING"),
+        ("128:m1kv32c2", "m1kv32c2 at head_dim 128 needs 80 accumulators a lane; at most 72"),
+        ("128:m2kv16c2", "ctas must be 1, or 2 with m_tiles 1"),
+        ("128:m1kv16c3", "ctas must be 1, or 2 with m_tiles 1"),
     ):
         monkeypatch.setenv("FLASHINFER_PREFILL_TILING", raw)
         with pytest.raises(ValueError, match=message):
@@ -1289,25 +1300,23 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
         gen_prefill_module("float16", 64, PrefillTiling(1, 16))
 
 
-# Every default tiling and the alternatives worth measuring: the representative and the
-# four-warp shape of head_dim 128 always, the rest with --compile-matrix.
+# Every tiling PrefillTiling.check accepts (FLASHINFER_PREFILL_TILING may select any): head_dim
+# 128's default and its four-warp m2kv32 (at 255 registers) always, the rest with
+# --compile-matrix.
+_ALWAYS = {(128, DEFAULT_TILINGS[128]), (128, PrefillTiling(2, 32))}
 TILING_CASES = [
     pytest.param(
         dtype,
         head_dim,
         tiling,
-        marks=[] if dtype == "bfloat16" and head_dim == 128 else [pytest.mark.compile_matrix],
+        marks=[]
+        if dtype == "bfloat16" and (head_dim, tiling) in _ALWAYS
+        else [pytest.mark.compile_matrix],
+        id=f"{dtype}-{head_dim}-{tiling.name}",
     )
     for dtype in ("float16", "bfloat16")
-    for head_dim, tiling in (
-        (64, None),
-        (64, (2, 64)),
-        (64, (2, 32)),
-        (128, None),
-        (128, (2, 32)),
-        (256, None),
-        (256, (1, 32)),
-    )
+    for head_dim in HEAD_DIMS
+    for tiling in accepted_tilings(head_dim)
 ]
 
 
@@ -1316,6 +1325,6 @@ def test_prefill_kernels_do_not_spill(dtype, head_dim, tiling, monkeypatch) -> N
     """Every tiling keeps its accumulators and state in registers (ptxas -v): a spill would
     put local-memory traffic into the loop of a kernel bound by its issue rate."""
     monkeypatch.delenv("FLASHINFER_PREFILL_TILING", raising=False)
-    spec = gen_prefill_module(dtype, head_dim, None if tiling is None else PrefillTiling(*tiling))
+    spec = gen_prefill_module(dtype, head_dim, tiling)
     module = build_with_ptxas_report(spec, monkeypatch)
     assert (module.head_dim(), module.dtype(), module.tile_rows()) == (head_dim, dtype, TILE_ROWS)

@@ -522,24 +522,17 @@ def test_out_of_range_page_ids_are_skipped_not_scored(prefill, head_dim: int, ca
     _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks))
 
 
-def _accepted_tilings() -> list[tuple[int, int, int]]:
-    """(head_dim, m_tiles, tile_kv) of every tiling PrefillTiling.check accepts."""
-    from flashinfer.jit.prefill import HEAD_DIMS, PrefillTiling
+def _accepted_tilings() -> list[tuple[int, int, int, int]]:
+    """(head_dim, m_tiles, tile_kv, ctas) of every tiling PrefillTiling.check accepts."""
+    from flashinfer.jit.prefill import HEAD_DIMS, accepted_tilings
 
-    accepted = []
-    for head_dim, m_tiles, tile_kv in itertools.product(HEAD_DIMS, (1, 2), (16, 32, 64)):
-        try:
-            PrefillTiling(m_tiles, tile_kv).check(head_dim)
-        except ValueError:
-            continue
-        accepted.append((head_dim, m_tiles, tile_kv))
-    return accepted
+    return [(d, t.m_tiles, t.tile_kv, t.ctas) for d in HEAD_DIMS for t in accepted_tilings(d)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_dim,m_tiles,tile_kv", _accepted_tilings())
+@pytest.mark.parametrize("head_dim,m_tiles,tile_kv,ctas", _accepted_tilings())
 def test_every_tiling_masks_and_skips_as_the_reference(
-    head_dim: int, m_tiles: int, tile_kv: int, monkeypatch: pytest.MonkeyPatch
+    head_dim: int, m_tiles: int, tile_kv: int, ctas: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each tiling FLASHINFER_PREFILL_TILING may select, on the paths its shape changes:
     pages of 7 tokens with out-of-range page ids, a custom mask and a window together, a GQA
@@ -547,7 +540,7 @@ def test_every_tiling_masks_and_skips_as_the_reference(
     from flashinfer.jit.prefill import PrefillTiling, gen_prefill_module
 
     module = importlib.import_module("flashinfer.prefill")
-    tiling = PrefillTiling(m_tiles, tile_kv)
+    tiling = PrefillTiling(m_tiles, tile_kv, ctas)
     built: dict[Any, Any] = {}
 
     def get_prefill_module(dtype: Any, dim: int) -> Any:
