@@ -1,6 +1,6 @@
-// Division by a divisor fixed at run time (a page size) as a multiply-high, an add and a
-// shift instead of the ~20 instructions of a 32-bit division (Granlund and Montgomery, PLDI
-// 1994). Plain C++ when not compiled by nvcc, so a CPU test checks it.
+// Division by a divisor fixed at run time (a page size, a GQA group) as a multiply-high, an
+// add and a shift instead of the ~20 instructions of a 32-bit division (Granlund and
+// Montgomery, PLDI 1994). Plain C++ when not compiled by nvcc, so a CPU test checks it.
 #pragma once
 
 #include <cstdint>
