@@ -47,17 +47,14 @@ def _random_masks(rng: random.Random) -> Masks:
     return Masks(qo_len, kv_len, hi, rng.random() < 0.6, rng.choice([-1, 0, 1, rng.randint(0, 90)]))
 
 
-def _query(lines: list[str], text: str) -> int:
-    lines.append(text)
-    return len(lines) - 1
-
-
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     binary = tmp_path_factory.mktemp("prefill_host") / "harness"
 
     def run(queries: list[str]) -> list[str]:
-        return run_host_program(HARNESS, binary, "\n".join(queries) + "\n")[: len(queries)]
+        answers = run_host_program(HARNESS, binary, "\n".join(queries) + "\n")
+        assert len(answers) == len(queries) + 1 and answers[-1] == "", answers[-3:]
+        return answers[:-1]
 
     return run
 
