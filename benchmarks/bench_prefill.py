@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import re
 import sys
 from typing import Any, Iterator, Sequence
 
@@ -107,10 +106,9 @@ def parse_tilings(spec: str, head_dim: int) -> list[PrefillTiling]:
         return accepted_tilings(head_dim)
     tilings = []
     for name in spec.split(","):
-        match = re.fullmatch(r"m(\d+)kv(\d+)(?:c(\d+))?", name.strip())
-        if not match:
+        tiling = PrefillTiling.from_name(name.strip())
+        if tiling is None:
             raise SystemExit(f"--tilings: {name!r} is not m<tiles>kv<tokens>[c<ctas>], e.g. m2kv32")
-        tiling = PrefillTiling(int(match[1]), int(match[2]), int(match[3] or 1))
         try:
             tiling.check(head_dim)
         except ValueError as err:

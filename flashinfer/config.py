@@ -114,7 +114,9 @@ def _parse_name_patterns(raw: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in raw.split(",") if p.strip())
 
 
-_TILING = re.compile(r"(\d+):m(\d+)kv(\d+)(?:c(\d+))?")
+# A prefill kernel tiling's name (flashinfer.jit.prefill.PrefillTiling.name)
+TILING_NAME = re.compile(r"m(\d+)kv(\d+)(?:c(\d+))?")
+_TILING = re.compile(rf"(\d+):{TILING_NAME.pattern}")
 
 
 def _parse_prefill_tilings(raw: str) -> tuple[tuple[int, int, int, int], ...]:

@@ -7,7 +7,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import config
+from ..config import TILING_NAME, config
 from .core import JitSpec, gen_jit_spec
 from .dtypes import dtype_info
 from .registry import register_op
@@ -33,6 +33,15 @@ class PrefillTiling:
     m_tiles: int
     tile_kv: int
     ctas: int = 1
+
+    @classmethod
+    def from_name(cls, name: str) -> PrefillTiling | None:
+        """The tiling named ``m<tiles>kv<tokens>[c<ctas>]`` (None for another text);
+        unchecked."""
+        match = TILING_NAME.fullmatch(name)
+        if match is None:
+            return None
+        return cls(int(match[1]), int(match[2]), int(match[3] or 1))
 
     @property
     def name(self) -> str:
