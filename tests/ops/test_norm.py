@@ -760,6 +760,18 @@ def _layout_hiddens(dtype: torch.dtype) -> list[int]:
 LAYOUT_CASES = [(d, h) for d in DTYPES for h in _layout_hiddens(d)]
 
 
+def _check_layernorm(x: torch.Tensor) -> None:
+    """layernorm of ``x`` (rows of its last dim) with float32 gamma/beta against float64."""
+    gemma = torch.rand(x.shape[-1], device="cuda") + 0.5
+    beta = torch.randn(x.shape[-1], device="cuda")
+    tolerance = dict(atol=5e-5, rtol=5e-5) if x.dtype == torch.float32 else TOLERANCE[x.dtype]
+    torch.testing.assert_close(
+        flashinfer.layernorm(x, gemma, beta, 1e-5).double(),
+        reference.layernorm(x, gemma, beta, 1e-5),
+        **tolerance,
+    )
+
+
 def _poisoned_like(t: torch.Tensor) -> torch.Tensor:
     return torch.full(t.shape, float("nan"), dtype=t.dtype, device=t.device)
 
@@ -790,14 +802,7 @@ def test_every_norm_at_each_row_layout(dtype: torch.dtype, hidden: int, rows: in
     assert torch.equal(residual, expected_residual)
     torch.testing.assert_close(in_place.double(), expected, **tolerance)
 
-    gemma = torch.rand(hidden, device="cuda") + 0.5
-    beta = torch.randn(hidden, device="cuda")
-    layer_tolerance = dict(atol=5e-5, rtol=5e-5) if dtype == torch.float32 else tolerance
-    torch.testing.assert_close(
-        flashinfer.layernorm(x, gemma, beta, 1e-5).double(),
-        reference.layernorm(x, gemma, beta, 1e-5),
-        **layer_tolerance,
-    )
+    _check_layernorm(x)
 
     quantized = _poisoned_fp8(rows, hidden)
     flashinfer.rmsnorm_quant(quantized, x, w, 0.02, 1e-6)
@@ -829,14 +834,7 @@ def test_per_head_norms_with_a_strided_head_dim(
     flashinfer.rmsnorm(view, w, out=out)
     torch.testing.assert_close(out.double(), expected, **tolerance)
 
-    gemma = torch.rand(head_dim, device="cuda") + 0.5
-    beta = torch.randn(head_dim, device="cuda")
-    layer_tolerance = dict(atol=5e-5, rtol=5e-5) if dtype == torch.float32 else tolerance
-    torch.testing.assert_close(
-        flashinfer.layernorm(view, gemma, beta, 1e-5).double(),
-        reference.layernorm(view, gemma, beta, 1e-5),
-        **layer_tolerance,
-    )
+    _check_layernorm(view)
 
     residual_buffer = torch.randn_like(buffer)
     residual = residual_buffer[:, 1::2, offset : offset + head_dim]
