@@ -126,9 +126,8 @@ def run_python(
     return proc
 
 
-def run_host_program(source: Path, binary: Path, stdin: str = "") -> list[str]:
-    """Build ``source`` (C++ including headers under include/) with the host compiler, run
-    it with ``stdin`` and return its output lines."""
+def build_host_program(source: Path, binary: Path) -> Path:
+    """Build ``source`` (C++ including headers under include/) with the host compiler."""
     from flashinfer.jit.toolchain import current_toolchain
 
     subprocess.run(
@@ -143,5 +142,17 @@ def run_host_program(source: Path, binary: Path, stdin: str = "") -> list[str]:
         ],
         check=True,
     )
+    return binary
+
+
+def run_host_program(source: Path, binary: Path, stdin: str = "") -> list[str]:
+    """Build ``source`` (see build_host_program), run it with ``stdin`` and return its
+    output lines."""
+    build_host_program(source, binary)
+    return run_built_program(binary, stdin)
+
+
+def run_built_program(binary: Path, stdin: str = "") -> list[str]:
+    """Run a program build_host_program built, with ``stdin``; its output lines."""
     proc = subprocess.run([str(binary)], input=stdin, capture_output=True, text=True, check=True)
     return proc.stdout.split("\n")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import REPO_ROOT, run_host_program
+from tests.conftest import REPO_ROOT, build_host_program, run_built_program
 
 HARNESS = REPO_ROOT / "tests" / "ops" / "prefill_harness.cc"
 
@@ -49,10 +49,10 @@ def _random_masks(rng: random.Random) -> Masks:
 
 @pytest.fixture(scope="module")
 def harness(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
-    binary = tmp_path_factory.mktemp("prefill_host") / "harness"
+    binary = build_host_program(HARNESS, tmp_path_factory.mktemp("prefill_host") / "harness")
 
     def run(queries: list[str]) -> list[str]:
-        answers = run_host_program(HARNESS, binary, "\n".join(queries) + "\n")
+        answers = run_built_program(binary, "\n".join(queries) + "\n")
         assert len(answers) == len(queries) + 1 and answers[-1] == "", answers[-3:]
         return answers[:-1]
 
