@@ -40,16 +40,36 @@
 #include "flashinfer/mma.cuh"
 #include "flashinfer/pdl.cuh"
 #include "flashinfer/prefill_mask.h"
+#include "flashinfer/swizzle.h"
 
 namespace flashinfer {
 namespace prefill {
 
 constexpr int kTileRows = 128;  // packed query rows per CTA (prefill_schedule.py's TILE_ROWS)
 
+// What the main loop reads of a CTA's work item: kept in shared memory and read where used,
+// not held in registers through the loop (m2's O and score accumulators leave none to
+// spare). hi: the end of the KV range; delta = kv_len - qo_len; packed rows [row0, ...) of
+// `rows`, tokens t_first..t_last; the request's KV offset (ragged) or first page (paged); the
+// request's first custom-mask bit.
+struct TileBounds {
+  int hi, delta, row0, rows, t_first, t_last, kv_len, kv_offset, page_base;
+  int64_t mask_bit0;
+};
+
+// threadIdx.x, read where it is used: what a lane derives from it (its rows, its ldmatrix and
+// load addresses) is then recomputed in each tile instead of hoisted out of the main loop and
+// held in registers through it.
+__device__ __forceinline__ int thread_index() {
+  int tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return tid;
+}
+
 // A CTA's shape: kMTiles 16-row mma tiles per warp (1 or 2) and kTileKV tokens per K/V tile.
 // A lane holds kMTiles * (kHeadDim + kTileKV) / 2 float32 accumulators (O and the scores):
 // the register file bounds both. kMinCTAs: CTAs per SM the compiler must fit in registers
-// (__launch_bounds__; 2 caps 256-thread CTAs at 128 registers a thread).
+// (__launch_bounds__; 1 leaves it up to 255 registers a thread, 2 caps 256-thread CTAs at 128).
 template <int kHeadDim_, int kMTiles_, int kTileKV_, int kMinCTAs_ = 1>
 struct Tiling {
   static constexpr int kHeadDim = kHeadDim_, kMTiles = kMTiles_, kTileKV = kTileKV_;
@@ -68,8 +88,12 @@ struct Tiling {
   static constexpr int kKVElems = kTileKV * kHeadDim;
   static constexpr int kStages = 2;  // K/V tiles in flight: the one computed and kStages - 1 more
   // Q, then kStages stages of K, then kStages of V (16-bit elements), then per stage one
-  // byte per token: 1 when the token is on a page outside the cache (not scored)
-  static constexpr size_t kSharedBytes = (kQElems + 2 * kStages * kKVElems) * 2 + kStages * kTileKV;
+  // byte per token: 1 when the token is on a page outside the cache (not scored), then the
+  // work item's TileBounds
+  static constexpr size_t kBoundsOffset =
+      (kQElems + 2 * kStages * kKVElems) * 2 + kStages * kTileKV;
+  static_assert(kBoundsOffset % alignof(TileBounds) == 0, "TileBounds is aligned");
+  static constexpr size_t kSharedBytes = kBoundsOffset + sizeof(TileBounds);
 };
 
 template <typename T>
@@ -138,28 +162,6 @@ __device__ __forceinline__ bool work_item(const WorkList& w, int i, Item* item) 
   return true;
 }
 
-// Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][kHeadDim] tile.
-template <int kHeadDim>
-__device__ __forceinline__ int swizzle(int row, int chunk) {
-  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
-}
-
-// A lane's ldmatrix addresses in a swizzled tile: chunk 2 * pair + half of row `row + rows`,
-// `rows` a multiple of 8. The XOR touches only a chunk's low three bits, so the address is
-// one of four per-lane bases (by pair % 4) plus a compile-time offset whenever rows and pair
-// are: four registers instead of one per (rows, pair) the loops visit.
-template <int kHeadDim>
-struct SwizzledRows {
-  uint32_t base[4];
-  __device__ __forceinline__ SwizzledRows(uint32_t tile, int row, int half) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) base[j] = tile + 2 * swizzle<kHeadDim>(row, 2 * j + half);
-  }
-  __device__ __forceinline__ uint32_t at(int rows, int pair) const {
-    return base[pair & 3] + 32 * (pair & ~3) + 2 * rows * kHeadDim;
-  }
-};
-
 // Bits [begin_bit, begin_bit + kCols) of a bit-packed mask (little bit order) as bit c of the
 // result; bytes at or past `end_bit` (the mask row's end) are never read and read as 0. A
 // few byte loads at one base address per 32 columns, not one load (and one 64-bit address
@@ -198,10 +200,10 @@ __device__ __forceinline__ void query_span(const PrefillParams<T>& p, int reques
   *qo_len = static_cast<int>(min(max(len, int64_t{0}), int64_t{0x7fffffff}));
 }
 
-// (a minimum of 0 CTAs per SM leaves it to ptxas, as without one: naming 1 changed its
-// register allocation, and 128:m2kv32 spilled)
+// (the minimum CTAs per SM is always named: without one, ptxas may cap registers on its own
+// for occupancy and spill, as it did for 64:m2kv16 at 128)
 template <typename T, typename Tl>
-__global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs > 1 ? Tl::kMinCTAs : 0)
+__global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     PrefillKernel(PrefillParams<T> p, WorkList w) {
   constexpr int kHeadDim = Tl::kHeadDim, kMTiles = Tl::kMTiles, kThreads = Tl::kThreads;
   constexpr int kTileKV = Tl::kTileKV, kChunks = Tl::kChunks;
@@ -211,6 +213,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs > 1 ? Tl::kMinCTAs 
   T* const sk = sq + Tl::kQElems;
   T* const sv = sk + Tl::kStages * Tl::kKVElems;
   uint8_t* const unscored = reinterpret_cast<uint8_t*>(sv + Tl::kStages * Tl::kKVElems);
+  TileBounds* const shared_bounds = reinterpret_cast<TileBounds*>(shared_bytes + Tl::kBoundsOffset);
 
   pdl_wait();
   Item item;
@@ -250,9 +253,12 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs > 1 ? Tl::kMinCTAs 
   if (p.window_left >= 0) lo64 = max(lo64, int64_t{t_first} + delta - p.window_left);
   const int lo = static_cast<int>(lo64), hi = static_cast<int>(max(hi64, lo64));
   const int num_tiles = static_cast<int>((int64_t{hi} - lo + kTileKV - 1) / kTileKV);
-  const MaskShape shape{hi, delta, causal, p.window_left};
+  const int64_t mask_bit0 = p.mask && p.mask_indptr ? int64_t{p.mask_indptr[item.request]} * 8 : 0;
+  const TileBounds bounds{hi,     delta,  row0,      rows,      t_first,
+                          t_last, kv_len, kv_offset, page_base, mask_bit0};
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int tid = threadIdx.x;
+  if (tid == 0) *shared_bounds = bounds;  // published by the barrier before the loop
   // Q: this thread's chunk kv_col of tile rows kv_row + i * kKVRowStep (as it loads K/V);
   // packed rows past the request's end are zero-filled (their results are never stored).
   constexpr int kKVRowStep = kThreads / kChunks;
@@ -279,10 +285,14 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs > 1 ? Tl::kMinCTAs 
   static_assert(kThreads % kChunks == 0 && kTileRows % kKVRowStep == 0 &&
                     kTileKV % kKVRowStep == 0 && kKVLoads % kKVBatch == 0,
                 "whole tokens per thread");
-  auto load_kv = [&](int stage, int kv0) {
+  auto load_kv = [&](int stage, int kv0, const TileBounds& cta) {
+    const int kv_row = thread_index() / kChunks, kv_col = thread_index() % kChunks;
+    const int hi = cta.hi;
     // a token past `hi` looks up position kv0 instead (kv0 + token may pass 2^31 - 1 in a
     // request's last tile, so the bound is compared as hi - kv0 > 0)
-    auto position = [&](int token) { return kv_offset + (token < hi - kv0 ? kv0 + token : kv0); };
+    auto position = [&](int token) {
+      return cta.kv_offset + (token < hi - kv0 ? kv0 + token : kv0);
+    };
     T* const k_tile = sk + stage * Tl::kKVElems;
     T* const v_tile = sv + stage * Tl::kKVElems;
 #pragma unroll
@@ -290,7 +300,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs > 1 ? Tl::kMinCTAs 
       int page[kKVBatch];
 #pragma unroll
       for (int i = 0; i < kKVBatch; ++i) {
-        page[i] = page_of(p.pages, p.page_div, page_base, position(kv_row + (g + i) * kKVRowStep));
+        page[i] =
+            page_of(p.pages, p.page_div, cta.page_base, position(kv_row + (g + i) * kKVRowStep));
       }
 #pragma unroll
       for (int i = 0; i < kKVBatch; ++i) {
@@ -313,25 +324,10 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs > 1 ? Tl::kMinCTAs 
   // so that group i always holds tile i.
 #pragma unroll
   for (int i = 0; i < Tl::kStages - 1; ++i) {
-    if (i < num_tiles) load_kv(i, lo + i * kTileKV);
+    if (i < num_tiles) load_kv(i, lo + i * kTileKV, bounds);
     cp_async_commit();
   }
 
-  // This thread's rows: two of each of its warp's 16-row mma tiles, tile rows
-  // warp * kWarpRows + mt * 16 + lane / 4 + 8h. Their tokens are derived where a mask or the
-  // epilogue needs them, not held in registers through the loop.
-  const int warp_row = warp * Tl::kWarpRows;
-  const int lane_row = warp_row + lane / 4;
-  // the first bit of this request's custom mask
-  const int64_t mask_bit0 = p.mask && p.mask_indptr ? int64_t{p.mask_indptr[item.request]} * 8 : 0;
-  // 32-bit shared-window byte addresses of this lane's ldmatrix rows: Q (A operand) rows
-  // lane % 16 of each m-tile; K (B operand, 16 keys x 16 dims a step) and V (B operand read
-  // transposed, 16 keys x 16 dims) rows of stage 0
-  const SwizzledRows<kHeadDim> q_rows(mma::smem_address(sq), warp_row + lane % 16, lane / 16);
-  const SwizzledRows<kHeadDim> k_rows(mma::smem_address(sk), lane % 8 + (lane / 16) * 8,
-                                      (lane / 8) % 2);
-  const SwizzledRows<kHeadDim> v_rows(mma::smem_address(sv), lane % 8 + ((lane / 8) % 2) * 8,
-                                      lane / 16);
   float o[kMTiles][kDimTiles][4];
   float m[kMTiles][2], d[kMTiles][2];
 #pragma unroll
@@ -341,21 +337,37 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs > 1 ? Tl::kMinCTAs 
     m[mt][0] = m[mt][1] = -INFINITY;
     d[mt][0] = d[mt][1] = 0.f;
   }
+  __syncthreads();  // shared_bounds
 
   for (int it = 0; it < num_tiles; ++it) {
+    const TileBounds& cta = *shared_bounds;
     const int kv0 = lo + it * kTileKV;
     const int ahead = it + Tl::kStages - 1;
-    if (ahead < num_tiles) load_kv(ahead % Tl::kStages, lo + ahead * kTileKV);
+    if (ahead < num_tiles) load_kv(ahead % Tl::kStages, lo + ahead * kTileKV, cta);
     cp_async_commit();
     cp_async_wait<Tl::kStages - 1>();  // tile it has landed
     __syncthreads();
     const int stage = it % Tl::kStages;
-    const uint32_t stage_bytes = stage * Tl::kKVElems * 2;
+    // This thread's rows: two of each of its warp's 16-row mma tiles, tile rows
+    // warp_row + mt * 16 + lane / 4 + 8h.
+    const int lane = thread_index() % 32, warp_row = thread_index() / 32 * Tl::kWarpRows;
+    const int lane_row = warp_row + lane / 4;
+    const MaskShape shape{cta.hi, cta.delta, causal, p.window_left};
+    // This lane's ldmatrix rows: Q (A operand) rows lane % 16 of each m-tile; K (B operand,
+    // 16 keys x 16 dims a step) and V (B operand read transposed, 16 keys x 16 dims). Each
+    // address is a tile's 32-bit shared-window address plus a row offset.
+    const SwizzledRows<kHeadDim> q_rows(warp_row + lane % 16, lane / 16);
+    const SwizzledRows<kHeadDim> k_rows(lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
+    const SwizzledRows<kHeadDim> v_rows(lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
+    const uint32_t q_base = mma::smem_address(sq);
+    const uint32_t k_base = mma::smem_address(sk) + stage * Tl::kKVElems * 2;
+    const uint32_t v_base = mma::smem_address(sv) + stage * Tl::kKVElems * 2;
     // A warp none of whose rows can see a key of this tile skips its math: its state is what
     // every score masked would leave. Its rows are padding past the request's end (one-token
     // decode of a GQA group of 4 fills 4 of 128 rows), or under a causal mask their tokens all
     // precede the tile, or under a window they all start past it. The branch is warp-uniform.
-    if (rows_see_tile(shape, row0 + warp_row, Tl::kWarpRows, rows, by_group, kv0, kTileKV)) {
+    if (rows_see_tile(shape, cta.row0 + warp_row, Tl::kWarpRows, cta.rows, by_group, kv0,
+                      kTileKV)) {
       // S = Q K^T: each K fragment read from shared memory feeds every m-tile of the warp.
       float s[kMTiles][kScoreTiles][4];
 #pragma unroll
@@ -369,12 +381,12 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs > 1 ? Tl::kMinCTAs 
         uint32_t a[kMTiles][4];
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          mma::ldmatrix_x4(a[mt], q_rows.at(mt * 16, ks));
+          mma::ldmatrix_x4(a[mt], q_base + q_rows.at(mt * 16, ks));
         }
 #pragma unroll
         for (int n2 = 0; n2 < kTileKV / 16; ++n2) {
           uint32_t b[4];
-          mma::ldmatrix_x4(b, k_rows.at(n2 * 16, ks) + stage_bytes);
+          mma::ldmatrix_x4(b, k_base + k_rows.at(n2 * 16, ks));
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
             mma::mma_16816<T>(s[mt][2 * n2], a[mt], b[0], b[1]);
@@ -394,9 +406,9 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs > 1 ? Tl::kMinCTAs 
       }
       // (64-bit: kv0 + kTileKV may pass 2^31 - 1 in a request's last tile)
       const int64_t kv_end = int64_t{kv0} + kTileKV;
-      const bool needs_mask = kv_end > hi || p.mask || blocked ||
-                              (causal && kv_end - 1 > t_first + delta) ||
-                              (p.window_left >= 0 && kv0 < t_last + delta - p.window_left);
+      const bool needs_mask = kv_end > cta.hi || p.mask || blocked ||
+                              (causal && kv_end - 1 > cta.t_first + cta.delta) ||
+                              (p.window_left >= 0 && kv0 < cta.t_last + cta.delta - p.window_left);
       if (needs_mask) {
         // Per row, one word of visible columns (causal and window range, custom mask, pages
         // in the cache), shifted so that this lane's columns i * 8 + e % 2 test at
@@ -406,12 +418,12 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs > 1 ? Tl::kMinCTAs 
           uint64_t visible[2];
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int packed = row0 + lane_row + mt * 16 + 8 * h;
+            const int packed = cta.row0 + lane_row + mt * 16 + 8 * h;
             const int token = by_group.quotient(packed);
             uint64_t bits = visible_bits(shape, token, kv0, kTileKV) & ~blocked;
-            if (p.mask && packed < rows) {  // a padding row has no mask bits
-              const int64_t row_bit = mask_bit0 + int64_t{token} * kv_len;
-              bits &= mask_bits<kTileKV>(p.mask, row_bit + kv0, row_bit + kv_len);
+            if (p.mask && packed < cta.rows) {  // a padding row has no mask bits
+              const int64_t row_bit = cta.mask_bit0 + int64_t{token} * cta.kv_len;
+              bits &= mask_bits<kTileKV>(p.mask, row_bit + kv0, row_bit + cta.kv_len);
             }
             visible[h] = bits >> (2 * (lane % 4));
           }
@@ -435,7 +447,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs > 1 ? Tl::kMinCTAs 
           for (int i = 0; i < kScoreTiles; ++i) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              if (s[mt][i][e] != -INFINITY) s[mt][i][e] = p.cap * tanhf(s[mt][i][e] * p.scale);
+              const float capped = p.cap * tanh_approx(s[mt][i][e] * p.scale);
+              s[mt][i][e] = s[mt][i][e] == -INFINITY ? -INFINITY : capped;
             }
           }
         }
@@ -498,7 +511,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs > 1 ? Tl::kMinCTAs 
 #pragma unroll
         for (int n2 = 0; n2 < kHeadDim / 16; ++n2) {
           uint32_t b[4];
-          mma::ldmatrix_x4_trans(b, v_rows.at(kk * 16, n2) + stage_bytes);
+          mma::ldmatrix_x4_trans(b, v_base + v_rows.at(kk * 16, n2));
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
             mma::mma_16816<T>(o[mt][2 * n2], a[mt], b[0], b[1]);
@@ -518,7 +531,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs > 1 ? Tl::kMinCTAs 
   query_span(p, item.request, &q_start, &qo_len);
   pdl_launch_dependents();
   const int out_rows = static_cast<int>(min(int64_t{qo_len} * group, int64_t{0x7fffffff}));
-  const int tile_row0 = item.q_tile * kTileRows + lane_row;
+  const int lane = tid % 32;
+  const int tile_row0 = item.q_tile * kTileRows + tid / 32 * Tl::kWarpRows + lane / 4;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll

@@ -1,4 +1,4 @@
-// Host harness for include/flashinfer/prefill_mask.h and fastdiv.h, built and run by
+// Host harness for include/flashinfer/prefill_mask.h, fastdiv.h and swizzle.h, built and run by
 // tests/ops/test_prefill_host.py with the host compiler. Reads queries from stdin, one per
 // line, and prints what the prefill kernel computes for each (the test compares with an
 // independent Python model):
@@ -6,12 +6,23 @@
 //   bits hi delta causal window_left token kv0 tile_kv -> the visible columns' word, decimal
 //   tile hi delta causal window_left first_row num_rows rows group kv0 tile_kv -> "0" or "1"
 //   div d n                                          -> n / d by FastDiv
+//   rows head_dim row half rows pair                 -> SwizzledRows(row, half).at(rows, pair)
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 
 #include "flashinfer/fastdiv.h"
 #include "flashinfer/prefill_mask.h"
+#include "flashinfer/swizzle.h"
+
+namespace {
+
+template <int kHeadDim>
+uint32_t swizzled_row(int row, int half, int rows, int pair) {
+  return flashinfer::prefill::SwizzledRows<kHeadDim>(row, half).at(rows, pair);
+}
+
+}  // namespace
 
 int main() {
   char kind[8];
@@ -20,6 +31,17 @@ int main() {
       uint32_t d = 0, n = 0;
       if (std::scanf("%" SCNu32 " %" SCNu32, &d, &n) != 2) return 2;
       std::printf("%" PRIu32 "\n", flashinfer::FastDiv(d).quotient(n));
+      continue;
+    }
+    if (std::strcmp(kind, "rows") == 0) {
+      int head_dim = 0, row = 0, half = 0, rows = 0, pair = 0;
+      if (std::scanf("%d %d %d %d %d", &head_dim, &row, &half, &rows, &pair) != 5) return 2;
+      const uint32_t at = head_dim == 64    ? swizzled_row<64>(row, half, rows, pair)
+                          : head_dim == 128 ? swizzled_row<128>(row, half, rows, pair)
+                          : head_dim == 256 ? swizzled_row<256>(row, half, rows, pair)
+                                            : 0;
+      if (at == 0 && head_dim != 64 && head_dim != 128 && head_dim != 256) return 2;
+      std::printf("%" PRIu32 "\n", at);
       continue;
     }
     flashinfer::prefill::MaskShape shape{};

@@ -1,8 +1,9 @@
 """The prefill kernel's arithmetic that runs the same on the host, checked there against
 independent Python models: the masks (include/flashinfer/prefill_mask.h: which keys a query
 token sees under the causal and sliding-window masks, bottom-right aligned, and when a warp
-may skip a K/V tile because none of its rows sees a key of it) and the division by the page
-size (include/flashinfer/fastdiv.h)."""
+may skip a K/V tile because none of its rows sees a key of it), the division by the page
+size (include/flashinfer/fastdiv.h) and the ldmatrix row addresses in the swizzled shared
+memory tiles (include/flashinfer/swizzle.h)."""
 
 from __future__ import annotations
 
@@ -152,3 +153,21 @@ def test_page_size_division_by_multiply_high(harness) -> None:  # noqa: ANN001
     answers = harness([f"div {d} {n}" for d, n in cases])
     wrong = [(d, n, a) for (d, n), a in zip(cases, answers) if int(a) != n // d]
     assert not wrong, wrong[:5]
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_ldmatrix_rows_address_the_swizzled_chunk(harness, head_dim: int) -> None:  # noqa: ANN001
+    """Every (row, half, rows, pair) the kernel's loops visit: the one-register form (an XOR
+    and an offset) gives the byte offset of chunk 2 * pair + half of row + rows, stored at
+    chunk (2 * pair + half) ^ ((row + rows) % 8) of its row."""
+    cases = [
+        (row, half, rows, pair)
+        for row in range(128)  # a lane's first row: warp_row + lane % 16 (Q), below 16 (K, V)
+        for half in (0, 1)
+        for rows in (0, 8, 16, 56, 120)  # m-tile offsets (Q), key offsets (K, V)
+        for pair in range(head_dim // 16)
+    ]
+    answers = harness([f"rows {head_dim} {r} {h} {n} {p}" for r, h, n, p in cases])
+    for (row, half, rows, pair), answer in zip(cases, answers):
+        r, chunk = row + rows, 2 * pair + half
+        assert int(answer) == 2 * (r * head_dim + 8 * (chunk ^ (r % 8))), (row, half, rows, pair)
