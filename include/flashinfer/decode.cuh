@@ -313,7 +313,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
         float m_new = m[h];
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
-          const float x = p.scores.cap > 0.f ? p.scores.cap * tanhf(s[h][b]) : s[h][b];
+          const float x = p.scores.cap > 0.f ? p.scores.cap * tanh_approx(s[h][b]) : s[h][b];
           s[h][b] = off[(u0 + b) * bdz].k >= 0 ? x : -INFINITY;
           m_new = fmaxf(m_new, s[h][b]);
         }

@@ -14,7 +14,7 @@ __device__ __forceinline__ float exp2_approx(float x) {
 }
 
 // tanh on the special-function unit (tanh.approx: relative error about 2^-11), as the reference
-// computes its logits soft cap; one instruction, where tanhf is a branchy polynomial.
+// library computes its logits soft cap; one instruction, where tanhf is a branchy polynomial.
 __device__ __forceinline__ float tanh_approx(float x) {
   float y;
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));

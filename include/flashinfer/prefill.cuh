@@ -47,21 +47,23 @@ namespace prefill {
 
 constexpr int kTileRows = 128;  // packed query rows per CTA (prefill_schedule.py's TILE_ROWS)
 
-// What the main loop reads of a CTA's work item: kept in shared memory and read where used,
-// not held in registers through the loop (m2's O and score accumulators leave none to
-// spare). hi: the end of the KV range; delta = kv_len - qo_len; packed rows [row0, ...) of
-// `rows`, tokens t_first..t_last; the request's KV offset (ragged) or first page (paged); the
-// request's first custom-mask bit.
+// What the main loop and the epilogue read of a CTA's work item: kept in shared memory and
+// read where used, not held in registers through the loop (m2's O and score accumulators
+// leave none to spare). hi: the end of the KV range; delta = kv_len - qo_len; packed rows
+// [row0, ...) of `rows`, tokens t_first..t_last; the request's KV offset (ragged) or first
+// page (paged); its first query row; its first custom-mask bit; and where the output goes:
+// tmp_base < 0, the output rows, else partial-state rows tmp_base + t * chunks + chunk.
 struct TileBounds {
-  int hi, delta, row0, rows, t_first, t_last, kv_len, kv_offset, page_base;
+  int hi, delta, row0, rows, t_first, t_last, kv_len, kv_offset, page_base, q_start;
+  int tmp_base, chunk, chunks;
   int64_t mask_bit0;
 };
 
 // threadIdx.x, read where it is used: what a lane derives from it (its rows, its ldmatrix and
 // load addresses) is then recomputed in each tile instead of hoisted out of the main loop and
 // held in registers through it.
-__device__ __forceinline__ int thread_index() {
-  int tid;
+__device__ __forceinline__ unsigned thread_index() {
+  unsigned tid;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
   return tid;
 }
@@ -254,24 +256,24 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   const int lo = static_cast<int>(lo64), hi = static_cast<int>(max(hi64, lo64));
   const int num_tiles = static_cast<int>((int64_t{hi} - lo + kTileKV - 1) / kTileKV);
   const int64_t mask_bit0 = p.mask && p.mask_indptr ? int64_t{p.mask_indptr[item.request]} * 8 : 0;
-  const TileBounds bounds{hi,     delta,  row0,      rows,      t_first,
-                          t_last, kv_len, kv_offset, page_base, mask_bit0};
+  const TileBounds bounds{hi,          delta,     row0,      rows,    t_first,       t_last,
+                          kv_len,      kv_offset, page_base, q_start, item.tmp_base, item.chunk,
+                          item.chunks, mask_bit0};
+  // published by the barrier before the loop; nothing writes it again
+  if (threadIdx.x == 0) *shared_bounds = bounds;
 
-  const int tid = threadIdx.x;
-  if (tid == 0) *shared_bounds = bounds;  // published by the barrier before the loop
-  // Q: this thread's chunk kv_col of tile rows kv_row + i * kKVRowStep (as it loads K/V);
+  // Q: this thread's chunk `col` of tile rows first_row + i * kKVRowStep (as it loads K/V);
   // packed rows past the request's end are zero-filled (their results are never stored).
   constexpr int kKVRowStep = kThreads / kChunks;
-  const int kv_row = tid / kChunks, kv_col = tid % kChunks;
+  const int first_row = threadIdx.x / kChunks, col = threadIdx.x % kChunks;
 #pragma unroll
   for (int i = 0; i < kTileRows / kKVRowStep; ++i) {
-    const int r = kv_row + i * kKVRowStep, packed = row0 + r;
+    const int r = first_row + i * kKVRowStep, packed = row0 + r;
     const bool valid = packed < rows;
     const int t = by_group.quotient(packed);
     const int64_t head = kv_head * group + (packed - t * group);
-    const T* src =
-        p.q + (q_start + int64_t{t}) * p.q_row_stride + head * p.q_head_stride + kv_col * 8;
-    cp_async_16(sq + swizzle<kHeadDim>(r, kv_col), valid ? src : p.q, valid);
+    const T* src = p.q + (q_start + int64_t{t}) * p.q_row_stride + head * p.q_head_stride + col * 8;
+    cp_async_16(sq + swizzle<kHeadDim>(r, col), valid ? src : p.q, valid);
   }
   // A K/V tile: tokens at or past `hi`, and tokens on pages outside the cache, read as zeros
   // (never memory another request owns) and are masked: the first by `hi`, the second by
@@ -287,11 +289,11 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
                 "whole tokens per thread");
   auto load_kv = [&](int stage, int kv0, const TileBounds& cta) {
     const int kv_row = thread_index() / kChunks, kv_col = thread_index() % kChunks;
-    const int hi = cta.hi;
-    // a token past `hi` looks up position kv0 instead (kv0 + token may pass 2^31 - 1 in a
-    // request's last tile, so the bound is compared as hi - kv0 > 0)
+    const int end = cta.hi;
+    // a token past `end` looks up position kv0 instead (kv0 + token may pass 2^31 - 1 in a
+    // request's last tile, so the bound is compared as end - kv0 > 0)
     auto position = [&](int token) {
-      return cta.kv_offset + (token < hi - kv0 ? kv0 + token : kv0);
+      return cta.kv_offset + (token < end - kv0 ? kv0 + token : kv0);
     };
     T* const k_tile = sk + stage * Tl::kKVElems;
     T* const v_tile = sv + stage * Tl::kKVElems;
@@ -306,7 +308,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
 #pragma unroll
       for (int i = 0; i < kKVBatch; ++i) {
         const int token = kv_row + (g + i) * kKVRowStep;
-        const bool in_range = token < hi - kv0, valid = in_range && page[i] >= 0;
+        const bool in_range = token < end - kv0, valid = in_range && page[i] >= 0;
         if (kv_col == 0) unscored[stage * kTileKV + token] = in_range && !valid;
         const int64_t slot = slot_of(p.pages, p.page_div, position(token));
         const int64_t k_at = page[i] * p.k.page_stride + slot * p.k.slot_stride +
@@ -353,12 +355,11 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     const int lane = thread_index() % 32, warp_row = thread_index() / 32 * Tl::kWarpRows;
     const int lane_row = warp_row + lane / 4;
     const MaskShape shape{cta.hi, cta.delta, causal, p.window_left};
-    // This lane's ldmatrix rows: Q (A operand) rows lane % 16 of each m-tile; K (B operand,
-    // 16 keys x 16 dims a step) and V (B operand read transposed, 16 keys x 16 dims). Each
-    // address is a tile's 32-bit shared-window address plus a row offset.
-    const SwizzledRows<kHeadDim> q_rows(warp_row + lane % 16, lane / 16);
-    const SwizzledRows<kHeadDim> k_rows(lane % 8 + (lane / 16) * 8, (lane / 8) % 2);
-    const SwizzledRows<kHeadDim> v_rows(lane % 8 + ((lane / 8) % 2) * 8, lane / 16);
+    // This lane's ldmatrix rows (swizzle.h): Q's in the warp's m-tiles, K's and V's in the
+    // stage. Each address is a tile's 32-bit shared-window address plus a row offset.
+    const LaneRow q = q_lane_row(lane), k = k_lane_row(lane), v = v_lane_row(lane);
+    const SwizzledRows<kHeadDim> q_rows(warp_row + q.row, q.half);
+    const SwizzledRows<kHeadDim> k_rows(k.row, k.half), v_rows(v.row, v.half);
     const uint32_t q_base = mma::smem_address(sq);
     const uint32_t k_base = mma::smem_address(sk) + stage * Tl::kKVElems * 2;
     const uint32_t v_base = mma::smem_address(sv) + stage * Tl::kKVElems * 2;
@@ -524,15 +525,10 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   }
   cp_async_wait<0>();
 
-  // The work item and the request's query span again: read back rather than held in
-  // registers through the loop (the same memory, unchanged while the kernel runs; read
-  // before dependents may launch, so no later kernel's write can race the reads).
-  work_item(w, blockIdx.x, &item);
-  query_span(p, item.request, &q_start, &qo_len);
   pdl_launch_dependents();
-  const int out_rows = static_cast<int>(min(int64_t{qo_len} * group, int64_t{0x7fffffff}));
-  const int lane = tid % 32;
-  const int tile_row0 = item.q_tile * kTileRows + tid / 32 * Tl::kWarpRows + lane / 4;
+  const TileBounds& cta = *shared_bounds;
+  const int lane = thread_index() % 32;
+  const int tile_row0 = cta.row0 + thread_index() / 32 * Tl::kWarpRows + lane / 4;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -541,21 +537,21 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int packed = tile_row0 + mt * 16 + 8 * h;
-      if (packed >= out_rows) continue;
+      if (packed >= cta.rows) continue;
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
       const float lse = sum > 0.f ? m[mt][h] + log2f(sum) : -INFINITY;
       const int64_t t = p.group_div.quotient(packed), head = kv_head * group + (packed - t * group);
       const int dim = 2 * (lane % 4);
-      if (item.tmp_base < 0) {
-        T* dst = p.out + (q_start + t) * p.out_row_stride + head * p.out_head_stride + dim;
+      if (cta.tmp_base < 0) {
+        T* dst = p.out + (cta.q_start + t) * p.out_row_stride + head * p.out_head_stride + dim;
 #pragma unroll
         for (int i = 0; i < kDimTiles; ++i) {
           *reinterpret_cast<uint32_t*>(dst + i * 8) =
               mma::pack2<T>(o[mt][i][2 * h] * inv, o[mt][i][2 * h + 1] * inv);
         }
-        if (p.lse && lane % 4 == 0) p.lse[(q_start + t) * p.num_qo_heads + head] = lse;
+        if (p.lse && lane % 4 == 0) p.lse[(cta.q_start + t) * p.num_qo_heads + head] = lse;
       } else {
-        const int64_t row = (item.tmp_base + t * item.chunks + item.chunk) * p.num_qo_heads + head;
+        const int64_t row = (cta.tmp_base + t * cta.chunks + cta.chunk) * p.num_qo_heads + head;
         float* dst = p.tmp_v + row * kHeadDim + dim;
 #pragma unroll
         for (int i = 0; i < kDimTiles; ++i) {

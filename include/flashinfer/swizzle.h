@@ -33,5 +33,24 @@ struct SwizzledRows {
   }
 };
 
+// The row (from the operand tile's first) and chunk half whose address a lane gives ldmatrix
+// x4, which loads matrix i from the addresses of lanes 8i .. 8i + 7, in the order the kernel
+// passes the four registers to mma.sync m16n8k16.
+struct LaneRow {
+  int row, half;
+};
+// Q, the A operand (16 rows x 16 dims): rows 0-7 then 8-15 of dims 0-7, then of dims 8-15.
+FLASHINFER_HOST_DEVICE LaneRow q_lane_row(int lane) { return {lane % 16, lane / 16}; }
+// K, the B operand of Q K^T (16 keys x 16 dims a step): dims 0-7 then 8-15 of keys 0-7 (the
+// first n8 tile), then of keys 8-15.
+FLASHINFER_HOST_DEVICE LaneRow k_lane_row(int lane) {
+  return {lane % 8 + lane / 16 * 8, lane / 8 % 2};
+}
+// V, the B operand of P V, read transposed (16 keys x 16 dims a step): keys 0-7 then 8-15 of
+// dims 0-7 (the first n8 tile), then of dims 8-15.
+FLASHINFER_HOST_DEVICE LaneRow v_lane_row(int lane) {
+  return {lane % 8 + lane / 8 % 2 * 8, lane / 16};
+}
+
 }  // namespace prefill
 }  // namespace flashinfer

@@ -6,7 +6,7 @@
 //   bits hi delta causal window_left token kv0 tile_kv -> the visible columns' word, decimal
 //   tile hi delta causal window_left first_row num_rows rows group kv0 tile_kv -> "0" or "1"
 //   div d n                                          -> n / d by FastDiv
-//   rows head_dim row half rows pair                 -> SwizzledRows(row, half).at(rows, pair)
+//   rows q|k|v head_dim lane warp_row rows pair      -> the lane's ldmatrix offset (swizzle.h)
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -34,14 +34,26 @@ int main() {
       continue;
     }
     if (std::strcmp(kind, "rows") == 0) {
-      int head_dim = 0, row = 0, half = 0, rows = 0, pair = 0;
-      if (std::scanf("%d %d %d %d %d", &head_dim, &row, &half, &rows, &pair) != 5) return 2;
-      const uint32_t at = head_dim == 64    ? swizzled_row<64>(row, half, rows, pair)
-                          : head_dim == 128 ? swizzled_row<128>(row, half, rows, pair)
-                          : head_dim == 256 ? swizzled_row<256>(row, half, rows, pair)
-                                            : 0;
-      if (at == 0 && head_dim != 64 && head_dim != 128 && head_dim != 256) return 2;
-      std::printf("%" PRIu32 "\n", at);
+      // operand (q, k or v), head_dim, lane, warp_row, rows, pair
+      char operand[2];
+      int head_dim = 0, lane = 0, warp_row = 0, rows = 0, pair = 0;
+      if (std::scanf("%1s %d %d %d %d %d", operand, &head_dim, &lane, &warp_row, &rows, &pair) != 6)
+        return 2;
+      const flashinfer::prefill::LaneRow at =
+          operand[0] == 'q'   ? flashinfer::prefill::q_lane_row(lane)
+          : operand[0] == 'k' ? flashinfer::prefill::k_lane_row(lane)
+                              : flashinfer::prefill::v_lane_row(lane);
+      if (operand[0] != 'q' && operand[0] != 'k' && operand[0] != 'v') return 2;
+      const int row = warp_row + at.row;
+      if (head_dim == 64) {
+        std::printf("%" PRIu32 "\n", swizzled_row<64>(row, at.half, rows, pair));
+      } else if (head_dim == 128) {
+        std::printf("%" PRIu32 "\n", swizzled_row<128>(row, at.half, rows, pair));
+      } else if (head_dim == 256) {
+        std::printf("%" PRIu32 "\n", swizzled_row<256>(row, at.half, rows, pair));
+      } else {
+        return 2;
+      }
       continue;
     }
     flashinfer::prefill::MaskShape shape{};

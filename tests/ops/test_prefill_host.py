@@ -155,19 +155,34 @@ def test_page_size_division_by_multiply_high(harness) -> None:  # noqa: ANN001
     assert not wrong, wrong[:5]
 
 
+# Which row block and chunk half of a 16 x 16 operand tile the four 8 x 8 matrices of an
+# ldmatrix x4 hold, in the order the kernel hands its registers to mma.sync m16n8k16 (PTX's
+# fragment layouts): Q as A (a0: rows 0-7 dims 0-7, a1: rows 8-15, a2: dims 8-15, a3: both);
+# K as B of Q K^T (b0, b1: keys 0-7 dims 0-7 / 8-15, the first n8 tile; b2, b3: keys 8-15);
+# V as B of P V, transposed (b0, b1: keys 0-7 / 8-15 of dims 0-7; b2, b3: of dims 8-15).
+MATRICES = {
+    "q": [(0, 0), (8, 0), (0, 1), (8, 1)],
+    "k": [(0, 0), (0, 1), (8, 0), (8, 1)],
+    "v": [(0, 0), (8, 0), (0, 1), (8, 1)],
+}
+
+
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
-def test_ldmatrix_rows_address_the_swizzled_chunk(harness, head_dim: int) -> None:  # noqa: ANN001
-    """Every (row, half, rows, pair) the kernel's loops visit: the one-register form (an XOR
-    and an offset) gives the byte offset of chunk 2 * pair + half of row + rows, stored at
-    chunk (2 * pair + half) ^ ((row + rows) % 8) of its row."""
+def test_each_lane_addresses_its_fragment_row_in_the_swizzled_tile(harness, head_dim: int) -> None:  # noqa: ANN001
+    """Every lane, operand and (m-tile or key offset, chunk pair) the kernel's loops visit: the
+    lane's ldmatrix offset is that of its matrix's row (lane % 8 of the matrix) and chunk,
+    which the tile stores at chunk ^ (row % 8) of its row."""
     cases = [
-        (row, half, rows, pair)
-        for row in range(128)  # a lane's first row: warp_row + lane % 16 (Q), below 16 (K, V)
-        for half in (0, 1)
-        for rows in (0, 8, 16, 56, 120)  # m-tile offsets (Q), key offsets (K, V)
+        (operand, lane, warp_row, rows, pair)
+        for operand in "qkv"
+        for lane in range(32)
+        for warp_row in ((0, 16, 32, 64, 96, 112) if operand == "q" else (0,))
+        for rows in range(0, 64, 16)  # m-tiles (Q) and 16-key steps of a tile (K, V)
         for pair in range(head_dim // 16)
     ]
-    answers = harness([f"rows {head_dim} {r} {h} {n} {p}" for r, h, n, p in cases])
-    for (row, half, rows, pair), answer in zip(cases, answers):
-        r, chunk = row + rows, 2 * pair + half
-        assert int(answer) == 2 * (r * head_dim + 8 * (chunk ^ (r % 8))), (row, half, rows, pair)
+    queries = [f"rows {o} {head_dim} {lane} {w} {n} {p}" for o, lane, w, n, p in cases]
+    for (operand, lane, warp_row, rows, pair), answer in zip(cases, harness(queries)):
+        block, half = MATRICES[operand][lane // 8]
+        row, chunk = warp_row + rows + block + lane % 8, 2 * pair + half
+        want = 2 * (row * head_dim + 8 * (chunk ^ (row % 8)))
+        assert int(answer) == want, (operand, lane, warp_row, rows, pair)
