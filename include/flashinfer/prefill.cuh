@@ -51,11 +51,12 @@ constexpr int kTileRows = 128;  // packed query rows per CTA (prefill_schedule.p
 // read where used, not held in registers through the loop (m2's O and score accumulators
 // leave none to spare). hi: the end of the KV range; delta = kv_len - qo_len; packed rows
 // [row0, ...) of `rows`, tokens t_first..t_last; the request's KV offset (ragged) or first
-// page (paged); its first query row; its first custom-mask bit; and where the output goes:
-// tmp_base < 0, the output rows, else partial-state rows tmp_base + t * chunks + chunk.
+// page (paged); its first query row; its first custom-mask bit; where the output goes:
+// tmp_base < 0, the output rows, else partial-state rows tmp_base + t * chunks + chunk; and the
+// num_tiles K/V tiles of kTileKV tokens from key lo the loop runs over.
 struct TileBounds {
   int hi, delta, row0, rows, t_first, t_last, kv_len, kv_offset, page_base, q_start;
-  int tmp_base, chunk, chunks;
+  int tmp_base, chunk, chunks, lo, num_tiles;
   int64_t mask_bit0;
 };
 
@@ -256,9 +257,9 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   const int lo = static_cast<int>(lo64), hi = static_cast<int>(max(hi64, lo64));
   const int num_tiles = static_cast<int>((int64_t{hi} - lo + kTileKV - 1) / kTileKV);
   const int64_t mask_bit0 = p.mask && p.mask_indptr ? int64_t{p.mask_indptr[item.request]} * 8 : 0;
-  const TileBounds bounds{hi,          delta,     row0,      rows,    t_first,       t_last,
-                          kv_len,      kv_offset, page_base, q_start, item.tmp_base, item.chunk,
-                          item.chunks, mask_bit0};
+  const TileBounds bounds{hi,          delta,     row0,      rows,     t_first,       t_last,
+                          kv_len,      kv_offset, page_base, q_start,  item.tmp_base, item.chunk,
+                          item.chunks, lo,        num_tiles, mask_bit0};
   // published by the barrier before the loop; nothing writes it again
   if (threadIdx.x == 0) *shared_bounds = bounds;
 
@@ -331,21 +332,24 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   }
 
   float o[kMTiles][kDimTiles][4];
-  float m[kMTiles][2], d[kMTiles][2];
+  // m: each of the lane's rows' running max (the same in a row's four lanes). d: one row's
+  // running sum, that of row 2 * mt + h == lane % 4 of the lane's rows (the quad adds its
+  // lanes' columns each tile): 1 register, not 2 * kMTiles, which m2kv64 does not have.
+  float m[kMTiles][2];
+  float d = 0.f;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
     for (int i = 0; i < kDimTiles; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
     m[mt][0] = m[mt][1] = -INFINITY;
-    d[mt][0] = d[mt][1] = 0.f;
   }
   __syncthreads();  // shared_bounds
 
-  for (int it = 0; it < num_tiles; ++it) {
+  for (int it = 0; it < shared_bounds->num_tiles; ++it) {
     const TileBounds& cta = *shared_bounds;
-    const int kv0 = lo + it * kTileKV;
+    const int kv0 = cta.lo + it * kTileKV;
     const int ahead = it + Tl::kStages - 1;
-    if (ahead < num_tiles) load_kv(ahead % Tl::kStages, lo + ahead * kTileKV, cta);
+    if (ahead < cta.num_tiles) load_kv(ahead % Tl::kStages, cta.lo + ahead * kTileKV, cta);
     cp_async_commit();
     cp_async_wait<Tl::kStages - 1>();  // tile it has landed
     __syncthreads();
@@ -488,7 +492,9 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
 #pragma unroll
             for (int i = 0; i < width; ++i) part[i] += part[i + width];
           }
-          d[mt][h] = d[mt][h] * rescale + part[0];  // this lane's columns; summed at the end
+          float sum = part[0] + __shfl_xor_sync(0xffffffffu, part[0], 1);  // the row's tile
+          sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+          if (lane % 4 == 2 * mt + h) d = d * rescale + sum;
 #pragma unroll
           for (int i = 0; i < kDimTiles; ++i) {
             o[mt][i][2 * h] *= rescale;
@@ -533,9 +539,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      float sum = d[mt][h];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float sum = __shfl_sync(0xffffffffu, d, (lane & ~3) | (2 * mt + h));
       const int packed = tile_row0 + mt * 16 + 8 * h;
       if (packed >= cta.rows) continue;
       const float inv = sum > 0.f ? 1.f / sum : 0.f;

@@ -1282,7 +1282,6 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
     assert explicit.name == "prefill_f16_hd128"
     assert "kPrefillMTiles = 1;" in explicit.renders[0].render().read_text()
     for raw, message in (
-        ("128:m2kv64", "FLASHINFER_PREFILL_TILING: m2kv64 at head_dim 128 needs 192 accumulators"),
         ("96:m1kv64", "FLASHINFER_PREFILL_TILING: head_dim 96 is not one of"),
         ("128:m3kv32", "m_tiles must be 1 or 2"),
         ("128:m1kv48", "tile_kv 16, 32 or 64"),
@@ -1294,6 +1293,10 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
         monkeypatch.setenv("FLASHINFER_PREFILL_TILING", raw)
         with pytest.raises(ValueError, match=message):
             prefill_tiling(128)
+    monkeypatch.setenv("FLASHINFER_PREFILL_TILING", "128:m2kv64,256:m2kv16")
+    assert prefill_tiling(128) == PrefillTiling(2, 64)  # 192 accumulators: the most that fit
+    with pytest.raises(ValueError, match="TILING: m2kv16 at head_dim 256 needs 272 accumulators"):
+        prefill_tiling(256)
     with pytest.raises(ValueError, match="m2kv64 at head_dim 256 needs 320 accumulators"):
         gen_prefill_module("float16", 256, PrefillTiling(2, 64))
     with pytest.raises(ValueError, match="m1kv16 at head_dim 64: 128 16-byte chunks per K/V"):
@@ -1301,9 +1304,9 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
 
 
 # Every tiling PrefillTiling.check accepts (FLASHINFER_PREFILL_TILING may select any): head_dim
-# 128's default, its four-warp m2kv32 (at 244 of 255 registers) and m1kv32c2 (at 128 of 128)
-# always, the rest with --compile-matrix.
-_ALWAYS = {(128, DEFAULT_TILINGS[128]), (128, PrefillTiling(2, 32)), (128, PrefillTiling(1, 32, 2))}
+# 128's default and the two at their register limits, m2kv64 (255 of 255) and m1kv32c2 (128 of
+# 128), always; the rest with --compile-matrix.
+_ALWAYS = {(128, DEFAULT_TILINGS[128]), (128, PrefillTiling(2, 64)), (128, PrefillTiling(1, 32, 2))}
 TILING_CASES = [
     pytest.param(
         dtype,
