@@ -257,9 +257,23 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   const int lo = static_cast<int>(lo64), hi = static_cast<int>(max(hi64, lo64));
   const int num_tiles = static_cast<int>((int64_t{hi} - lo + kTileKV - 1) / kTileKV);
   const int64_t mask_bit0 = p.mask && p.mask_indptr ? int64_t{p.mask_indptr[item.request]} * 8 : 0;
-  const TileBounds bounds{hi,          delta,     row0,      rows,     t_first,       t_last,
-                          kv_len,      kv_offset, page_base, q_start,  item.tmp_base, item.chunk,
-                          item.chunks, lo,        num_tiles, mask_bit0};
+  TileBounds bounds;  // (by name: fifteen ints in a row could swap unnoticed)
+  bounds.hi = hi;
+  bounds.delta = delta;
+  bounds.row0 = row0;
+  bounds.rows = rows;
+  bounds.t_first = t_first;
+  bounds.t_last = t_last;
+  bounds.kv_len = kv_len;
+  bounds.kv_offset = kv_offset;
+  bounds.page_base = page_base;
+  bounds.q_start = q_start;
+  bounds.tmp_base = item.tmp_base;
+  bounds.chunk = item.chunk;
+  bounds.chunks = item.chunks;
+  bounds.lo = lo;
+  bounds.num_tiles = num_tiles;
+  bounds.mask_bit0 = mask_bit0;
   // published by the barrier before the loop; nothing writes it again
   if (threadIdx.x == 0) *shared_bounds = bounds;
 
@@ -390,7 +404,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
         }
 #pragma unroll
         for (int n2 = 0; n2 < kTileKV / 16; ++n2) {
-          uint32_t b[4];
+          uint32_t b[4];  // keys 0-7 then 8-15 of this step (swizzle.h's k_lane_row)
           mma::ldmatrix_x4(b, k_base + k_rows.at(n2 * 16, ks));
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {
@@ -517,7 +531,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
         }
 #pragma unroll
         for (int n2 = 0; n2 < kHeadDim / 16; ++n2) {
-          uint32_t b[4];
+          uint32_t b[4];  // dims 0-7 then 8-15 of this step (swizzle.h's v_lane_row)
           mma::ldmatrix_x4_trans(b, v_base + v_rows.at(kk * 16, n2));
 #pragma unroll
           for (int mt = 0; mt < kMTiles; ++mt) {

@@ -35,7 +35,9 @@ struct SwizzledRows {
 
 // The row (from the operand tile's first) and chunk half whose address a lane gives ldmatrix
 // x4, which loads matrix i from the addresses of lanes 8i .. 8i + 7, in the order the kernel
-// passes the four registers to mma.sync m16n8k16.
+// passes the four registers to mma.sync m16n8k16 (prefill.cuh: a[mt] whole as A; b[0], b[1]
+// as the B of one n8 tile, b[2], b[3] of the next). The CPU test checks these mappings; the
+// order of those mma calls is the other half of the contract.
 struct LaneRow {
   int row, half;
 };

@@ -536,7 +536,8 @@ def test_every_tiling_masks_and_skips_as_the_reference(
 ) -> None:
     """Each tiling FLASHINFER_PREFILL_TILING may select, on the paths its shape changes:
     pages of 7 tokens with out-of-range page ids, a custom mask and a window together, a GQA
-    group of 3 (rows straddling warps), a query longer than its KV and a one-token request."""
+    group of 3 (rows straddling warps), a query longer than its KV and a one-token request;
+    then causal with a soft cap, where warps skip the tiles past their rows' diagonals."""
     from flashinfer.jit.prefill import PrefillTiling, gen_prefill_module
 
     module = importlib.import_module("flashinfer.prefill")
@@ -580,6 +581,28 @@ def test_every_tiling_masks_and_skips_as_the_reference(
     out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
     wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
     _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks))
+
+    cap, causal = 20.0, []
+    for request, (m, n) in enumerate(zip(qo_lens, kv_lens)):
+        rows, cols = torch.arange(m, device="cuda")[:, None], torch.arange(n, device="cuda")
+        skipped = _on_broken_pages(request, n, page_size, bad)
+        causal.append((cols <= rows + n - m) & ~skipped)  # request 0's first 30 rows see none
+    wrapper.plan(
+        _indptr(qo_lens),
+        indptr,
+        indices,
+        last,
+        qo_heads,
+        kv_heads,
+        head_dim,
+        page_size,
+        causal=True,
+        logits_soft_cap=cap,
+        q_data_type=dtype,
+    )
+    out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
+    wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
+    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, causal, soft_cap=cap))
 
 
 @pytest.mark.gpu
