@@ -558,51 +558,23 @@ def test_every_tiling_masks_and_skips_as_the_reference(
     bad = {(0, 3): cache.shape[0] + 1, (1, 0): -1, (2, 10): 1 << 29}
     _break_page_ids(indices, indptr, bad)
     custom = [torch.rand(m, n, device="cuda") > 0.25 for m, n in zip(qo_lens, kv_lens)]
-    masks = []
+    masks, causal = [], []
     for request, (m, n) in enumerate(zip(qo_lens, kv_lens)):
         rows, cols = torch.arange(m, device="cuda")[:, None], torch.arange(n, device="cuda")
-        in_window = cols >= rows + n - m - window
-        skipped = _on_broken_pages(request, n, page_size, bad)
-        masks.append(custom[request] & in_window & ~skipped)
+        diagonal, scored = rows + n - m, ~_on_broken_pages(request, n, page_size, bad)
+        masks.append(custom[request] & (cols >= diagonal - window) & scored)
+        causal.append((cols <= diagonal) & scored)  # request 0's first 30 rows see none
     wrapper = module.BatchPrefillWithPagedKVCacheWrapper(_workspace(), kv_layout="HND")
-    wrapper.plan(
-        _indptr(qo_lens),
-        indptr,
-        indices,
-        last,
-        qo_heads,
-        kv_heads,
-        head_dim,
-        page_size,
-        custom_mask=torch.cat([c.flatten() for c in custom]),
-        window_left=window,
-        q_data_type=dtype,
-    )
-    out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
-    wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
-    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks))
+    table = (_indptr(qo_lens), indptr, indices, last, qo_heads, kv_heads, head_dim, page_size)
 
-    cap, causal = 20.0, []
-    for request, (m, n) in enumerate(zip(qo_lens, kv_lens)):
-        rows, cols = torch.arange(m, device="cuda")[:, None], torch.arange(n, device="cuda")
-        skipped = _on_broken_pages(request, n, page_size, bad)
-        causal.append((cols <= rows + n - m) & ~skipped)  # request 0's first 30 rows see none
-    wrapper.plan(
-        _indptr(qo_lens),
-        indptr,
-        indices,
-        last,
-        qo_heads,
-        kv_heads,
-        head_dim,
-        page_size,
-        causal=True,
-        logits_soft_cap=cap,
-        q_data_type=dtype,
-    )
-    out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
-    wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
-    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, causal, soft_cap=cap))
+    def check(visible: list[torch.Tensor], soft_cap: float | None = None, **options: Any) -> None:
+        wrapper.plan(*table, logits_soft_cap=soft_cap, q_data_type=dtype, **options)
+        out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
+        wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
+        _check(out, lse, _expected_batch(q, qo_lens, ks, vs, visible, soft_cap=soft_cap))
+
+    check(masks, custom_mask=torch.cat([c.flatten() for c in custom]), window_left=window)
+    check(causal, soft_cap=20.0, causal=True)
 
 
 @pytest.mark.gpu
