@@ -303,7 +303,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
                     kTileKV % kKVRowStep == 0 && kKVLoads % kKVBatch == 0,
                 "whole tokens per thread");
   auto load_kv = [&](int stage, int kv0, const TileBounds& cta) {
-    const int kv_row = thread_index() / kChunks, kv_col = thread_index() % kChunks;
+    const unsigned tid = thread_index();
+    const int kv_row = tid / kChunks, kv_col = tid % kChunks;
     const int end = cta.hi;
     // a token past `end` looks up position kv0 instead (kv0 + token may pass 2^31 - 1 in a
     // request's last tile, so the bound is compared as end - kv0 > 0)
@@ -370,7 +371,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     const int stage = it % Tl::kStages;
     // This thread's rows: two of each of its warp's 16-row mma tiles, tile rows
     // warp_row + mt * 16 + lane / 4 + 8h.
-    const int lane = thread_index() % 32, warp_row = thread_index() / 32 * Tl::kWarpRows;
+    const unsigned tid = thread_index();
+    const int lane = tid % 32, warp_row = tid / 32 * Tl::kWarpRows;
     const int lane_row = warp_row + lane / 4;
     const MaskShape shape{cta.hi, cta.delta, causal, p.window_left};
     // This lane's ldmatrix rows (swizzle.h): Q's in the warp's m-tiles, K's and V's in the
@@ -547,8 +549,9 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
 
   pdl_launch_dependents();
   const TileBounds& cta = *shared_bounds;
-  const int lane = thread_index() % 32;
-  const int tile_row0 = cta.row0 + thread_index() / 32 * Tl::kWarpRows + lane / 4;
+  const unsigned tid = thread_index();
+  const int lane = tid % 32;
+  const int tile_row0 = cta.row0 + tid / 32 * Tl::kWarpRows + lane / 4;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
