@@ -135,10 +135,6 @@ __global__ void __launch_bounds__(kMergeThreads)
   if (threadIdx.x == 0) out.s[p * out.s_row_stride + head * out.s_head_stride] = state.lse();
 }
 
-inline cudaError_t launch_status(cudaError_t err) {
-  return err == cudaSuccess ? cudaGetLastError() : err;
-}
-
 // `pdl`: launch with programmatic dependent launch (see pdl.cuh).
 template <typename TIn, typename TOut>
 cudaError_t MergeStates(OutputArray<TOut> out, StateArray<TIn> in, MergeSchedule schedule,
@@ -155,9 +151,9 @@ cudaError_t MergeTwoStates(OutputArray<T> out, StateArray<T> a, StateArray<T> b,
                            const uint8_t* mask, bool in_place, int64_t positions, int64_t heads,
                            int64_t head_dim, cudaStream_t stream) {
   if (positions == 0 || heads == 0) return cudaSuccess;
-  MergeTwoStatesKernel<T><<<dim3(static_cast<unsigned>(positions), static_cast<unsigned>(heads)),
-                            kMergeThreads, 0, stream>>>(out, a, b, mask, in_place, head_dim);
-  return launch_status(cudaSuccess);
+  return launch_kernel(MergeTwoStatesKernel<T>,
+                       dim3(static_cast<unsigned>(positions), static_cast<unsigned>(heads)),
+                       dim3(kMergeThreads), 0, stream, false, out, a, b, mask, in_place, head_dim);
 }
 
 }  // namespace cascade

@@ -1,5 +1,5 @@
-// The KV cache as attention kernels read it (paged, or contiguous as one page) and the
-// cp.async copies that stage it in shared memory. Shared by decode and prefill.
+// The KV cache as attention kernels read it (paged, or contiguous as one page): where a
+// request's token lives. Shared by decode and prefill; the loads and copies are ptx.cuh's.
 // Framework-agnostic: raw pointers and strides.
 #pragma once
 
@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "flashinfer/fastdiv.h"
+#include "flashinfer/ptx.cuh"
 
 namespace flashinfer {
 
@@ -40,17 +41,6 @@ __device__ __forceinline__ int64_t request_length(const PageTable& pt, int64_t r
   return (pages - 1) * pt.page_size + last;
 }
 
-// *ptr when `pred`, else `fallback`: a predicated load, not a branch, so that several of
-// them issue back to back. For tables that do not change while the kernel runs (.nc).
-// Volatile: it stays after pdl_wait() (griddepcontrol.wait) whatever its operands are.
-__device__ __forceinline__ int load_if(const int32_t* ptr, bool pred, int fallback) {
-  int value = fallback;
-  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %2, 0;\n @p ld.global.nc.b32 %0, [%1];\n}\n"
-               : "+r"(value)
-               : "l"(ptr), "r"(static_cast<int>(pred)));
-  return value;
-}
-
 // The page of the request's token `token` (-1 when its page id or its position in the page
 // table is out of range; 0 for a contiguous cache), and its slot in that page. `page_size`
 // divides by pt.page_size. Token positions and page sizes are < 2^31 (checked on the host).
@@ -66,18 +56,6 @@ __device__ __forceinline__ int page_of(const PageTable& pt, const FastDiv& page_
 __device__ __forceinline__ int slot_of(const PageTable& pt, const FastDiv& page_size, int token) {
   if (!pt.indices) return token;
   return token - static_cast<int>(page_size.quotient(static_cast<uint32_t>(token)) * page_size.d);
-}
-
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool fill) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const int src_bytes = fill ? 16 : 0;  // 0: write zeros, read nothing
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
 }  // namespace flashinfer

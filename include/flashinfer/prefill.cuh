@@ -40,6 +40,7 @@
 #include "flashinfer/mma.cuh"
 #include "flashinfer/pdl.cuh"
 #include "flashinfer/prefill_mask.h"
+#include "flashinfer/ptx.cuh"
 #include "flashinfer/swizzle.h"
 
 namespace flashinfer {
@@ -59,15 +60,6 @@ struct TileBounds {
   int tmp_base, chunk, chunks, lo, num_tiles;
   int64_t mask_bit0;
 };
-
-// threadIdx.x, read where it is used: what a lane derives from it (its rows, its ldmatrix and
-// load addresses) is then recomputed in each tile instead of hoisted out of the main loop and
-// held in registers through it.
-__device__ __forceinline__ unsigned thread_index() {
-  unsigned tid;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-  return tid;
-}
 
 // A CTA's shape: kMTiles 16-row mma tiles per warp (1 or 2) and kTileKV tokens per K/V tile.
 // A lane holds kMTiles * (kHeadDim + kTileKV) / 2 float32 accumulators (O and the scores):

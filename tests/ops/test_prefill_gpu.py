@@ -55,8 +55,8 @@ def _check(out: torch.Tensor, lse: torch.Tensor, want: tuple[torch.Tensor, torch
     torch.testing.assert_close(lse.double(), want[1], **LSE_TOLERANCE)
 
 
-def _randn(*shape: int, dtype: torch.dtype) -> torch.Tensor:
-    return torch.randn(*shape, dtype=dtype, device="cuda")
+def _randn(*shape: int, dtype: torch.dtype, device: str = "cuda") -> torch.Tensor:
+    return torch.randn(*shape, dtype=dtype, device=device)
 
 
 def _nan_like(t: torch.Tensor) -> torch.Tensor:
@@ -113,11 +113,17 @@ def _expected_batch(
 
 
 def _new_cache(
-    num_pages: int, page_size: int, kv_heads: int, head_dim: int, layout: str, dtype: torch.dtype
+    num_pages: int,
+    page_size: int,
+    kv_heads: int,
+    head_dim: int,
+    layout: str,
+    dtype: torch.dtype,
+    device: torch.device | str = "cuda",
 ) -> torch.Tensor:
     """The 5-D form, [num_pages, 2, page_size, Hk, D] (NHD) or [num_pages, 2, Hk, page_size, D]."""
     page = (page_size, kv_heads, head_dim) if layout == "NHD" else (kv_heads, page_size, head_dim)
-    return torch.empty(num_pages, 2, *page, dtype=dtype, device="cuda")
+    return torch.empty(num_pages, 2, *page, dtype=dtype, device=device)
 
 
 def _page_table(
@@ -145,8 +151,8 @@ def _write_pages(
     """NaN everywhere, then request b's token t at slot t % page_size of its page t // page_size."""
     cache.fill_(NAN)
     for b, (k, v) in enumerate(zip(ks, vs)):
-        position = torch.arange(k.shape[0], device="cuda")
-        pages = indices[indptr[b] : indptr[b + 1]].to("cuda").long()[position // page_size]
+        position = torch.arange(k.shape[0], device=cache.device)
+        pages = indices[indptr[b] : indptr[b + 1]].to(cache.device).long()[position // page_size]
         slots = position % page_size
         for part, values in ((cache[:, 0], k), (cache[:, 1], v)):
             if layout == "NHD":
@@ -164,7 +170,9 @@ def _paged_kv(
     indptr, indices, last = _page_table(
         kv_lens, page_size, num_pages, torch.Generator().manual_seed(seed)
     )
-    cache = _new_cache(num_pages, page_size, ks[0].shape[1], ks[0].shape[2], layout, ks[0].dtype)
+    cache = _new_cache(
+        num_pages, page_size, ks[0].shape[1], ks[0].shape[2], layout, ks[0].dtype, ks[0].device
+    )
     _write_pages(cache, ks, vs, indptr, indices, page_size, layout)
     return cache, indptr, indices, last
 
@@ -178,20 +186,24 @@ def _break_page_ids(
 
 
 def _on_broken_pages(
-    request: int, kv_len: int, page_size: int, bad: dict[tuple[int, int], int]
+    request: int,
+    kv_len: int,
+    page_size: int,
+    bad: dict[tuple[int, int], int],
+    device: str = "cuda",
 ) -> torch.Tensor:
     """Which of the request's tokens sit on a page _break_page_ids broke (never scored)."""
     return torch.tensor(
-        [(request, j // page_size) in bad for j in range(kv_len)], dtype=torch.bool, device="cuda"
+        [(request, j // page_size) in bad for j in range(kv_len)], dtype=torch.bool, device=device
     )
 
 
 def _kv_data(
-    kv_lens: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype
+    kv_lens: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype, device: str = "cuda"
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Each request's keys and values, [kv_len, Hk, D]."""
-    ks = [_randn(n, kv_heads, head_dim, dtype=dtype) for n in kv_lens]
-    vs = [_randn(n, kv_heads, head_dim, dtype=dtype) for n in kv_lens]
+    ks = [_randn(n, kv_heads, head_dim, dtype=dtype, device=device) for n in kv_lens]
+    vs = [_randn(n, kv_heads, head_dim, dtype=dtype, device=device) for n in kv_lens]
     return ks, vs
 
 
@@ -202,11 +214,12 @@ def _batch_data(
     kv_heads: int,
     head_dim: int,
     dtype: torch.dtype,
+    device: str = "cuda",
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """q [sum(qo_lens), Hq, D] and each request's keys and values."""
     return (
-        _randn(sum(qo_lens), qo_heads, head_dim, dtype=dtype),
-        *_kv_data(kv_lens, kv_heads, head_dim, dtype),
+        _randn(sum(qo_lens), qo_heads, head_dim, dtype=dtype, device=device),
+        *_kv_data(kv_lens, kv_heads, head_dim, dtype, device),
     )
 
 

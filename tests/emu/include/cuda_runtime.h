@@ -1,0 +1,91 @@
+// Stand-in for the CUDA runtime header when the kernels are compiled by the host compiler
+// for the CPU emulator (tests/emu): CUDA's keywords as plain C++, the built-in variables and
+// intrinsics the kernels use as calls into the emulator (simt.h), and the few runtime calls
+// the launch paths make. Nothing here links against CUDA.
+#pragma once
+
+#include <math.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __launch_bounds__(...)
+// Dynamic shared memory only: an `extern __shared__` array is the emulator's shared window
+// (simt.h); a static __shared__ array would become one per thread.
+#define __shared__
+#define __align__(n) __attribute__((aligned(n)))
+
+struct uint3 {
+  unsigned x, y, z;
+};
+
+struct float2 {
+  float x, y;
+};
+inline float2 make_float2(float x, float y) { return {x, y}; }
+
+struct dim3 {
+  unsigned x, y, z;
+  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorLaunchFailure = 719,
+};
+
+typedef struct CUstream_st* cudaStream_t;
+
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+
+template <typename T>
+inline T min(T a, T b) {
+  return b < a ? b : a;
+}
+template <typename T>
+inline T max(T a, T b) {
+  return a < b ? b : a;
+}
+
+#include "simt.h"
+
+#define threadIdx (::simt::thread_idx())
+#define blockIdx (::simt::block_idx())
+#define blockDim (::simt::block_dim())
+#define gridDim (::simt::grid_dim())
+
+inline void __syncthreads() { ::simt::sync_threads(); }
+
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
+  return ::simt::shuffle(mask, value, lane_mask, true, width);
+}
+template <typename T>
+inline T __shfl_sync(unsigned mask, T value, int src_lane, int width = 32) {
+  return ::simt::shuffle(mask, value, src_lane, false, width);
+}
+inline unsigned __ballot_sync(unsigned mask, bool pred) { return ::simt::ballot(mask, pred); }
+inline size_t __cvta_generic_to_shared(const void* p) { return ::simt::shared_offset(p); }
+
+inline cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+template <typename F>
+inline cudaError_t cudaFuncSetAttribute(F* kernel, cudaFuncAttribute attribute, int value) {
+  return ::simt::set_max_dynamic_shared(reinterpret_cast<const void*>(kernel), attribute, value);
+}
+template <typename F>
+inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, F*, int, size_t) {
+  *blocks = 1;
+  return cudaSuccess;
+}
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline const char* cudaGetErrorString(cudaError_t) { return ::simt::last_error(); }

@@ -1,0 +1,502 @@
+// The CPU emulator's engine (see include/simt.h): fibers on ucontext, counting barriers, and
+// the warp collectives computed from PTX's fragment layouts (PTX ISA, "Matrix fragments for
+// mma.m16n8k16" and "ldmatrix"), independently of the kernels' own description of them.
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda_bf16.h"
+#include "cuda_fp16.h"
+#include "cuda_runtime.h"
+
+namespace simt {
+namespace {
+
+constexpr size_t kStackBytes = 128 * 1024;
+constexpr size_t kStaticSharedLimit = 48 * 1024;  // past this a kernel needs its attribute raised
+constexpr uint8_t kPoison = 0xff;                 // shared memory's bytes when a CTA starts
+
+struct Barrier {
+  int expected = 0, arrived = 0;
+  uint64_t generation = 0;
+};
+
+enum class Op { kShuffleXor, kShuffleIndex, kBallot, kLdmatrix, kLdmatrixTrans, kMma };
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kShuffleXor:
+      return "__shfl_xor_sync";
+    case Op::kShuffleIndex:
+      return "__shfl_sync";
+    case Op::kBallot:
+      return "__ballot_sync";
+    case Op::kLdmatrix:
+      return "ldmatrix";
+    case Op::kLdmatrixTrans:
+      return "ldmatrix.trans";
+    case Op::kMma:
+      return "mma.sync";
+  }
+  return "?";
+}
+
+// A warp collective in progress: each lane's operands, then each lane's results.
+struct Warp {
+  Barrier barrier;
+  uint32_t lanes = 0;  // lanes that exist and have not exited
+  uint32_t launched = 0;
+  Op op = Op::kShuffleXor;
+  Element element = Element::kHalf;
+  uint32_t in[32][10] = {};
+  uint32_t out[32][4] = {};
+};
+
+struct Copy {
+  uint8_t* dst;
+  const uint8_t* src;  // null: 16 zero bytes
+};
+
+struct Fiber {
+  ucontext_t context;
+  std::vector<uint8_t> stack;
+  unsigned tid = 0;
+  bool done = false;
+  const Barrier* waiting = nullptr;
+  uint64_t wait_generation = 0;
+  std::vector<Copy> open;                // cp.async since the last commit
+  std::deque<std::vector<Copy>> groups;  // committed, not yet landed
+};
+
+struct Engine {
+  // the launch in progress
+  dim3 grid, block, block_idx;
+  size_t smem_bytes = 0;
+  const std::function<void()>* body = nullptr;
+  std::vector<Fiber> fibers;
+  std::vector<Warp> warps;
+  Barrier block_barrier;
+  Fiber* current = nullptr;
+  ucontext_t scheduler;
+  bool failed = false;
+  std::string error;
+  // set up by the test
+  bool land_at_issue = false;  // cp.async lands when issued, not when waited for
+  std::vector<std::pair<uintptr_t, size_t>> buffers;
+  std::map<const void*, int> max_dynamic_shared;
+};
+
+Engine g;
+std::mutex g_launch;
+// The shared window, registered by another translation unit's static initializer: plain
+// values, zero before any initializer runs, so that none resets them.
+uint8_t* g_window = nullptr;
+size_t g_window_bytes = 0;
+
+void back_to_scheduler() {
+  Fiber* f = g.current;
+  swapcontext(&f->context, &g.scheduler);
+}
+
+// Records the first failure of the launch and, inside a fiber, never returns to it: the
+// scheduler abandons the CTA.
+[[noreturn]] void fail(const char* format, ...) {
+  if (!g.failed) {
+    char text[512];
+    va_list args;
+    va_start(args, format);
+    std::vsnprintf(text, sizeof text, format, args);
+    va_end(args);
+    char where[128] = "";
+    if (g.current) {
+      std::snprintf(where, sizeof where, "block (%u, %u, %u) thread %u: ", g.block_idx.x,
+                    g.block_idx.y, g.block_idx.z, g.current->tid);
+    }
+    g.error = std::string(where) + text;
+    g.failed = true;
+  }
+  if (g.current) back_to_scheduler();
+  std::abort();  // a failed fiber is never resumed
+}
+
+Fiber& self() {
+  if (!g.current) fail("a device function was called outside a kernel launch");
+  return *g.current;
+}
+
+// Arrives at `b`; true for the arrival that completes it (the barrier then resets for its
+// next use), which the caller finishes before anyone waiting continues.
+bool arrive(Barrier& b) {
+  if (++b.arrived < b.expected) return false;
+  b.arrived = 0;
+  ++b.generation;
+  return true;
+}
+
+void wait_for(const Barrier& b, uint64_t generation) {
+  Fiber& f = self();
+  f.waiting = &b;
+  f.wait_generation = generation;
+  back_to_scheduler();
+}
+
+bool in_buffers(const void* p, size_t bytes) {
+  if (g.buffers.empty()) return true;  // nothing registered: unchecked
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (const auto& [base, size] : g.buffers) {
+    if (a >= base && a + bytes <= base + size) return true;
+  }
+  return false;
+}
+
+size_t shared_row(uint32_t address, const char* what) {
+  if (address % 16 != 0 || size_t{address} + 16 > g.smem_bytes) {
+    fail(
+        "%s at shared offset %u: not 16-byte aligned or past the %zu bytes of dynamic shared "
+        "memory",
+        what, address, g.smem_bytes);
+  }
+  return address;
+}
+
+float element_value(uint16_t bits, Element e) {
+  return e == Element::kHalf ? __half2float(__half{bits}) : __bfloat162float(__nv_bfloat16{bits});
+}
+
+uint16_t low(uint32_t r) { return static_cast<uint16_t>(r & 0xffffu); }
+uint16_t high(uint32_t r) { return static_cast<uint16_t>(r >> 16); }
+
+void compute_ldmatrix(Warp& w, bool trans) {
+  uint16_t m[4][8][8];  // matrix i's row r: the 16 bytes at lane 8i + r's address
+  for (int i = 0; i < 4; ++i) {
+    for (int r = 0; r < 8; ++r) {
+      std::memcpy(m[i][r], g_window + shared_row(w.in[8 * i + r][0], "ldmatrix row"), 16);
+    }
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int group = lane / 4, pair = 2 * (lane % 4);
+    for (int i = 0; i < 4; ++i) {
+      // lane holds row lane / 4, columns 2 (lane % 4) and + 1; transposed, that column's rows
+      const uint16_t a = trans ? m[i][pair][group] : m[i][group][pair];
+      const uint16_t b = trans ? m[i][pair + 1][group] : m[i][group][pair + 1];
+      w.out[lane][i] = uint32_t{a} | uint32_t{b} << 16;
+    }
+  }
+}
+
+void compute_mma(Warp& w) {
+  float a[16][16], b[16][8], c[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g8 = lane / 4, q2 = 2 * (lane % 4);
+    const uint32_t* in = w.in[lane];
+    // A (16 x 16, row): a0 a1 (g, 2q..), a2 a3 (g + 8, 2q..), a4 a5 (g, 2q + 8..), a6 a7
+    // (g + 8, 2q + 8..); B (16 x 8, col): b0 b1 (2q.., g), b2 b3 (2q + 8.., g); C: c0 c1
+    // (g, 2q..), c2 c3 (g + 8, 2q..)
+    const int a_row[4] = {g8, g8 + 8, g8, g8 + 8}, a_col[4] = {q2, q2, q2 + 8, q2 + 8};
+    for (int r = 0; r < 4; ++r) {
+      a[a_row[r]][a_col[r]] = element_value(low(in[r]), w.element);
+      a[a_row[r]][a_col[r] + 1] = element_value(high(in[r]), w.element);
+    }
+    for (int r = 0; r < 2; ++r) {
+      b[q2 + 8 * r][g8] = element_value(low(in[4 + r]), w.element);
+      b[q2 + 8 * r + 1][g8] = element_value(high(in[4 + r]), w.element);
+    }
+    for (int r = 0; r < 4; ++r) std::memcpy(&c[g8 + 8 * (r / 2)][q2 + r % 2], &in[6 + r], 4);
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g8 = lane / 4, q2 = 2 * (lane % 4);
+    for (int r = 0; r < 4; ++r) {
+      const int row = g8 + 8 * (r / 2), col = q2 + r % 2;
+      double dot = 0;
+      for (int k = 0; k < 16; ++k) dot += double{a[row][k]} * b[k][col];
+      const float d = static_cast<float>(c[row][col] + dot);
+      std::memcpy(&w.out[lane][r], &d, 4);
+    }
+  }
+}
+
+void compute(Warp& w) {
+  for (int lane = 0; lane < 32; ++lane) {
+    const uint32_t param = w.in[lane][1];
+    switch (w.op) {
+      case Op::kShuffleXor: {
+        const uint32_t src = lane ^ param;
+        w.out[lane][0] = src < 32 ? w.in[src][0] : w.in[lane][0];
+        break;
+      }
+      case Op::kShuffleIndex:
+        w.out[lane][0] = w.in[param & 31][0];
+        break;
+      case Op::kBallot: {
+        uint32_t bits = 0;
+        for (int l = 0; l < 32; ++l) bits |= (w.in[l][0] & 1u) << l;
+        w.out[lane][0] = bits;
+        break;
+      }
+      default:
+        break;
+    }
+  }
+  if (w.op == Op::kLdmatrix || w.op == Op::kLdmatrixTrans)
+    compute_ldmatrix(w, w.op == Op::kLdmatrixTrans);
+  if (w.op == Op::kMma) compute_mma(w);
+}
+
+// Every lane of the warp enters with its operands; each leaves with its results (out[lane]).
+const uint32_t* collective(Op op, uint32_t mask, const uint32_t* in, int words,
+                           Element element = Element::kHalf) {
+  Fiber& f = self();
+  Warp& w = g.warps[f.tid / 32];
+  const int lane = f.tid % 32;
+  if (mask != w.launched || w.lanes != w.launched) {
+    fail("%s with lane mask 0x%08x in a warp whose lanes are 0x%08x (0x%08x not exited)",
+         op_name(op), mask, w.launched, w.lanes);
+  }
+  if (w.barrier.arrived == 0) {
+    w.op = op;
+    w.element = element;
+  } else if (w.op != op || w.element != element) {
+    fail("lanes of warp %u diverge: this one is in %s, others in %s", f.tid / 32, op_name(op),
+         op_name(w.op));
+  }
+  std::memcpy(w.in[lane], in, sizeof(uint32_t) * words);
+  const uint64_t generation = w.barrier.generation;
+  if (arrive(w.barrier)) {
+    compute(w);
+  } else {
+    wait_for(w.barrier, generation);
+  }
+  return w.out[lane];
+}
+
+void land(const Copy& c) {
+  if (c.src) {
+    std::memcpy(c.dst, c.src, 16);
+  } else {
+    std::memset(c.dst, 0, 16);
+  }
+}
+
+void exit_thread(Fiber& f) {
+  f.done = true;
+  Warp& w = g.warps[f.tid / 32];
+  w.lanes &= ~(1u << (f.tid % 32));
+  if (w.barrier.arrived > 0) {
+    fail("exits while other lanes of warp %u wait in %s", f.tid / 32, op_name(w.op));
+  }
+  --w.barrier.expected;
+  --g.block_barrier.expected;
+  if (g.block_barrier.arrived > 0 && g.block_barrier.arrived == g.block_barrier.expected) {
+    g.block_barrier.arrived = 0;
+    ++g.block_barrier.generation;
+  }
+}
+
+void fiber_main() {
+  (*g.body)();
+  exit_thread(*g.current);
+}  // returns to the scheduler (uc_link)
+
+void run_block() {
+  const unsigned threads = g.block.x;
+  if (g.smem_bytes) std::memset(g_window, kPoison, g.smem_bytes);
+  g.block_barrier = Barrier{static_cast<int>(threads), 0, 0};
+  g.warps.assign((threads + 31) / 32, Warp{});
+  for (unsigned i = 0; i < g.warps.size(); ++i) {
+    const unsigned lanes = std::min(32u, threads - 32 * i);
+    Warp& w = g.warps[i];
+    w.barrier.expected = static_cast<int>(lanes);
+    w.launched = w.lanes = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
+  }
+  for (unsigned t = 0; t < threads; ++t) {
+    Fiber& f = g.fibers[t];
+    f.tid = t;
+    f.done = false;
+    f.waiting = nullptr;
+    f.open.clear();
+    f.groups.clear();
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = f.stack.data();
+    f.context.uc_stack.ss_size = f.stack.size();
+    f.context.uc_link = &g.scheduler;
+    makecontext(&f.context, fiber_main, 0);
+  }
+  for (;;) {
+    bool ran = false, live = false;
+    for (Fiber& f : g.fibers) {
+      if (f.done) continue;
+      live = true;
+      if (f.waiting && f.waiting->generation == f.wait_generation) continue;
+      f.waiting = nullptr;
+      g.current = &f;
+      swapcontext(&g.scheduler, &f.context);
+      g.current = nullptr;
+      ran = true;
+      if (g.failed) return;
+    }
+    if (!live) return;
+    if (!ran) {
+      int at_barrier = 0;
+      for (const Fiber& f : g.fibers) at_barrier += !f.done && f.waiting == &g.block_barrier;
+      g.error = "block (" + std::to_string(g.block_idx.x) + ", " + std::to_string(g.block_idx.y) +
+                ", " + std::to_string(g.block_idx.z) + "): deadlock, " +
+                std::to_string(at_barrier) +
+                " threads wait in __syncthreads and the others in warp collectives";
+      g.failed = true;
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+uint3 thread_idx() { return {self().tid, 0, 0}; }
+uint3 block_idx() { return {g.block_idx.x, g.block_idx.y, g.block_idx.z}; }
+dim3 block_dim() { return g.block; }
+dim3 grid_dim() { return g.grid; }
+
+void sync_threads() {
+  const uint64_t generation = g.block_barrier.generation;
+  if (!arrive(g.block_barrier)) wait_for(g.block_barrier, generation);
+}
+
+uint32_t shuffle_bits(uint32_t mask, uint32_t value, int lane, bool is_xor, int width) {
+  if (width != 32) fail("shuffles of width %d are not emulated", width);
+  const uint32_t in[2] = {value, static_cast<uint32_t>(lane)};
+  return collective(is_xor ? Op::kShuffleXor : Op::kShuffleIndex, mask, in, 2)[0];
+}
+
+uint32_t ballot(uint32_t mask, bool pred) {
+  const uint32_t in[1] = {pred ? 1u : 0u};
+  return collective(Op::kBallot, mask, in, 1)[0];
+}
+
+void ldmatrix_x4(uint32_t* r, uint32_t address, bool trans) {
+  const uint32_t in[1] = {address};
+  std::memcpy(r, collective(trans ? Op::kLdmatrixTrans : Op::kLdmatrix, 0xffffffffu, in, 1), 16);
+}
+
+void mma_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1, Element element) {
+  uint32_t in[10] = {a[0], a[1], a[2], a[3], b0, b1};
+  std::memcpy(in + 6, c, 16);
+  std::memcpy(c, collective(Op::kMma, 0xffffffffu, in, 10, element), 16);
+}
+
+size_t shared_offset(const void* p) {
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  if (!g_window || b < g_window || b >= g_window + g_window_bytes) {
+    fail("__cvta_generic_to_shared of %p, outside shared memory", p);
+  }
+  return static_cast<size_t>(b - g_window);
+}
+
+int load_if(const int32_t* ptr, bool pred, int fallback) {
+  if (!pred) return fallback;
+  if (!in_buffers(ptr, 4)) fail("page-table load at %p, outside every registered buffer", ptr);
+  return *ptr;
+}
+
+void cp_async_16(void* smem, const void* gmem, bool fill) {
+  const size_t at = shared_row(static_cast<uint32_t>(shared_offset(smem)), "cp.async destination");
+  if (fill && (reinterpret_cast<uintptr_t>(gmem) % 16 != 0 || !in_buffers(gmem, 16))) {
+    fail("cp.async reads 16 bytes at %p: unaligned or outside every registered buffer", gmem);
+  }
+  const Copy c{g_window + at, fill ? static_cast<const uint8_t*>(gmem) : nullptr};
+  if (g.land_at_issue) {
+    land(c);
+  } else {
+    self().open.push_back(c);
+  }
+}
+
+void cp_async_commit() {
+  Fiber& f = self();
+  f.groups.push_back(std::move(f.open));
+  f.open.clear();
+}
+
+void cp_async_wait(int pending) {
+  Fiber& f = self();
+  while (f.groups.size() > static_cast<size_t>(pending)) {
+    for (const Copy& c : f.groups.front()) land(c);
+    f.groups.pop_front();
+  }
+}
+
+void set_shared_window(void* base, size_t bytes) {
+  g_window = static_cast<uint8_t*>(base);
+  g_window_bytes = bytes;
+}
+
+cudaError_t set_max_dynamic_shared(const void* kernel, int attribute, int bytes) {
+  if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize || bytes < 0) {
+    return cudaErrorInvalidValue;
+  }
+  g.max_dynamic_shared[kernel] = bytes;
+  return cudaSuccess;
+}
+
+cudaError_t launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes,
+                   const std::function<void()>& body) {
+  std::lock_guard<std::mutex> lock(g_launch);
+  if (g.failed) return cudaErrorLaunchFailure;  // sticky, as a failed launch is on a GPU
+  const auto raised = g.max_dynamic_shared.find(kernel);
+  const size_t allowed =
+      std::max(kStaticSharedLimit,
+               raised == g.max_dynamic_shared.end() ? size_t{0} : size_t(raised->second));
+  const unsigned threads = block.x;
+  if (block.y != 1 || block.z != 1 || threads == 0 || threads > 1024 || grid.x == 0 ||
+      grid.y == 0 || grid.z == 0 || smem_bytes > allowed || smem_bytes > g_window_bytes) {
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "invalid launch: grid (%u, %u, %u), block (%u, %u, %u), %zu bytes of dynamic "
+                  "shared memory (the kernel allows %zu, the window has %zu)",
+                  grid.x, grid.y, grid.z, block.x, block.y, block.z, smem_bytes, allowed,
+                  g_window_bytes);
+    g.error = text;
+    return cudaErrorInvalidConfiguration;
+  }
+  g.grid = grid;
+  g.block = block;
+  g.smem_bytes = smem_bytes;
+  g.body = &body;
+  if (g.fibers.size() < threads) g.fibers.resize(threads);
+  for (Fiber& f : g.fibers) f.stack.resize(kStackBytes);
+  g.fibers.resize(threads);
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) {
+        g.block_idx = dim3(x, y, z);
+        run_block();
+        if (g.failed) return cudaErrorLaunchFailure;
+      }
+    }
+  }
+  return cudaSuccess;
+}
+
+const char* last_error() { return g.error.c_str(); }
+
+}  // namespace simt
+
+// For the Python side (tests/emu/__init__.py), through ctypes.
+extern "C" {
+const char* simt_error() { return simt::g.error.c_str(); }
+void simt_reset(int land_at_issue) {
+  simt::g.failed = false;
+  simt::g.error.clear();
+  simt::g.land_at_issue = land_at_issue != 0;
+  simt::g.buffers.clear();
+}
+void simt_add_buffer(const void* base, size_t bytes) {
+  simt::g.buffers.emplace_back(reinterpret_cast<uintptr_t>(base), bytes);
+}
+}

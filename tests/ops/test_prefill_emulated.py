@@ -1,0 +1,232 @@
+"""The prefill kernel's own source, run on the CPU by the emulator (tests/emu), through the
+real wrappers and planner, against the float64 reference: every accepted tiling on single,
+ragged (custom mask) and paged (shuffled pages, NaN in every slot no request owns) prefill,
+float16, KV split across CTAs and merged by the cascade kernel, and page ids outside the
+cache. Sizes are small: the emulator runs each CUDA thread as a fiber. cp.async copies land
+when issued in some tests (a stage overwritten while a warp still reads it shows) and when
+waited for in others (a read before its wait shows). The same cases at GPU sizes are in
+tests/ops/test_prefill_gpu.py."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Iterator
+
+import pytest
+import torch
+
+from flashinfer import checks
+from flashinfer import prefill as prefill_api
+from flashinfer.jit.prefill import DEFAULT_TILINGS, HEAD_DIMS, PrefillTiling, accepted_tilings
+from flashinfer.testing.reference import attention as reference_attention
+from tests.emu.prefill import EmulatedPrefill
+from tests.ops.test_prefill import cpu_kernels
+from tests.ops.test_prefill_gpu import (
+    NAN,
+    _batch_data,
+    _break_page_ids,
+    _check,
+    _expected_batch,
+    _indptr,
+    _on_broken_pages,
+    _paged_kv,
+    _randn,
+)
+
+MAX_CTAS = 6  # a GPU this small splits a long KV over CTAs, so the merge kernel runs too
+
+TILINGS = [(d, t) for d in HEAD_DIMS for t in accepted_tilings(d)]
+TILING_IDS = [f"hd{d}-{t.name}" for d, t in TILINGS]
+
+
+@functools.cache
+def _module(
+    dtype: torch.dtype, head_dim: int, tiling: PrefillTiling, land_at_issue: bool
+) -> EmulatedPrefill:
+    return EmulatedPrefill(dtype, head_dim, tiling, land_at_issue)
+
+
+@pytest.fixture
+def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedPrefill]]:
+    """emulate(dtype, head_dim, tiling=default, land_at_issue=False): the wrappers' prefill
+    module is then the emulated build, on CPU tensors; plan() uploads its schedule for real."""
+
+    def install(
+        dtype: torch.dtype,
+        head_dim: int,
+        tiling: PrefillTiling | None = None,
+        land_at_issue: bool = False,
+    ) -> EmulatedPrefill:
+        module = _module(dtype, head_dim, tiling or DEFAULT_TILINGS[head_dim], land_at_issue)
+        module.launches.clear()
+        monkeypatch.setattr(prefill_api, "get_prefill_module", lambda d, h: module)
+        return module
+
+    monkeypatch.setattr(prefill_api, "_max_ctas", lambda *a: MAX_CTAS)
+    monkeypatch.setattr(prefill_api, "get_device_sm_count", lambda device: MAX_CTAS)
+    monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(
+        prefill_api._BatchPrefillWrapper,
+        "_upload",
+        lambda self, words, target: target.copy_(torch.tensor(words, dtype=target.dtype)),
+    )
+    with cpu_kernels():
+        yield install
+
+
+def _workspace() -> torch.Tensor:
+    return torch.empty(16 << 20, dtype=torch.uint8)
+
+
+def _single(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> None:
+    out, lse = prefill_api.single_prefill_with_kv_cache(q, k, v, return_lse=True, **options)
+    reference = {k: v for k, v in options.items() if k in ("causal", "window_left", "sm_scale")}
+    if "logits_soft_cap" in options:
+        reference["soft_cap"] = options["logits_soft_cap"]
+    _check(out, lse, reference_attention(q, k, v, **reference))
+
+
+def _paged(
+    qo_lens: list[int],
+    kv_lens: list[int],
+    heads: tuple[int, int],
+    head_dim: int,
+    page_size: int,
+    layout: str,
+    dtype: torch.dtype = torch.bfloat16,
+    **options: Any,
+) -> None:
+    """Batch paged prefill, NaN-poisoned outputs, against the reference per request."""
+    q, ks, vs = _batch_data(qo_lens, kv_lens, *heads, head_dim, dtype, device="cpu")
+    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, layout, seed=len(qo_lens))
+    wrapper = prefill_api.BatchPrefillWithPagedKVCacheWrapper(_workspace(), kv_layout=layout)
+    wrapper.plan(
+        _indptr(qo_lens),
+        indptr,
+        indices,
+        last,
+        *heads,
+        head_dim,
+        page_size,
+        q_data_type=dtype,
+        **options,
+    )
+    out, lse = torch.full_like(q, NAN), torch.full(q.shape[:2], NAN)
+    wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
+    reference = dict(
+        causal=options.get("causal", False),
+        window_left=options.get("window_left", -1),
+        soft_cap=options.get("logits_soft_cap"),
+    )
+    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, **reference))
+
+
+@pytest.mark.parametrize("head_dim,tiling", TILINGS, ids=TILING_IDS)
+def test_single_prefill_on_every_tiling(emulate, head_dim: int, tiling: PrefillTiling) -> None:
+    """Causal, fewer queries than keys, GQA 4: three query tiles, masked and skipped KV tiles."""
+    emulate(torch.bfloat16, head_dim, tiling)
+    torch.manual_seed(head_dim + tiling.tile_kv)
+    q = _randn(70, 8, head_dim, dtype=torch.bfloat16, device="cpu")
+    k, v = (_randn(200, 2, head_dim, dtype=torch.bfloat16, device="cpu") for _ in range(2))
+    _single(q, k, v, causal=True)
+
+
+@pytest.mark.parametrize("head_dim,tiling", TILINGS, ids=TILING_IDS)
+def test_batch_paged_on_every_tiling(emulate, head_dim: int, tiling: PrefillTiling) -> None:
+    """One-token, empty and multi-tile requests on shuffled HND pages of 16, causal with a
+    soft cap, then a sliding window; copies land when issued."""
+    emulate(torch.bfloat16, head_dim, tiling, land_at_issue=True)
+    torch.manual_seed(head_dim * tiling.m_tiles)
+    for options in (dict(causal=True, logits_soft_cap=20.0), dict(window_left=40)):
+        _paged([1, 0, 37, 90], [33, 5, 150, 90], (4, 2), head_dim, 16, "HND", **options)
+
+
+@pytest.mark.parametrize("head_dim,tiling", TILINGS, ids=TILING_IDS)
+def test_batch_ragged_custom_mask_on_every_tiling(
+    emulate, head_dim: int, tiling: PrefillTiling
+) -> None:
+    """A random boolean mask per request (rows that see no key included), ragged NHD KV."""
+    emulate(torch.bfloat16, head_dim, tiling, land_at_issue=True)
+    torch.manual_seed(head_dim - tiling.tile_kv)
+    qo_lens, kv_lens, heads = [3, 50, 20], [40, 100, 20], (2, 1)
+    q, ks, vs = _batch_data(qo_lens, kv_lens, *heads, head_dim, torch.bfloat16, device="cpu")
+    masks = [torch.rand(m, n) < 0.6 for m, n in zip(qo_lens, kv_lens)]
+    masks[1][7] = False
+    wrapper = prefill_api.BatchPrefillWithRaggedKVCacheWrapper(_workspace())
+    wrapper.plan(
+        _indptr(qo_lens),
+        _indptr(kv_lens),
+        *heads,
+        head_dim,
+        custom_mask=torch.cat([m.flatten() for m in masks]),
+        q_data_type=torch.bfloat16,
+    )
+    out, lse = torch.full_like(q, NAN), torch.full(q.shape[:2], NAN)
+    wrapper.run(q, torch.cat(ks), torch.cat(vs), out=out, lse=lse, return_lse=True)
+    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks))
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_float16_single_and_paged(emulate, head_dim: int) -> None:
+    """float16 on the default tiling: HND single prefill with a scale and a window, NHD
+    pages of 1 token."""
+    emulate(torch.float16, head_dim)
+    torch.manual_seed(head_dim)
+    q = _randn(40, 4, head_dim, dtype=torch.float16, device="cpu")
+    k, v = (_randn(90, 4, head_dim, dtype=torch.float16, device="cpu") for _ in range(2))
+    out, lse = prefill_api.single_prefill_with_kv_cache(
+        q,
+        k.transpose(0, 1).contiguous(),
+        v.transpose(0, 1).contiguous(),
+        kv_layout="HND",
+        sm_scale=0.3,
+        window_left=30,
+        return_lse=True,
+    )
+    _check(out, lse, reference_attention(q, k, v, sm_scale=0.3, window_left=30))
+    _paged([5, 17], [9, 40], (4, 4), head_dim, 1, "NHD", torch.float16, causal=True)
+
+
+def test_long_kv_is_split_over_ctas_and_merged(emulate) -> None:
+    """On a 6-CTA device a short query over 900 keys runs as several KV chunks whose partial
+    states the cascade merge kernel combines; the batch planner splits likewise."""
+    module = emulate(torch.bfloat16, 128)
+    torch.manual_seed(5)
+    q = _randn(5, 2, 128, dtype=torch.bfloat16, device="cpu")
+    k, v = (_randn(900, 2, 128, dtype=torch.bfloat16, device="cpu") for _ in range(2))
+    _single(q, k, v, logits_soft_cap=10.0)
+    assert module.launches[-1]["num_chunks"] > 1
+    _paged([3, 4], [700, 20], (2, 2), 128, 16, "NHD", causal=True)
+    assert module.launches[-1]["grid_merge"] > 0
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_out_of_range_page_ids_are_skipped_not_scored(emulate, causal: bool) -> None:
+    """Page ids past the cache or negative: their tokens are not scored, never read."""
+    emulate(torch.bfloat16, 128, land_at_issue=causal)
+    qo_lens, kv_lens, heads, page_size = [5, 40, 1], [70, 100, 33], (8, 2), 16
+    torch.manual_seed(11)
+    q, ks, vs = _batch_data(qo_lens, kv_lens, *heads, 128, torch.bfloat16, device="cpu")
+    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, "NHD", seed=3)
+    bad = {(0, 1): cache.shape[0] + 7, (1, 0): -3, (1, 5): cache.shape[0], (2, 2): 1 << 30}
+    _break_page_ids(indices, indptr, bad)
+    masks = []
+    for request, (m, n) in enumerate(zip(qo_lens, kv_lens)):
+        rows, cols = torch.arange(m)[:, None], torch.arange(n)
+        visible = cols <= rows + n - m if causal else torch.ones(m, n, dtype=torch.bool)
+        masks.append(visible & ~_on_broken_pages(request, n, page_size, bad, device="cpu"))
+    wrapper = prefill_api.BatchPrefillWithPagedKVCacheWrapper(_workspace())
+    wrapper.plan(
+        _indptr(qo_lens),
+        indptr,
+        indices,
+        last,
+        *heads,
+        128,
+        page_size,
+        causal=causal,
+        q_data_type=torch.bfloat16,
+    )
+    out, lse = torch.full_like(q, NAN), torch.full(q.shape[:2], NAN)
+    wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
+    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks))
