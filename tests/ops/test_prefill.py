@@ -1,7 +1,8 @@
 """Prefill attention on the CPU, up to the launch: every argument check (raised before
 anything is launched or uploaded), the schedule plan() uploads, the capacities of
 CUDA-graph mode, custom-mask packing and the arguments run() launches with, recorded by a
-stand-in module. Numerics are in tests/ops/test_prefill_gpu.py."""
+stand-in module. Numerics are in tests/ops/test_prefill_gpu.py (on a GPU) and
+tests/ops/test_prefill_emulated.py (the kernel emulator, on the CPU)."""
 
 from __future__ import annotations
 
