@@ -17,6 +17,7 @@ import torch
 
 from flashinfer import checks
 from flashinfer import prefill as prefill_api
+from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper
 from flashinfer.jit.prefill import DEFAULT_TILINGS, HEAD_DIMS, PrefillTiling, accepted_tilings
 from flashinfer.testing.reference import attention as reference_attention
 from tests.emu.prefill import EmulatedPrefill
@@ -230,3 +231,31 @@ def test_out_of_range_page_ids_are_skipped_not_scored(emulate, causal: bool) -> 
     out, lse = torch.full_like(q, NAN), torch.full(q.shape[:2], NAN)
     wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
     _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks))
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_tensor_core_decode(emulate, q_len: int) -> None:
+    """BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True) runs the prefill kernel with
+    each request's GQA group packed into the tile's rows: one token per request (an empty
+    request among them), or q_len draft tokens seeing the keys causally; a soft cap."""
+    emulate(torch.bfloat16, 128, land_at_issue=q_len > 1)
+    torch.manual_seed(q_len)
+    kv_lens = [1, 40, 0, 17] if q_len == 1 else [q_len, 40, q_len + 1, 17]
+    heads, page_size = (8, 2), 16
+    qo_lens = [q_len] * len(kv_lens)
+    q, ks, vs = _batch_data(qo_lens, kv_lens, *heads, 128, torch.bfloat16, device="cpu")
+    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, "NHD", seed=7)
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(_workspace(), use_tensor_cores=True)
+    wrapper.plan(
+        indptr,
+        indices,
+        last,
+        *heads,
+        128,
+        page_size,
+        q_data_type=torch.bfloat16,
+        logits_soft_cap=15.0,
+        q_len_per_req=q_len,
+    )
+    out, lse = wrapper.run(q, cache, return_lse=True)
+    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, causal=True, soft_cap=15.0))
