@@ -36,6 +36,7 @@ def build_library(name: str, sources: list[Path], include_dirs: list[Path]) -> c
             "-fPIC",
             "-shared",
             "-D__CUDACC__",  # as nvcc compiles a kernel TU (its configs check it)
+            "-fno-strict-aliasing",  # kernels store 16-bit pairs through 32-bit pointers
             "-Wno-unknown-pragmas",  # #pragma unroll
             *(f"-I{d}" for d in includes),
             "-x",
@@ -64,14 +65,16 @@ def extent(t: torch.Tensor) -> tuple[int, int]:
 class EmulatedLaunch:
     """One launch through ``library``: registers the buffers it may read (cp.async and
     page-table loads outside them fail the launch), resets the sticky error, and raises
-    the emulator's message if the launch fails."""
+    the emulator's message if the launch fails. ``land_at_issue``: cp.async copies land
+    when issued, not at their wait; ``reverse``: a CTA's threads run last first (a write
+    another thread reads before a barrier publishes it shows in one order or the other)."""
 
-    def __init__(self, library: ctypes.CDLL, land_at_issue: bool) -> None:
+    def __init__(self, library: ctypes.CDLL, land_at_issue: bool, reverse: bool = False) -> None:
         self.library = library
-        self.land_at_issue = land_at_issue
+        self.schedule = int(land_at_issue) | int(reverse) << 1
 
     def __call__(self, entry: str, argument: ctypes.Structure, buffers: list[torch.Tensor]) -> None:
-        self.library.simt_reset(int(self.land_at_issue))
+        self.library.simt_reset(self.schedule)
         for t in buffers:
             self.library.simt_add_buffer(*extent(t))
         status = getattr(self.library, entry)(ctypes.byref(argument))

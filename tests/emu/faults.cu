@@ -12,7 +12,15 @@ namespace faults {
 
 alignas(128) uint8_t window[64 * 1024];
 
-enum Fault { kNone, kDiverge, kDeadlock, kCopyPastBuffer, kUnalignedLdmatrix, kExitInCollective };
+enum Fault {
+  kNone,
+  kDiverge,
+  kDeadlock,
+  kCopyPastBuffer,
+  kUnalignedLdmatrix,
+  kExitInCollective,
+  kStorePastShared
+};
 
 // thread t copies 16 bytes from src + 16 t + offset through shared memory to out + 16 t
 __global__ void Kernel(int fault, const uint8_t* src, int64_t offset, uint8_t* out) {
@@ -40,6 +48,7 @@ __global__ void Kernel(int fault, const uint8_t* src, int64_t offset, uint8_t* o
     if (lane == 3) return;
     __shfl_xor_sync(0xffffffffu, 1, 1);
   }
+  if (fault == kStorePastShared && threadIdx.x == 0) window[offset] = 1;  // offset: the size
   const int64_t at = 16 * int64_t{threadIdx.x};
   flashinfer::cp_async_16(window + at, src + at + (fault == kCopyPastBuffer ? offset : 0), true);
   flashinfer::cp_async_commit();

@@ -88,11 +88,17 @@ def _cache_strides(t: torch.Tensor, hnd: bool) -> tuple[int, int, int, int]:
 
 class EmulatedPrefill:
     """A prefill module for one dtype, head_dim and tiling, running on the emulator.
-    ``land_at_issue``: cp.async copies land when issued (a stage overwritten while another
-    warp still reads it shows) instead of when waited for (a read before its wait shows)."""
+    ``land_at_issue`` and ``reverse``: the emulator's schedule (tests/emu/engine.py). The
+    outputs and partial-state scratch are filled with NaN before each launch, so a row the
+    kernel does not write shows."""
 
     def __init__(
-        self, dtype: torch.dtype, head_dim: int, tiling: PrefillTiling, land_at_issue: bool = False
+        self,
+        dtype: torch.dtype,
+        head_dim: int,
+        tiling: PrefillTiling,
+        land_at_issue: bool = False,
+        reverse: bool = False,
     ) -> None:
         spec = gen_prefill_module(dtype, head_dim, tiling)
         config = spec.renders[0].render()
@@ -101,20 +107,22 @@ class EmulatedPrefill:
             [REPO_ROOT / "csrc" / "prefill_kernel.cu", EMU_DIR / "prefill_emu.cc"],
             [config.parent],
         )
+        fields = PrefillLaunch._fields_
         library.emu_prefill_launch_layout.argtypes = [ctypes.POINTER(ctypes.c_int64)]
-        layout = (ctypes.c_int64 * 3)()
+        layout = (ctypes.c_int64 * (len(fields) + 1))()
         library.emu_prefill_launch_layout(layout)
-        want = (
+        want = [
             ctypes.sizeof(PrefillLaunch),
-            PrefillLaunch.window_left.offset,
-            PrefillLaunch.pdl.offset,
-        )
-        if tuple(layout) != want:
-            raise RuntimeError(f"PrefillLaunch's layout is {tuple(layout)}, the mirror's {want}")
+            *(getattr(PrefillLaunch, f).offset for f, _ in fields),
+        ]
+        if list(layout) != want:
+            raise RuntimeError(
+                f"PrefillLaunch's size and offsets are {list(layout)}, the mirror's {want}"
+            )
         self.head_dim = head_dim
         self.launches: list[dict[str, Any]] = []  # each call's arguments, by name
         self.tile_rows = int(library.emu_prefill_tile_rows())
-        self._launch = EmulatedLaunch(library, land_at_issue)
+        self._launch = EmulatedLaunch(library, land_at_issue, reverse)
 
     def blocks_per_sm(self) -> int:
         return 1
@@ -142,6 +150,9 @@ class EmulatedPrefill:
 
     def _run(self, launch: PrefillLaunch, a: dict[str, Any]) -> None:
         self.launches.append(a)
+        for name in ("out", "lse", "tmp_v", "tmp_lse"):
+            if a[name] is not None:
+                a[name].fill_(float("nan"))
         buffers = [t for t in a.values() if isinstance(t, torch.Tensor)]
         self._launch("emu_prefill_launch", launch, buffers)
 

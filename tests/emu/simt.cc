@@ -23,6 +23,8 @@ namespace {
 constexpr size_t kStackBytes = 128 * 1024;
 constexpr size_t kStaticSharedLimit = 48 * 1024;  // past this a kernel needs its attribute raised
 constexpr uint8_t kPoison = 0xff;                 // shared memory's bytes when a CTA starts
+constexpr uint8_t kGuard = 0xa5;      // the bytes past the launch's shared memory, checked after
+constexpr size_t kGuardBytes = 4096;  // each CTA (plain stores are not checked as they happen)
 
 struct Barrier {
   int expected = 0, arrived = 0;
@@ -90,6 +92,7 @@ struct Engine {
   std::string error;
   // set up by the test
   bool land_at_issue = false;  // cp.async lands when issued, not when waited for
+  bool reverse = false;        // fibers run last thread first
   std::vector<std::pair<uintptr_t, size_t>> buffers;
   std::map<const void*, int> max_dynamic_shared;
 };
@@ -228,8 +231,7 @@ void compute(Warp& w) {
     const uint32_t param = w.in[lane][1];
     switch (w.op) {
       case Op::kShuffleXor: {
-        const uint32_t src = lane ^ param;
-        w.out[lane][0] = src < 32 ? w.in[src][0] : w.in[lane][0];
+        w.out[lane][0] = w.in[lane ^ (param & 31)][0];
         break;
       }
       case Op::kShuffleIndex:
@@ -308,6 +310,8 @@ void fiber_main() {
 void run_block() {
   const unsigned threads = g.block.x;
   if (g.smem_bytes) std::memset(g_window, kPoison, g.smem_bytes);
+  const size_t guard = std::min(kGuardBytes, g_window_bytes - g.smem_bytes);
+  std::memset(g_window + g.smem_bytes, kGuard, guard);
   g.block_barrier = Barrier{static_cast<int>(threads), 0, 0};
   g.warps.assign((threads + 31) / 32, Warp{});
   for (unsigned i = 0; i < g.warps.size(); ++i) {
@@ -331,7 +335,8 @@ void run_block() {
   }
   for (;;) {
     bool ran = false, live = false;
-    for (Fiber& f : g.fibers) {
+    for (unsigned i = 0; i < threads; ++i) {
+      Fiber& f = g.fibers[g.reverse ? threads - 1 - i : i];
       if (f.done) continue;
       live = true;
       if (f.waiting && f.waiting->generation == f.wait_generation) continue;
@@ -342,7 +347,19 @@ void run_block() {
       ran = true;
       if (g.failed) return;
     }
-    if (!live) return;
+    if (!live) {
+      for (size_t i = 0; i < guard; ++i) {
+        if (g_window[g.smem_bytes + i] != kGuard) {
+          g.error = "block (" + std::to_string(g.block_idx.x) + ", " +
+                    std::to_string(g.block_idx.y) + ", " + std::to_string(g.block_idx.z) +
+                    "): shared memory written " + std::to_string(i) + " bytes past the launch's " +
+                    std::to_string(g.smem_bytes);
+          g.failed = true;
+          return;
+        }
+      }
+      return;
+    }
     if (!ran) {
       int at_barrier = 0;
       for (const Fiber& f : g.fibers) at_barrier += !f.done && f.waiting == &g.block_barrier;
@@ -490,10 +507,12 @@ const char* last_error() { return g.error.c_str(); }
 // For the Python side (tests/emu/__init__.py), through ctypes.
 extern "C" {
 const char* simt_error() { return simt::g.error.c_str(); }
-void simt_reset(int land_at_issue) {
+// schedule: bit 0, cp.async lands when issued; bit 1, fibers run last thread first
+void simt_reset(int schedule) {
   simt::g.failed = false;
   simt::g.error.clear();
-  simt::g.land_at_issue = land_at_issue != 0;
+  simt::g.land_at_issue = (schedule & 1) != 0;
+  simt::g.reverse = (schedule & 2) != 0;
   simt::g.buffers.clear();
 }
 void simt_add_buffer(const void* base, size_t bytes) {

@@ -11,7 +11,15 @@ import torch
 
 from tests.emu.engine import EMU_DIR, EmulatedLaunch, build_library
 
-NONE, DIVERGE, DEADLOCK, COPY_PAST_BUFFER, UNALIGNED_LDMATRIX, EXIT_IN_COLLECTIVE = range(6)
+(
+    NONE,
+    DIVERGE,
+    DEADLOCK,
+    COPY_PAST_BUFFER,
+    UNALIGNED_LDMATRIX,
+    EXIT_IN_COLLECTIVE,
+    STORE_PAST_SHARED,
+) = range(7)
 
 
 class FaultLaunch(ctypes.Structure):
@@ -59,6 +67,7 @@ def test_a_well_behaved_kernel_runs() -> None:
         (UNALIGNED_LDMATRIX, 0, 1024, "ldmatrix row at shared offset 8: not 16-byte aligned"),
         (EXIT_IN_COLLECTIVE, 0, 1024, "thread 3: exits while other lanes of warp 0 wait"),
         (NONE, 0, 60 * 1024, "61440 bytes of dynamic shared memory (the kernel allows 49152"),
+        (STORE_PAST_SHARED, 1024, 1024, "shared memory written 0 bytes past the launch's 1024"),
     ],
 )
 def test_each_fault_fails_the_launch_with_its_cause(

@@ -4,7 +4,8 @@ ragged (custom mask) and paged (shuffled pages, NaN in every slot no request own
 float16, KV split across CTAs and merged by the cascade kernel, and page ids outside the
 cache. Sizes are small: the emulator runs each CUDA thread as a fiber. cp.async copies land
 when issued in some tests (a stage overwritten while a warp still reads it shows) and when
-waited for in others (a read before its wait shows). The same cases at GPU sizes are in
+waited for in others (a read before its wait shows); some run a CTA's threads last first (a
+shared write read before the barrier that publishes it shows). The same cases at GPU sizes are in
 tests/ops/test_prefill_gpu.py."""
 
 from __future__ import annotations
@@ -42,23 +43,26 @@ TILING_IDS = [f"hd{d}-{t.name}" for d, t in TILINGS]
 
 @functools.cache
 def _module(
-    dtype: torch.dtype, head_dim: int, tiling: PrefillTiling, land_at_issue: bool
+    dtype: torch.dtype, head_dim: int, tiling: PrefillTiling, land_at_issue: bool, reverse: bool
 ) -> EmulatedPrefill:
-    return EmulatedPrefill(dtype, head_dim, tiling, land_at_issue)
+    return EmulatedPrefill(dtype, head_dim, tiling, land_at_issue, reverse)
 
 
 @pytest.fixture
 def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedPrefill]]:
-    """emulate(dtype, head_dim, tiling=default, land_at_issue=False): the wrappers' prefill
-    module is then the emulated build, on CPU tensors; plan() uploads its schedule for real."""
+    """emulate(dtype, head_dim, tiling=default, land_at_issue=False, reverse=False): the
+    wrappers' prefill module is then the emulated build (with that schedule, see
+    tests/emu/engine.py), on CPU tensors; plan() uploads its schedule for real."""
 
     def install(
         dtype: torch.dtype,
         head_dim: int,
         tiling: PrefillTiling | None = None,
         land_at_issue: bool = False,
+        reverse: bool = False,
     ) -> EmulatedPrefill:
-        module = _module(dtype, head_dim, tiling or DEFAULT_TILINGS[head_dim], land_at_issue)
+        tiling = tiling or DEFAULT_TILINGS[head_dim]
+        module = _module(dtype, head_dim, tiling, land_at_issue, reverse)
         module.launches.clear()
         monkeypatch.setattr(prefill_api, "get_prefill_module", lambda d, h: module)
         return module
@@ -125,7 +129,7 @@ def _paged(
 @pytest.mark.parametrize("head_dim,tiling", TILINGS, ids=TILING_IDS)
 def test_single_prefill_on_every_tiling(emulate, head_dim: int, tiling: PrefillTiling) -> None:
     """Causal, fewer queries than keys, GQA 4: three query tiles, masked and skipped KV tiles."""
-    emulate(torch.bfloat16, head_dim, tiling)
+    emulate(torch.bfloat16, head_dim, tiling, reverse=True)
     torch.manual_seed(head_dim + tiling.tile_kv)
     q = _randn(70, 8, head_dim, dtype=torch.bfloat16, device="cpu")
     k, v = (_randn(200, 2, head_dim, dtype=torch.bfloat16, device="cpu") for _ in range(2))
@@ -147,7 +151,7 @@ def test_batch_ragged_custom_mask_on_every_tiling(
     emulate, head_dim: int, tiling: PrefillTiling
 ) -> None:
     """A random boolean mask per request (rows that see no key included), ragged NHD KV."""
-    emulate(torch.bfloat16, head_dim, tiling, land_at_issue=True)
+    emulate(torch.bfloat16, head_dim, tiling, land_at_issue=True, reverse=True)
     torch.manual_seed(head_dim - tiling.tile_kv)
     qo_lens, kv_lens, heads = [3, 50, 20], [40, 100, 20], (2, 1)
     q, ks, vs = _batch_data(qo_lens, kv_lens, *heads, head_dim, torch.bfloat16, device="cpu")
@@ -171,7 +175,7 @@ def test_batch_ragged_custom_mask_on_every_tiling(
 def test_float16_single_and_paged(emulate, head_dim: int) -> None:
     """float16 on the default tiling: HND single prefill with a scale and a window, NHD
     pages of 1 token."""
-    emulate(torch.float16, head_dim)
+    emulate(torch.float16, head_dim, reverse=True)
     torch.manual_seed(head_dim)
     q = _randn(40, 4, head_dim, dtype=torch.float16, device="cpu")
     k, v = (_randn(90, 4, head_dim, dtype=torch.float16, device="cpu") for _ in range(2))
@@ -204,7 +208,7 @@ def test_long_kv_is_split_over_ctas_and_merged(emulate) -> None:
 @pytest.mark.parametrize("causal", [False, True])
 def test_out_of_range_page_ids_are_skipped_not_scored(emulate, causal: bool) -> None:
     """Page ids past the cache or negative: their tokens are not scored, never read."""
-    emulate(torch.bfloat16, 128, land_at_issue=causal)
+    emulate(torch.bfloat16, 128, land_at_issue=causal, reverse=not causal)
     qo_lens, kv_lens, heads, page_size = [5, 40, 1], [70, 100, 33], (8, 2), 16
     torch.manual_seed(11)
     q, ks, vs = _batch_data(qo_lens, kv_lens, *heads, 128, torch.bfloat16, device="cpu")
@@ -238,7 +242,7 @@ def test_tensor_core_decode(emulate, q_len: int) -> None:
     """BatchDecodeWithPagedKVCacheWrapper(use_tensor_cores=True) runs the prefill kernel with
     each request's GQA group packed into the tile's rows: one token per request (an empty
     request among them), or q_len draft tokens seeing the keys causally; a soft cap."""
-    emulate(torch.bfloat16, 128, land_at_issue=q_len > 1)
+    emulate(torch.bfloat16, 128, land_at_issue=q_len > 1, reverse=q_len == 1)
     torch.manual_seed(q_len)
     kv_lens = [1, 40, 0, 17] if q_len == 1 else [q_len, 40, q_len + 1, 17]
     heads, page_size = (8, 2), 16
