@@ -43,6 +43,7 @@
 #include "flashinfer/fast_math.cuh"
 #include "flashinfer/kv_table.cuh"
 #include "flashinfer/pdl.cuh"
+#include "flashinfer/ptx.cuh"
 #include "flashinfer/vec.cuh"
 
 namespace flashinfer {
@@ -209,7 +210,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
   using Tile = Tiling<kHeadDim>;
   constexpr int kBdx = Tile::kBdx, kTile = Tile::kTileTokens, kStages = Tile::kStages;
   constexpr int kSlots = Tile::kOffsetSlots, kBatch = Tile::kBatch;
-  extern __shared__ __align__(16) unsigned char smem[];
+  uint8_t* const smem = dynamic_shared();
   pdl_wait();  // everything below may read what the previous kernel wrote
   WorkItem item;
   if (!work_item(work, p.pages, blockIdx.x, &item)) return;

@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   constexpr int kHeadDim = Tl::kHeadDim, kMTiles = Tl::kMTiles, kThreads = Tl::kThreads;
   constexpr int kTileKV = Tl::kTileKV, kChunks = Tl::kChunks;
   constexpr int kScoreTiles = kTileKV / 8, kDimTiles = kHeadDim / 8;
-  extern __shared__ __align__(16) uint8_t shared_bytes[];
+  uint8_t* const shared_bytes = dynamic_shared();
   T* const sq = reinterpret_cast<T*>(shared_bytes);
   T* const sk = sq + Tl::kQElems;
   T* const sv = sk + Tl::kStages * Tl::kKVElems;

@@ -1,8 +1,8 @@
 // The inline PTX the attention kernels issue besides the tensor-core instructions (mma.cuh)
 // and the special-function unit (fast_math.cuh): page-table loads, cp.async copies into shared
-// memory, and %tid.x. Kept to these few headers so that the CPU emulator of the kernels
-// (tests/emu) replaces exactly them and compiles every other line as the GPU runs it.
-// Framework-agnostic.
+// memory, and %tid.x; and the launch's dynamic shared memory. Kept to these few headers so
+// that the CPU emulator of the kernels (tests/emu) replaces exactly them and compiles every
+// other line as the GPU runs it. Framework-agnostic.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -35,6 +35,13 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// The launch's dynamic shared memory, 16-byte aligned: the one `extern __shared__` array every
+// kernel carves up.
+__device__ __forceinline__ uint8_t* dynamic_shared() {
+  extern __shared__ __align__(16) uint8_t dynamic_shared_bytes[];
+  return dynamic_shared_bytes;
 }
 
 // threadIdx.x, read where it is used: what a lane derives from it (its rows, its ldmatrix and

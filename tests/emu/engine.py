@@ -1,10 +1,17 @@
 """Building an emulated module (a kernel TU plus the emulator engine, one shared library)
-and calling into it: the buffers a launch may read, the cp.async landing mode, the error."""
+and calling into it: the buffers a launch may read, the cp.async landing mode, the error.
+
+A static ``__shared__`` variable compiles, under the emulator's headers, to a function's
+static variable, one per CTA as CTAs run one after another; so that each CTA starts with
+it poisoned, as with the dynamic shared memory, the build copies every source and header
+declaring one with a call registering it after each declaration (see ``_register_statics``).
+"""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -17,18 +24,81 @@ EMU_DIR = Path(__file__).resolve().parent
 REPO_ROOT = EMU_DIR.parent.parent
 
 
+# `__shared__ <type> <name>[<extents>];`, one declaration a statement
+_STATIC_SHARED = re.compile(r"\b__shared__\s+([^;{}()]*?)\b(\w+)\s*((?:\[[^\]]*\])*)\s*;")
+
+
 @functools.cache
 def _build_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="flashinfer-emu-"))
 
 
+def _register_statics(text: str, origin: Path) -> str:
+    """``text`` with ``simt::shared_declared(&name, sizeof(name))`` after each static
+    ``__shared__`` declaration, which must fit on its line (a statement, so declarations at
+    namespace scope and ``extern __shared__`` arrays are refused: kernels take dynamic shared
+    memory from ``flashinfer::dynamic_shared()``). Comments are left alone."""
+    lines = []
+    for number, line in enumerate(text.splitlines(keepends=True), 1):
+        code, slashes, comment = line.partition("//")
+        if "__shared__" not in code:
+            lines.append(line)
+            continue
+        where = f"{origin}:{number}"
+        if re.search(r"\bextern\s+__shared__\b", code):
+            raise ValueError(f"{where}: `extern __shared__`; use flashinfer::dynamic_shared()")
+        code, count = _STATIC_SHARED.subn(
+            lambda m: f"{m.group(0)} ::simt::shared_declared(&{m.group(2)}, sizeof({m.group(2)}));",
+            code,
+        )
+        if count != len(re.findall(r"\b__shared__\b", code)):
+            raise ValueError(f"{where}: a __shared__ declaration the emulator cannot register")
+        lines.append(code + slashes + comment)
+    return "".join(lines)
+
+
+def _with_statics_registered(files: list[Path], root: Path) -> list[Path]:
+    """Each of ``files`` declaring a static ``__shared__`` variable copied under ``root``
+    (to its path relative to the repository, or its name) with the registrations added;
+    the others as they are."""
+    result = []
+    for f in files:
+        text = f.read_text()
+        if "__shared__" not in text:
+            result.append(f)
+            continue
+        relative = f.relative_to(REPO_ROOT) if f.is_relative_to(REPO_ROOT) else Path(f.name)
+        copy = root / relative
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(_register_statics(text, f))
+        result.append(copy)
+    return result
+
+
 def build_library(name: str, sources: list[Path], include_dirs: list[Path]) -> ctypes.CDLL:
     """``sources`` (CUDA TUs compiled as C++) with the engine, as library ``name``. The
     emulator's headers come first on the include path, so they stand in for CUDA's and for
-    the few of ours that issue PTX."""
+    the few of ours that issue PTX; then ours with static shared memory registered."""
     output = _build_dir() / f"{name}.so"
     if not output.exists():
-        includes = [EMU_DIR / "include", REPO_ROOT / "include", REPO_ROOT / "csrc", *include_dirs]
+        # our headers with static shared memory, rewritten, shadow the originals; the
+        # emulator's stand-ins (never rewritten) shadow both
+        rewritten = _build_dir() / f"{name}-src"
+        stand_ins = {p.relative_to(EMU_DIR / "include") for p in (EMU_DIR / "include").rglob("*")}
+        headers = [
+            h
+            for h in sorted((REPO_ROOT / "include" / "flashinfer").glob("*"))
+            if h.relative_to(REPO_ROOT / "include") not in stand_ins
+        ]
+        _with_statics_registered(headers, rewritten)
+        sources = _with_statics_registered(sources, rewritten / "sources")
+        includes = [
+            EMU_DIR / "include",
+            rewritten / "include",
+            REPO_ROOT / "include",
+            REPO_ROOT / "csrc",
+            *include_dirs,
+        ]
         command = [
             str(current_toolchain().cxx),
             "-std=c++17",
@@ -73,11 +143,14 @@ class EmulatedLaunch:
         self.library = library
         self.schedule = int(land_at_issue) | int(reverse) << 1
 
-    def __call__(self, entry: str, argument: ctypes.Structure, buffers: list[torch.Tensor]) -> None:
+    def __call__(
+        self, entry: str, buffers: list[torch.Tensor], *arguments: ctypes.Structure
+    ) -> None:
+        """Calls ``entry(&arguments[0], ...)``."""
         self.library.simt_reset(self.schedule)
         for t in buffers:
             self.library.simt_add_buffer(*extent(t))
-        status = getattr(self.library, entry)(ctypes.byref(argument))
+        status = getattr(self.library, entry)(*(ctypes.byref(a) for a in arguments))
         if status != 0:
             raise RuntimeError(
                 f"emulated {entry} failed ({status}): {self.library.simt_error().decode()}"

@@ -1,16 +1,17 @@
 // Kernels that break CUDA's rules one way each, for tests/emu/test_simt.py: the emulator
-// must fail each launch with its cause (and run the well-behaved copy).
+// must fail each launch with its cause (and run the well-behaved ones: a copy through
+// shared memory, collectives of part of a warp, shuffle modes and widths, and a static
+// __shared__ array read before it is written).
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "flashinfer/mma.cuh"
 #include "flashinfer/pdl.cuh"
 #include "flashinfer/ptx.cuh"
 
 namespace faults {
-
-alignas(128) uint8_t window[64 * 1024];
 
 enum Fault {
   kNone,
@@ -19,13 +20,43 @@ enum Fault {
   kCopyPastBuffer,
   kUnalignedLdmatrix,
   kExitInCollective,
-  kStorePastShared
+  kStorePastShared,
+  kHalfWarps,
+  kShuffleModes,
+  kStaticShared,
+  kShuffleOutsideMask
 };
+
+// The results of the modes that compute: thread t's words at out + 16 t.
+__device__ void store_words(uint8_t* out, uint32_t a, uint32_t b, uint32_t c) {
+  const uint32_t words[3] = {a, b, c};
+  memcpy(out + 16 * threadIdx.x, words, sizeof words);
+}
 
 // thread t copies 16 bytes from src + 16 t + offset through shared memory to out + 16 t
 __global__ void Kernel(int fault, const uint8_t* src, int64_t offset, uint8_t* out) {
-  extern __shared__ __align__(16) uint8_t window[];
-  const unsigned lane = threadIdx.x % 32;
+  uint8_t* const window = flashinfer::dynamic_shared();
+  const unsigned lane = threadIdx.x % 32, t = threadIdx.x;
+  if (fault == kHalfWarps) {  // two collectives in one warp at once, each of half the lanes
+    const uint32_t r =
+        lane < 16 ? __shfl_xor_sync(0x0000ffffu, t, 1) : __ballot_sync(0xffff0000u, lane % 3 == 0);
+    return store_words(out, r, 0, 0);
+  }
+  if (fault == kShuffleModes) {
+    const uint32_t index = __shfl_sync(0xffffffffu, t, 3, 8);
+    const uint32_t down = __shfl_down_sync(0xffffffffu, t, 5, 16);
+    const uint32_t up = __shfl_up_sync(0xffffffffu, t, 2);
+    return store_words(out, index, down, up);
+  }
+  if (fault == kStaticShared) {
+    __shared__ uint32_t cell[64];
+    const uint32_t before = cell[t];  // never written in this CTA yet: poison
+    __syncthreads();
+    cell[t] = t + 1000 * blockIdx.x;
+    __syncthreads();
+    return store_words(out, before, cell[(t + 1) % 64], 0);
+  }
+  if (fault == kShuffleOutsideMask && lane < 16) __shfl_xor_sync(0x0000ffffu, t, 16);
   if (fault == kDiverge) {
     if (lane < 16) {
       __shfl_xor_sync(0xffffffffu, 1, 1);
@@ -59,10 +90,6 @@ __global__ void Kernel(int fault, const uint8_t* src, int64_t offset, uint8_t* o
 }
 
 }  // namespace faults
-
-namespace {
-const bool registered = (simt::set_shared_window(faults::window, sizeof faults::window), true);
-}  // namespace
 
 // Two CTAs of 64 threads with `shared_bytes` of dynamic shared memory (past 48 KiB, the
 // attribute never raised, is itself a fault).

@@ -18,6 +18,7 @@ from flashinfer.jit.prefill import (
     gen_prefill_module,
 )
 
+from .binding import cache_strides, pointer
 from .engine import EMU_DIR, REPO_ROOT, EmulatedLaunch, build_library
 
 _P, _I64, _F32, _BOOL = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_bool
@@ -73,19 +74,6 @@ class PrefillLaunch(ctypes.Structure):
     ]
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
-def _cache_strides(t: torch.Tensor, hnd: bool) -> tuple[int, int, int, int]:
-    """(page, slot, head) strides and the page size (tokens for a 3-D cache), as the
-    binding's CacheOf reads them."""
-    base = t.dim() - 3
-    slot_dim, head_dim = base + (1 if hnd else 0), base + (0 if hnd else 1)
-    page = t.stride(0) if t.dim() == 4 else 0
-    return page, t.stride(slot_dim), t.stride(head_dim), t.shape[slot_dim]
-
-
 class EmulatedPrefill:
     """A prefill module for one dtype, head_dim and tiling, running on the emulator.
     ``land_at_issue`` and ``reverse``: the emulator's schedule (tests/emu/engine.py). The
@@ -132,14 +120,14 @@ class EmulatedPrefill:
         launch = PrefillLaunch()
         launch.q, launch.q_row_stride, launch.q_head_stride = q.data_ptr(), q.stride(0), q.stride(1)
         launch.k, launch.v = k.data_ptr(), v.data_ptr()
-        launch.k_page_stride, launch.k_slot_stride, launch.k_head_stride, _ = _cache_strides(k, hnd)
-        launch.v_page_stride, launch.v_slot_stride, launch.v_head_stride, _ = _cache_strides(v, hnd)
+        launch.k_page_stride, launch.k_slot_stride, launch.k_head_stride, _ = cache_strides(k, hnd)
+        launch.v_page_stride, launch.v_slot_stride, launch.v_head_stride, _ = cache_strides(v, hnd)
         launch.out, launch.out_row_stride, launch.out_head_stride = (
             out.data_ptr(),
             out.stride(0),
             out.stride(1),
         )
-        launch.lse = _ptr(a["lse"])
+        launch.lse = pointer(a["lse"])
         launch.tmp_v, launch.tmp_lse = a["tmp_v"].data_ptr(), a["tmp_lse"].data_ptr()
         launch.num_qo_heads, launch.num_kv_heads = q.shape[1], kv_heads
         launch.score_scale, launch.score_cap = a["score_scale"], a["score_cap"]
@@ -154,7 +142,7 @@ class EmulatedPrefill:
             if a[name] is not None:
                 a[name].fill_(float("nan"))
         buffers = [t for t in a.values() if isinstance(t, torch.Tensor)]
-        self._launch("emu_prefill_launch", launch, buffers)
+        self._launch("emu_prefill_launch", buffers, launch)
 
     def batch_prefill(self, *args: Any) -> None:
         a = dict(zip(BATCH_PREFILL_ARGS, args, strict=True))
@@ -170,8 +158,8 @@ class EmulatedPrefill:
                 a["kv_last_page_len"].data_ptr(),
             )
             launch.num_indices, launch.num_pages = a["kv_indices"].shape[0], k.shape[0]
-            launch.page_size = _cache_strides(k, hnd)[3]
-        launch.mask, launch.mask_indptr = _ptr(a["custom_mask"]), _ptr(a["mask_indptr"])
+            launch.page_size = cache_strides(k, hnd)[3]
+        launch.mask, launch.mask_indptr = pointer(a["custom_mask"]), pointer(a["mask_indptr"])
         launch.plan = a["plan"].data_ptr()
         launch.work_capacity, launch.merge_capacity = a["work_capacity"], a["merge_capacity"]
         launch.grid_work, launch.grid_merge = a["grid_work"], a["grid_merge"]
@@ -181,9 +169,9 @@ class EmulatedPrefill:
         a = dict(zip(SINGLE_PREFILL_ARGS, args, strict=True))
         q, k, hnd = a["q"], a["k"], a["hnd"]
         kv_heads = k.shape[0] if hnd else k.shape[1]
-        kv_len = _cache_strides(k, hnd)[3]
+        kv_len = cache_strides(k, hnd)[3]
         launch = self._common(a, kv_heads)
-        launch.mask = _ptr(a["custom_mask"])
+        launch.mask = pointer(a["custom_mask"])
         launch.page_size, launch.num_pages = max(kv_len, 1), 1
         launch.single_qo_len, launch.single_kv_len = q.shape[0], kv_len
         rows = q.shape[0] * (q.shape[1] // kv_heads)

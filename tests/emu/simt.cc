@@ -22,6 +22,7 @@ namespace {
 
 constexpr size_t kStackBytes = 128 * 1024;
 constexpr size_t kStaticSharedLimit = 48 * 1024;  // past this a kernel needs its attribute raised
+constexpr size_t kWindowBytes = 227 * 1024;       // an H100's dynamic shared memory per CTA
 constexpr uint8_t kPoison = 0xff;                 // shared memory's bytes when a CTA starts
 constexpr uint8_t kGuard = 0xa5;      // the bytes past the launch's shared memory, checked after
 constexpr size_t kGuardBytes = 4096;  // each CTA (plain stores are not checked as they happen)
@@ -31,7 +32,16 @@ struct Barrier {
   uint64_t generation = 0;
 };
 
-enum class Op { kShuffleXor, kShuffleIndex, kBallot, kLdmatrix, kLdmatrixTrans, kMma };
+enum class Op {
+  kShuffleXor,
+  kShuffleIndex,
+  kShuffleUp,
+  kShuffleDown,
+  kBallot,
+  kLdmatrix,
+  kLdmatrixTrans,
+  kMma
+};
 
 const char* op_name(Op op) {
   switch (op) {
@@ -39,6 +49,10 @@ const char* op_name(Op op) {
       return "__shfl_xor_sync";
     case Op::kShuffleIndex:
       return "__shfl_sync";
+    case Op::kShuffleUp:
+      return "__shfl_up_sync";
+    case Op::kShuffleDown:
+      return "__shfl_down_sync";
     case Op::kBallot:
       return "__ballot_sync";
     case Op::kLdmatrix:
@@ -51,15 +65,20 @@ const char* op_name(Op op) {
   return "?";
 }
 
-// A warp collective in progress: each lane's operands, then each lane's results.
+// A warp's collectives in progress. A lane arrives with its mask, operation and operands and
+// waits until every lane its mask names has arrived in the same collective (lanes outside
+// the mask may meanwhile be in another one); the last to arrive computes every participant's
+// results and wakes them.
 struct Warp {
-  Barrier barrier;
   uint32_t lanes = 0;  // lanes that exist and have not exited
   uint32_t launched = 0;
-  Op op = Op::kShuffleXor;
-  Element element = Element::kHalf;
+  uint32_t arrived = 0;  // lanes waiting in a collective
+  uint32_t mask[32] = {};
+  Op op[32] = {};
+  Element element[32] = {};
   uint32_t in[32][10] = {};
   uint32_t out[32][4] = {};
+  Barrier done[32];  // lane l's wake-up: its generation moves when l's collective completes
 };
 
 struct Copy {
@@ -95,14 +114,13 @@ struct Engine {
   bool reverse = false;        // fibers run last thread first
   std::vector<std::pair<uintptr_t, size_t>> buffers;
   std::map<const void*, int> max_dynamic_shared;
+  std::vector<std::pair<void*, size_t>> static_shared;  // every static __shared__ seen
 };
 
 Engine g;
 std::mutex g_launch;
-// The shared window, registered by another translation unit's static initializer: plain
-// values, zero before any initializer runs, so that none resets them.
-uint8_t* g_window = nullptr;
-size_t g_window_bytes = 0;
+// The dynamic shared memory, and the guard bytes checked after each CTA.
+alignas(128) uint8_t g_window[kWindowBytes + kGuardBytes];
 
 void back_to_scheduler() {
   Fiber* f = g.current;
@@ -196,6 +214,7 @@ void compute_ldmatrix(Warp& w, bool trans) {
 }
 
 void compute_mma(Warp& w) {
+  const Element element = w.element[0];  // every lane's: mma.sync takes the whole warp
   float a[16][16], b[16][8], c[16][8];
   for (int lane = 0; lane < 32; ++lane) {
     const int g8 = lane / 4, q2 = 2 * (lane % 4);
@@ -205,12 +224,12 @@ void compute_mma(Warp& w) {
     // (g, 2q..), c2 c3 (g + 8, 2q..)
     const int a_row[4] = {g8, g8 + 8, g8, g8 + 8}, a_col[4] = {q2, q2, q2 + 8, q2 + 8};
     for (int r = 0; r < 4; ++r) {
-      a[a_row[r]][a_col[r]] = element_value(low(in[r]), w.element);
-      a[a_row[r]][a_col[r] + 1] = element_value(high(in[r]), w.element);
+      a[a_row[r]][a_col[r]] = element_value(low(in[r]), element);
+      a[a_row[r]][a_col[r] + 1] = element_value(high(in[r]), element);
     }
     for (int r = 0; r < 2; ++r) {
-      b[q2 + 8 * r][g8] = element_value(low(in[4 + r]), w.element);
-      b[q2 + 8 * r + 1][g8] = element_value(high(in[4 + r]), w.element);
+      b[q2 + 8 * r][g8] = element_value(low(in[4 + r]), element);
+      b[q2 + 8 * r + 1][g8] = element_value(high(in[4 + r]), element);
     }
     for (int r = 0; r < 4; ++r) std::memcpy(&c[g8 + 8 * (r / 2)][q2 + r % 2], &in[6 + r], 4);
   }
@@ -226,55 +245,89 @@ void compute_mma(Warp& w) {
   }
 }
 
-void compute(Warp& w) {
-  for (int lane = 0; lane < 32; ++lane) {
-    const uint32_t param = w.in[lane][1];
-    switch (w.op) {
-      case Op::kShuffleXor: {
-        w.out[lane][0] = w.in[lane ^ (param & 31)][0];
-        break;
-      }
-      case Op::kShuffleIndex:
-        w.out[lane][0] = w.in[param & 31][0];
-        break;
-      case Op::kBallot: {
-        uint32_t bits = 0;
-        for (int l = 0; l < 32; ++l) bits |= (w.in[l][0] & 1u) << l;
-        w.out[lane][0] = bits;
-        break;
-      }
-      default:
-        break;
-    }
+// The lane whose value `lane` receives (shfl.sync: a source past the lane's segment of
+// `width` lanes, or before it for up, gives the lane its own value; an index wraps in it).
+int shuffle_source(Op op, int lane, uint32_t operand, uint32_t width) {
+  const int first = lane & ~static_cast<int>(width - 1), end = first + static_cast<int>(width);
+  int source = lane;
+  switch (op) {
+    case Op::kShuffleXor:
+      source = lane ^ static_cast<int>(operand & 31);
+      break;
+    case Op::kShuffleIndex:
+      return first + static_cast<int>(operand & (width - 1));
+    case Op::kShuffleUp:
+      source = lane - static_cast<int>(operand);
+      return source < first ? lane : source;
+    case Op::kShuffleDown:
+      source = lane + static_cast<int>(operand);
+      break;
+    default:
+      break;
   }
-  if (w.op == Op::kLdmatrix || w.op == Op::kLdmatrixTrans)
-    compute_ldmatrix(w, w.op == Op::kLdmatrixTrans);
-  if (w.op == Op::kMma) compute_mma(w);
+  return source >= end ? lane : source;
 }
 
-// Every lane of the warp enters with its operands; each leaves with its results (out[lane]).
+// The results of the collective of the lanes in `mask` (they have all arrived).
+void compute(Warp& w, uint32_t mask, Op op) {
+  if (op == Op::kLdmatrix || op == Op::kLdmatrixTrans) {
+    return compute_ldmatrix(w, op == Op::kLdmatrixTrans);
+  }
+  if (op == Op::kMma) return compute_mma(w);
+  uint32_t bits = 0;
+  for (int l = 0; l < 32; ++l) {
+    if (mask >> l & 1) bits |= (w.in[l][0] & 1u) << l;
+  }
+  for (int lane = 0; lane < 32; ++lane) {
+    if (!(mask >> lane & 1)) continue;
+    if (op == Op::kBallot) {
+      w.out[lane][0] = bits;
+      continue;
+    }
+    const int source = shuffle_source(op, lane, w.in[lane][1], w.in[lane][2]);
+    if (!(mask >> source & 1)) {
+      fail("%s: lane %d reads lane %d, which the mask 0x%08x leaves out", op_name(op), lane, source,
+           mask);
+    }
+    w.out[lane][0] = w.in[source][0];
+  }
+}
+
+// Every lane `mask` names enters with its operands; each leaves with its results (out[lane]).
 const uint32_t* collective(Op op, uint32_t mask, const uint32_t* in, int words,
                            Element element = Element::kHalf) {
   Fiber& f = self();
-  Warp& w = g.warps[f.tid / 32];
+  const unsigned warp = f.tid / 32;
+  Warp& w = g.warps[warp];
   const int lane = f.tid % 32;
-  if (mask != w.launched || w.lanes != w.launched) {
+  if (!(mask >> lane & 1)) {
+    fail("%s with lane mask 0x%08x, which leaves out the calling lane %d", op_name(op), mask, lane);
+  }
+  if (mask & ~w.lanes) {
     fail("%s with lane mask 0x%08x in a warp whose lanes are 0x%08x (0x%08x not exited)",
          op_name(op), mask, w.launched, w.lanes);
   }
-  if (w.barrier.arrived == 0) {
-    w.op = op;
-    w.element = element;
-  } else if (w.op != op || w.element != element) {
-    fail("lanes of warp %u diverge: this one is in %s, others in %s", f.tid / 32, op_name(op),
-         op_name(w.op));
+  // a lane waiting for this one, or one this one waits for, must be in the same collective
+  for (int l = 0; l < 32; ++l) {
+    if (!(w.arrived >> l & 1) || !((w.mask[l] >> lane & 1) || (mask >> l & 1))) continue;
+    if (w.mask[l] != mask || w.op[l] != op || w.element[l] != element) {
+      fail("lanes of warp %u diverge: this one is in %s (mask 0x%08x), lane %d in %s (mask 0x%08x)",
+           warp, op_name(op), mask, l, op_name(w.op[l]), w.mask[l]);
+    }
   }
+  w.mask[lane] = mask;
+  w.op[lane] = op;
+  w.element[lane] = element;
   std::memcpy(w.in[lane], in, sizeof(uint32_t) * words);
-  const uint64_t generation = w.barrier.generation;
-  if (arrive(w.barrier)) {
-    compute(w);
+  w.arrived |= 1u << lane;
+  if ((w.arrived & mask) == mask) {
+    compute(w, mask, op);
+    w.arrived &= ~mask;
+    for (int l = 0; l < 32; ++l) {
+      if (l != lane && (mask >> l & 1)) ++w.done[l].generation;
+    }
   } else {
-    wait_for(w.barrier, generation);
+    wait_for(w.done[lane], w.done[lane].generation);
   }
   return w.out[lane];
 }
@@ -290,11 +343,13 @@ void land(const Copy& c) {
 void exit_thread(Fiber& f) {
   f.done = true;
   Warp& w = g.warps[f.tid / 32];
-  w.lanes &= ~(1u << (f.tid % 32));
-  if (w.barrier.arrived > 0) {
-    fail("exits while other lanes of warp %u wait in %s", f.tid / 32, op_name(w.op));
+  const int lane = f.tid % 32;
+  w.lanes &= ~(1u << lane);
+  for (int l = 0; l < 32; ++l) {
+    if ((w.arrived >> l & 1) && (w.mask[l] >> lane & 1)) {
+      fail("exits while other lanes of warp %u wait for it in %s", f.tid / 32, op_name(w.op[l]));
+    }
   }
-  --w.barrier.expected;
   --g.block_barrier.expected;
   if (g.block_barrier.arrived > 0 && g.block_barrier.arrived == g.block_barrier.expected) {
     g.block_barrier.arrived = 0;
@@ -308,16 +363,16 @@ void fiber_main() {
 }  // returns to the scheduler (uc_link)
 
 void run_block() {
-  const unsigned threads = g.block.x;
+  const unsigned threads = g.block.x * g.block.y * g.block.z;
   if (g.smem_bytes) std::memset(g_window, kPoison, g.smem_bytes);
-  const size_t guard = std::min(kGuardBytes, g_window_bytes - g.smem_bytes);
+  const size_t guard = kGuardBytes;
   std::memset(g_window + g.smem_bytes, kGuard, guard);
+  for (const auto& [p, bytes] : g.static_shared) std::memset(p, kPoison, bytes);
   g.block_barrier = Barrier{static_cast<int>(threads), 0, 0};
   g.warps.assign((threads + 31) / 32, Warp{});
   for (unsigned i = 0; i < g.warps.size(); ++i) {
     const unsigned lanes = std::min(32u, threads - 32 * i);
     Warp& w = g.warps[i];
-    w.barrier.expected = static_cast<int>(lanes);
     w.launched = w.lanes = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1;
   }
   for (unsigned t = 0; t < threads; ++t) {
@@ -375,7 +430,10 @@ void run_block() {
 
 }  // namespace
 
-uint3 thread_idx() { return {self().tid, 0, 0}; }
+uint3 thread_idx() {
+  const unsigned t = self().tid;
+  return {t % g.block.x, t / g.block.x % g.block.y, t / (g.block.x * g.block.y)};
+}
 uint3 block_idx() { return {g.block_idx.x, g.block_idx.y, g.block_idx.z}; }
 dim3 block_dim() { return g.block; }
 dim3 grid_dim() { return g.grid; }
@@ -385,10 +443,14 @@ void sync_threads() {
   if (!arrive(g.block_barrier)) wait_for(g.block_barrier, generation);
 }
 
-uint32_t shuffle_bits(uint32_t mask, uint32_t value, int lane, bool is_xor, int width) {
-  if (width != 32) fail("shuffles of width %d are not emulated", width);
-  const uint32_t in[2] = {value, static_cast<uint32_t>(lane)};
-  return collective(is_xor ? Op::kShuffleXor : Op::kShuffleIndex, mask, in, 2)[0];
+uint32_t shuffle_bits(uint32_t mask, uint32_t value, int operand, Shuffle mode, int width) {
+  constexpr Op kOps[] = {Op::kShuffleXor, Op::kShuffleIndex, Op::kShuffleUp, Op::kShuffleDown};
+  const Op op = kOps[static_cast<int>(mode)];
+  if (width < 1 || width > 32 || (width & (width - 1)) != 0) {
+    fail("%s of width %d: not a power of two up to 32", op_name(op), width);
+  }
+  const uint32_t in[3] = {value, static_cast<uint32_t>(operand), static_cast<uint32_t>(width)};
+  return collective(op, mask, in, 3)[0];
 }
 
 uint32_t ballot(uint32_t mask, bool pred) {
@@ -409,7 +471,7 @@ void mma_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1, Element el
 
 size_t shared_offset(const void* p) {
   const uint8_t* b = static_cast<const uint8_t*>(p);
-  if (!g_window || b < g_window || b >= g_window + g_window_bytes) {
+  if (b < g_window || b >= g_window + kWindowBytes) {
     fail("__cvta_generic_to_shared of %p, outside shared memory", p);
   }
   return static_cast<size_t>(b - g_window);
@@ -448,9 +510,14 @@ void cp_async_wait(int pending) {
   }
 }
 
-void set_shared_window(void* base, size_t bytes) {
-  g_window = static_cast<uint8_t*>(base);
-  g_window_bytes = bytes;
+uint8_t* shared_window() { return g_window; }
+
+void shared_declared(void* p, size_t bytes) {
+  for (const auto& [q, size] : g.static_shared) {
+    if (q == p) return;
+  }
+  g.static_shared.emplace_back(p, bytes);
+  std::memset(p, kPoison, bytes);
 }
 
 cudaError_t set_max_dynamic_shared(const void* kernel, int attribute, int bytes) {
@@ -469,15 +536,16 @@ cudaError_t launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes,
   const size_t allowed =
       std::max(kStaticSharedLimit,
                raised == g.max_dynamic_shared.end() ? size_t{0} : size_t(raised->second));
-  const unsigned threads = block.x;
-  if (block.y != 1 || block.z != 1 || threads == 0 || threads > 1024 || grid.x == 0 ||
-      grid.y == 0 || grid.z == 0 || smem_bytes > allowed || smem_bytes > g_window_bytes) {
+  const unsigned threads = block.x * block.y * block.z;
+  if (threads == 0 || threads > 1024 || block.z > 64 || grid.x == 0 || grid.y == 0 ||
+      grid.y > 65535 || grid.z == 0 || grid.z > 65535 || smem_bytes > allowed ||
+      smem_bytes > kWindowBytes) {
     char text[256];
     std::snprintf(text, sizeof text,
                   "invalid launch: grid (%u, %u, %u), block (%u, %u, %u), %zu bytes of dynamic "
                   "shared memory (the kernel allows %zu, the window has %zu)",
                   grid.x, grid.y, grid.z, block.x, block.y, block.z, smem_bytes, allowed,
-                  g_window_bytes);
+                  kWindowBytes);
     g.error = text;
     return cudaErrorInvalidConfiguration;
   }

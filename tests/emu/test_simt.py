@@ -1,5 +1,7 @@
 """The emulator's own checks: each rule a kernel can break (tests/emu/faults.cu) fails the
-launch with its cause, and a well-behaved cp.async round trip through shared memory runs."""
+launch with its cause, and well-behaved kernels compute what CUDA specifies: a cp.async round
+trip through shared memory, collectives of part of a warp, shuffle modes and widths, and a
+static __shared__ array that starts each CTA poisoned."""
 
 from __future__ import annotations
 
@@ -19,7 +21,11 @@ from tests.emu.engine import EMU_DIR, EmulatedLaunch, build_library
     UNALIGNED_LDMATRIX,
     EXIT_IN_COLLECTIVE,
     STORE_PAST_SHARED,
-) = range(7)
+    HALF_WARPS,
+    SHUFFLE_MODES,
+    STATIC_SHARED,
+    SHUFFLE_OUTSIDE_MASK,
+) = range(11)
 
 
 class FaultLaunch(ctypes.Structure):
@@ -40,8 +46,8 @@ def _launch(
     launch = EmulatedLaunch(_library(), land_at_issue=False)
     launch(
         "emu_fault",
-        FaultLaunch(fault, src.data_ptr(), offset, out.data_ptr(), shared_bytes),
         [src, out],
+        FaultLaunch(fault, src.data_ptr(), offset, out.data_ptr(), shared_bytes),
     )
     return src, out
 
@@ -57,10 +63,36 @@ def test_a_well_behaved_kernel_runs() -> None:
     assert torch.equal(out.view(64, 16), torch.roll(src.view(64, 16), -1, 0))
 
 
+def _words(fault: int) -> list[list[int]]:
+    """Each thread's three result words (of the last CTA to store them)."""
+    _, out = _launch(fault)
+    return out.view(64, 16)[:, :12].contiguous().view(torch.int32).view(64, 3).tolist()
+
+
+def test_half_warps_meet_in_different_collectives() -> None:
+    words = _words(HALF_WARPS)
+    upper = sum(1 << lane for lane in range(16, 32) if lane % 3 == 0)
+    for t in range(64):
+        assert words[t][0] == (t ^ 1 if t % 32 < 16 else upper), t
+
+
+def test_shuffle_modes_and_widths() -> None:
+    for t, (index, down, up) in enumerate(_words(SHUFFLE_MODES)):
+        assert index == (t & ~7) + 3
+        assert down == (t + 5 if t % 16 + 5 < 16 else t)
+        assert up == (t - 2 if t % 32 >= 2 else t)
+
+
+def test_static_shared_memory_starts_every_cta_poisoned() -> None:
+    for t, (before, neighbour, _) in enumerate(_words(STATIC_SHARED)):
+        assert before == -1  # 0xffffffff, not what the first CTA stored
+        assert neighbour == (t + 1) % 64 + 1000  # the second CTA's own stores
+
+
 @pytest.mark.parametrize(
     "fault,offset,shared_bytes,message",
     [
-        (DIVERGE, 0, 1024, "diverge: this one is in __ballot_sync, others in __shfl_xor_sync"),
+        (DIVERGE, 0, 1024, "this one is in __ballot_sync (mask 0xffffffff), lane 0 in __shfl_xor"),
         (DEADLOCK, 0, 1024, "deadlock, 32 threads wait in __syncthreads"),
         (COPY_PAST_BUFFER, 16, 1024, "outside every registered buffer"),
         (COPY_PAST_BUFFER, 4, 1024, "cp.async reads 16 bytes at"),
@@ -68,6 +100,7 @@ def test_a_well_behaved_kernel_runs() -> None:
         (EXIT_IN_COLLECTIVE, 0, 1024, "thread 3: exits while other lanes of warp 0 wait"),
         (NONE, 0, 60 * 1024, "61440 bytes of dynamic shared memory (the kernel allows 49152"),
         (STORE_PAST_SHARED, 1024, 1024, "shared memory written 0 bytes past the launch's 1024"),
+        (SHUFFLE_OUTSIDE_MASK, 0, 1024, "lane 0 reads lane 16, which the mask 0x0000ffff leaves"),
     ],
 )
 def test_each_fault_fails_the_launch_with_its_cause(

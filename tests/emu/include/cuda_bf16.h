@@ -8,7 +8,7 @@
 struct __nv_bfloat16 {
   uint16_t __x;
 };
-struct __nv_bfloat162 {
+struct alignas(4) __nv_bfloat162 {
   __nv_bfloat16 x, y;
 };
 

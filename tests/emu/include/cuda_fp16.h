@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <cstring>
 
+#include "vector_types.h"
+
 struct __half {
   uint16_t __x;
 };
-struct __half2 {
+struct alignas(4) __half2 {
   __half x, y;
 };
 
@@ -53,3 +55,5 @@ inline float __half2float(__half h) {
 inline __half2 __floats2half2_rn(float a, float b) {
   return {__float2half_rn(a), __float2half_rn(b)};
 }
+
+inline float2 __half22float2(__half2 h) { return {__half2float(h.x), __half2float(h.y)}; }

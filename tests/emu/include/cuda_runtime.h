@@ -8,6 +8,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+
+#include "vector_types.h"
 
 #define __global__
 #define __device__
@@ -15,24 +18,12 @@
 #define __forceinline__ inline
 #define __noinline__
 #define __launch_bounds__(...)
-// Dynamic shared memory only: an `extern __shared__` array is the emulator's shared window
-// (simt.h); a static __shared__ array would become one per thread.
-#define __shared__
+// A static __shared__ variable is one per process, which is one per CTA since CTAs run one
+// after another; tests/emu/engine.py adds a call after each declaration that has the
+// emulator poison it when each CTA starts. (Dynamic shared memory is flashinfer's
+// dynamic_shared(), the emulator's window: see flashinfer/ptx.cuh.)
+#define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
-
-struct uint3 {
-  unsigned x, y, z;
-};
-
-struct float2 {
-  float x, y;
-};
-inline float2 make_float2(float x, float y) { return {x, y}; }
-
-struct dim3 {
-  unsigned x, y, z;
-  constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
-};
 
 enum cudaError_t {
   cudaSuccess = 0,
@@ -65,14 +56,38 @@ inline void __syncthreads() { ::simt::sync_threads(); }
 
 template <typename T>
 inline T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
-  return ::simt::shuffle(mask, value, lane_mask, true, width);
+  return ::simt::shuffle(mask, value, lane_mask, ::simt::Shuffle::kXor, width);
 }
 template <typename T>
 inline T __shfl_sync(unsigned mask, T value, int src_lane, int width = 32) {
-  return ::simt::shuffle(mask, value, src_lane, false, width);
+  return ::simt::shuffle(mask, value, src_lane, ::simt::Shuffle::kIndex, width);
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned mask, T value, unsigned delta, int width = 32) {
+  return ::simt::shuffle(mask, value, static_cast<int>(delta), ::simt::Shuffle::kUp, width);
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = 32) {
+  return ::simt::shuffle(mask, value, static_cast<int>(delta), ::simt::Shuffle::kDown, width);
 }
 inline unsigned __ballot_sync(unsigned mask, bool pred) { return ::simt::ballot(mask, pred); }
 inline size_t __cvta_generic_to_shared(const void* p) { return ::simt::shared_offset(p); }
+
+inline float __uint_as_float(unsigned x) {
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+inline float __int_as_float(int x) {
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned x;
+  std::memcpy(&x, &f, 4);
+  return x;
+}
 
 inline cudaError_t cudaGetDevice(int* device) {
   *device = 0;

@@ -2,12 +2,13 @@
 // host thread, switching only where CUDA threads meet (__syncthreads and the warp
 // collectives: shuffles, ballots, ldmatrix, mma.sync), so a kernel compiled from its own
 // source by the host compiler runs as the GPU would run it, one CTA after another. What it
-// checks as it goes (each a launch failure naming block, thread and cause): a warp's lanes
-// agreeing on which collective they are in, a full lane mask, ldmatrix and cp.async
-// addresses aligned and inside the launch's dynamic shared memory, cp.async and page-table
-// reads inside the buffers the test registered, dynamic shared memory past 48 KiB only with
-// the kernel's attribute raised, and barriers that complete (no deadlock). Shared memory
-// starts as 0xff bytes (NaN in 16-bit floats) in every CTA.
+// checks as it goes (each a launch failure naming block, thread and cause): the lanes a
+// collective's mask names agreeing on which collective they are in, none of them exited and
+// none left out that a shuffle reads, ldmatrix and cp.async addresses aligned and inside the
+// launch's dynamic shared memory, cp.async and page-table reads inside the buffers the test
+// registered, dynamic shared memory past 48 KiB only with the kernel's attribute raised, and
+// barriers that complete (no deadlock). Shared memory, dynamic and static, starts as 0xff
+// bytes (NaN in 16-bit floats) in every CTA.
 #pragma once
 
 #include <cstddef>
@@ -26,13 +27,16 @@ dim3 grid_dim();
 
 void sync_threads();
 
-uint32_t shuffle_bits(uint32_t mask, uint32_t value, int lane, bool is_xor, int width);
+// shfl.sync's modes: the source lane is lane ^ operand, the operand, lane - operand or
+// lane + operand, within the lane's segment of `width` lanes
+enum class Shuffle { kXor, kIndex, kUp, kDown };
+uint32_t shuffle_bits(uint32_t mask, uint32_t value, int operand, Shuffle mode, int width);
 template <typename T>
-T shuffle(uint32_t mask, T value, int lane, bool is_xor, int width) {
+T shuffle(uint32_t mask, T value, int operand, Shuffle mode, int width) {
   static_assert(sizeof(T) == 4, "32-bit shuffles");
   uint32_t bits;
   std::memcpy(&bits, &value, 4);
-  bits = shuffle_bits(mask, bits, lane, is_xor, width);
+  bits = shuffle_bits(mask, bits, operand, mode, width);
   T out;
   std::memcpy(&out, &bits, 4);
   return out;
@@ -50,9 +54,11 @@ void cp_async_16(void* smem, const void* gmem, bool fill);
 void cp_async_commit();
 void cp_async_wait(int pending);
 
-// The kernel's `extern __shared__` array: the emulated CTA's dynamic shared memory. The
-// translation unit that defines it (it is named by the kernel) registers it here.
-void set_shared_window(void* base, size_t bytes);
+// The CTA's dynamic shared memory (an H100's 227 KiB; a launch uses its first smem bytes).
+uint8_t* shared_window();
+// A static __shared__ variable, declared (tests/emu/engine.py adds the call after each
+// declaration): poisoned now if new, and at the start of every later CTA.
+void shared_declared(void* p, size_t bytes);
 cudaError_t set_max_dynamic_shared(const void* kernel, int attribute, int bytes);
 // Runs `body` (the kernel with its arguments) on every thread of every CTA of the grid.
 cudaError_t launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes,

@@ -1,5 +1,6 @@
 // The CPU emulator's include/flashinfer/ptx.cuh: the page-table load checked against the
-// buffers the test registered, cp.async queued per thread and commit group (simt.h).
+// buffers the test registered, cp.async queued per thread and commit group, and the
+// emulator's shared window as the dynamic shared memory (simt.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,6 +21,8 @@ template <int kPending>
 inline void cp_async_wait() {
   ::simt::cp_async_wait(kPending);
 }
+
+inline uint8_t* dynamic_shared() { return ::simt::shared_window(); }
 
 inline unsigned thread_index() { return threadIdx.x; }
 

@@ -1,0 +1,254 @@
+"""The CUDA-core decode kernel's own source, run on the CPU by the emulator (tests/emu),
+through the real wrappers and planner, against the float64 reference: every head_dim and
+block shape (GQA groups folded two heads a thread, one head a thread, odd groups ending in a
+partial warp, groups past 256 threads), paged caches with shuffled pages and NaN in every
+slot no request owns, empty and one-token requests, soft cap, window, KV split across CTAs
+and merged by the merge kernel, page ids outside the cache, two wrappers sharing one float
+workspace, and single decode. Some tests land cp.async copies when issued, some run a
+CTA's threads last first (see tests/emu/engine.py). The same cases at GPU sizes are in
+tests/ops/test_decode.py's GPU tests."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, Iterator
+
+import pytest
+import torch
+
+from flashinfer import checks
+from flashinfer import decode as decode_api
+from flashinfer.testing.reference import decode_attention as reference_decode
+from tests.emu.decode import EmulatedDecode
+from tests.ops.test_prefill import cpu_kernels
+from tests.ops.test_prefill_gpu import _break_page_ids, _kv_data, _paged_kv
+
+MAX_CTAS = 6  # a GPU this small splits a long KV over CTAs, so the merge kernel runs too
+LSE_TOLERANCE = dict(atol=1e-3, rtol=1e-3)
+
+
+@functools.cache
+def _module(
+    dtype: torch.dtype, head_dim: int, land_at_issue: bool, reverse: bool
+) -> EmulatedDecode:
+    return EmulatedDecode(dtype, head_dim, land_at_issue, reverse)
+
+
+@pytest.fixture
+def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedDecode]]:
+    """emulate(dtype, head_dim, land_at_issue=False, reverse=False): the wrappers' decode
+    module is then the emulated build (with that schedule), on CPU tensors; plan() uploads
+    its schedule for real."""
+
+    def install(
+        dtype: torch.dtype, head_dim: int, land_at_issue: bool = False, reverse: bool = False
+    ) -> EmulatedDecode:
+        module = _module(dtype, head_dim, land_at_issue, reverse)
+        module.launches.clear()
+        monkeypatch.setattr(decode_api, "get_decode_module", lambda d, h: module)
+        return module
+
+    monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: MAX_CTAS)
+    monkeypatch.setattr(decode_api, "get_device_sm_count", lambda device: MAX_CTAS)
+    monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(
+        decode_api.BatchDecodeWithPagedKVCacheWrapper,
+        "_upload",
+        lambda self, words, target: target.copy_(torch.tensor(words, dtype=target.dtype)),
+    )
+    with cpu_kernels():
+        yield install
+
+
+def _tolerance(dtype: torch.dtype) -> dict[str, float]:
+    return dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=5e-3, rtol=5e-3)
+
+
+def _workspace() -> torch.Tensor:
+    return torch.empty(16 << 20, dtype=torch.uint8)
+
+
+def _batch(
+    lens: list[int],
+    heads: tuple[int, int],
+    head_dim: int,
+    page_size: int,
+    layout: str,
+    dtype: torch.dtype,
+    seed: int,
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor, tuple]:
+    """q [batch, Hq, D], each request's keys and values, the 5-D paged cache holding them
+    (NaN in every slot no request owns) and its page table (indptr, indices, last)."""
+    torch.manual_seed(seed)
+    ks, vs = _kv_data(lens, heads[1], head_dim, dtype, device="cpu")
+    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, layout, seed)
+    q = torch.randn(len(lens), heads[0], head_dim, dtype=dtype)
+    return q, ks, vs, cache, (indptr, indices, last)
+
+
+def _check_batch(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q: torch.Tensor,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    scale: float,
+    cap: float | None = None,
+    window: int = -1,
+) -> None:
+    for b, (k, v) in enumerate(zip(ks, vs)):
+        if k.shape[0] == 0:
+            assert (out[b] == 0).all() and (lse[b] == -math.inf).all(), b
+            continue
+        want, want_lse = reference_decode(q[b], k, v, scale, cap, window)
+        torch.testing.assert_close(out[b].double(), want, **_tolerance(q.dtype), msg=f"{b}")
+        torch.testing.assert_close(lse[b].double(), want_lse, **LSE_TOLERANCE, msg=f"{b}")
+
+
+# (qo_heads, kv_heads, head_dim, page_size, layout, dtype): groups of 1, 2 and 8 (two heads a
+# thread), 3 and 5 (one head a thread, blocks ending in a partial warp), 33 at head_dim 64 and
+# 128 (past 256 threads: the 1024-thread kernel, partial last warp)
+BATCH_CASES = [
+    (4, 4, 128, 16, "NHD", torch.bfloat16),
+    (8, 4, 64, 1, "HND", torch.float16),
+    (16, 2, 128, 5, "NHD", torch.float16),
+    (6, 2, 256, 16, "HND", torch.bfloat16),
+    (5, 1, 128, 3, "NHD", torch.bfloat16),
+    (33, 1, 64, 16, "HND", torch.float16),
+    (33, 1, 128, 8, "NHD", torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize(
+    "qo_heads,kv_heads,head_dim,page_size,layout,dtype",
+    BATCH_CASES,
+    ids=[f"{c[0]}x{c[1]}-hd{c[2]}-p{c[3]}-{c[4]}-{str(c[5])[6:]}" for c in BATCH_CASES],
+)
+def test_batch_decode_matches_the_reference(
+    emulate, qo_heads, kv_heads, head_dim, page_size, layout, dtype
+) -> None:
+    """Requests of 0, 1, a few tiles and a ragged last tile; plain, soft-capped, windowed."""
+    lens = [0, 1, 4 * 4096 // head_dim + 7, 29]
+    q, ks, vs, cache, table = _batch(
+        lens, (qo_heads, kv_heads), head_dim, page_size, layout, dtype, seed=qo_heads + head_dim
+    )
+    module = emulate(dtype, head_dim, land_at_issue=head_dim == 128, reverse=page_size == 1)
+    wrapper = decode_api.BatchDecodeWithPagedKVCacheWrapper(_workspace(), kv_layout=layout)
+    for sm_scale, cap, window in ((None, None, -1), (0.2, 20.0, -1), (None, None, 40)):
+        wrapper.plan(
+            *table,
+            qo_heads,
+            kv_heads,
+            head_dim,
+            page_size,
+            q_data_type=dtype,
+            sm_scale=sm_scale,
+            logits_soft_cap=cap,
+            window_left=window,
+        )
+        out, lse = wrapper.run(q, cache, return_lse=True)
+        _check_batch(out, lse, q, ks, vs, sm_scale or head_dim**-0.5, cap, window)
+    assert len(module.launches) == 3
+
+
+@pytest.mark.parametrize("head_dim,group", [(64, 4), (128, 3), (256, 2)])
+def test_split_chunks_with_unscored_pages_merge_to_the_reference(
+    emulate, head_dim: int, group: int
+) -> None:
+    """Chunks of 4 pages of 7 tokens (28: neither a whole KV tile nor page-aligned tiles),
+    merged by the merge kernel. Request 0's pages 4-7 have ids outside the cache, so its
+    chunk 1 scores nothing (an empty state the merge must weigh 0) and chunk 2 loses one page
+    of four: those tokens are skipped, not scored."""
+    dtype, page_size, lens = torch.bfloat16, 7, [300, 1, 90]
+    q, ks, vs, cache, (indptr, indices, last) = _batch(
+        lens, (2 * group, 2), head_dim, page_size, "NHD", dtype, seed=head_dim
+    )
+    num_pages = cache.shape[0]
+    dropped = [4, 5, 6, 7, 9]
+    _break_page_ids(
+        indices,
+        indptr,
+        dict(zip([(0, p) for p in dropped], [num_pages, -1, num_pages + 7, 1 << 30, -(1 << 30)])),
+    )
+    kept = torch.tensor([t // page_size not in dropped for t in range(lens[0])])
+    ks[0], vs[0] = ks[0][kept], vs[0][kept]
+    module = emulate(dtype, head_dim, reverse=True)
+    wrapper = decode_api.BatchDecodeWithPagedKVCacheWrapper(_workspace())
+    for cap in (None, 30.0):
+        wrapper.plan(
+            indptr,
+            indices,
+            last,
+            2 * group,
+            2,
+            head_dim,
+            page_size,
+            q_data_type=dtype,
+            logits_soft_cap=cap,
+            fixed_split_size=4,
+        )
+        out, lse = wrapper.run(q, cache, return_lse=True)
+        _check_batch(out, lse, q, ks, vs, head_dim**-0.5, cap)
+    assert module.launches[-1]["grid_merge"] > 0  # the merge kernel ran
+
+
+def test_two_wrappers_sharing_a_float_workspace_keep_their_own_schedules(emulate) -> None:
+    """Wrapper B's plan() between A's plan() and run() does not change what A runs."""
+    dtype, heads, kv_heads, dim, page_size = torch.float16, 8, 2, 64, 4
+    emulate(dtype, dim)
+    workspace = _workspace()
+    a = decode_api.BatchDecodeWithPagedKVCacheWrapper(workspace)
+    b = decode_api.BatchDecodeWithPagedKVCacheWrapper(workspace)
+    q_a, ks_a, vs_a, cache_a, table_a = _batch(
+        [200, 150], (heads, kv_heads), dim, page_size, "NHD", dtype, seed=1
+    )
+    _, _, _, cache_b, table_b = _batch(
+        [3] * 6, (heads, kv_heads), dim, page_size, "NHD", dtype, seed=2
+    )
+    a.plan(*table_a, heads, kv_heads, dim, page_size, q_data_type=dtype)
+    b.plan(*table_b, heads, kv_heads, dim, page_size, q_data_type=dtype)
+    out, lse = a.run(q_a, cache_a, return_lse=True)
+    _check_batch(out, lse, q_a, ks_a, vs_a, dim**-0.5)
+
+
+@pytest.mark.parametrize(
+    "kv_len,qo_heads,kv_heads,head_dim,layout,dtype",
+    [
+        (1, 4, 4, 128, "NHD", torch.float16),
+        (333, 8, 2, 64, "HND", torch.bfloat16),
+        (700, 7, 1, 256, "NHD", torch.float16),
+        (600, 35, 1, 64, "NHD", torch.bfloat16),
+    ],
+)
+def test_single_decode_matches_the_reference(
+    emulate, kv_len, qo_heads, kv_heads, head_dim, layout, dtype
+) -> None:
+    """One request, split into chunks merged by the merge kernel when long; plain, capped,
+    windowed; NHD and HND; a group of 35 (a partial warp in the 1024-thread kernel)."""
+    module = emulate(dtype, head_dim, land_at_issue=kv_len % 2 == 1)
+    torch.manual_seed(kv_len)
+    q = torch.randn(qo_heads, head_dim, dtype=dtype)
+    k = torch.randn(kv_len, kv_heads, head_dim, dtype=dtype)
+    v = torch.randn(kv_len, kv_heads, head_dim, dtype=dtype)
+    kk, vv = (
+        (k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous())
+        if layout == "HND"
+        else (k, v)
+    )
+    for sm_scale, cap, window in ((None, None, -1), (0.3, 30.0, -1), (None, None, 100)):
+        out, lse = decode_api.single_decode_with_kv_cache(
+            q,
+            kk,
+            vv,
+            kv_layout=layout,
+            sm_scale=sm_scale,
+            logits_soft_cap=cap,
+            window_left=window,
+            return_lse=True,
+        )
+        want, want_lse = reference_decode(q, k, v, sm_scale or head_dim**-0.5, cap, window)
+        torch.testing.assert_close(out.double(), want, **_tolerance(dtype))
+        torch.testing.assert_close(lse.double(), want_lse, **LSE_TOLERANCE)
+    if kv_len >= 600:
+        assert module.launches[0]["num_chunks"] > 1  # split and merged
