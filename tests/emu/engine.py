@@ -15,6 +15,7 @@ import re
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 
@@ -22,6 +23,7 @@ from flashinfer.jit.toolchain import current_toolchain
 
 EMU_DIR = Path(__file__).resolve().parent
 REPO_ROOT = EMU_DIR.parent.parent
+T = TypeVar("T")
 
 
 # `__shared__ <type> <name>[<extents>];`, one declaration a statement
@@ -75,15 +77,24 @@ def _with_statics_registered(files: list[Path], root: Path) -> list[Path]:
     return result
 
 
-def build_library(name: str, sources: list[Path], include_dirs: list[Path]) -> ctypes.CDLL:
-    """``sources`` (CUDA TUs compiled as C++) with the engine, as library ``name``. The
-    emulator's headers come first on the include path, so they stand in for CUDA's and for
-    the few of ours that issue PTX; then ours with static shared memory registered."""
-    output = _build_dir() / f"{name}.so"
+def build_library(
+    name: str,
+    sources: list[Path],
+    include_dirs: list[Path],
+    host_sources: tuple[Path, ...] = (),
+    host_flags: tuple[str, ...] = (),
+    link_flags: tuple[str, ...] = (),
+) -> ctypes.CDLL:
+    """``sources`` (CUDA TUs compiled as C++) and ``host_sources`` (host TUs, compiled with
+    ``host_flags``) with the engine, as library ``name`` (linked with ``link_flags``). The emulator's headers come first
+    on the include path, so they stand in for CUDA's and for the few of ours that issue PTX;
+    then ours with static shared memory registered."""
+    build = _build_dir()
+    output = build / f"{name}.so"
     if not output.exists():
         # our headers with static shared memory, rewritten, shadow the originals; the
         # emulator's stand-ins (never rewritten) shadow both
-        rewritten = _build_dir() / f"{name}-src"
+        rewritten = build / f"{name}-src"
         stand_ins = {p.relative_to(EMU_DIR / "include") for p in (EMU_DIR / "include").rglob("*")}
         headers = [
             h
@@ -91,7 +102,6 @@ def build_library(name: str, sources: list[Path], include_dirs: list[Path]) -> c
             if h.relative_to(REPO_ROOT / "include") not in stand_ins
         ]
         _with_statics_registered(headers, rewritten)
-        sources = _with_statics_registered(sources, rewritten / "sources")
         includes = [
             EMU_DIR / "include",
             rewritten / "include",
@@ -99,24 +109,30 @@ def build_library(name: str, sources: list[Path], include_dirs: list[Path]) -> c
             REPO_ROOT / "csrc",
             *include_dirs,
         ]
-        command = [
-            str(current_toolchain().cxx),
-            "-std=c++17",
-            "-O2",
-            "-fPIC",
-            "-shared",
+        cxx = str(current_toolchain().cxx)
+        common = ["-std=c++17", "-O2", "-fPIC", *(f"-I{d}" for d in includes)]
+        kernel = [
             "-D__CUDACC__",  # as nvcc compiles a kernel TU (its configs check it)
             "-fno-strict-aliasing",  # kernels store 16-bit pairs through 32-bit pointers
             "-Wno-unknown-pragmas",  # #pragma unroll
-            *(f"-I{d}" for d in includes),
             "-x",
             "c++",
-            *(str(s) for s in sources),
-            str(EMU_DIR / "simt.cc"),
-            "-o",
-            str(output),
         ]
-        subprocess.run(command, check=True)
+        objects = []
+        units = [
+            *((s, kernel) for s in _with_statics_registered(sources, rewritten / "sources")),
+            (EMU_DIR / "simt.cc", []),
+            *((s, list(host_flags)) for s in host_sources),
+        ]
+        for i, (source, flags) in enumerate(units):
+            objects.append(build / f"{name}-{i}.o")
+            subprocess.run(
+                [cxx, *common, *flags, "-c", str(source), "-o", str(objects[-1])], check=True
+            )
+        subprocess.run(
+            [cxx, "-shared", *(str(o) for o in objects), *link_flags, "-o", str(output)],
+            check=True,
+        )
     library = ctypes.CDLL(str(output))
     library.simt_error.restype = ctypes.c_char_p
     library.simt_reset.argtypes = [ctypes.c_int]
@@ -143,15 +159,25 @@ class EmulatedLaunch:
         self.library = library
         self.schedule = int(land_at_issue) | int(reverse) << 1
 
-    def __call__(
-        self, entry: str, buffers: list[torch.Tensor], *arguments: ctypes.Structure
-    ) -> None:
-        """Calls ``entry(&arguments[0], ...)``."""
+    def _prepare(self, buffers: list[torch.Tensor]) -> None:
         self.library.simt_reset(self.schedule)
         for t in buffers:
             self.library.simt_add_buffer(*extent(t))
+
+    def __call__(
+        self, entry: str, buffers: list[torch.Tensor], *arguments: ctypes.Structure
+    ) -> None:
+        """Calls the C entry point ``entry(&arguments[0], ...)``, which returns a
+        cudaError_t."""
+        self._prepare(buffers)
         status = getattr(self.library, entry)(*(ctypes.byref(a) for a in arguments))
         if status != 0:
             raise RuntimeError(
                 f"emulated {entry} failed ({status}): {self.library.simt_error().decode()}"
             )
+
+    def call(self, buffers: list[torch.Tensor], function: Callable[[], T]) -> T:
+        """``function()``, a call into the library that reports failures itself (a tvm-ffi
+        binding raises with the emulator's message)."""
+        self._prepare(buffers)
+        return function()

@@ -19,8 +19,9 @@ import torch
 
 from flashinfer import checks
 from flashinfer import decode as decode_api
+from flashinfer.jit.decode import gen_decode_module
 from flashinfer.testing.reference import decode_attention as reference_decode
-from tests.emu.decode import EmulatedDecode
+from tests.emu.module import EmulatedModule
 from tests.ops.test_prefill import cpu_kernels
 from tests.ops.test_prefill_gpu import _break_page_ids, _kv_data, _paged_kv
 
@@ -28,22 +29,28 @@ MAX_CTAS = 6  # a GPU this small splits a long KV over CTAs, so the merge kernel
 LSE_TOLERANCE = dict(atol=1e-3, rtol=1e-3)
 
 
+OUTPUTS = {  # each launch's outputs and partial-state scratch, NaN-filled before it
+    "batch_decode": ("out", "lse", "tmp_v", "tmp_lse"),
+    "single_decode": ("out", "lse", "tmp_v", "tmp_lse"),
+}
+
+
 @functools.cache
 def _module(
     dtype: torch.dtype, head_dim: int, land_at_issue: bool, reverse: bool
-) -> EmulatedDecode:
-    return EmulatedDecode(dtype, head_dim, land_at_issue, reverse)
+) -> EmulatedModule:
+    return EmulatedModule(gen_decode_module(dtype, head_dim), OUTPUTS, land_at_issue, reverse)
 
 
 @pytest.fixture
-def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedDecode]]:
+def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedModule]]:
     """emulate(dtype, head_dim, land_at_issue=False, reverse=False): the wrappers' decode
     module is then the emulated build (with that schedule), on CPU tensors; plan() uploads
     its schedule for real."""
 
     def install(
         dtype: torch.dtype, head_dim: int, land_at_issue: bool = False, reverse: bool = False
-    ) -> EmulatedDecode:
+    ) -> EmulatedModule:
         module = _module(dtype, head_dim, land_at_issue, reverse)
         module.launches.clear()
         monkeypatch.setattr(decode_api, "get_decode_module", lambda d, h: module)

@@ -19,9 +19,15 @@ import torch
 from flashinfer import checks
 from flashinfer import prefill as prefill_api
 from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper
-from flashinfer.jit.prefill import DEFAULT_TILINGS, HEAD_DIMS, PrefillTiling, accepted_tilings
+from flashinfer.jit.prefill import (
+    DEFAULT_TILINGS,
+    HEAD_DIMS,
+    PrefillTiling,
+    accepted_tilings,
+    gen_prefill_module,
+)
 from flashinfer.testing.reference import attention as reference_attention
-from tests.emu.prefill import EmulatedPrefill
+from tests.emu.module import EmulatedModule
 from tests.ops.test_prefill import cpu_kernels
 from tests.ops.test_prefill_gpu import (
     NAN,
@@ -41,15 +47,23 @@ TILINGS = [(d, t) for d in HEAD_DIMS for t in accepted_tilings(d)]
 TILING_IDS = [f"hd{d}-{t.name}" for d, t in TILINGS]
 
 
+OUTPUTS = {  # each launch's outputs and partial-state scratch, NaN-filled before it
+    "batch_prefill": ("out", "lse", "tmp_v", "tmp_lse"),
+    "single_prefill": ("out", "lse", "tmp_v", "tmp_lse"),
+}
+
+
 @functools.cache
 def _module(
     dtype: torch.dtype, head_dim: int, tiling: PrefillTiling, land_at_issue: bool, reverse: bool
-) -> EmulatedPrefill:
-    return EmulatedPrefill(dtype, head_dim, tiling, land_at_issue, reverse)
+) -> EmulatedModule:
+    return EmulatedModule(
+        gen_prefill_module(dtype, head_dim, tiling), OUTPUTS, land_at_issue, reverse
+    )
 
 
 @pytest.fixture
-def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedPrefill]]:
+def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedModule]]:
     """emulate(dtype, head_dim, tiling=default, land_at_issue=False, reverse=False): the
     wrappers' prefill module is then the emulated build (with that schedule, see
     tests/emu/engine.py), on CPU tensors; plan() uploads its schedule for real."""
@@ -60,7 +74,7 @@ def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedP
         tiling: PrefillTiling | None = None,
         land_at_issue: bool = False,
         reverse: bool = False,
-    ) -> EmulatedPrefill:
+    ) -> EmulatedModule:
         tiling = tiling or DEFAULT_TILINGS[head_dim]
         module = _module(dtype, head_dim, tiling, land_at_issue, reverse)
         module.launches.clear()

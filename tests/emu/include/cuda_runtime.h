@@ -73,6 +73,9 @@ inline T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = 32
 inline unsigned __ballot_sync(unsigned mask, bool pred) { return ::simt::ballot(mask, pred); }
 inline size_t __cvta_generic_to_shared(const void* p) { return ::simt::shared_offset(p); }
 
+// CUDA's device math beyond libm: rsqrtf (the GPU's is within 2 ulp of this)
+inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
+
 inline float __uint_as_float(unsigned x) {
   float f;
   std::memcpy(&f, &x, 4);
@@ -102,5 +105,22 @@ inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, F*
   *blocks = 1;
   return cudaSuccess;
 }
+inline cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : cudaErrorInvalidValue;
+}
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+  }
+  return "cudaError";
+}
+// the emulator's account of the failure (block, thread and cause)
 inline const char* cudaGetErrorString(cudaError_t) { return ::simt::last_error(); }

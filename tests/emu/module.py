@@ -1,0 +1,102 @@
+"""A JIT module emulated whole: its kernel TUs (``*.cu``) built against the emulator's headers,
+its binding TUs (``*.cc``) as they are (their few CUDA runtime calls reaching the stand-ins),
+linked with the engine into one tvm-ffi module. Its functions take CPU tensors and hand them
+to the binding as CUDA tensors on device 0 (the same memory, the DLPack device relabelled),
+so the binding's own checks, its reading of shapes and strides and the launcher structs it
+fills run as on a GPU, and the kernels read and write host memory."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any, Callable
+
+import torch
+import tvm_ffi
+
+from flashinfer.jit.core import JitSpec
+from flashinfer.jit.toolchain import current_toolchain
+
+from .engine import EmulatedLaunch, build_library, extent
+
+_DL_CUDA = 2  # DLDeviceType kDLCUDA
+_DEVICE_TYPE_OFFSET = 8  # DLTensor: void* data, then DLDevice {int32 device_type, device_id}
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def as_cuda(t: torch.Tensor) -> tvm_ffi.Tensor:
+    """``t`` (a CPU tensor) as a tvm-ffi tensor on cuda:0 sharing its memory."""
+    capsule = torch.utils.dlpack.to_dlpack(t.detach())
+    managed = _capsule_pointer(capsule, b"dltensor")  # DLManagedTensor*: its DLTensor first
+    ctypes.c_int32.from_address(managed + _DEVICE_TYPE_OFFSET).value = _DL_CUDA
+    return tvm_ffi.from_dlpack(capsule)
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the byte ranges ``a`` and ``b`` span intersect."""
+    (a0, a_bytes), (b0, b_bytes) = extent(a), extent(b)
+    return a0 < b0 + b_bytes and b0 < a0 + a_bytes
+
+
+class EmulatedModule:
+    """The module of ``spec`` on the emulator, with the schedule ``land_at_issue`` and
+    ``reverse`` (tests/emu/engine.py). Calling a function registers every tensor argument
+    as a buffer its kernels may read, fills the arguments ``outputs[function]`` names with
+    NaN first (so a row a kernel does not write shows; not one that shares memory with
+    another argument, an in-place call's input), and records the arguments by name
+    in ``launches``. A failed launch raises the binding's RuntimeError with the emulator's
+    message (block, thread and cause)."""
+
+    def __init__(
+        self,
+        spec: JitSpec,
+        outputs: dict[str, tuple[str, ...]],
+        land_at_issue: bool = False,
+        reverse: bool = False,
+    ) -> None:
+        for pending in spec.renders:
+            pending.render()
+        generated = sorted({f.parent for f in spec.generated_files()})
+        toolchain = current_toolchain()
+        library = build_library(
+            f"{spec.name}_emu",
+            [s for s in spec.sources if s.suffix == ".cu"],
+            [*generated, *spec.extra_include_paths],
+            host_sources=tuple(s for s in spec.sources if s.suffix != ".cu"),
+            host_flags=(
+                *(f"-isystem{p}" for p in toolchain.tvm_ffi_include_dirs),
+                *spec.extra_cflags,
+            ),
+            link_flags=(
+                f"-L{toolchain.tvm_ffi_lib_dir}",
+                "-ltvm_ffi",
+                f"-Wl,-rpath,{toolchain.tvm_ffi_lib_dir}",
+            ),
+        )
+        self.name = spec.name
+        self.launches: list[dict[str, Any]] = []
+        self._module = tvm_ffi.load_module(library._name)
+        self._launch = EmulatedLaunch(library, land_at_issue, reverse)
+        self._args = spec.function_args
+        self._outputs = outputs
+
+    def __getattr__(self, function: str) -> Callable[..., Any]:
+        if function.startswith("_") or function not in self._args:
+            raise AttributeError(function)
+        names = self._args[function]
+
+        def call(*args: Any) -> Any:
+            named = dict(zip(names, args, strict=True))
+            self.launches.append(named)
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            for name in self._outputs.get(function, ()):
+                out = named[name]
+                others = [t for n, t in named.items() if n != name and isinstance(t, torch.Tensor)]
+                if out is not None and not any(_overlap(out, t) for t in others):
+                    out.fill_(float("nan"))
+            converted = [as_cuda(a) if isinstance(a, torch.Tensor) else a for a in args]
+            return self._launch.call(tensors, lambda: getattr(self._module, function)(*converted))
+
+        return call

@@ -1,0 +1,130 @@
+"""The norm kernels' own source, run on the CPU by the emulator (tests/emu), through the real
+APIs and binding, against the float64 reference: RMSNorm, its Gemma form, the fused
+residual add (both forms) and LayerNorm, in every row layout the launcher picks (rows shared
+by the lanes of a warp, one block a row with the row cached in registers, the looping block
+for long rows), with 16-byte vectors and with scalars (misaligned rows), float16, bfloat16
+and float32, 2-D rows and per-head rows of a strided 3-D slice. The same cases at GPU sizes
+are tests/ops/test_norm.py's GPU tests."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Iterator
+
+import pytest
+import torch
+
+import flashinfer
+from flashinfer import checks
+from flashinfer import norm as norm_api
+from flashinfer.jit.norm import gen_norm_module
+from flashinfer.testing import reference
+from tests.compile import cpu_kernels
+from tests.emu.module import EmulatedModule
+
+OUTPUTS = {name: ("out",) for name in ("rmsnorm", "gemma_rmsnorm", "layernorm")}
+TOLERANCE = {
+    torch.float16: dict(atol=4e-3, rtol=4e-3),
+    torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
+    torch.float32: dict(atol=1e-5, rtol=1e-5),
+}
+
+
+@functools.cache
+def _module(dtype: torch.dtype, reverse: bool) -> EmulatedModule:
+    return EmulatedModule(gen_norm_module(dtype), OUTPUTS, reverse=reverse)
+
+
+@pytest.fixture
+def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedModule]]:
+    """emulate(dtype, reverse=False): the norm APIs then run the emulated module on CPU
+    tensors."""
+
+    def install(dtype: torch.dtype, reverse: bool = False) -> EmulatedModule:
+        module = _module(dtype, reverse)
+        module.launches.clear()
+        monkeypatch.setattr(norm_api, "get_norm_module", lambda d: module)
+        return module
+
+    monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
+    monkeypatch.setattr(norm_api, "resolve_enable_pdl", lambda enable_pdl, device: False)
+    with cpu_kernels(norm_api):
+        yield install
+
+
+# (dtype, rows, hidden, offset): offset 0 rows start on 16-byte boundaries (vectors), else
+# one element in (scalars). The layout each takes (include/flashinfer/norm.cuh, PlanRows):
+CASES = [
+    (torch.float32, 3, 7, 0),  # scalars, 8 lanes a row
+    (torch.float16, 19, 64, 0),  # vectors, 8 lanes a row, 3 rows past the last full block
+    (torch.bfloat16, 5, 1000, 0),  # vectors, a cached block of 2 warps
+    (torch.float32, 2, 4096, 0),  # float32 vectors, a cached block of 16 warps
+    (torch.float16, 3, 300, 1),  # scalars, a cached block
+    (torch.bfloat16, 2, 4097, 1),  # scalars, the looping block
+    (torch.bfloat16, 2, 16392, 0),  # vectors, the looping block
+]
+
+
+def _rows(dtype: torch.dtype, rows: int, hidden: int, offset: int, seed: int) -> torch.Tensor:
+    """Random rows (never zero on average: + 0.5), starting `offset` elements into a wider
+    buffer."""
+    torch.manual_seed(seed)
+    wide = torch.randn(rows, hidden + 8, dtype=torch.float32) * 3 + 0.5
+    return wide.to(dtype)[:, offset : offset + hidden]
+
+
+@pytest.mark.parametrize(
+    "dtype,rows,hidden,offset", CASES, ids=[f"{str(c[0])[6:]}-{c[1]}x{c[2]}+{c[3]}" for c in CASES]
+)
+def test_every_norm_in_every_row_layout_matches_the_reference(
+    emulate, dtype: torch.dtype, rows: int, hidden: int, offset: int
+) -> None:
+    module = emulate(dtype, reverse=hidden % 2 == 0)
+    x = _rows(dtype, rows, hidden, offset, seed=hidden)
+    w = (torch.rand(hidden) + 0.5).to(dtype)
+    tolerance = TOLERANCE[dtype]
+    for api, want in (
+        (flashinfer.rmsnorm, reference.rmsnorm),
+        (flashinfer.gemma_rmsnorm, reference.gemma_rmsnorm),
+    ):
+        torch.testing.assert_close(api(x, w, eps=1e-5).double(), want(x, w, 1e-5), **tolerance)
+
+    for api, weight_offset in (
+        (flashinfer.fused_add_rmsnorm, 0.0),
+        (flashinfer.gemma_fused_add_rmsnorm, 1.0),
+    ):
+        x_in, residual = x.clone(), _rows(dtype, rows, hidden, 0, seed=hidden + 1).clone()
+        want, want_residual = reference.fused_add_rmsnorm(x_in, residual, w, 1e-6, weight_offset)
+        api(x_in, residual, w, eps=1e-6)
+        torch.testing.assert_close(x_in.double(), want, **tolerance)
+        assert torch.equal(residual, want_residual)
+
+    gamma, beta = torch.rand(hidden) + 0.5, torch.randn(hidden)
+    torch.testing.assert_close(
+        flashinfer.layernorm(x, gamma, beta, 1e-5).double(),
+        reference.layernorm(x, gamma, beta, 1e-5),
+        **tolerance,
+    )
+    assert len(module.launches) == 5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_per_head_rows_of_a_strided_slice_in_place(emulate, dtype: torch.dtype) -> None:
+    """QK norm: q and k are [tokens, heads, 128] views into a fused qkv buffer (16 lanes a
+    row); normalizing q in place leaves k and v untouched."""
+    emulate(dtype, reverse=True)
+    tokens, heads, kv_heads, head_dim = 9, 4, 2, 128
+    qkv = _rows(dtype, tokens, (heads + 2 * kv_heads) * head_dim - 8, 0, seed=3)
+    qkv = torch.cat([qkv, qkv[:, :8]], dim=1).contiguous()
+    q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
+    k = qkv[:, heads * head_dim : (heads + kv_heads) * head_dim].view(tokens, kv_heads, head_dim)
+    w = (torch.rand(head_dim) + 0.5).to(dtype)
+    for t in (q, k):
+        torch.testing.assert_close(
+            flashinfer.rmsnorm(t, w).double(), reference.rmsnorm(t, w, 1e-6), **TOLERANCE[dtype]
+        )
+    before = qkv.clone()
+    flashinfer.rmsnorm(q, w, out=q)
+    want = reference.rmsnorm(before[:, : heads * head_dim].view(tokens, heads, head_dim), w, 1e-6)
+    torch.testing.assert_close(q.double(), want, **TOLERANCE[dtype])
+    assert torch.equal(qkv[:, heads * head_dim :], before[:, heads * head_dim :])
