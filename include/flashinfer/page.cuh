@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "flashinfer/pdl.cuh"
 #include "flashinfer/vec.cuh"
 
 namespace flashinfer {
@@ -95,10 +96,9 @@ cudaError_t LaunchAppend(T* k_cache, T* v_cache, const T* key, const T* value,
   const dim3 block(lanes, static_cast<unsigned>(per_block));
   const dim3 grid(static_cast<unsigned>(nnz),
                   static_cast<unsigned>((heads + per_block - 1) / per_block));
-  AppendPagedKVKernel<T, VEC>
-      <<<grid, block, 0, stream>>>(k_cache, v_cache, key, value, batch_indices, positions, table,
-                                   heads, head_dim, k_in, v_in, k_cache_l, v_cache_l);
-  return cudaGetLastError();
+  return launch_kernel(AppendPagedKVKernel<T, VEC>, grid, block, 0, stream, false, k_cache, v_cache,
+                       key, value, batch_indices, positions, table, heads, head_dim, k_in, v_in,
+                       k_cache_l, v_cache_l);
 }
 
 // Every pointer 16-byte aligned and every stride and head_dim a multiple of the vector.

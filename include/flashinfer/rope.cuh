@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "flashinfer/pdl.cuh"
 #include "flashinfer/vec.cuh"
 
 namespace flashinfer {
@@ -105,9 +106,8 @@ cudaError_t ApplyRope(T* q_out, T* k_out, const T* q, const T* k, const IdT* pos
   const int64_t warps = (work + 31) / 32;
   const unsigned threads = static_cast<unsigned>(32 * (warps < 1 ? 1 : (warps < 8 ? warps : 8)));
   const dim3 grid(static_cast<unsigned>(p.nnz), static_cast<unsigned>(heads));
-  RopeKernel<T, IdT>
-      <<<grid, threads, 0, stream>>>(q_out, k_out, q, k, pos_ids, q_in, k_in, q_o, k_o, p);
-  return cudaGetLastError();
+  return launch_kernel(RopeKernel<T, IdT>, grid, dim3(threads), 0, stream, false, q_out, k_out, q,
+                       k, pos_ids, q_in, k_in, q_o, k_o, p);
 }
 
 }  // namespace rope

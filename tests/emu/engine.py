@@ -86,9 +86,9 @@ def build_library(
     link_flags: tuple[str, ...] = (),
 ) -> ctypes.CDLL:
     """``sources`` (CUDA TUs compiled as C++) and ``host_sources`` (host TUs, compiled with
-    ``host_flags``) with the engine, as library ``name`` (linked with ``link_flags``). The emulator's headers come first
-    on the include path, so they stand in for CUDA's and for the few of ours that issue PTX;
-    then ours with static shared memory registered."""
+    ``host_flags``) with the engine, as library ``name`` (linked with ``link_flags``). The
+    emulator's headers come first on the include path, so they stand in for CUDA's and for
+    the few of ours that issue PTX; then ours with static shared memory registered."""
     build = _build_dir()
     output = build / f"{name}.so"
     if not output.exists():

@@ -363,19 +363,26 @@ SENTINEL = 1234.0
 
 
 def _gpu_cache(
-    form: str, layout: str, num_pages: int, page_size: int, heads: int, dim: int, dtype: torch.dtype
+    form: str,
+    layout: str,
+    num_pages: int,
+    page_size: int,
+    heads: int,
+    dim: int,
+    dtype: torch.dtype,
+    device: str = "cuda",
 ):  # noqa: ANN202
     """(the paged_kv_cache argument in ``form``, 4-D key view, 4-D value view); keys poisoned
     with SENTINEL and values with -SENTINEL. The views alias the argument's memory."""
     page = (page_size, heads, dim) if layout == "NHD" else (heads, page_size, dim)
     slot = 1 if layout == "NHD" else 2  # page_size dim of a 4-D cache
     if form in ("single", "single_squeezed"):
-        kv = torch.empty(num_pages, 2, *page, dtype=dtype, device="cuda")
+        kv = torch.empty(num_pages, 2, *page, dtype=dtype, device=device)
         kv[:, 0], kv[:, 1] = SENTINEL, -SENTINEL
         arg = kv.squeeze(slot + 1) if form == "single_squeezed" else kv
         return arg, kv[:, 0], kv[:, 1]
-    k = torch.full((num_pages, *page), SENTINEL, dtype=dtype, device="cuda")
-    v = torch.full((num_pages, *page), -SENTINEL, dtype=dtype, device="cuda")
+    k = torch.full((num_pages, *page), SENTINEL, dtype=dtype, device=device)
+    v = torch.full((num_pages, *page), -SENTINEL, dtype=dtype, device=device)
     return ((k.squeeze(slot), v.squeeze(slot)) if form == "tuple_squeezed" else (k, v)), k, v
 
 
@@ -387,6 +394,7 @@ def _paged_setup(
     seed: int,
     dim: int = 128,
     index_dtype: torch.dtype = torch.int32,
+    device: str = "cuda",
 ):  # noqa: ANN202
     """Three requests with existing lengths, a shuffled page table with spare pages, and the
     appended tokens' indices from get_batch_indices_positions/get_seq_lens."""
@@ -399,14 +407,14 @@ def _paged_setup(
     page_ids = torch.randperm(num_pages)[: sum(pages_per)]
     kv_indptr = torch.tensor([0, *torch.tensor(pages_per).cumsum(0).tolist()])
     last = torch.tensor([n - (p - 1) * page_size for n, p in zip(new_lens, pages_per)])
-    arg, k_view, v_view = _gpu_cache(form, layout, num_pages, page_size, heads, dim, dtype)
+    arg, k_view, v_view = _gpu_cache(form, layout, num_pages, page_size, heads, dim, dtype, device)
     nnz = sum(add_lens)
-    key = torch.randn(nnz, heads, dim, dtype=dtype, device="cuda")
-    value = torch.randn(nnz, heads, dim, dtype=dtype, device="cuda")
+    key = torch.randn(nnz, heads, dim, dtype=dtype, device=device)
+    value = torch.randn(nnz, heads, dim, dtype=dtype, device=device)
     append_indptr = torch.tensor(
-        [0, *torch.tensor(add_lens).cumsum(0).tolist()], dtype=index_dtype, device="cuda"
+        [0, *torch.tensor(add_lens).cumsum(0).tolist()], dtype=index_dtype, device=device
     )
-    to_gpu = dict(dtype=index_dtype, device="cuda")
+    to_gpu = dict(dtype=index_dtype, device=device)
     seq_lens = flashinfer.get_seq_lens(kv_indptr.to(**to_gpu), last.to(**to_gpu), page_size)
     assert seq_lens.tolist() == new_lens
     batch, positions = flashinfer.get_batch_indices_positions(append_indptr, seq_lens, nnz)
@@ -449,7 +457,8 @@ def _append(s: dict, layout: str, **overrides) -> None:  # noqa: ANN003
         s["last"],
         kv_layout=layout,
     )
-    torch.cuda.synchronize()
+    if s["key"].is_cuda:
+        torch.cuda.synchronize()
 
 
 def _assert_only(s: dict, layout: str, expected: dict[tuple[int, int], int]) -> None:
