@@ -7,14 +7,18 @@ fills run as on a GPU, and the kernels read and write host memory."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-from typing import Any, Callable
+from types import ModuleType
+from typing import Any, Callable, Iterator
 
 import torch
 import tvm_ffi
 
+from flashinfer import checks
 from flashinfer.jit.core import JitSpec
 from flashinfer.jit.toolchain import current_toolchain
+from tests.compile import cpu_kernels
 
 from .engine import EmulatedLaunch, build_library, extent
 
@@ -100,3 +104,14 @@ class EmulatedModule:
             return self._launch.call(tensors, lambda: getattr(self._module, function)(*converted))
 
         return call
+
+
+@contextlib.contextmanager
+def on_cpu_tensors(monkeypatch: Any, api: ModuleType) -> Iterator[None]:
+    """What an emulated module's API (``flashinfer.norm``, ...) needs to run on CPU tensors:
+    its device checks pass them, PDL is off (no GPU to ask), and its ops have CPU kernels."""
+    monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
+    if hasattr(api, "resolve_enable_pdl"):
+        monkeypatch.setattr(api, "resolve_enable_pdl", lambda enable_pdl, device: False)
+    with cpu_kernels(api):
+        yield

@@ -13,11 +13,9 @@ import pytest
 import torch
 
 from flashinfer import activation as activation_api
-from flashinfer import checks
 from flashinfer.jit.activation import gen_act_and_mul_module
 from flashinfer.testing import reference
-from tests.compile import cpu_kernels
-from tests.emu.module import EmulatedModule
+from tests.emu.module import EmulatedModule, on_cpu_tensors
 from tests.ops.test_activation import APIS, TOLERANCE
 
 OUTPUTS = {f"{act}_and_mul": ("out",) for act in APIS}
@@ -37,9 +35,7 @@ def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedM
         monkeypatch.setattr(activation_api, "get_act_and_mul_module", lambda d: module)
         return module
 
-    monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
-    monkeypatch.setattr(activation_api, "resolve_enable_pdl", lambda enable_pdl, device: False)
-    with cpu_kernels(activation_api):
+    with on_cpu_tensors(monkeypatch, activation_api):
         yield install
 
 

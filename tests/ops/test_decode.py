@@ -534,15 +534,20 @@ SINGLE_CASES = [  # (kv_len, qo_heads, kv_heads, head_dim, layout, dtype)
 ]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("kv_len,qo_heads,kv_heads,head_dim,layout,dtype", SINGLE_CASES)
-def test_single_decode_matches_the_reference(
-    kv_len, qo_heads, kv_heads, head_dim, layout, dtype
+def check_single_decode(
+    kv_len: int,
+    qo_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    layout: str,
+    dtype: torch.dtype,
+    device: str = "cuda",
 ) -> None:
+    """single_decode_with_kv_cache against the reference: plain, soft-capped, windowed."""
     torch.manual_seed(kv_len)
-    q = torch.randn(qo_heads, head_dim, dtype=dtype, device="cuda")
-    k = torch.randn(kv_len, kv_heads, head_dim, dtype=dtype, device="cuda")
-    v = torch.randn(kv_len, kv_heads, head_dim, dtype=dtype, device="cuda")
+    q = torch.randn(qo_heads, head_dim, dtype=dtype, device=device)
+    k = torch.randn(kv_len, kv_heads, head_dim, dtype=dtype, device=device)
+    v = torch.randn(kv_len, kv_heads, head_dim, dtype=dtype, device=device)
     kk, vv = (
         (k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous())
         if layout == "HND"
@@ -564,6 +569,14 @@ def test_single_decode_matches_the_reference(
         assert out.dtype == dtype and out.shape == q.shape
         torch.testing.assert_close(out.double(), want, **_tolerance(dtype))
         torch.testing.assert_close(lse.double(), want_lse, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_len,qo_heads,kv_heads,head_dim,layout,dtype", SINGLE_CASES)
+def test_single_decode_matches_the_reference(
+    kv_len, qo_heads, kv_heads, head_dim, layout, dtype
+) -> None:
+    check_single_decode(kv_len, qo_heads, kv_heads, head_dim, layout, dtype)
 
 
 def _paged_batch(

@@ -22,6 +22,7 @@ from flashinfer import decode as decode_api
 from flashinfer.jit.decode import gen_decode_module
 from flashinfer.testing.reference import decode_attention as reference_decode
 from tests.emu.module import EmulatedModule
+from tests.ops.test_decode import check_single_decode
 from tests.ops.test_prefill import cpu_kernels
 from tests.ops.test_prefill_gpu import _break_page_ids, _kv_data, _paged_kv
 
@@ -234,28 +235,6 @@ def test_single_decode_matches_the_reference(
     """One request, split into chunks merged by the merge kernel when long; plain, capped,
     windowed; NHD and HND; a group of 35 (a partial warp in the 1024-thread kernel)."""
     module = emulate(dtype, head_dim, land_at_issue=kv_len % 2 == 1)
-    torch.manual_seed(kv_len)
-    q = torch.randn(qo_heads, head_dim, dtype=dtype)
-    k = torch.randn(kv_len, kv_heads, head_dim, dtype=dtype)
-    v = torch.randn(kv_len, kv_heads, head_dim, dtype=dtype)
-    kk, vv = (
-        (k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous())
-        if layout == "HND"
-        else (k, v)
-    )
-    for sm_scale, cap, window in ((None, None, -1), (0.3, 30.0, -1), (None, None, 100)):
-        out, lse = decode_api.single_decode_with_kv_cache(
-            q,
-            kk,
-            vv,
-            kv_layout=layout,
-            sm_scale=sm_scale,
-            logits_soft_cap=cap,
-            window_left=window,
-            return_lse=True,
-        )
-        want, want_lse = reference_decode(q, k, v, sm_scale or head_dim**-0.5, cap, window)
-        torch.testing.assert_close(out.double(), want, **_tolerance(dtype))
-        torch.testing.assert_close(lse.double(), want_lse, **LSE_TOLERANCE)
+    check_single_decode(kv_len, qo_heads, kv_heads, head_dim, layout, dtype, device="cpu")
     if kv_len >= 600:
         assert module.launches[0]["num_chunks"] > 1  # split and merged

@@ -15,12 +15,10 @@ import pytest
 import torch
 
 import flashinfer
-from flashinfer import checks
 from flashinfer import norm as norm_api
 from flashinfer.jit.norm import gen_norm_module
 from flashinfer.testing import reference
-from tests.compile import cpu_kernels
-from tests.emu.module import EmulatedModule
+from tests.emu.module import EmulatedModule, on_cpu_tensors
 
 OUTPUTS = {name: ("out",) for name in ("rmsnorm", "gemma_rmsnorm", "layernorm")}
 TOLERANCE = {
@@ -46,9 +44,7 @@ def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedM
         monkeypatch.setattr(norm_api, "get_norm_module", lambda d: module)
         return module
 
-    monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
-    monkeypatch.setattr(norm_api, "resolve_enable_pdl", lambda enable_pdl, device: False)
-    with cpu_kernels(norm_api):
+    with on_cpu_tensors(monkeypatch, norm_api):
         yield install
 
 

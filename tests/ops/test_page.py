@@ -515,9 +515,8 @@ def test_int64_indices_are_converted() -> None:
     _assert_only(s, "HND", _expected_slots(s))
 
 
-@pytest.mark.gpu
-def test_out_of_range_indices_are_skipped_not_written() -> None:
-    s = _paged_setup("tuple", "NHD", torch.float16, 4, 0)
+def check_out_of_range_indices_are_skipped(device: str = "cuda") -> None:
+    s = _paged_setup("tuple", "NHD", torch.float16, 4, 0, device=device)
     expected = _expected_slots(s)
     positions, batch = s["positions"].clone(), s["batch"].clone()
     positions[0] = 10_000  # beyond the pages request 0 owns
@@ -529,17 +528,28 @@ def test_out_of_range_indices_are_skipped_not_written() -> None:
     _assert_only(s, "NHD", {slot: t for slot, t in expected.items() if t not in dropped})
 
 
-@pytest.mark.gpu
-def test_page_table_entries_past_kv_indices_are_never_read() -> None:
-    """Issue 21: kv_indptr may point past the end of kv_indices (a CUDA indptr is not
-    validated on the host). kv_indices is a slice of a larger tensor whose next entry names a
-    real page: reading it would write there, so that page must stay untouched."""
-    s = _paged_setup("single", "HND", torch.bfloat16, 4, 2)
+def check_page_table_end_is_respected(device: str = "cuda") -> None:
+    """kv_indptr points one entry past the end of kv_indices, a slice of a larger tensor
+    whose next entry names a real page: reading it would write there, so that page must
+    stay untouched."""
+    s = _paged_setup("single", "HND", torch.bfloat16, 4, 2, device=device)
     expected = _expected_slots(s)
     trap = int(s["kv_indices"][-1])  # the last request's last page: its appended token's
     assert any(page == trap for page, _ in expected)
     _append(s, "HND", kv_indices=s["kv_indices"][:-1])
     _assert_only(s, "HND", {slot: t for slot, t in expected.items() if slot[0] != trap})
+
+
+@pytest.mark.gpu
+def test_out_of_range_indices_are_skipped_not_written() -> None:
+    check_out_of_range_indices_are_skipped()
+
+
+@pytest.mark.gpu
+def test_page_table_entries_past_kv_indices_are_never_read() -> None:
+    """Issue 21: a CUDA kv_indptr is not validated on the host (see
+    check_page_table_end_is_respected)."""
+    check_page_table_end_is_respected()
 
 
 @pytest.mark.gpu

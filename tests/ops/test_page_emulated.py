@@ -13,12 +13,17 @@ from typing import Callable, Iterator
 import pytest
 import torch
 
-from flashinfer import checks
 from flashinfer import page as page_api
 from flashinfer.jit.page import gen_page_module
-from tests.compile import cpu_kernels
-from tests.emu.module import EmulatedModule
-from tests.ops.test_page import _append, _assert_only, _expected_slots, _paged_setup
+from tests.emu.module import EmulatedModule, on_cpu_tensors
+from tests.ops.test_page import (
+    _append,
+    _assert_only,
+    _expected_slots,
+    _paged_setup,
+    check_out_of_range_indices_are_skipped,
+    check_page_table_end_is_respected,
+)
 
 
 @functools.cache
@@ -36,8 +41,7 @@ def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedM
         monkeypatch.setattr(page_api, "get_page_module", lambda d: module)
         return module
 
-    monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
-    with cpu_kernels(page_api):
+    with on_cpu_tensors(monkeypatch, page_api):
         yield install
 
 
@@ -65,29 +69,14 @@ def test_append_writes_exactly_the_appended_slots(
 
 def test_out_of_range_indices_are_skipped_not_written(emulate) -> None:
     emulate(torch.float16)
-    s = _paged_setup("tuple", "NHD", torch.float16, 4, 0, device="cpu")
-    expected = _expected_slots(s)
-    positions, batch = s["positions"].clone(), s["batch"].clone()
-    positions[0] = 10_000  # beyond the pages request 0 owns
-    batch[1] = 7  # no such request
-    batch[2] = -1  # what get_batch_indices_positions gives a token no request owns
-    positions[3] = -5
-    _append(s, "NHD", batch_indices=batch, positions=positions)
-    dropped = {0, 1, 2, 3}
-    _assert_only(s, "NHD", {slot: t for slot, t in expected.items() if t not in dropped})
+    check_out_of_range_indices_are_skipped(device="cpu")
 
 
 def test_page_table_entries_past_kv_indices_are_never_read(
     emulate, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """kv_indptr points one entry past a kv_indices slice whose next element names a real
-    page: the kernel must not read it nor write that page. A CUDA kv_indptr is not checked
-    on the host (that would synchronize); the CPU one here is let through the same way."""
+    """A CUDA kv_indptr is not checked on the host (that would synchronize); the CPU one here
+    is let through the same way."""
     emulate(torch.bfloat16)
     monkeypatch.setattr(page_api.ragged, "check_indptr", lambda *a, **k: None)
-    s = _paged_setup("single", "HND", torch.bfloat16, 4, 2, device="cpu")
-    expected = _expected_slots(s)
-    trap = int(s["kv_indices"][-1])
-    assert any(page == trap for page, _ in expected)
-    _append(s, "HND", kv_indices=s["kv_indices"][:-1])
-    _assert_only(s, "HND", {slot: t for slot, t in expected.items() if slot[0] != trap})
+    check_page_table_end_is_respected(device="cpu")
