@@ -16,6 +16,7 @@ import torch
 import tvm_ffi
 
 from flashinfer import checks
+from flashinfer.attention_args import WorkspaceOwner
 from flashinfer.jit.core import JitSpec
 from flashinfer.jit.toolchain import current_toolchain
 from tests.compile import cpu_kernels
@@ -107,11 +108,18 @@ class EmulatedModule:
 
 
 @contextlib.contextmanager
-def on_cpu_tensors(monkeypatch: Any, api: ModuleType) -> Iterator[None]:
-    """What an emulated module's API (``flashinfer.norm``, ...) needs to run on CPU tensors:
-    its device checks pass them, PDL is off (no GPU to ask), and its ops have CPU kernels."""
+def on_cpu_tensors(monkeypatch: Any, *apis: ModuleType) -> Iterator[None]:
+    """What emulated modules' APIs (``flashinfer.norm``, ...) need to run on CPU tensors:
+    their device checks pass them, PDL is off (no GPU to ask), a wrapper's plan() uploads
+    its schedule with a plain copy, and their ops have CPU kernels."""
     monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
-    if hasattr(api, "resolve_enable_pdl"):
-        monkeypatch.setattr(api, "resolve_enable_pdl", lambda enable_pdl, device: False)
-    with cpu_kernels(api):
+    for api in apis:
+        if hasattr(api, "resolve_enable_pdl"):
+            monkeypatch.setattr(api, "resolve_enable_pdl", lambda enable_pdl, device: False)
+    monkeypatch.setattr(
+        WorkspaceOwner,
+        "_upload",
+        lambda self, words, target: target.copy_(torch.tensor(words, dtype=target.dtype)),
+    )
+    with cpu_kernels(*apis):
         yield

@@ -365,8 +365,7 @@ void fiber_main() {
 void run_block() {
   const unsigned threads = g.block.x * g.block.y * g.block.z;
   if (g.smem_bytes) std::memset(g_window, kPoison, g.smem_bytes);
-  const size_t guard = kGuardBytes;
-  std::memset(g_window + g.smem_bytes, kGuard, guard);
+  std::memset(g_window + g.smem_bytes, kGuard, kGuardBytes);
   for (const auto& [p, bytes] : g.static_shared) std::memset(p, kPoison, bytes);
   g.block_barrier = Barrier{static_cast<int>(threads), 0, 0};
   g.warps.assign((threads + 31) / 32, Warp{});
@@ -403,7 +402,7 @@ void run_block() {
       if (g.failed) return;
     }
     if (!live) {
-      for (size_t i = 0; i < guard; ++i) {
+      for (size_t i = 0; i < kGuardBytes; ++i) {
         if (g_window[g.smem_bytes + i] != kGuard) {
           g.error = "block (" + std::to_string(g.block_idx.x) + ", " +
                     std::to_string(g.block_idx.y) + ", " + std::to_string(g.block_idx.z) +

@@ -17,13 +17,13 @@ from typing import Callable, Iterator
 import pytest
 import torch
 
-from flashinfer import checks
+from flashinfer import cascade as cascade_api
 from flashinfer import decode as decode_api
+from flashinfer import prefill as prefill_api
 from flashinfer.jit.decode import gen_decode_module
 from flashinfer.testing.reference import decode_attention as reference_decode
-from tests.emu.module import EmulatedModule
+from tests.emu.module import EmulatedModule, on_cpu_tensors
 from tests.ops.test_decode import check_single_decode
-from tests.ops.test_prefill import cpu_kernels
 from tests.ops.test_prefill_gpu import _break_page_ids, _kv_data, _paged_kv
 
 MAX_CTAS = 6  # a GPU this small splits a long KV over CTAs, so the merge kernel runs too
@@ -59,13 +59,7 @@ def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedM
 
     monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: MAX_CTAS)
     monkeypatch.setattr(decode_api, "get_device_sm_count", lambda device: MAX_CTAS)
-    monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
-    monkeypatch.setattr(
-        decode_api.BatchDecodeWithPagedKVCacheWrapper,
-        "_upload",
-        lambda self, words, target: target.copy_(torch.tensor(words, dtype=target.dtype)),
-    )
-    with cpu_kernels():
+    with on_cpu_tensors(monkeypatch, decode_api, prefill_api, cascade_api):
         yield install
 
 

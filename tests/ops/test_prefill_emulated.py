@@ -16,7 +16,8 @@ from typing import Any, Callable, Iterator
 import pytest
 import torch
 
-from flashinfer import checks
+from flashinfer import cascade as cascade_api
+from flashinfer import decode as decode_api
 from flashinfer import prefill as prefill_api
 from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper
 from flashinfer.jit.prefill import (
@@ -27,8 +28,7 @@ from flashinfer.jit.prefill import (
     gen_prefill_module,
 )
 from flashinfer.testing.reference import attention as reference_attention
-from tests.emu.module import EmulatedModule
-from tests.ops.test_prefill import cpu_kernels
+from tests.emu.module import EmulatedModule, on_cpu_tensors
 from tests.ops.test_prefill_gpu import (
     NAN,
     _batch_data,
@@ -83,13 +83,7 @@ def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedM
 
     monkeypatch.setattr(prefill_api, "_max_ctas", lambda *a: MAX_CTAS)
     monkeypatch.setattr(prefill_api, "get_device_sm_count", lambda device: MAX_CTAS)
-    monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
-    monkeypatch.setattr(
-        prefill_api._BatchPrefillWrapper,
-        "_upload",
-        lambda self, words, target: target.copy_(torch.tensor(words, dtype=target.dtype)),
-    )
-    with cpu_kernels():
+    with on_cpu_tensors(monkeypatch, decode_api, prefill_api, cascade_api):
         yield install
 
 

@@ -81,16 +81,6 @@ inline float __uint_as_float(unsigned x) {
   std::memcpy(&f, &x, 4);
   return f;
 }
-inline float __int_as_float(int x) {
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-inline unsigned __float_as_uint(float f) {
-  unsigned x;
-  std::memcpy(&x, &f, 4);
-  return x;
-}
 
 inline cudaError_t cudaGetDevice(int* device) {
   *device = 0;
@@ -108,7 +98,6 @@ inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, F*
 inline cudaError_t cudaSetDevice(int device) {
   return device == 0 ? cudaSuccess : cudaErrorInvalidValue;
 }
-inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 inline const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {
     case cudaSuccess:
