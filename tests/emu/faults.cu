@@ -1,7 +1,7 @@
 // Kernels that break CUDA's rules one way each, for tests/emu/test_simt.py: the emulator
 // must fail each launch with its cause (and run the well-behaved ones: a copy through
-// shared memory, collectives of part of a warp, shuffle modes and widths, and a static
-// __shared__ array read before it is written).
+// shared memory, collectives of part of a warp, shuffle modes and widths, matches and
+// reductions, and a static __shared__ array read before it is written).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -24,7 +24,9 @@ enum Fault {
   kHalfWarps,
   kShuffleModes,
   kStaticShared,
-  kShuffleOutsideMask
+  kShuffleOutsideMask,
+  kMatchReduce,
+  kFinishWithoutMe
 };
 
 // The results of the modes that compute: thread t's words at out + 16 t.
@@ -47,6 +49,18 @@ __global__ void Kernel(int fault, const uint8_t* src, int64_t offset, uint8_t* o
     const uint32_t down = __shfl_down_sync(0xffffffffu, t, 5, 16);
     const uint32_t up = __shfl_up_sync(0xffffffffu, t, 2);
     return store_words(out, index, down, up);
+  }
+  if (fault == kMatchReduce) {  // and a 64-bit shuffle: its halves (t ^ 1, (t ^ 1) + 7)
+    const uint32_t match = __match_any_sync(0xffffffffu, lane % 3);
+    const uint32_t sum = __reduce_add_sync(0xffffffffu, t);
+    const uint64_t pair = __shfl_xor_sync(0xffffffffu, uint64_t{t} << 32 | (t + 7), 1);
+    return store_words(out, match, sum, static_cast<uint32_t>(pair >> 32 | pair << 16));
+  }
+  if (fault == kFinishWithoutMe) {  // odd lanes wait in the last ballot while even ones match
+    const bool even = lane % 2 == 0;
+    const uint32_t members = __ballot_sync(0xffffffffu, even);
+    const uint32_t peers = even ? __match_any_sync(members, lane % 4) : 0u;
+    return store_words(out, members, peers, __ballot_sync(0xffffffffu, true));
   }
   if (fault == kStaticShared) {
     __shared__ uint32_t cell[64];

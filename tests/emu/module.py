@@ -45,12 +45,21 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b0 + b_bytes and b0 < a0 + a_bytes
 
 
+def _poison(t: torch.Tensor) -> None:
+    """Fills ``t`` with what no kernel writes: NaN, or for integers and bools 0xa5 bytes (a
+    bool reads as neither True nor False in its bytes, ``t.view(torch.uint8)``)."""
+    if t.is_floating_point():
+        t.fill_(float("nan"))
+    else:
+        t.view(torch.uint8).fill_(0xA5)
+
+
 class EmulatedModule:
     """The module of ``spec`` on the emulator, with the schedule ``land_at_issue`` and
     ``reverse`` (tests/emu/engine.py). Calling a function registers every tensor argument
-    as a buffer its kernels may read, fills the arguments ``outputs[function]`` names with
-    NaN first (so a row a kernel does not write shows; not one that shares memory with
-    another argument, an in-place call's input), and records the arguments by name
+    as a buffer its kernels may read, poisons the arguments ``outputs[function]`` names first
+    (so a row a kernel does not write shows; not one that shares memory with another
+    argument, an in-place call's input), and records the arguments by name
     in ``launches``. A failed launch raises the binding's RuntimeError with the emulator's
     message (block, thread and cause)."""
 
@@ -100,7 +109,7 @@ class EmulatedModule:
                 out = named[name]
                 others = [t for n, t in named.items() if n != name and isinstance(t, torch.Tensor)]
                 if out is not None and not any(_overlap(out, t) for t in others):
-                    out.fill_(float("nan"))
+                    _poison(out)
             converted = [as_cuda(a) if isinstance(a, torch.Tensor) else a for a in args]
             return self._launch.call(tensors, lambda: getattr(self._module, function)(*converted))
 

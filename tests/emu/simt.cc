@@ -38,6 +38,8 @@ enum class Op {
   kShuffleUp,
   kShuffleDown,
   kBallot,
+  kMatchAny,
+  kReduceAdd,
   kLdmatrix,
   kLdmatrixTrans,
   kMma
@@ -55,6 +57,10 @@ const char* op_name(Op op) {
       return "__shfl_down_sync";
     case Op::kBallot:
       return "__ballot_sync";
+    case Op::kMatchAny:
+      return "__match_any_sync";
+    case Op::kReduceAdd:
+      return "__reduce_add_sync";
     case Op::kLdmatrix:
       return "ldmatrix";
     case Op::kLdmatrixTrans:
@@ -67,8 +73,9 @@ const char* op_name(Op op) {
 
 // A warp's collectives in progress. A lane arrives with its mask, operation and operands and
 // waits until every lane its mask names has arrived in the same collective (lanes outside
-// the mask may meanwhile be in another one); the last to arrive computes every participant's
-// results and wakes them.
+// the mask, or lanes of the mask finishing a collective that leaves this lane out, may
+// meanwhile be in another one); the last to arrive computes every participant's results and
+// wakes them.
 struct Warp {
   uint32_t lanes = 0;  // lanes that exist and have not exited
   uint32_t launched = 0;
@@ -284,6 +291,19 @@ void compute(Warp& w, uint32_t mask, Op op) {
       w.out[lane][0] = bits;
       continue;
     }
+    if (op == Op::kMatchAny || op == Op::kReduceAdd) {
+      uint32_t result = 0;
+      for (int l = 0; l < 32; ++l) {
+        if (!(mask >> l & 1)) continue;
+        if (op == Op::kReduceAdd) {
+          result += w.in[l][0];
+        } else if (w.in[l][0] == w.in[lane][0] && w.in[l][1] == w.in[lane][1]) {
+          result |= 1u << l;
+        }
+      }
+      w.out[lane][0] = result;
+      continue;
+    }
     const int source = shuffle_source(op, lane, w.in[lane][1], w.in[lane][2]);
     if (!(mask >> source & 1)) {
       fail("%s: lane %d reads lane %d, which the mask 0x%08x leaves out", op_name(op), lane, source,
@@ -307,10 +327,15 @@ const uint32_t* collective(Op op, uint32_t mask, const uint32_t* in, int words,
     fail("%s with lane mask 0x%08x in a warp whose lanes are 0x%08x (0x%08x not exited)",
          op_name(op), mask, w.launched, w.lanes);
   }
-  // a lane waiting for this one, or one this one waits for, must be in the same collective
+  // The lanes of `mask` already waiting here. One waiting in another collective that does
+  // not name this lane comes here once that one completes; one that names this lane never
+  // does (each waits for the other): they diverge.
+  uint32_t here = 1u << lane;
   for (int l = 0; l < 32; ++l) {
-    if (!(w.arrived >> l & 1) || !((w.mask[l] >> lane & 1) || (mask >> l & 1))) continue;
-    if (w.mask[l] != mask || w.op[l] != op || w.element[l] != element) {
+    if (!(w.arrived >> l & 1) || !(mask >> l & 1)) continue;
+    if (w.mask[l] == mask && w.op[l] == op && w.element[l] == element) {
+      here |= 1u << l;
+    } else if (w.mask[l] >> lane & 1) {
       fail("lanes of warp %u diverge: this one is in %s (mask 0x%08x), lane %d in %s (mask 0x%08x)",
            warp, op_name(op), mask, l, op_name(w.op[l]), w.mask[l]);
     }
@@ -320,7 +345,7 @@ const uint32_t* collective(Op op, uint32_t mask, const uint32_t* in, int words,
   w.element[lane] = element;
   std::memcpy(w.in[lane], in, sizeof(uint32_t) * words);
   w.arrived |= 1u << lane;
-  if ((w.arrived & mask) == mask) {
+  if (here == mask) {
     compute(w, mask, op);
     w.arrived &= ~mask;
     for (int l = 0; l < 32; ++l) {
@@ -455,6 +480,16 @@ uint32_t shuffle_bits(uint32_t mask, uint32_t value, int operand, Shuffle mode, 
 uint32_t ballot(uint32_t mask, bool pred) {
   const uint32_t in[1] = {pred ? 1u : 0u};
   return collective(Op::kBallot, mask, in, 1)[0];
+}
+
+uint32_t match_any(uint32_t mask, uint64_t value) {
+  const uint32_t in[2] = {static_cast<uint32_t>(value), static_cast<uint32_t>(value >> 32)};
+  return collective(Op::kMatchAny, mask, in, 2)[0];
+}
+
+uint32_t reduce_add(uint32_t mask, uint32_t value) {
+  const uint32_t in[1] = {value};
+  return collective(Op::kReduceAdd, mask, in, 1)[0];
 }
 
 void ldmatrix_x4(uint32_t* r, uint32_t address, bool trans) {

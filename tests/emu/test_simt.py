@@ -1,7 +1,7 @@
 """The emulator's own checks: each rule a kernel can break (tests/emu/faults.cu) fails the
 launch with its cause, and well-behaved kernels compute what CUDA specifies: a cp.async round
-trip through shared memory, collectives of part of a warp, shuffle modes and widths, and a
-static __shared__ array that starts each CTA poisoned."""
+trip through shared memory, collectives of part of a warp, shuffle modes and widths, matches
+and reductions, and a static __shared__ array that starts each CTA poisoned."""
 
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ from tests.emu.engine import EMU_DIR, EmulatedLaunch, build_library
     SHUFFLE_MODES,
     STATIC_SHARED,
     SHUFFLE_OUTSIDE_MASK,
-) = range(11)
+    MATCH_REDUCE,
+    FINISH_WITHOUT_ME,
+) = range(13)
 
 
 class FaultLaunch(ctypes.Structure):
@@ -81,6 +83,26 @@ def test_shuffle_modes_and_widths() -> None:
         assert index == (t & ~7) + 3
         assert down == (t + 5 if t % 16 + 5 < 16 else t)
         assert up == (t - 2 if t % 32 >= 2 else t)
+
+
+def _unsigned_words(fault: int) -> list[list[int]]:
+    return [[w % 2**32 for w in words] for words in _words(fault)]
+
+
+def test_matches_reductions_and_64_bit_shuffles() -> None:
+    for t, (match, total, pair) in enumerate(_unsigned_words(MATCH_REDUCE)):
+        warp = t // 32
+        assert match == sum(1 << lane for lane in range(32) if lane % 3 == t % 32 % 3)
+        assert total == sum(range(32 * warp, 32 * warp + 32))
+        assert pair == (t ^ 1) | ((t ^ 1) + 7) << 16
+
+
+def test_a_lane_waits_while_the_lanes_it_names_finish_another_collective() -> None:
+    """Odd lanes reach the closing ballot while the even lanes still match among themselves
+    (a mask leaving the odd ones out): legal, as on a GPU."""
+    for t, (members, peers, after) in enumerate(_unsigned_words(FINISH_WITHOUT_ME)):
+        assert members == 0x55555555 and after == 0xFFFFFFFF
+        assert peers == (0 if t % 2 else 0x11111111 << (t % 4))
 
 
 def test_static_shared_memory_starts_every_cta_poisoned() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import struct
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -559,13 +560,15 @@ def assert_distribution(tokens: torch.Tensor, expected: torch.Tensor) -> None:
     assert stat < chi_square_bound(df), f"chi2 {stat:.1f} over {df} dof"
 
 
-def _random_probs(batch: int, vocab: int, seed: int, spread: float = 2.0) -> torch.Tensor:
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    logits = torch.randn(batch, vocab, device="cuda", generator=gen) * spread
+def random_probs(
+    batch: int, vocab: int, seed: int, device: str = "cuda", spread: float = 2.0
+) -> torch.Tensor:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    logits = torch.randn(batch, vocab, device=device, generator=gen) * spread
     return torch.softmax(logits, dim=-1)
 
 
-def _near_boundary(probs: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tensor:
+def near_boundary(probs: torch.Tensor, top_p: torch.Tensor | float) -> torch.Tensor:
     """Elements whose top-p membership is within fixed-point/rounding reach (1e-5 of the
     row's mass)."""
     p = probs.double()
@@ -574,13 +577,14 @@ def _near_boundary(probs: torch.Tensor, top_p: torch.Tensor | float) -> torch.Te
     return (reference.mass_above(p) - top * total).abs() < 1e-5 * total
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("vocab", [1, 7, 4097, 32000, 128256])
-def test_softmax_matches_torch(dtype, vocab) -> None:
+# The checks below take the device their tensors live on: "cuda" in the GPU tests here, "cpu"
+# in tests/ops/test_sampling_emulated.py, where the kernels' own source runs on the emulator.
+
+
+def check_softmax(device: str, dtype: torch.dtype, vocab: int) -> None:
     torch.manual_seed(vocab)
-    logits = (torch.randn(5, vocab + 3, device="cuda") * 4).to(dtype)[:, 3:]  # unaligned rows
-    temps = torch.rand(5, device="cuda") + 0.3
+    logits = (torch.randn(5, vocab + 3, device=device) * 4).to(dtype)[:, 3:]  # unaligned rows
+    temps = torch.rand(5, device=device) + 0.3
     for temperature in (None, 0.7, temps):
         t = 1.0 if temperature is None else temperature
         t = t.reshape(-1, 1).double() if isinstance(t, torch.Tensor) else t
@@ -591,10 +595,15 @@ def test_softmax_matches_torch(dtype, vocab) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("vocab", [10, 1000, 32000, 128256])
-def test_top_k_renorm_and_mask_match_the_reference(vocab) -> None:
-    probs = _random_probs(6, vocab, vocab)
-    ks = torch.tensor([1, 2, 5, vocab // 2 + 1, vocab - 1, vocab], device="cuda").clamp(1, vocab)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("vocab", [1, 7, 4097, 32000, 128256])
+def test_softmax_matches_torch(dtype, vocab) -> None:
+    check_softmax("cuda", dtype, vocab)
+
+
+def check_top_k_renorm_and_mask(device: str, vocab: int) -> None:
+    probs = random_probs(6, vocab, vocab, device)
+    ks = torch.tensor([1, 2, 5, vocab // 2 + 1, vocab - 1, vocab], device=device).clamp(1, vocab)
     for top_k in (3 if vocab > 3 else 1, ks):
         keep = reference.top_k_set(probs, top_k)
         got = flashinfer.top_k_renorm_probs(probs, top_k)
@@ -610,282 +619,130 @@ def test_top_k_renorm_and_mask_match_the_reference(vocab) -> None:
 
 
 @pytest.mark.gpu
-def test_top_k_keeps_ties_with_the_kth() -> None:
-    probs = torch.tensor([[0.1, 0.3, 0.2, 0.2, 0.2]], device="cuda")
+@pytest.mark.parametrize("vocab", [10, 1000, 32000, 128256])
+def test_top_k_renorm_and_mask_match_the_reference(vocab) -> None:
+    check_top_k_renorm_and_mask("cuda", vocab)
+
+
+def check_top_k_keeps_ties(device: str) -> None:
+    probs = torch.tensor([[0.1, 0.3, 0.2, 0.2, 0.2]], device=device)
     got = flashinfer.top_k_renorm_probs(probs, 2)
     torch.testing.assert_close(got.cpu(), torch.tensor([[0.0, 0.3, 0.2, 0.2, 0.2]]) / 0.9)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("vocab", [10, 1000, 32000, 128256])
-def test_top_p_renorm_matches_the_reference(vocab) -> None:
-    probs = _random_probs(6, vocab, vocab + 1)
-    ps = torch.tensor([0.01, 0.1, 0.5, 0.9, 0.999, 1.0], device="cuda")
+def test_top_k_keeps_ties_with_the_kth() -> None:
+    check_top_k_keeps_ties("cuda")
+
+
+def check_top_p_renorm(device: str, vocab: int) -> None:
+    probs = random_probs(6, vocab, vocab + 1, device)
+    ps = torch.tensor([0.01, 0.1, 0.5, 0.9, 0.999, 1.0], device=device)
     for top_p in (0.7, ps):
         keep = reference.top_p_set(probs, top_p)
         got = flashinfer.top_p_renorm_probs(probs, top_p)
         kept = got > 0
-        free = _near_boundary(probs, top_p)
+        free = near_boundary(probs, top_p)
         assert torch.equal(kept[~free], keep[~free])
         torch.testing.assert_close(
             got.double(), reference.renormalize(probs, kept), atol=1e-6, rtol=1e-5
         )
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [10, 1000, 32000, 128256])
+def test_top_p_renorm_matches_the_reference(vocab) -> None:
+    check_top_p_renorm("cuda", vocab)
+
+
 def _draws(api, probs: torch.Tensor, n: int, **kwargs) -> torch.Tensor:  # noqa: ANN001
     """n draws from row 0 of probs in one call (indices repeat the row)."""
-    indices = torch.zeros(n, dtype=I32, device="cuda")
+    indices = torch.zeros(n, dtype=I32, device=probs.device)
     return api(probs, indices=indices, seed=1234, offset=0, **kwargs)
 
 
+def top_p_set(probs: torch.Tensor, top_p: float, wide: bool) -> torch.Tensor:
+    """The top-p set; ``wide``: with the elements whose membership is decided in fixed point
+    (see near_boundary) added."""
+    keep = reference.top_p_set(probs, top_p)
+    return keep | (near_boundary(probs, top_p) & (probs > 0)) if wide else keep
+
+
+# (name, api, kwargs, allowed(probs, wide): the set a row's token may come from)
+Api = Callable[..., Any]
+Allowed = Callable[[torch.Tensor, bool], torch.Tensor]
 SAMPLERS = [
-    ("plain", flashinfer.sampling_from_probs, {}, lambda p: torch.ones_like(p, dtype=torch.bool)),
+    (
+        "plain",
+        flashinfer.sampling_from_probs,
+        {},
+        lambda p, wide: torch.ones_like(p, dtype=torch.bool),
+    ),
     (
         "top_k",
         flashinfer.top_k_sampling_from_probs,
         dict(top_k=7),
-        lambda p: reference.top_k_set(p, 7),
+        lambda p, wide: reference.top_k_set(p, 7),
     ),
     (
         "top_p",
         flashinfer.top_p_sampling_from_probs,
         dict(top_p=0.6),
-        lambda p: reference.top_p_set(p, 0.6),
+        lambda p, wide: top_p_set(p, 0.6, wide),
     ),
     (
         "min_p",
         flashinfer.min_p_sampling_from_probs,
         dict(min_p=0.2),
-        lambda p: reference.min_p_set(p, 0.2),
+        lambda p, wide: reference.min_p_set(p, 0.2),
     ),
     (
         "joint",
         flashinfer.top_k_top_p_sampling_from_probs,
         dict(top_k=10, top_p=0.5, filter_apply_order="joint"),
-        lambda p: reference.top_k_set(p, 10) & reference.top_p_set(p, 0.5),
+        lambda p, wide: reference.top_k_set(p, 10) & top_p_set(p, 0.5, wide),
     ),
     (
         "top_k_first",
         flashinfer.top_k_top_p_sampling_from_probs,
         dict(top_k=10, top_p=0.5, filter_apply_order="top_k_first"),
-        lambda p: reference.top_p_set(reference.renormalize(p, reference.top_k_set(p, 10)), 0.5),
+        lambda p, wide: top_p_set(reference.renormalize(p, reference.top_k_set(p, 10)), 0.5, wide),
     ),
 ]
+SAMPLER_IDS = [s[0] for s in SAMPLERS]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name,api,kwargs,allowed", SAMPLERS, ids=[s[0] for s in SAMPLERS])
+@pytest.mark.parametrize("name,api,kwargs,allowed", SAMPLERS, ids=SAMPLER_IDS)
 def test_sampled_distribution_matches_the_renormalized_reference(
     name, api, kwargs, allowed
 ) -> None:
-    probs = _random_probs(1, 64, 7, spread=1.0)
-    keep = allowed(probs)
+    probs = random_probs(1, 64, 7, spread=1.0)
+    keep = allowed(probs, False)
     tokens = _draws(api, probs, 200_000, **kwargs)
     assert tokens.dtype == I32 and tokens.shape == (200_000,)
     assert_distribution(tokens, reference.renormalize(probs, keep)[0])
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name,api,kwargs,allowed", SAMPLERS, ids=[s[0] for s in SAMPLERS])
-@pytest.mark.parametrize("vocab", [3, 4097, 128256, 262144])
-def test_every_token_lies_in_the_allowed_set(name, api, kwargs, allowed, vocab) -> None:
-    probs = _random_probs(64, vocab, vocab)
-    kwargs = {k: (min(v, vocab) if k == "top_k" else v) for k, v in kwargs.items()}
-    keep = allowed(probs)
-    if "top_p" in kwargs:  # membership at the boundary is decided in fixed point
-        keep |= _near_boundary(probs, kwargs["top_p"])
-    for draw in range(8):
+def check_tokens_in_allowed_set(
+    device: str, api: Api, kwargs: dict, allowed: Allowed, vocab: int, batch: int, draws: int
+) -> None:
+    probs = random_probs(batch, vocab, vocab, device)
+    keep = allowed(probs, True)
+    for draw in range(draws):
         tokens = api(probs, seed=99, offset=draw, **kwargs).long()
         assert ((tokens >= 0) & (tokens < vocab)).all()
-        assert keep.gather(1, tokens[:, None]).all(), name
-
-
-@pytest.mark.gpu
-def test_per_request_parameters_apply_row_by_row() -> None:
-    probs = _random_probs(4, 5000, 3)
-    top_k = torch.tensor([1, 5, 50, 5000], device="cuda")
-    top_p = torch.tensor([0.05, 0.3, 0.8, 1.0], device="cuda")
-    keep = reference.top_k_set(probs, top_k) & (
-        reference.top_p_set(probs, top_p) | _near_boundary(probs, top_p)
-    )
-    for draw in range(20):
-        tokens = flashinfer.top_k_top_p_sampling_from_probs(
-            probs, top_k, top_p, filter_apply_order="joint", seed=5, offset=draw
-        ).long()
         assert keep.gather(1, tokens[:, None]).all()
-        assert tokens[0] == probs[0].argmax()
 
 
 @pytest.mark.gpu
-def test_large_batch_and_vocab() -> None:
-    probs = _random_probs(1024, 262144, 11, spread=3.0)
-    tokens = flashinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=1).long()
-    keep = reference.top_k_set(probs, 50) & (
-        reference.top_p_set(probs, 0.9) | _near_boundary(probs, 0.9)
-    )
-    assert keep.gather(1, tokens[:, None]).all()
+@pytest.mark.parametrize("name,api,kwargs,allowed", SAMPLERS, ids=SAMPLER_IDS)
+@pytest.mark.parametrize("vocab", [3, 4097, 128256, 262144])
+def test_every_token_lies_in_the_allowed_set(name, api, kwargs, allowed, vocab) -> None:
+    check_tokens_in_allowed_set("cuda", api, kwargs, allowed, vocab, batch=64, draws=8)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("vocab", [33, 4099, 128257])
-@pytest.mark.parametrize("shift", [0, 1])
-def test_crowded_histogram_bins_select_exact_sets(vocab, shift) -> None:
-    """Rows of four distinct values send whole warps into one histogram bin at every radix
-    level (warp-aggregated adds; a bin's mass carries between its two 32-bit words). shift 1
-    starts rows off the 4-element boundary (scalar loads); odd vocabularies end mid-warp."""
-    gen = torch.Generator(device="cuda").manual_seed(vocab + shift)
-    levels = torch.tensor([1.0, 3.0, 9.0, 27.0], device="cuda")
-    raw = levels[torch.randint(0, 4, (5, vocab + shift), device="cuda", generator=gen)]
-    probs = (raw / raw.sum(-1, keepdim=True))[:, shift:]
-    for top_k in (1, vocab // 3, vocab - 1):
-        keep = reference.top_k_set(probs, top_k)
-        assert torch.equal(flashinfer.top_k_renorm_probs(probs, top_k) > 0, keep)
-        logits = probs.log()
-        masked = flashinfer.top_k_mask_logits(logits, top_k)
-        lkeep = reference.top_k_set(logits, top_k)
-        assert torch.equal(masked, torch.where(lkeep, logits, float("-inf")))
-    for top_p in (0.3, 0.8):
-        keep = reference.top_p_set(probs, top_p)
-        free = _near_boundary(probs, top_p)
-        kept = flashinfer.top_p_renorm_probs(probs, top_p) > 0
-        assert torch.equal(kept[~free], keep[~free])
-    top_k_set = reference.top_k_set(probs, vocab // 2)
-    in_top_k = reference.renormalize(probs, top_k_set)
-    allowed = top_k_set & (reference.top_p_set(in_top_k, 0.5) | _near_boundary(in_top_k, 0.5))
-    for draw in range(4):
-        tokens = flashinfer.top_k_top_p_sampling_from_probs(
-            probs, vocab // 2, 0.5, filter_apply_order="top_k_first", seed=3, offset=draw
-        ).long()
-        assert allowed.gather(1, tokens[:, None]).all()
-
-
-@pytest.mark.gpu
-def test_sampling_from_logits_matches_softmax() -> None:
-    logits = torch.randn(1, 64, device="cuda") * 1.5
-    logits[0, 5] = float("-inf")
-    tokens = _draws(flashinfer.sampling_from_logits, logits, 200_000)
-    assert_distribution(tokens, torch.softmax(logits.double(), -1)[0])
-    for dtype in (torch.float16, torch.bfloat16):
-        half = _draws(flashinfer.sampling_from_logits, logits.to(dtype), 200_000)
-        assert_distribution(half, torch.softmax(logits.to(dtype).double(), -1)[0])
-
-
-@pytest.mark.gpu
-def test_top_k_top_p_from_logits_is_softmax_then_probs() -> None:
-    logits = torch.randn(16, 3000, device="cuda", dtype=torch.bfloat16) * 3
-    for order in ("top_k_first", "joint"):
-        a = flashinfer.top_k_top_p_sampling_from_logits(
-            logits, 20, 0.8, filter_apply_order=order, seed=3, offset=4
-        )
-        b = flashinfer.top_k_top_p_sampling_from_probs(
-            flashinfer.softmax(logits), 20, 0.8, filter_apply_order=order, seed=3, offset=4
-        )
-        assert torch.equal(a, b)
-
-
-@pytest.mark.gpu
-def test_same_seed_same_tokens_and_generators_advance() -> None:
-    probs = _random_probs(256, 32000, 21)
-    a = flashinfer.top_p_sampling_from_probs(probs, 0.9, seed=42, offset=8)
-    assert torch.equal(a, flashinfer.top_p_sampling_from_probs(probs, 0.9, seed=42, offset=8))
-    assert not torch.equal(a, flashinfer.top_p_sampling_from_probs(probs, 0.9, seed=42, offset=12))
-    assert not torch.equal(a, flashinfer.top_p_sampling_from_probs(probs, 0.9, seed=43, offset=8))
-    g = torch.Generator(device="cuda").manual_seed(7)
-    first = flashinfer.sampling_from_probs(probs, generator=g)
-    second = flashinfer.sampling_from_probs(probs, generator=g)
-    assert not torch.equal(first, second)
-    again = flashinfer.sampling_from_probs(
-        probs, generator=torch.Generator(device="cuda").manual_seed(7)
-    )
-    assert torch.equal(first, again)
-    torch.manual_seed(0)
-    x = flashinfer.sampling_from_probs(probs)
-    torch.manual_seed(0)
-    assert torch.equal(x, flashinfer.sampling_from_probs(probs))
-
-
-@pytest.mark.gpu
-def test_same_seed_same_tokens_in_a_fresh_process() -> None:
-    code = (
-        "import torch, flashinfer\n"
-        "g = torch.Generator(device='cuda').manual_seed(5)\n"
-        "p = torch.softmax(torch.randn(64, 50000, device='cuda', generator=g) * 2, -1)\n"
-        "t = flashinfer.top_k_top_p_sampling_from_probs(p, 40, 0.9, seed=77, offset=3)\n"
-        "print(','.join(map(str, t.tolist())))\n"
-    )
-    here = run_python(code).stdout.strip().splitlines()[-1]
-    there = run_python(code).stdout.strip().splitlines()[-1]
-    assert here == there and len(here.split(",")) == 64
-
-
-@pytest.mark.gpu
-def test_degenerate_rows() -> None:
-    vocab = 1000
-    one_hot = torch.zeros(3, vocab, device="cuda")
-    one_hot[torch.arange(3), torch.tensor([0, 517, 999])] = 1.0
-    for api, kwargs in (
-        (flashinfer.sampling_from_probs, {}),
-        (flashinfer.top_k_sampling_from_probs, dict(top_k=5)),
-        (flashinfer.top_p_sampling_from_probs, dict(top_p=0.3)),
-        (flashinfer.min_p_sampling_from_probs, dict(min_p=0.5)),
-    ):
-        assert api(one_hot, seed=1, **kwargs).tolist() == [0, 517, 999]
-    probs = _random_probs(32, vocab, 4)
-    assert torch.equal(
-        flashinfer.top_k_sampling_from_probs(probs, 1, seed=2).long(), probs.argmax(-1)
-    )
-    plain = flashinfer.sampling_from_probs(probs, seed=9, offset=1)
-    assert torch.equal(flashinfer.top_p_sampling_from_probs(probs, 1.0, seed=9, offset=1), plain)
-    assert torch.equal(flashinfer.top_k_sampling_from_probs(probs, vocab, seed=9, offset=1), plain)
-    assert torch.equal(flashinfer.min_p_sampling_from_probs(probs, 0.0, seed=9, offset=1), plain)
-    logits = torch.full((4, vocab), float("-inf"), device="cuda")
-    logits[torch.arange(4), torch.tensor([3, 0, 999, 400])] = torch.randn(4, device="cuda")
-    assert flashinfer.sampling_from_logits(logits, seed=3).tolist() == [3, 0, 999, 400]
-    assert flashinfer.top_k_top_p_sampling_from_logits(logits, 10, 0.5, seed=3).tolist() == [
-        3,
-        0,
-        999,
-        400,
-    ]
-
-
-@pytest.mark.gpu
-def test_indices_map_outputs_to_rows_and_out_of_range_yields_minus_one() -> None:
-    probs = torch.zeros(3, 100, device="cuda")
-    probs[0, 10] = probs[1, 20] = probs[2, 30] = 1.0
-    indices = torch.tensor([2, 0, 0, 1, 3, -1], dtype=I32, device="cuda")
-    assert flashinfer.sampling_from_probs(probs, indices=indices, seed=0).tolist() == [
-        30,
-        10,
-        10,
-        20,
-        -1,
-        -1,
-    ]
-    from_logits = flashinfer.sampling_from_logits(probs.log(), indices=indices.long(), seed=0)
-    assert from_logits.tolist() == [30, 10, 10, 20, -1, -1]
-    zero_row = torch.zeros(1, 100, device="cuda")
-    assert flashinfer.sampling_from_probs(zero_row, seed=0).tolist() == [0]
-
-
-@pytest.mark.gpu
-def test_check_nan_raises() -> None:
-    probs = _random_probs(2, 100, 0)
-    probs[1, 3] = float("nan")
-    with pytest.raises(ValueError, match="probs contains NaN"):
-        flashinfer.sampling_from_probs(probs, check_nan=True)
-
-
-@pytest.mark.gpu
-def test_softmax_with_pdl_after_another_kernel() -> None:
-    logits = torch.randn(64, 32000, device="cuda")
-    for _ in range(3):
-        logits.mul_(1.01)  # a kernel right before: PDL must still see its result
-        got = flashinfer.softmax(logits, enable_pdl=True)
-        torch.testing.assert_close(got, torch.softmax(logits, -1), atol=1e-6, rtol=1e-4)
-
-
-def _race_checks(
+def race_checks(
     tokens: torch.Tensor,
     probs: torch.Tensor,
     seeds: list[int],
@@ -906,31 +763,293 @@ def _race_checks(
     return compared
 
 
+def check_filtered_tokens_follow_the_race(
+    device: str, api: Api, kwargs: dict, allowed: Allowed, offset: int
+) -> None:
+    """Every sampler's token is the race's winner over its allowed set: the row's own
+    (top-p's boundary elements decided either way give the same winner, else the row is
+    skipped)."""
+    probs = random_probs(16, 300, 17, device, spread=1.0)
+    seed = 0xFEDCBA9876543210
+    tokens = api(probs, seed=seed, offset=offset, **kwargs)
+    exact, wide = allowed(probs, False), allowed(probs, True)
+    compared = 0
+    for row in range(16):
+        want, margin = reference.exponential_race(probs[row], seed, offset, row, exact[row])
+        widened, _ = reference.exponential_race(probs[row], seed, offset, row, wide[row])
+        if margin > 1e-4 and want == widened:
+            assert int(tokens[row]) == want, row
+            compared += 1
+    assert compared >= 10
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("offset", [0, 1, 2, 3, 4, 7, 2**40 + 5, 2**64 - 3])
-def test_tokens_follow_the_documented_counter_layout(offset) -> None:
+@pytest.mark.parametrize("name,api,kwargs,allowed", SAMPLERS, ids=SAMPLER_IDS)
+def test_filtered_tokens_follow_the_race(name, api, kwargs, allowed) -> None:
+    check_filtered_tokens_follow_the_race("cuda", api, kwargs, allowed, offset=6)
+
+
+def check_per_request_parameters(device: str, draws: int) -> None:
+    probs = random_probs(4, 5000, 3, device)
+    top_k = torch.tensor([1, 5, 50, 5000], device=device)
+    top_p = torch.tensor([0.05, 0.3, 0.8, 1.0], device=device)
+    keep = reference.top_k_set(probs, top_k) & (
+        reference.top_p_set(probs, top_p) | near_boundary(probs, top_p)
+    )
+    for draw in range(draws):
+        tokens = flashinfer.top_k_top_p_sampling_from_probs(
+            probs, top_k, top_p, filter_apply_order="joint", seed=5, offset=draw
+        ).long()
+        assert keep.gather(1, tokens[:, None]).all()
+        assert tokens[0] == probs[0].argmax()
+
+
+@pytest.mark.gpu
+def test_per_request_parameters_apply_row_by_row() -> None:
+    check_per_request_parameters("cuda", draws=20)
+
+
+@pytest.mark.gpu
+def test_large_batch_and_vocab() -> None:
+    probs = random_probs(1024, 262144, 11, spread=3.0)
+    tokens = flashinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=1).long()
+    keep = reference.top_k_set(probs, 50) & (
+        reference.top_p_set(probs, 0.9) | near_boundary(probs, 0.9)
+    )
+    assert keep.gather(1, tokens[:, None]).all()
+
+
+def check_crowded_histogram_bins(device: str, vocab: int, shift: int) -> None:
+    """Rows of four distinct values send whole warps into one histogram bin at every radix
+    level (warp-aggregated adds; a bin's mass carries between its two 32-bit words). shift 1
+    starts rows off the 4-element boundary (scalar loads); odd vocabularies end mid-warp."""
+    gen = torch.Generator(device=device).manual_seed(vocab + shift)
+    levels = torch.tensor([1.0, 3.0, 9.0, 27.0], device=device)
+    raw = levels[torch.randint(0, 4, (5, vocab + shift), device=device, generator=gen)]
+    probs = (raw / raw.sum(-1, keepdim=True))[:, shift:]
+    for top_k in (1, vocab // 3, vocab - 1):
+        keep = reference.top_k_set(probs, top_k)
+        assert torch.equal(flashinfer.top_k_renorm_probs(probs, top_k) > 0, keep)
+        logits = probs.log()
+        masked = flashinfer.top_k_mask_logits(logits, top_k)
+        lkeep = reference.top_k_set(logits, top_k)
+        assert torch.equal(masked, torch.where(lkeep, logits, float("-inf")))
+    for top_p in (0.3, 0.8):
+        keep = reference.top_p_set(probs, top_p)
+        free = near_boundary(probs, top_p)
+        kept = flashinfer.top_p_renorm_probs(probs, top_p) > 0
+        assert torch.equal(kept[~free], keep[~free])
+    top_k_set = reference.top_k_set(probs, vocab // 2)
+    in_top_k = reference.renormalize(probs, top_k_set)
+    allowed = top_k_set & (reference.top_p_set(in_top_k, 0.5) | near_boundary(in_top_k, 0.5))
+    for draw in range(4):
+        tokens = flashinfer.top_k_top_p_sampling_from_probs(
+            probs, vocab // 2, 0.5, filter_apply_order="top_k_first", seed=3, offset=draw
+        ).long()
+        assert allowed.gather(1, tokens[:, None]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [33, 4099, 128257])
+@pytest.mark.parametrize("shift", [0, 1])
+def test_crowded_histogram_bins_select_exact_sets(vocab, shift) -> None:
+    check_crowded_histogram_bins("cuda", vocab, shift)
+
+
+@pytest.mark.gpu
+def test_sampling_from_logits_matches_softmax() -> None:
+    logits = torch.randn(1, 64, device="cuda") * 1.5
+    logits[0, 5] = float("-inf")
+    tokens = _draws(flashinfer.sampling_from_logits, logits, 200_000)
+    assert_distribution(tokens, torch.softmax(logits.double(), -1)[0])
+    for dtype in (torch.float16, torch.bfloat16):
+        half = _draws(flashinfer.sampling_from_logits, logits.to(dtype), 200_000)
+        assert_distribution(half, torch.softmax(logits.to(dtype).double(), -1)[0])
+
+
+def check_logits_tokens_follow_the_race(device: str, dtype: torch.dtype) -> None:
+    """argmax(logit - log E) is argmax(softmax / E) on the same variates: the host model of
+    the race over the softmax names each token (near ties skipped)."""
+    logits = (torch.randn(16, 200, device=device) * 1.5).to(dtype)
+    logits[3, :150] = float("-inf")
+    seed, offset = 0x0123456789ABCDEF, 9
+    tokens = flashinfer.sampling_from_logits(logits, seed=seed, offset=offset)
+    probs = torch.softmax(logits.float(), -1)
+    assert race_checks(tokens, probs, [seed] * 16, [offset] * 16) >= 12
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logits_tokens_follow_the_race(dtype) -> None:
+    check_logits_tokens_follow_the_race("cuda", dtype)
+
+
+def check_logits_filters_are_softmax_then_probs(device: str, batch: int) -> None:
+    logits = torch.randn(batch, 3000, device=device, dtype=torch.bfloat16) * 3
+    for order in ("top_k_first", "joint"):
+        a = flashinfer.top_k_top_p_sampling_from_logits(
+            logits, 20, 0.8, filter_apply_order=order, seed=3, offset=4
+        )
+        b = flashinfer.top_k_top_p_sampling_from_probs(
+            flashinfer.softmax(logits), 20, 0.8, filter_apply_order=order, seed=3, offset=4
+        )
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_top_k_top_p_from_logits_is_softmax_then_probs() -> None:
+    check_logits_filters_are_softmax_then_probs("cuda", batch=16)
+
+
+def check_same_seed_same_tokens(device: str, batch: int, vocab: int) -> None:
+    probs = random_probs(batch, vocab, 21, device)
+    a = flashinfer.top_p_sampling_from_probs(probs, 0.9, seed=42, offset=8)
+    assert torch.equal(a, flashinfer.top_p_sampling_from_probs(probs, 0.9, seed=42, offset=8))
+    assert not torch.equal(a, flashinfer.top_p_sampling_from_probs(probs, 0.9, seed=42, offset=12))
+    assert not torch.equal(a, flashinfer.top_p_sampling_from_probs(probs, 0.9, seed=43, offset=8))
+    g = torch.Generator(device=device).manual_seed(7)
+    first = flashinfer.sampling_from_probs(probs, generator=g)
+    second = flashinfer.sampling_from_probs(probs, generator=g)
+    assert not torch.equal(first, second)
+    again = flashinfer.sampling_from_probs(
+        probs, generator=torch.Generator(device=device).manual_seed(7)
+    )
+    assert torch.equal(first, again)
+
+
+@pytest.mark.gpu
+def test_same_seed_same_tokens_and_generators_advance() -> None:
+    check_same_seed_same_tokens("cuda", batch=256, vocab=32000)
+    probs = random_probs(256, 32000, 21)
+    torch.manual_seed(0)
+    x = flashinfer.sampling_from_probs(probs)
+    torch.manual_seed(0)
+    assert torch.equal(x, flashinfer.sampling_from_probs(probs))
+
+
+@pytest.mark.gpu
+def test_same_seed_same_tokens_in_a_fresh_process() -> None:
+    code = (
+        "import torch, flashinfer\n"
+        "g = torch.Generator(device='cuda').manual_seed(5)\n"
+        "p = torch.softmax(torch.randn(64, 50000, device='cuda', generator=g) * 2, -1)\n"
+        "t = flashinfer.top_k_top_p_sampling_from_probs(p, 40, 0.9, seed=77, offset=3)\n"
+        "print(','.join(map(str, t.tolist())))\n"
+    )
+    here = run_python(code).stdout.strip().splitlines()[-1]
+    there = run_python(code).stdout.strip().splitlines()[-1]
+    assert here == there and len(here.split(",")) == 64
+
+
+def check_degenerate_rows(device: str) -> None:
+    vocab = 1000
+    one_hot = torch.zeros(3, vocab, device=device)
+    one_hot[torch.arange(3), torch.tensor([0, 517, 999])] = 1.0
+    for api, kwargs in (
+        (flashinfer.sampling_from_probs, {}),
+        (flashinfer.top_k_sampling_from_probs, dict(top_k=5)),
+        (flashinfer.top_p_sampling_from_probs, dict(top_p=0.3)),
+        (flashinfer.min_p_sampling_from_probs, dict(min_p=0.5)),
+    ):
+        assert api(one_hot, seed=1, **kwargs).tolist() == [0, 517, 999]
+    probs = random_probs(32, vocab, 4, device)
+    assert torch.equal(
+        flashinfer.top_k_sampling_from_probs(probs, 1, seed=2).long(), probs.argmax(-1)
+    )
+    plain = flashinfer.sampling_from_probs(probs, seed=9, offset=1)
+    assert torch.equal(flashinfer.top_p_sampling_from_probs(probs, 1.0, seed=9, offset=1), plain)
+    assert torch.equal(flashinfer.top_k_sampling_from_probs(probs, vocab, seed=9, offset=1), plain)
+    assert torch.equal(flashinfer.min_p_sampling_from_probs(probs, 0.0, seed=9, offset=1), plain)
+    logits = torch.full((4, vocab), float("-inf"), device=device)
+    logits[torch.arange(4), torch.tensor([3, 0, 999, 400])] = torch.randn(4, device=device)
+    assert flashinfer.sampling_from_logits(logits, seed=3).tolist() == [3, 0, 999, 400]
+    assert flashinfer.top_k_top_p_sampling_from_logits(logits, 10, 0.5, seed=3).tolist() == [
+        3,
+        0,
+        999,
+        400,
+    ]
+
+
+@pytest.mark.gpu
+def test_degenerate_rows() -> None:
+    check_degenerate_rows("cuda")
+
+
+def check_indices_map_outputs_to_rows(device: str) -> None:
+    probs = torch.zeros(3, 100, device=device)
+    probs[0, 10] = probs[1, 20] = probs[2, 30] = 1.0
+    indices = torch.tensor([2, 0, 0, 1, 3, -1], dtype=I32, device=device)
+    assert flashinfer.sampling_from_probs(probs, indices=indices, seed=0).tolist() == [
+        30,
+        10,
+        10,
+        20,
+        -1,
+        -1,
+    ]
+    from_logits = flashinfer.sampling_from_logits(probs.log(), indices=indices.long(), seed=0)
+    assert from_logits.tolist() == [30, 10, 10, 20, -1, -1]
+    zero_row = torch.zeros(1, 100, device=device)
+    assert flashinfer.sampling_from_probs(zero_row, seed=0).tolist() == [0]
+
+
+@pytest.mark.gpu
+def test_indices_map_outputs_to_rows_and_out_of_range_yields_minus_one() -> None:
+    check_indices_map_outputs_to_rows("cuda")
+
+
+def check_nan_raises(device: str) -> None:
+    probs = random_probs(2, 100, 0, device)
+    probs[1, 3] = float("nan")
+    with pytest.raises(ValueError, match="probs contains NaN"):
+        flashinfer.sampling_from_probs(probs, check_nan=True, seed=0)
+
+
+@pytest.mark.gpu
+def test_check_nan_raises() -> None:
+    check_nan_raises("cuda")
+
+
+@pytest.mark.gpu
+def test_softmax_with_pdl_after_another_kernel() -> None:
+    logits = torch.randn(64, 32000, device="cuda")
+    for _ in range(3):
+        logits.mul_(1.01)  # a kernel right before: PDL must still see its result
+        got = flashinfer.softmax(logits, enable_pdl=True)
+        torch.testing.assert_close(got, torch.softmax(logits, -1), atol=1e-6, rtol=1e-4)
+
+
+def check_counter_layout(device: str, offset: int) -> None:
     """Element j of output row r races with E = -log1p(-u), u from word offset + j of Philox
     subsequence r (the curand/torch layout), for offsets in and across Philox blocks."""
-    probs = _random_probs(16, 100, 3, spread=1.0)
+    probs = random_probs(16, 100, 3, device, spread=1.0)
     seed = 0x123456789ABCDEF0
     tokens = flashinfer.sampling_from_probs(probs, seed=seed, offset=offset)
-    assert _race_checks(tokens, probs, [seed] * 16, [offset] * 16) >= 12
+    assert race_checks(tokens, probs, [seed] * 16, [offset] * 16) >= 12
     keep = reference.top_k_set(probs, 10)
     tokens = flashinfer.top_k_sampling_from_probs(probs, 10, seed=seed, offset=offset)
-    assert _race_checks(tokens, probs, [seed] * 16, [offset] * 16, keep) >= 12
+    assert race_checks(tokens, probs, [seed] * 16, [offset] * 16, keep) >= 12
+
+
+OFFSETS = [0, 1, 2, 3, 4, 7, 2**40 + 5, 2**64 - 3]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.int64, torch.uint64])
-def test_seed_and_offset_tensors_per_row_and_shared(dtype) -> None:
-    probs = _random_probs(8, 300, 12, spread=1.0)
+@pytest.mark.parametrize("offset", OFFSETS)
+def test_tokens_follow_the_documented_counter_layout(offset) -> None:
+    check_counter_layout("cuda", offset)
+
+
+def check_seed_and_offset_tensors(device: str, dtype: torch.dtype) -> None:
+    probs = random_probs(8, 300, 12, device, spread=1.0)
     seeds = [2**63 + 11 * r for r in range(8)]  # beyond int64: stored in two's complement
     offsets = [4 * r + (r % 3) for r in range(8)]
     as_tensor = [s if dtype == torch.uint64 else rng.as_int64(s) for s in seeds]
-    seed_t = torch.tensor(as_tensor, dtype=dtype, device="cuda")
-    offset_t = torch.tensor(offsets, dtype=dtype, device="cuda")
+    seed_t = torch.tensor(as_tensor, dtype=dtype, device=device)
+    offset_t = torch.tensor(offsets, dtype=dtype, device=device)
     tokens = flashinfer.sampling_from_probs(probs, seed=seed_t, offset=offset_t)
-    assert _race_checks(tokens, probs, seeds, offsets) >= 6
+    assert race_checks(tokens, probs, seeds, offsets) >= 6
     one_seed, one_offset = seed_t[:1].clone(), offset_t[:1].clone()
     shared = flashinfer.top_p_sampling_from_probs(probs, 0.9, seed=one_seed, offset=one_offset)
     assert torch.equal(
@@ -944,8 +1063,14 @@ def test_seed_and_offset_tensors_per_row_and_shared(dtype) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint64])
+def test_seed_and_offset_tensors_per_row_and_shared(dtype) -> None:
+    check_seed_and_offset_tensors("cuda", dtype)
+
+
+@pytest.mark.gpu
 def test_seed_tensors_make_cuda_graph_replays_draw_fresh_tokens() -> None:
-    probs = _random_probs(32, 4000, 13)
+    probs = random_probs(32, 4000, 13)
     seed = torch.tensor([7], dtype=torch.int64, device="cuda")
     offset = torch.tensor([0], dtype=torch.int64, device="cuda")
     flashinfer.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=seed, offset=offset)  # warm
@@ -973,7 +1098,7 @@ def test_generator_draws_do_not_overlap_torch_streams() -> None:
     subsequences 0 .. batch - 1 (what torch.rand would have drawn there) and advances the
     generator past them, so torch's next draw is fresh."""
     vocab = 1001  # 251 Philox blocks per row: the call consumes 1004 offsets
-    probs = _random_probs(4, vocab, 5, spread=1.0)
+    probs = random_probs(4, vocab, 5, spread=1.0)
     g = torch.Generator(device="cuda").manual_seed(2024)
     start = g.get_state()
     seed, offset = (int(v) % 2**64 for v in start.view(torch.int64).tolist())
@@ -986,7 +1111,7 @@ def test_generator_draws_do_not_overlap_torch_streams() -> None:
     ]
     assert at_start.tolist() == model
     tokens = flashinfer.sampling_from_probs(probs, generator=g)
-    assert _race_checks(tokens, probs, [seed] * 4, [offset] * 4) >= 3
+    assert race_checks(tokens, probs, [seed] * 4, [offset] * 4) >= 3
     assert int(g.get_state().view(torch.int64)[1]) == offset + 1004
     after = torch.rand(4, generator=g, device="cuda").cpu()
     assert after.tolist() != at_start.tolist()
@@ -996,12 +1121,10 @@ def test_generator_draws_do_not_overlap_torch_streams() -> None:
     ]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("scale", [2.0**-23, 2.0**-10, 2.0**10, 2.0**27])
-def test_top_p_set_does_not_depend_on_the_rows_scale(scale) -> None:
-    """Top-p's fixed point is relative to the row's total: p * 2^a (1.2e-7 .. 1.3e8) keeps
-    the same set, with the same renormalized values, as p."""
-    probs = _random_probs(8, 32000, 9)
+def check_top_p_set_is_scale_free(device: str, scale: float, batch: int, vocab: int) -> None:
+    """Top-p's fixed point is relative to the row's total: p * 2^a keeps the same set, with
+    the same renormalized values, as p."""
+    probs = random_probs(batch, vocab, 9, device)
     base = flashinfer.top_p_renorm_probs(probs, 0.5)
     got = flashinfer.top_p_renorm_probs(probs * scale, 0.5)
     assert torch.equal(got > 0, base > 0)
@@ -1010,34 +1133,49 @@ def test_top_p_set_does_not_depend_on_the_rows_scale(scale) -> None:
     assert torch.equal(tokens, flashinfer.top_p_sampling_from_probs(probs, 0.5, seed=1))
 
 
+POWER_SCALES = [2.0**-23, 2.0**-10, 2.0**10, 2.0**27]  # 1.2e-7 .. 1.3e8
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("scale", [1e-7, 1e-3, 1e4, 1e8])
-def test_top_p_matches_the_reference_at_any_row_scale(scale) -> None:
-    q = _random_probs(8, 32000, 10) * scale
+@pytest.mark.parametrize("scale", POWER_SCALES)
+def test_top_p_set_does_not_depend_on_the_rows_scale(scale) -> None:
+    check_top_p_set_is_scale_free("cuda", scale, batch=8, vocab=32000)
+
+
+def check_top_p_at_any_scale(device: str, scale: float, batch: int, vocab: int) -> None:
+    q = random_probs(batch, vocab, 10, device) * scale
     for top_p in (0.3, 0.9):
         keep = reference.top_p_set(q, top_p)
         got = flashinfer.top_p_renorm_probs(q, top_p)
-        free = _near_boundary(q, top_p)
+        free = near_boundary(q, top_p)
         assert torch.equal((got > 0)[~free], keep[~free])
         torch.testing.assert_close(
             got.double(), reference.renormalize(q, got > 0), atol=1e-6, rtol=1e-5
         )
 
 
+SCALES = [1e-7, 1e-3, 1e4, 1e8]
+
+
 @pytest.mark.gpu
-def test_wide_indices_and_top_k_are_not_narrowed() -> None:
-    probs = _random_probs(3, 500, 8)
-    indices = torch.tensor([0, 2**32, 2**31, -(2**32) + 1, 2, 1], dtype=I64, device="cuda")
+@pytest.mark.parametrize("scale", SCALES)
+def test_top_p_matches_the_reference_at_any_row_scale(scale) -> None:
+    check_top_p_at_any_scale("cuda", scale, batch=8, vocab=32000)
+
+
+def check_wide_indices_and_top_k(device: str) -> None:
+    probs = random_probs(3, 500, 8, device)
+    indices = torch.tensor([0, 2**32, 2**31, -(2**32) + 1, 2, 1], dtype=I64, device=device)
     tokens, valid = flashinfer.top_k_sampling_from_probs(
         probs, 3, indices=indices, seed=4, return_valid=True
     )
     assert tokens.dtype == I64 and valid.dtype == torch.bool
     assert tokens[1:4].tolist() == [-1, -1, -1]
-    assert valid.tolist() == [True, False, False, False, True, True]
+    assert valid.view(torch.uint8).tolist() == [1, 0, 0, 0, 1, 1]
     keep = reference.top_k_set(probs, 3)
     for out_row, row in ((0, 0), (4, 2), (5, 1)):
         assert keep[row, tokens[out_row]]
-    top_k = torch.tensor([2**32 + 1, 2**40, -(2**33)], dtype=I64, device="cuda")
+    top_k = torch.tensor([2**32 + 1, 2**40, -(2**33)], dtype=I64, device=device)
     plain = flashinfer.sampling_from_probs(probs, seed=11, offset=0)
     assert torch.equal(flashinfer.top_k_sampling_from_probs(probs, top_k, seed=11, offset=0), plain)
     logits = torch.log(probs)
@@ -1045,20 +1183,28 @@ def test_wide_indices_and_top_k_are_not_narrowed() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_signed_zeros_tie_in_the_key_order(dtype) -> None:
+def test_wide_indices_and_top_k_are_not_narrowed() -> None:
+    check_wide_indices_and_top_k("cuda")
+
+
+def check_signed_zeros_tie(device: str, dtype: torch.dtype) -> None:
     logits = torch.tensor(
-        [[0.0, -0.0, -1.0], [-0.0, 0.0, -1.0], [-1.0, -0.0, 0.0]], dtype=dtype, device="cuda"
+        [[0.0, -0.0, -1.0], [-0.0, 0.0, -1.0], [-1.0, -0.0, 0.0]], dtype=dtype, device=device
     )
     got = flashinfer.top_k_mask_logits(logits, 1)
     assert torch.isinf(got).cpu().tolist() == [[False, False, True]] * 2 + [[True, False, False]]
-    probs = torch.tensor([[0.5, 0.0, -0.0, 0.5]], device="cuda")
+    probs = torch.tensor([[0.5, 0.0, -0.0, 0.5]], device=device)
     assert flashinfer.top_k_renorm_probs(probs, 2).cpu().tolist() == [[0.5, 0.0, 0.0, 0.5]]
 
 
 @pytest.mark.gpu
-def test_return_valid_flags_rows_with_nothing_to_draw() -> None:
-    probs = _random_probs(4, 100, 1)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_signed_zeros_tie_in_the_key_order(dtype) -> None:
+    check_signed_zeros_tie("cuda", dtype)
+
+
+def check_return_valid(device: str) -> None:
+    probs = random_probs(4, 100, 1, device)
     probs[2] = 0
     for api, kwargs in (
         (flashinfer.sampling_from_probs, {}),
@@ -1069,13 +1215,17 @@ def test_return_valid_flags_rows_with_nothing_to_draw() -> None:
     ):
         tokens, valid = api(probs, seed=1, return_valid=True, **kwargs)
         assert tokens.dtype == I32 and valid.dtype == torch.bool
-        assert valid.tolist() == [True, True, False, True] and tokens[2] == 0
+        assert valid.view(torch.uint8).tolist() == [1, 1, 0, 1] and tokens[2] == 0
         assert torch.equal(tokens, api(probs, seed=1, **kwargs))
 
 
 @pytest.mark.gpu
-def test_16_and_64_bit_inputs() -> None:
-    probs = _random_probs(8, 1000, 6)
+def test_return_valid_flags_rows_with_nothing_to_draw() -> None:
+    check_return_valid("cuda")
+
+
+def check_16_and_64_bit_inputs(device: str) -> None:
+    probs = random_probs(8, 1000, 6, device)
     for dtype in (torch.float16, torch.bfloat16, torch.float64):
         x = probs.to(dtype)
         assert torch.equal(
@@ -1100,13 +1250,17 @@ def test_16_and_64_bit_inputs() -> None:
 
 
 @pytest.mark.gpu
-def test_softmax_temperature_zero_or_inf_is_uniform_over_finite_logits() -> None:
-    logits = torch.randn(3, 10, device="cuda") * 4
+def test_16_and_64_bit_inputs() -> None:
+    check_16_and_64_bit_inputs("cuda")
+
+
+def check_temperature_zero_or_inf(device: str) -> None:
+    logits = torch.randn(3, 10, device=device) * 4
     logits[1, 3] = float("-inf")
-    want = torch.full((3, 10), 0.1, device="cuda", dtype=torch.float64)
+    want = torch.full((3, 10), 0.1, device=device, dtype=torch.float64)
     want[1] = 1 / 9
     want[1, 3] = 0
-    for temperature in (0.0, math.inf, torch.tensor([0.0, 0.0, math.inf], device="cuda")):
+    for temperature in (0.0, math.inf, torch.tensor([0.0, 0.0, math.inf], device=device)):
         got = flashinfer.softmax(logits, temperature)
         torch.testing.assert_close(got.double(), want, atol=1e-6, rtol=1e-5)
     finite = logits[[0, 2]]
@@ -1117,8 +1271,12 @@ def test_softmax_temperature_zero_or_inf_is_uniform_over_finite_logits() -> None
 
 
 @pytest.mark.gpu
-def test_out_of_range_parameters_follow_the_documented_meaning() -> None:
-    probs = _random_probs(4, 700, 14)
+def test_softmax_temperature_zero_or_inf_is_uniform_over_finite_logits() -> None:
+    check_temperature_zero_or_inf("cuda")
+
+
+def check_out_of_range_parameters(device: str) -> None:
+    probs = random_probs(4, 700, 14, device)
     plain = flashinfer.sampling_from_probs(probs, seed=9, offset=4)
     argmax = probs.argmax(-1).int()
     p, a = plain.tolist(), argmax.tolist()
@@ -1127,15 +1285,20 @@ def test_out_of_range_parameters_follow_the_documented_meaning() -> None:
     assert torch.equal(flashinfer.top_p_sampling_from_probs(probs, 1.5, **same), plain)
     assert torch.equal(flashinfer.min_p_sampling_from_probs(probs, -0.5, **same), plain)
     assert torch.equal(flashinfer.min_p_sampling_from_probs(probs, 1.0, **same), argmax)
-    per_row_k = torch.tensor([-1, 0, 700, 10**6], dtype=I32, device="cuda")
+    per_row_k = torch.tensor([-1, 0, 700, 10**6], dtype=I32, device=device)
     got = flashinfer.top_k_sampling_from_probs(probs, per_row_k, **same)
     assert got.tolist() == [p[0], a[1], p[2], p[3]]
-    per_row_p = torch.tensor([0.0, -1.0, 1.0, 2.0], device="cuda")
+    per_row_p = torch.tensor([0.0, -1.0, 1.0, 2.0], device=device)
     got = flashinfer.top_p_sampling_from_probs(probs, per_row_p, **same)
     assert got.tolist() == [a[0], a[1], p[2], p[3]]
-    per_row_min_p = torch.tensor([2.0, 1.0, 0.0, -1.0], device="cuda")
+    per_row_min_p = torch.tensor([2.0, 1.0, 0.0, -1.0], device=device)
     got = flashinfer.min_p_sampling_from_probs(probs, per_row_min_p, **same)
     assert got.tolist() == [a[0], a[1], p[2], p[3]]
+
+
+@pytest.mark.gpu
+def test_out_of_range_parameters_follow_the_documented_meaning() -> None:
+    check_out_of_range_parameters("cuda")
 
 
 @pytest.mark.compile_matrix

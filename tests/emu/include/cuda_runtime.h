@@ -71,10 +71,44 @@ inline T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = 32
   return ::simt::shuffle(mask, value, static_cast<int>(delta), ::simt::Shuffle::kDown, width);
 }
 inline unsigned __ballot_sync(unsigned mask, bool pred) { return ::simt::ballot(mask, pred); }
+template <typename T>
+inline unsigned __match_any_sync(unsigned mask, T value) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "32- and 64-bit matches");
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(T));
+  return ::simt::match_any(mask, bits);
+}
+inline unsigned __reduce_add_sync(unsigned mask, unsigned value) {
+  return ::simt::reduce_add(mask, value);
+}
+inline int __reduce_add_sync(unsigned mask, int value) {
+  return static_cast<int>(::simt::reduce_add(mask, static_cast<unsigned>(value)));
+}
 inline size_t __cvta_generic_to_shared(const void* p) { return ::simt::shared_offset(p); }
 
-// CUDA's device math beyond libm: rsqrtf (the GPU's is within 2 ulp of this)
+// CUDA's device math beyond libm: rsqrtf (the GPU's is within 2 ulp of this) and the fast
+// __expf and __logf (the GPU's are within a few ulp of these for the arguments kernels pass)
 inline float rsqrtf(float x) { return 1.f / sqrtf(x); }
+inline float __expf(float x) { return expf(x); }
+inline float __logf(float x) { return logf(x); }
+
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+
+// cvt.rzi.u64.f32: toward zero, NaN and negatives to 0, saturating at 2^64 - 1
+inline unsigned long long __float2ull_rz(float x) {
+  if (!(x > 0.f)) return 0ull;
+  return x >= 18446744073709551616.f ? ~0ull : static_cast<unsigned long long>(x);
+}
+
+// Atomics: threads switch only at barriers and collectives, so a plain read-modify-write is
+// one atomic operation.
+template <typename T>
+inline T atomicAdd(T* address, T value) {
+  const T old = *address;
+  *address = old + value;
+  return old;
+}
 
 inline float __uint_as_float(unsigned x) {
   float f;

@@ -1,9 +1,10 @@
 // The CPU emulator of the kernels (tests/emu/simt.cc): a CTA's threads run as fibers on one
 // host thread, switching only where CUDA threads meet (__syncthreads and the warp
-// collectives: shuffles, ballots, ldmatrix, mma.sync), so a kernel compiled from its own
-// source by the host compiler runs as the GPU would run it, one CTA after another. What it
-// checks as it goes (each a launch failure naming block, thread and cause): the lanes a
-// collective's mask names agreeing on which collective they are in, none of them exited and
+// collectives: shuffles, ballots, matches, reductions, ldmatrix, mma.sync), so a kernel
+// compiled from its own source by the host compiler runs as the GPU would run it, one CTA
+// after another (a read-modify-write of one thread is therefore atomic). What it
+// checks as it goes (each a launch failure naming block, thread and cause): two lanes whose
+// collectives' masks name each other being in the same collective, none of them exited and
 // none left out that a shuffle reads, ldmatrix and cp.async addresses aligned and inside the
 // launch's dynamic shared memory, cp.async and page-table reads inside the buffers the test
 // registered, dynamic shared memory past 48 KiB only with the kernel's attribute raised, and
@@ -31,17 +32,22 @@ void sync_threads();
 // lane + operand, within the lane's segment of `width` lanes
 enum class Shuffle { kXor, kIndex, kUp, kDown };
 uint32_t shuffle_bits(uint32_t mask, uint32_t value, int operand, Shuffle mode, int width);
+// a 64-bit value moves as two 32-bit shuffles, as CUDA's 64-bit overloads do
 template <typename T>
 T shuffle(uint32_t mask, T value, int operand, Shuffle mode, int width) {
-  static_assert(sizeof(T) == 4, "32-bit shuffles");
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  bits = shuffle_bits(mask, bits, operand, mode, width);
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "32- and 64-bit shuffles");
+  uint32_t bits[sizeof(T) / 4];
+  std::memcpy(bits, &value, sizeof(T));
+  for (uint32_t& b : bits) b = shuffle_bits(mask, b, operand, mode, width);
   T out;
-  std::memcpy(&out, &bits, 4);
+  std::memcpy(&out, bits, sizeof(T));
   return out;
 }
 uint32_t ballot(uint32_t mask, bool pred);
+// match.any.sync: the lanes of `mask` whose `value` equals the calling lane's
+uint32_t match_any(uint32_t mask, uint64_t value);
+// redux.sync.add.u32: the sum, modulo 2^32, of `value` over the lanes of `mask`
+uint32_t reduce_add(uint32_t mask, uint32_t value);
 // ldmatrix .m8n8.x4(.trans).b16: `address` a shared-window offset (shared_offset)
 void ldmatrix_x4(uint32_t* r, uint32_t address, bool trans);
 // mma.sync.m16n8k16.row.col.f32 with 16-bit inputs: c += a * b
