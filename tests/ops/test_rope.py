@@ -278,11 +278,13 @@ TOLERANCE = {
 }
 
 
-def _gpu_qk(nnz: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int):  # noqa: ANN202
+def random_qk(
+    nnz: int, heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int, device: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     torch.manual_seed(seed)
     return (
-        torch.randn(nnz, heads, head_dim, dtype=dtype, device="cuda"),
-        torch.randn(nnz, kv_heads, head_dim, dtype=dtype, device="cuda"),
+        torch.randn(nnz, heads, head_dim, dtype=dtype, device=device),
+        torch.randn(nnz, kv_heads, head_dim, dtype=dtype, device=device),
     )
 
 
@@ -290,16 +292,21 @@ def _angles(pos: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
     return pos.float().cpu()[:, None] * freq[None, :]  # float32, as in the kernel
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("interleave", [False, True])
-@pytest.mark.parametrize("head_dim,rotary_dim", [(64, 64), (128, 128), (128, 64), (256, 96)])
-@pytest.mark.parametrize("inplace", [False, True])
-def test_rope_pos_ids_matches_the_complex_reference(
-    dtype, interleave, head_dim, rotary_dim, inplace
+# The checks below take the device their tensors live on: "cuda" in the GPU tests here, "cpu"
+# in tests/ops/test_rope_emulated.py, where the kernel's own source runs on the emulator.
+
+
+def check_rope_pos_ids(
+    device: str,
+    dtype: torch.dtype,
+    interleave: bool,
+    head_dim: int,
+    rotary_dim: int,
+    inplace: bool,
+    pos_dtype: torch.dtype = torch.int64,
 ) -> None:
-    q, k = _gpu_qk(37, 8, 2, head_dim, dtype, head_dim + rotary_dim)
-    pos = torch.randint(0, 8192, (37,), device="cuda", dtype=torch.int64)
+    q, k = random_qk(37, 8, 2, head_dim, dtype, head_dim + rotary_dim, device)
+    pos = torch.randint(0, 8192, (37,), device=device, dtype=pos_dtype)
     freq = reference.rope_frequencies(rotary_dim, rope_scale=2.0, rope_theta=1e4)
     angles = _angles(pos, freq)
     expected_q = reference.rope(q.cpu(), angles, interleave)
@@ -315,13 +322,22 @@ def test_rope_pos_ids_matches_the_complex_reference(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("interleave", [False, True])
-def test_ragged_batches_and_llama31(interleave: bool) -> None:
+@pytest.mark.parametrize("head_dim,rotary_dim", [(64, 64), (128, 128), (128, 64), (256, 96)])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_rope_pos_ids_matches_the_complex_reference(
+    dtype, interleave, head_dim, rotary_dim, inplace
+) -> None:
+    check_rope_pos_ids("cuda", dtype, interleave, head_dim, rotary_dim, inplace)
+
+
+def check_ragged_batches_and_llama31(device: str, interleave: bool) -> None:
     lengths, offsets = [5, 1, 12], [0, 100, 7000]
     nnz = sum(lengths)
-    q, k = _gpu_qk(nnz, 4, 1, 128, torch.bfloat16, 3)
-    indptr = torch.tensor([0, 5, 6, 18], dtype=torch.int32, device="cuda")
-    offs = torch.tensor(offsets, dtype=torch.int32, device="cuda")
+    q, k = random_qk(nnz, 4, 1, 128, torch.bfloat16, 3, device)
+    indptr = torch.tensor([0, 5, 6, 18], dtype=torch.int32, device=device)
+    offs = torch.tensor(offsets, dtype=torch.int32, device=device)
     pos = torch.cat([torch.arange(o, o + n) for o, n in zip(offsets, lengths)])
     freq = reference.rope_frequencies(128, rope_theta=1e4)
     q_out, k_out = flashinfer.apply_rope(q, k, indptr, offs, interleave=interleave)
@@ -342,6 +358,12 @@ def test_ragged_batches_and_llama31(interleave: bool) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("interleave", [False, True])
+def test_ragged_batches_and_llama31(interleave: bool) -> None:
+    check_ragged_batches_and_llama31("cuda", interleave)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_cuda_indptr_is_not_validated_but_is_harmless(index_dtype: torch.dtype) -> None:
     """A CUDA indptr is not read on the host (that would sync). A bad one (decreasing, ending
@@ -349,7 +371,7 @@ def test_cuda_indptr_is_not_validated_but_is_harmless(index_dtype: torch.dtype) 
     reference leaves them alone; every other token is rotated at a position a request whose
     range holds it gives it."""
     indptr, offsets, nnz = [0, 5, 3, 15], [10, 200, 3000], 17
-    q, k = _gpu_qk(nnz, 4, 1, 64, torch.float16, 9)
+    q, k = random_qk(nnz, 4, 1, 64, torch.float16, 9, "cuda")
     q_out, _ = flashinfer.apply_rope(
         q,
         k,
@@ -376,15 +398,15 @@ def test_cuda_indptr_is_not_validated_but_is_harmless(index_dtype: torch.dtype) 
         assert any(matches), (t, candidates)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("is_neox", [True, False])
-def test_cos_sin_cache_and_out_of_range_positions(is_neox: bool) -> None:
+def check_cos_sin_cache(device: str, is_neox: bool) -> None:
+    """The cos/sin cache variants (2-D and 3-D q/k, in place) and a position past the
+    cache's rows: NaN in that token's rotary dims, never a read past the cache."""
     nnz, heads, kv_heads, head_size, rotary = 9, 4, 2, 128, 64
-    q, k = _gpu_qk(nnz, heads, kv_heads, head_size, torch.float16, 5)
+    q, k = random_qk(nnz, heads, kv_heads, head_size, torch.float16, 5, device)
     freq = reference.rope_frequencies(rotary, rope_theta=1e4)
     table = torch.arange(4096, dtype=torch.float32)[:, None] * freq[None, :]
-    cache = torch.cat([table.cos(), table.sin()], dim=1).cuda()
-    pos = torch.randint(0, 4096, (nnz,), device="cuda", dtype=torch.int32)
+    cache = torch.cat([table.cos(), table.sin()], dim=1).to(device)
+    pos = torch.randint(0, 4096, (nnz,), device=device, dtype=torch.int32)
     query, key = q.reshape(nnz, -1), k.reshape(nnz, -1)
     q_out, k_out = flashinfer.apply_rope_with_cos_sin_cache(
         pos, query, key, head_size, cache, is_neox=is_neox
@@ -407,3 +429,9 @@ def test_cos_sin_cache_and_out_of_range_positions(is_neox: bool) -> None:
     q_bad, _ = flashinfer.apply_rope_with_cos_sin_cache(bad, q_out, k_out, head_size, cache)
     rows = q_bad.view(nnz, heads, head_size)
     assert bool(rows[3, :, :rotary].isnan().all()) and not bool(rows[2].isnan().any())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("is_neox", [True, False])
+def test_cos_sin_cache_and_out_of_range_positions(is_neox: bool) -> None:
+    check_cos_sin_cache("cuda", is_neox)

@@ -115,6 +115,7 @@ inline float __uint_as_float(unsigned x) {
   std::memcpy(&f, &x, 4);
   return f;
 }
+inline float __int_as_float(int x) { return __uint_as_float(static_cast<unsigned>(x)); }
 
 inline cudaError_t cudaGetDevice(int* device) {
   *device = 0;
