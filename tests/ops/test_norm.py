@@ -376,11 +376,11 @@ HIDDEN = [1, 7, 64, 128, 1000, 4096, 4097, 5120, 8192, 16384]
 
 
 def _inputs(
-    batch: int, hidden: int, dtype: torch.dtype, seed: int
+    batch: int, hidden: int, dtype: torch.dtype, seed: int, device: str = "cuda"
 ) -> tuple[torch.Tensor, torch.Tensor]:
     torch.manual_seed(seed)
-    x = torch.randn(batch, hidden, dtype=dtype, device="cuda") * 3 + 0.5
-    w = torch.rand(hidden, dtype=dtype, device="cuda") + 0.5
+    x = torch.randn(batch, hidden, dtype=dtype, device=device) * 3 + 0.5
+    w = torch.rand(hidden, dtype=dtype, device=device) + 0.5
     return x, w
 
 
@@ -564,9 +564,9 @@ def test_layernorm_matches_reference(dtype: torch.dtype, hidden: int, batch: int
 # -- fp8 quantized norms (GPU) --------------------------------------------------------------
 
 
-def _poisoned_fp8(*shape: int) -> torch.Tensor:
+def _poisoned_fp8(*shape: int, device: str = "cuda") -> torch.Tensor:
     """An fp8 e4m3 tensor of NaNs (0x7f): a kernel that skips an element leaves a NaN."""
-    return torch.full(shape, 0x7F, dtype=torch.uint8, device="cuda").view(FP8)
+    return torch.full(shape, 0x7F, dtype=torch.uint8, device=device).view(FP8)
 
 
 def _fp8_ordinal(t: torch.Tensor) -> torch.Tensor:
@@ -596,6 +596,20 @@ def assert_fp8_close(out: torch.Tensor, expected: torch.Tensor, unquantized: tor
 
 QUANT_SCALES = [0.02, 1.0, 0.0005]  # mostly normal values, unit, mostly saturated
 
+# The quantized norms' checks take the device their tensors live on: "cuda" in the GPU tests
+# here, "cpu" in tests/ops/test_norm_emulated.py, where the kernels run on the emulator.
+
+
+def check_rmsnorm_quant(
+    device: str, dtype: torch.dtype, hidden: int, batch: int, scale: float
+) -> None:
+    x, w = _inputs(batch, hidden, dtype, hidden * 3 + batch, device)
+    out = _poisoned_fp8(batch, hidden, device=device)
+    assert flashinfer.rmsnorm_quant(out, x, w, scale, 1e-6) is None
+    y = reference.rmsnorm(x, w, 1e-6)
+    value = float(torch.tensor(scale, dtype=torch.float32))  # the kernel's scale
+    assert_fp8_close(out, reference.fp8_e4m3_quantize(y, value), y / value)
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -605,12 +619,7 @@ QUANT_SCALES = [0.02, 1.0, 0.0005]  # mostly normal values, unit, mostly saturat
 def test_rmsnorm_quant_matches_reference(
     dtype: torch.dtype, hidden: int, batch: int, scale: float
 ) -> None:
-    x, w = _inputs(batch, hidden, dtype, hidden * 3 + batch)
-    out = _poisoned_fp8(batch, hidden)
-    assert flashinfer.rmsnorm_quant(out, x, w, scale, 1e-6) is None
-    y = reference.rmsnorm(x, w, 1e-6)
-    value = float(torch.tensor(scale, dtype=torch.float32))  # the kernel's scale
-    assert_fp8_close(out, reference.fp8_e4m3_quantize(y, value), y / value)
+    check_rmsnorm_quant("cuda", dtype, hidden, batch, scale)
 
 
 @pytest.mark.gpu
@@ -632,19 +641,39 @@ def test_rmsnorm_quant_scale_tensor_forms(form: str) -> None:
     assert_fp8_close(out, reference.fp8_e4m3_quantize(y, value), y / value)
 
 
-@pytest.mark.gpu
-def test_rmsnorm_quant_per_head_3d_and_strided_output() -> None:
+def check_rmsnorm_quant_per_head_strided(device: str) -> None:
     tokens, heads, head_dim = 33, 4, 128
-    qkv = torch.randn(tokens, 3 * heads * head_dim, dtype=torch.float16, device="cuda")
+    qkv = torch.randn(tokens, 3 * heads * head_dim, dtype=torch.float16, device=device)
     q = qkv[:, : heads * head_dim].view(tokens, heads, head_dim)
-    w = torch.rand(head_dim, dtype=torch.float16, device="cuda") + 0.5
-    buffer = _poisoned_fp8(tokens, heads, head_dim + 32)
+    w = torch.rand(head_dim, dtype=torch.float16, device=device) + 0.5
+    buffer = _poisoned_fp8(tokens, heads, head_dim + 32, device=device)
     out = buffer[:, :, 16 : 16 + head_dim]
     flashinfer.rmsnorm_quant(out, q, w, 0.015625)  # 2^-6: exact in float32
     y = reference.rmsnorm(q, w, 1e-6)
     assert_fp8_close(out, reference.fp8_e4m3_quantize(y, 0.015625), y / 0.015625)
     raw = buffer.view(torch.uint8)
     assert bool((raw[:, :, :16] == 0x7F).all()) and bool((raw[:, :, 16 + head_dim :] == 0x7F).all())
+
+
+@pytest.mark.gpu
+def test_rmsnorm_quant_per_head_3d_and_strided_output() -> None:
+    check_rmsnorm_quant_per_head_strided("cuda")
+
+
+def check_fused_add_rmsnorm_quant(
+    device: str, dtype: torch.dtype, hidden: int, batch: int, tensor_scale: bool
+) -> None:
+    x, w = _inputs(batch, hidden, dtype, hidden * 5 + batch, device)
+    residual = torch.randn_like(x)
+    x_before = x.clone()
+    y, expected_residual = reference.fused_add_rmsnorm(x, residual, w, 1e-6)
+    out = _poisoned_fp8(batch, hidden, device=device)
+    scale = torch.tensor([0.02], device=device) if tensor_scale else 0.02
+    assert flashinfer.fused_add_rmsnorm_quant(out, x, residual, w, scale, 1e-6) is None
+    value = float(torch.tensor(0.02, dtype=torch.float32))
+    assert_fp8_close(out, reference.fp8_e4m3_quantize(y, value), y / value)
+    assert torch.equal(residual, expected_residual)
+    assert torch.equal(x, x_before)  # input is only read
 
 
 @pytest.mark.gpu
@@ -655,17 +684,7 @@ def test_rmsnorm_quant_per_head_3d_and_strided_output() -> None:
 def test_fused_add_rmsnorm_quant_matches_reference(
     dtype: torch.dtype, hidden: int, batch: int, tensor_scale: bool
 ) -> None:
-    x, w = _inputs(batch, hidden, dtype, hidden * 5 + batch)
-    residual = torch.randn_like(x)
-    x_before = x.clone()
-    y, expected_residual = reference.fused_add_rmsnorm(x, residual, w, 1e-6)
-    out = _poisoned_fp8(batch, hidden)
-    scale = torch.tensor([0.02], device="cuda") if tensor_scale else 0.02
-    assert flashinfer.fused_add_rmsnorm_quant(out, x, residual, w, scale, 1e-6) is None
-    value = float(torch.tensor(0.02, dtype=torch.float32))
-    assert_fp8_close(out, reference.fp8_e4m3_quantize(y, value), y / value)
-    assert torch.equal(residual, expected_residual)
-    assert torch.equal(x, x_before)  # input is only read
+    check_fused_add_rmsnorm_quant("cuda", dtype, hidden, batch, tensor_scale)
 
 
 # -- programmatic dependent launch (GPU) ----------------------------------------------------

@@ -1,10 +1,10 @@
 """The norm kernels' own source, run on the CPU by the emulator (tests/emu), through the real
 APIs and binding, against the float64 reference: RMSNorm, its Gemma form, the fused
-residual add (both forms) and LayerNorm, in every row layout the launcher picks (rows shared
-by the lanes of a warp, one block a row with the row cached in registers, the looping block
-for long rows), with 16-byte vectors and with scalars (misaligned rows), float16, bfloat16
-and float32, 2-D rows and per-head rows of a strided 3-D slice. The same cases at GPU sizes
-are tests/ops/test_norm.py's GPU tests."""
+residual add (both forms), LayerNorm and the fp8 quantized forms, in every row layout the
+launcher picks (rows shared by the lanes of a warp, one block a row with the row cached in
+registers, the looping block for long rows), with 16-byte vectors and with scalars
+(misaligned rows), float16, bfloat16 and float32, 2-D rows and per-head rows of a strided
+3-D slice. The same cases at GPU sizes are tests/ops/test_norm.py's GPU tests."""
 
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ import torch
 
 import flashinfer
 from flashinfer import norm as norm_api
-from flashinfer.jit.norm import gen_norm_module
+from flashinfer.jit.norm import gen_norm_module, gen_norm_quant_module
 from flashinfer.testing import reference
 from tests.emu.module import EmulatedModule, on_cpu_tensors
+from tests.ops import test_norm as checks
 
 OUTPUTS = {name: ("out",) for name in ("rmsnorm", "gemma_rmsnorm", "layernorm")}
+QUANT_OUTPUTS = {name: ("out",) for name in ("rmsnorm_quant", "fused_add_rmsnorm_quant")}
 TOLERANCE = {
     torch.float16: dict(atol=4e-3, rtol=4e-3),
     torch.bfloat16: dict(atol=2e-2, rtol=2e-2),
@@ -33,15 +35,21 @@ def _module(dtype: torch.dtype, reverse: bool) -> EmulatedModule:
     return EmulatedModule(gen_norm_module(dtype), OUTPUTS, reverse=reverse)
 
 
+@functools.cache
+def _quant_module(dtype: torch.dtype) -> EmulatedModule:
+    return EmulatedModule(gen_norm_quant_module(dtype), QUANT_OUTPUTS)
+
+
 @pytest.fixture
 def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedModule]]:
     """emulate(dtype, reverse=False): the norm APIs then run the emulated module on CPU
-    tensors."""
+    tensors (the fp8 quantized norms their own module, of the input's dtype)."""
 
     def install(dtype: torch.dtype, reverse: bool = False) -> EmulatedModule:
         module = _module(dtype, reverse)
         module.launches.clear()
         monkeypatch.setattr(norm_api, "get_norm_module", lambda d: module)
+        monkeypatch.setattr(norm_api, "get_norm_quant_module", _quant_module)
         return module
 
     with on_cpu_tensors(monkeypatch, norm_api):
@@ -124,3 +132,50 @@ def test_per_head_rows_of_a_strided_slice_in_place(emulate, dtype: torch.dtype) 
     want = reference.rmsnorm(before[:, : heads * head_dim].view(tokens, heads, head_dim), w, 1e-6)
     torch.testing.assert_close(q.double(), want, **TOLERANCE[dtype])
     assert torch.equal(qkv[:, heads * head_dim :], before[:, heads * head_dim :])
+
+
+# (dtype, rows, hidden, scale): the row layouts above; scales giving mostly normal fp8
+# values, unit, and mostly saturated ones
+QUANT_CASES = [
+    (torch.float16, 1, 7, 0.02),
+    (torch.float16, 19, 128, 0.02),
+    (torch.float32, 2, 4096, 1.0),
+    (torch.bfloat16, 3, 4097, 0.0005),
+    (torch.bfloat16, 2, 8192, 0.02),
+]
+
+
+@pytest.mark.parametrize(
+    "dtype,rows,hidden,scale",
+    QUANT_CASES,
+    ids=[f"{str(c[0])[6:]}-{c[1]}x{c[2]}-{c[3]}" for c in QUANT_CASES],
+)
+def test_rmsnorm_quant_matches_the_reference(
+    emulate, dtype: torch.dtype, rows: int, hidden: int, scale: float
+) -> None:
+    emulate(dtype)
+    checks.check_rmsnorm_quant("cpu", dtype, hidden, rows, scale)
+
+
+FUSED_QUANT_CASES = [
+    (torch.bfloat16, 5, 1000, True),
+    (torch.float16, 2, 4097, False),
+    (torch.float32, 19, 128, True),
+]
+
+
+@pytest.mark.parametrize(
+    "dtype,rows,hidden,tensor_scale",
+    FUSED_QUANT_CASES,
+    ids=[f"{str(c[0])[6:]}-{c[1]}x{c[2]}-{c[3]}" for c in FUSED_QUANT_CASES],
+)
+def test_fused_add_rmsnorm_quant_matches_the_reference(
+    emulate, dtype: torch.dtype, rows: int, hidden: int, tensor_scale: bool
+) -> None:
+    emulate(dtype)
+    checks.check_fused_add_rmsnorm_quant("cpu", dtype, hidden, rows, tensor_scale)
+
+
+def test_rmsnorm_quant_per_head_rows_into_a_strided_output(emulate) -> None:
+    emulate(torch.float16)
+    checks.check_rmsnorm_quant_per_head_strided("cpu")

@@ -1,12 +1,38 @@
-// Stand-in for cuda_fp8.h under the CPU emulator: the type and the conversion's declaration,
-// so that headers mentioning fp8 compile; no emulated kernel converts to fp8 yet.
+// Stand-in for cuda_fp8.h under the CPU emulator: the e4m3 type and the one conversion the
+// kernels make, float to e4m3 ("fn": no infinities, 0x7f NaN) saturating to +-448, rounding
+// to nearest even as the GPU's cvt.rn.satfinite does. Other kinds abort.
 #pragma once
 
+#include <math.h>
+
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 struct __nv_fp8_e4m3 {
   uint8_t __x;
 };
 enum __nv_saturation_t { __NV_NOSAT, __NV_SATFINITE };
 enum __nv_fp8_interpretation_t { __NV_E4M3, __NV_E5M2 };
-uint8_t __nv_cvt_float_to_fp8(float x, __nv_saturation_t saturate, __nv_fp8_interpretation_t kind);
+
+inline uint8_t __nv_cvt_float_to_fp8(float x, __nv_saturation_t saturate,
+                                     __nv_fp8_interpretation_t kind) {
+  if (saturate != __NV_SATFINITE || kind != __NV_E4M3) {
+    std::fprintf(stderr, "emulator: only the saturating float-to-e4m3 conversion is emulated\n");
+    std::abort();
+  }
+  const uint8_t sign = signbit(x) ? 0x80 : 0;
+  const float a = fabsf(x);
+  if (isnan(a)) return sign | 0x7f;
+  if (a >= 448.f) return sign | 0x7e;  // infinities too
+  if (a == 0.f) return sign;
+  // a = 2^e * m / 8 with e >= -6: m in [8, 16) for a normal value, m in [0, 8) for a
+  // subnormal one (e = -6), m rounded to an integer; its code (exponent field e + 7, mantissa
+  // field m - 8) is 8 (e + 6) + m, which also holds when m rounds up to 16 (the next
+  // exponent's m = 8) or a subnormal's to 8 (the least normal value)
+  int e;
+  frexpf(a, &e);  // a = f * 2^e, f in [0.5, 1)
+  e = e - 1 < -6 ? -6 : e - 1;
+  const int m = static_cast<int>(nearbyintf(ldexpf(a, 3 - e)));  // exact scaling, then RNE
+  return sign | static_cast<uint8_t>(8 * (e + 6) + m);
+}
