@@ -1035,14 +1035,14 @@ def test_odd_and_large_gqa_groups_launch(group: int, head_dim: int) -> None:
     torch.testing.assert_close(lse.double(), want_lse, atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_merge_state_matches_the_softmax_merge_formula(dtype) -> None:
+def check_merge_state(device: str, dtype: torch.dtype) -> None:
+    """merge_state, merge_state_in_place (with a mask) and merge_states against the softmax
+    merge formula in base 2 (also run on the emulator: tests/ops/test_cascade_emulated.py)."""
     seq, heads, dim = 37, 8, 128
-    v_a = torch.randn(seq, heads, dim, device="cuda").to(dtype)
-    v_b = torch.randn(seq, heads, dim, device="cuda").to(dtype)
-    s_a = torch.randn(seq, heads, device="cuda") * 5
-    s_b = torch.randn(seq, heads, device="cuda") * 5
+    v_a = torch.randn(seq, heads, dim, device=device).to(dtype)
+    v_b = torch.randn(seq, heads, dim, device=device).to(dtype)
+    s_a = torch.randn(seq, heads, device=device) * 5
+    s_b = torch.randn(seq, heads, device=device) * 5
     s_b[0, 0] = float("-inf")  # an empty state contributes nothing
     s_want = torch.logaddexp2(s_a.double(), s_b.double())  # base-2 LSEs
     v_want = (
@@ -1061,7 +1061,7 @@ def test_merge_state_matches_the_softmax_merge_formula(dtype) -> None:
         atol=1e-5,
         rtol=1e-5,
     )
-    mask = torch.rand(seq, device="cuda") > 0.5
+    mask = torch.rand(seq, device=device) > 0.5
     v_in, s_in = v_a.clone(), s_a.clone()
     flashinfer.merge_state_in_place(v_in, s_in, v_b, s_b, mask=mask)
     torch.testing.assert_close(
@@ -1070,8 +1070,8 @@ def test_merge_state_matches_the_softmax_merge_formula(dtype) -> None:
     torch.testing.assert_close(
         s_in.double(), torch.where(mask[:, None], s_want, s_a.double()), atol=1e-5, rtol=1e-5
     )
-    states = torch.randn(seq, 5, heads, dim, device="cuda").to(dtype)
-    lses = torch.randn(seq, 5, heads, device="cuda") * 3
+    states = torch.randn(seq, 5, heads, dim, device=device).to(dtype)
+    lses = torch.randn(seq, 5, heads, device=device) * 3
     v_all, s_all = flashinfer.merge_states(states, lses)
     weights = torch.softmax(lses.double() * math.log(2), dim=1)
     torch.testing.assert_close(v_all.double(), (weights[..., None] * states.double()).sum(1), **tol)
@@ -1081,6 +1081,12 @@ def test_merge_state_matches_the_softmax_merge_formula(dtype) -> None:
         atol=1e-5,
         rtol=1e-5,
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_merge_state_matches_the_softmax_merge_formula(dtype) -> None:
+    check_merge_state("cuda", dtype)
 
 
 @pytest.mark.gpu

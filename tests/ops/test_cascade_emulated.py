@@ -1,0 +1,43 @@
+"""The state-merging kernels (include/flashinfer/cascade.cuh, the cascade module behind
+merge_state, merge_state_in_place and merge_states) run on the CPU by the emulator
+(tests/emu), against the softmax merge formula in base 2: empty states, the in-place merge
+under a mask, and five states at once. The check is tests/ops/test_decode.py's, which its
+GPU test also runs."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Iterator
+
+import pytest
+import torch
+
+from flashinfer import cascade as cascade_api
+from flashinfer.jit.decode import gen_cascade_module
+from tests.emu.module import EmulatedModule, on_cpu_tensors
+from tests.ops.test_decode import check_merge_state
+
+OUTPUTS = {"merge_state": ("v_out", "s_out"), "merge_states": ("v_out", "s_out")}
+
+
+@functools.cache
+def _module(dtype: torch.dtype) -> EmulatedModule:
+    return EmulatedModule(gen_cascade_module(dtype), OUTPUTS)
+
+
+@pytest.fixture
+def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], str]]:
+    """emulate(): the merge APIs then run the emulated modules on CPU tensors; returns their
+    device."""
+
+    def install() -> str:
+        monkeypatch.setattr(cascade_api, "get_cascade_module", _module)
+        return "cpu"
+
+    with on_cpu_tensors(monkeypatch, cascade_api):
+        yield install
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_merge_state_matches_the_softmax_merge_formula(emulate, dtype: torch.dtype) -> None:
+    check_merge_state(emulate(), dtype)
