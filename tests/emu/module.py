@@ -132,3 +132,14 @@ def on_cpu_tensors(monkeypatch: Any, *apis: ModuleType) -> Iterator[None]:
     )
     with cpu_kernels(*apis):
         yield
+
+
+@contextlib.contextmanager
+def emulating(
+    monkeypatch: Any, api: ModuleType, getter: str, modules: Callable[[Any], EmulatedModule]
+) -> Iterator[str]:
+    """``api``'s ``getter`` (``get_rope_module``, ...) then returns ``modules(dtype)``, an
+    emulated module, and the API takes CPU tensors (see on_cpu_tensors); yields their device."""
+    monkeypatch.setattr(api, getter, modules)
+    with on_cpu_tensors(monkeypatch, api):
+        yield "cpu"

@@ -7,14 +7,14 @@ GPU test also runs."""
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
 import torch
 
 from flashinfer import cascade as cascade_api
 from flashinfer.jit.decode import gen_cascade_module
-from tests.emu.module import EmulatedModule, on_cpu_tensors
+from tests.emu.module import EmulatedModule, emulating
 from tests.ops.test_decode import check_merge_state
 
 OUTPUTS = {"merge_state": ("v_out", "s_out"), "merge_states": ("v_out", "s_out")}
@@ -26,18 +26,12 @@ def _module(dtype: torch.dtype) -> EmulatedModule:
 
 
 @pytest.fixture
-def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], str]]:
-    """emulate(): the merge APIs then run the emulated modules on CPU tensors; returns their
-    device."""
-
-    def install() -> str:
-        monkeypatch.setattr(cascade_api, "get_cascade_module", _module)
-        return "cpu"
-
-    with on_cpu_tensors(monkeypatch, cascade_api):
-        yield install
+def device(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """CPU: the merge APIs then run the emulated modules on CPU tensors."""
+    with emulating(monkeypatch, cascade_api, "get_cascade_module", _module) as cpu:
+        yield cpu
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_merge_state_matches_the_softmax_merge_formula(emulate, dtype: torch.dtype) -> None:
-    check_merge_state(emulate(), dtype)
+def test_merge_state_matches_the_softmax_merge_formula(device: str, dtype: torch.dtype) -> None:
+    check_merge_state(device, dtype)

@@ -8,14 +8,14 @@ tests also run."""
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
 import torch
 
 from flashinfer import rope as rope_api
 from flashinfer.jit.rope import gen_rope_module
-from tests.emu.module import EmulatedModule, on_cpu_tensors
+from tests.emu.module import EmulatedModule, emulating
 from tests.ops import test_rope as checks
 
 OUTPUTS = {
@@ -30,16 +30,10 @@ def _module(dtype: torch.dtype) -> EmulatedModule:
 
 
 @pytest.fixture
-def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], str]]:
-    """emulate(): the RoPE APIs then run the emulated modules on CPU tensors; returns their
-    device."""
-
-    def install() -> str:
-        monkeypatch.setattr(rope_api, "get_rope_module", _module)
-        return "cpu"
-
-    with on_cpu_tensors(monkeypatch, rope_api):
-        yield install
+def device(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """CPU: the RoPE APIs then run the emulated modules on CPU tensors."""
+    with emulating(monkeypatch, rope_api, "get_rope_module", _module) as cpu:
+        yield cpu
 
 
 # (dtype, interleave, head_dim, rotary_dim, inplace, positions' dtype)
@@ -58,7 +52,7 @@ CASES = [
     ids=[f"{str(c[0])[6:]}-{'gptj' if c[1] else 'neox'}-{c[2]}/{c[3]}-{c[4]}" for c in CASES],
 )
 def test_rope_pos_ids_matches_the_complex_reference(
-    emulate,
+    device: str,
     dtype: torch.dtype,
     interleave: bool,
     head_dim: int,
@@ -66,16 +60,14 @@ def test_rope_pos_ids_matches_the_complex_reference(
     inplace: bool,
     pos_dtype: torch.dtype,
 ) -> None:
-    checks.check_rope_pos_ids(
-        emulate(), dtype, interleave, head_dim, rotary_dim, inplace, pos_dtype
-    )
+    checks.check_rope_pos_ids(device, dtype, interleave, head_dim, rotary_dim, inplace, pos_dtype)
 
 
 @pytest.mark.parametrize("interleave", [False, True])
-def test_ragged_batches_and_llama31(emulate, interleave: bool) -> None:
-    checks.check_ragged_batches_and_llama31(emulate(), interleave)
+def test_ragged_batches_and_llama31(device: str, interleave: bool) -> None:
+    checks.check_ragged_batches_and_llama31(device, interleave)
 
 
 @pytest.mark.parametrize("is_neox", [True, False])
-def test_cos_sin_cache_and_out_of_range_positions(emulate, is_neox: bool) -> None:
-    checks.check_cos_sin_cache(emulate(), is_neox)
+def test_cos_sin_cache_and_out_of_range_positions(device: str, is_neox: bool) -> None:
+    checks.check_cos_sin_cache(device, is_neox)
