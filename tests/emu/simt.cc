@@ -297,7 +297,7 @@ void compute(Warp& w, uint32_t mask, Op op) {
         if (!(mask >> l & 1)) continue;
         if (op == Op::kReduceAdd) {
           result += w.in[l][0];
-        } else if (w.in[l][0] == w.in[lane][0] && w.in[l][1] == w.in[lane][1]) {
+        } else if (w.in[l][0] == w.in[lane][0]) {
           result |= 1u << l;
         }
       }
@@ -482,9 +482,9 @@ uint32_t ballot(uint32_t mask, bool pred) {
   return collective(Op::kBallot, mask, in, 1)[0];
 }
 
-uint32_t match_any(uint32_t mask, uint64_t value) {
-  const uint32_t in[2] = {static_cast<uint32_t>(value), static_cast<uint32_t>(value >> 32)};
-  return collective(Op::kMatchAny, mask, in, 2)[0];
+uint32_t match_any(uint32_t mask, uint32_t value) {
+  const uint32_t in[1] = {value};
+  return collective(Op::kMatchAny, mask, in, 1)[0];
 }
 
 uint32_t reduce_add(uint32_t mask, uint32_t value) {

@@ -73,16 +73,13 @@ inline T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = 32
 inline unsigned __ballot_sync(unsigned mask, bool pred) { return ::simt::ballot(mask, pred); }
 template <typename T>
 inline unsigned __match_any_sync(unsigned mask, T value) {
-  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "32- and 64-bit matches");
-  uint64_t bits = 0;
-  std::memcpy(&bits, &value, sizeof(T));
+  static_assert(sizeof(T) == 4, "32-bit matches");
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
   return ::simt::match_any(mask, bits);
 }
 inline unsigned __reduce_add_sync(unsigned mask, unsigned value) {
   return ::simt::reduce_add(mask, value);
-}
-inline int __reduce_add_sync(unsigned mask, int value) {
-  return static_cast<int>(::simt::reduce_add(mask, static_cast<unsigned>(value)));
 }
 inline size_t __cvta_generic_to_shared(const void* p) { return ::simt::shared_offset(p); }
 

@@ -45,7 +45,7 @@ T shuffle(uint32_t mask, T value, int operand, Shuffle mode, int width) {
 }
 uint32_t ballot(uint32_t mask, bool pred);
 // match.any.sync: the lanes of `mask` whose `value` equals the calling lane's
-uint32_t match_any(uint32_t mask, uint64_t value);
+uint32_t match_any(uint32_t mask, uint32_t value);
 // redux.sync.add.u32: the sum, modulo 2^32, of `value` over the lanes of `mask`
 uint32_t reduce_add(uint32_t mask, uint32_t value);
 // ldmatrix .m8n8.x4(.trans).b16: `address` a shared-window offset (shared_offset)
