@@ -9,8 +9,10 @@ declaring one with a call registering it after each declaration (see ``_register
 
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import functools
+import os
 import re
 import subprocess
 import tempfile
@@ -28,6 +30,53 @@ T = TypeVar("T")
 
 # `__shared__ <type> <name>[<extents>];`, one declaration a statement
 _STATIC_SHARED = re.compile(r"\b__shared__\s+([^;{}()]*?)\b(\w+)\s*((?:\[[^\]]*\])*)\s*;")
+
+
+# Under sanitizers (see sanitized()): plain loads and stores outside an allocation, signed
+# overflow, overlong shifts and misaligned accesses then fail the process with a report
+# naming file and line (-g1: line tables only)
+SANITIZER_FLAGS = (
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-fno-omit-frame-pointer",
+    "-g1",
+)
+
+
+@functools.cache
+def sanitized() -> bool:
+    """Whether this process runs under AddressSanitizer (its runtime preloaded, as
+    tests/emu/sanitizers.py starts it); libraries built here are then instrumented."""
+    return hasattr(ctypes.CDLL(None), "__asan_init")
+
+
+def _sanitizer_flags() -> tuple[str, ...]:
+    return SANITIZER_FLAGS if sanitized() else ()
+
+
+def _compile(source: Path, obj: Path, flags: list[str]) -> list[str]:
+    """The host compiler's command compiling ``source`` to ``obj``."""
+    cxx = str(current_toolchain().cxx)
+    return [
+        cxx,
+        "-std=c++17",
+        "-O2",
+        "-fPIC",
+        *_sanitizer_flags(),
+        *flags,
+        "-c",
+        str(source),
+        "-o",
+        str(obj),
+    ]
+
+
+def _run_all(commands: list[list[str]]) -> None:
+    """Runs the compile ``commands`` side by side, one a core (a library's binding TU, its
+    kernel TU and the engine take about as long as the slowest alone)."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for done in pool.map(lambda c: subprocess.run(c, check=False), commands):
+            done.check_returncode()
 
 
 @functools.cache
@@ -109,8 +158,7 @@ def build_library(
             REPO_ROOT / "csrc",
             *include_dirs,
         ]
-        cxx = str(current_toolchain().cxx)
-        common = ["-std=c++17", "-O2", "-fPIC", *(f"-I{d}" for d in includes)]
+        include_flags = [f"-I{d}" for d in includes]
         kernel = [
             "-D__CUDACC__",  # as nvcc compiles a kernel TU (its configs check it)
             "-fno-strict-aliasing",  # kernels store 16-bit pairs through 32-bit pointers
@@ -118,21 +166,22 @@ def build_library(
             "-x",
             "c++",
         ]
-        objects = []
         units = [
             *((s, kernel) for s in _with_statics_registered(sources, rewritten / "sources")),
-            (EMU_DIR / "simt.cc", []),
             *((s, list(host_flags)) for s in host_sources),
         ]
-        for i, (source, flags) in enumerate(units):
-            objects.append(build / f"{name}-{i}.o")
-            subprocess.run(
-                [cxx, *common, *flags, "-c", str(source), "-o", str(objects[-1])], check=True
-            )
-        subprocess.run(
-            [cxx, "-shared", *(str(o) for o in objects), *link_flags, "-o", str(output)],
-            check=True,
-        )
+        objects = [build / f"{name}-{i}.o" for i in range(len(units))]
+        commands = [
+            _compile(source, obj, [*include_flags, *flags])
+            for (source, flags), obj in zip(units, objects)
+        ]
+        engine = build / "simt.o"
+        if not engine.exists():  # the same in every library (only the emulator's headers)
+            commands.append(_compile(EMU_DIR / "simt.cc", engine, [f"-I{EMU_DIR / 'include'}"]))
+        _run_all(commands)
+        cxx = str(current_toolchain().cxx)
+        link = [*map(str, [*objects, engine]), *_sanitizer_flags(), *link_flags]
+        subprocess.run([cxx, "-shared", *link, "-o", str(output)], check=True)
     library = ctypes.CDLL(str(output))
     library.simt_error.restype = ctypes.c_char_p
     library.simt_reset.argtypes = [ctypes.c_int]

@@ -1,4 +1,4 @@
-// Kernels that break CUDA's rules one way each, for tests/emu/test_simt.py: the emulator
+// Kernels that break CUDA's rules one way each (launched by tests/emu/faults.py): the emulator
 // must fail each launch with its cause (and run the well-behaved ones: a copy through
 // shared memory, collectives of part of a warp, shuffle modes and widths, matches and
 // reductions, and a static __shared__ array read before it is written).
@@ -26,7 +26,10 @@ enum Fault {
   kStaticShared,
   kShuffleOutsideMask,
   kMatchReduce,
-  kFinishWithoutMe
+  kFinishWithoutMe,
+  kLoadPastBuffer,  // caught under sanitizers only (tests/emu/test_sanitizers.py)
+  kLoadPastStaticShared,
+  kSignedOverflow
 };
 
 // The results of the modes that compute: thread t's words at out + 16 t.
@@ -93,7 +96,19 @@ __global__ void Kernel(int fault, const uint8_t* src, int64_t offset, uint8_t* o
     if (lane == 3) return;
     __shfl_xor_sync(0xffffffffu, 1, 1);
   }
-  if (fault == kStorePastShared && threadIdx.x == 0) window[offset] = 1;  // offset: the size
+  if (fault == kStorePastShared && threadIdx.x == 0) window[offset] = 1;   // offset: the size
+  if (fault == kLoadPastBuffer && threadIdx.x == 0) out[0] = src[offset];  // offset: src's size
+  if (fault == kLoadPastStaticShared) {
+    __shared__ uint8_t bytes[64];
+    bytes[t] = static_cast<uint8_t>(t);
+    __syncthreads();
+    if (t == 0) out[0] = bytes[offset];  // offset: past the array
+  }
+  if (fault == kSignedOverflow && threadIdx.x == 0) {
+    const int near_max = 0x7fffffff - static_cast<int>(blockIdx.x);
+    const int sum = near_max + static_cast<int>(offset);
+    memcpy(out, &sum, sizeof sum);
+  }
   const int64_t at = 16 * int64_t{threadIdx.x};
   flashinfer::cp_async_16(window + at, src + at + (fault == kCopyPastBuffer ? offset : 0), true);
   flashinfer::cp_async_commit();

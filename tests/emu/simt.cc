@@ -17,8 +17,31 @@
 #include "cuda_fp16.h"
 #include "cuda_runtime.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 namespace simt {
 namespace {
+
+// Under AddressSanitizer (tests/emu/engine.py builds so when the process runs under it) each
+// switch of stacks is announced, or ASan would take a fiber's frames for the scheduler's; a
+// fiber abandoned mid-kernel leaves its frames' redzones poisoned, so a stack is cleared
+// before its next fiber starts on it.
+#if defined(__SANITIZE_ADDRESS__)
+void stack_switch_begin(void** fake_stack, const void* bottom, size_t size) {
+  __sanitizer_start_switch_fiber(fake_stack, bottom, size);
+}
+void stack_switch_end(void* fake_stack, const void** bottom, size_t* size) {
+  __sanitizer_finish_switch_fiber(fake_stack, bottom, size);
+}
+void stack_unpoison(void* p, size_t bytes) { __asan_unpoison_memory_region(p, bytes); }
+#else
+void stack_switch_begin(void**, const void*, size_t) {}
+void stack_switch_end(void*, const void**, size_t*) {}
+void stack_unpoison(void*, size_t) {}
+#endif
 
 constexpr size_t kStackBytes = 128 * 1024;
 constexpr size_t kStaticSharedLimit = 48 * 1024;  // past this a kernel needs its attribute raised
@@ -96,6 +119,7 @@ struct Copy {
 struct Fiber {
   ucontext_t context;
   std::vector<uint8_t> stack;
+  void* fake_stack = nullptr;  // AddressSanitizer's, while the fiber is switched out
   unsigned tid = 0;
   bool done = false;
   const Barrier* waiting = nullptr;
@@ -114,6 +138,8 @@ struct Engine {
   Barrier block_barrier;
   Fiber* current = nullptr;
   ucontext_t scheduler;
+  const void* scheduler_stack = nullptr;  // its bottom and size, for AddressSanitizer
+  size_t scheduler_stack_bytes = 0;
   bool failed = false;
   std::string error;
   // set up by the test
@@ -131,7 +157,9 @@ alignas(128) uint8_t g_window[kWindowBytes + kGuardBytes];
 
 void back_to_scheduler() {
   Fiber* f = g.current;
+  stack_switch_begin(&f->fake_stack, g.scheduler_stack, g.scheduler_stack_bytes);
   swapcontext(&f->context, &g.scheduler);
+  stack_switch_end(f->fake_stack, nullptr, nullptr);
 }
 
 // Records the first failure of the launch and, inside a fiber, never returns to it: the
@@ -383,8 +411,10 @@ void exit_thread(Fiber& f) {
 }
 
 void fiber_main() {
+  stack_switch_end(nullptr, &g.scheduler_stack, &g.scheduler_stack_bytes);
   (*g.body)();
   exit_thread(*g.current);
+  stack_switch_begin(nullptr, g.scheduler_stack, g.scheduler_stack_bytes);  // for good
 }  // returns to the scheduler (uc_link)
 
 void run_block() {
@@ -406,6 +436,7 @@ void run_block() {
     f.waiting = nullptr;
     f.open.clear();
     f.groups.clear();
+    stack_unpoison(f.stack.data(), f.stack.size());
     getcontext(&f.context);
     f.context.uc_stack.ss_sp = f.stack.data();
     f.context.uc_stack.ss_size = f.stack.size();
@@ -421,7 +452,10 @@ void run_block() {
       if (f.waiting && f.waiting->generation == f.wait_generation) continue;
       f.waiting = nullptr;
       g.current = &f;
+      void* fake_stack = nullptr;
+      stack_switch_begin(&fake_stack, f.stack.data(), f.stack.size());
       swapcontext(&g.scheduler, &f.context);
+      stack_switch_end(fake_stack, nullptr, nullptr);
       g.current = nullptr;
       ran = true;
       if (g.failed) return;

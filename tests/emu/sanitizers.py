@@ -1,0 +1,85 @@
+"""Emulated kernels under AddressSanitizer and UndefinedBehaviorSanitizer. The emulator checks
+cp.async, ldmatrix and page-table addresses itself; the sanitizers add every plain load and
+store outside its allocation (global memory as torch allocated it, static shared memory, a
+thread's stack), signed overflow, overlong shifts and misaligned accesses, in kernels and
+bindings alike, each failing the process with a report.
+
+ASan's runtime must be the first library a process loads, so a sanitized run is a new
+process with it preloaded, in which engine.py builds every library instrumented
+(``engine.sanitized()``)::
+
+    python -m tests.emu.sanitizers [pytest arguments]   # default: every emulated test
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from flashinfer.jit.toolchain import current_toolchain
+
+from .engine import REPO_ROOT
+
+# The emulator's own tests and every emulated module's (this file's test starts runs itself)
+EVERY_EMULATED_TEST = (
+    "tests/emu/test_simt.py",
+    "tests/emu/test_conversions.py",
+    *sorted(
+        str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "tests/ops").glob("test_*_emulated.py")
+    ),
+)
+
+
+def runtime() -> Path | None:
+    """The host compiler's AddressSanitizer runtime; None when it has none."""
+    cxx = str(current_toolchain().cxx)
+    found = subprocess.run(
+        [cxx, "-print-file-name=libasan.so"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    path = Path(found)
+    return path.resolve() if path.is_absolute() and path.exists() else None
+
+
+def environment(asan: Path) -> dict[str, str]:
+    """This process's environment with ``asan`` preloaded first."""
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = ":".join(p for p in (str(asan), env.get("LD_PRELOAD", "")) if p)
+    # the interpreter keeps its own allocations until exit: not leaks of the code under test
+    env["ASAN_OPTIONS"] = "detect_leaks=0"
+    env["UBSAN_OPTIONS"] = "print_stacktrace=1"
+    return env
+
+
+def run_python(
+    arguments: Sequence[str], timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python arguments...`` under the sanitizers, from the repository root; its output
+    captured."""
+    asan = runtime()
+    if asan is None:
+        raise RuntimeError("the host compiler has no AddressSanitizer runtime (libasan.so)")
+    return subprocess.run(
+        [sys.executable, *arguments],
+        env=environment(asan),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def main(arguments: Sequence[str]) -> int:
+    asan = runtime()
+    if asan is None:
+        print("the host compiler has no AddressSanitizer runtime (libasan.so)", file=sys.stderr)
+        return 2
+    command = [sys.executable, "-m", "pytest", *(arguments or EVERY_EMULATED_TEST)]
+    return subprocess.run(command, env=environment(asan), cwd=REPO_ROOT, check=False).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
