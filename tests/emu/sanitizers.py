@@ -8,7 +8,7 @@ ASan's runtime must be the first library a process loads, so a sanitized run is 
 process with it preloaded, in which engine.py builds every library instrumented
 (``engine.sanitized()``)::
 
-    python -m tests.emu.sanitizers [pytest arguments]   # default: every emulated test
+    python -m tests.emu.sanitizers [pytest arguments]   # no test named: every emulated test
 """
 
 from __future__ import annotations
@@ -43,8 +43,11 @@ def runtime() -> Path | None:
     return path.resolve() if path.is_absolute() and path.exists() else None
 
 
-def environment(asan: Path) -> dict[str, str]:
-    """This process's environment with ``asan`` preloaded first."""
+def environment() -> dict[str, str]:
+    """This process's environment with the ASan runtime preloaded first."""
+    asan = runtime()
+    if asan is None:
+        raise RuntimeError("the host compiler has no AddressSanitizer runtime (libasan.so)")
     env = dict(os.environ)
     env["LD_PRELOAD"] = ":".join(p for p in (str(asan), env.get("LD_PRELOAD", "")) if p)
     # the interpreter keeps its own allocations until exit: not leaks of the code under test
@@ -54,32 +57,26 @@ def environment(asan: Path) -> dict[str, str]:
 
 
 def run_python(
-    arguments: Sequence[str], timeout: float | None = None
+    arguments: Sequence[str], timeout: float | None = None, capture: bool = True
 ) -> subprocess.CompletedProcess[str]:
-    """``python arguments...`` under the sanitizers, from the repository root; its output
-    captured."""
-    asan = runtime()
-    if asan is None:
-        raise RuntimeError("the host compiler has no AddressSanitizer runtime (libasan.so)")
+    """``python arguments...`` under the sanitizers, from the repository root."""
     return subprocess.run(
         [sys.executable, *arguments],
-        env=environment(asan),
+        env=environment(),
         cwd=REPO_ROOT,
-        capture_output=True,
+        capture_output=capture,
         text=True,
         timeout=timeout,
         check=False,
     )
 
 
-def main(arguments: Sequence[str]) -> int:
-    asan = runtime()
-    if asan is None:
-        print("the host compiler has no AddressSanitizer runtime (libasan.so)", file=sys.stderr)
-        return 2
-    command = [sys.executable, "-m", "pytest", *(arguments or EVERY_EMULATED_TEST)]
-    return subprocess.run(command, env=environment(asan), cwd=REPO_ROOT, check=False).returncode
+def pytest_command(arguments: Sequence[str]) -> list[str]:
+    """``python -m pytest arguments``, on every emulated test unless an argument names a test
+    file or directory (a node id's file counts)."""
+    names_tests = any((REPO_ROOT / a.split("::")[0]).exists() for a in arguments if a[:1] != "-")
+    return ["-m", "pytest", *arguments, *(() if names_tests else EVERY_EMULATED_TEST)]
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_python(pytest_command(sys.argv[1:]), capture=False).returncode)

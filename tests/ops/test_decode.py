@@ -26,6 +26,7 @@ from flashinfer.testing.reference import decode_attention as reference_decode
 from tests.conftest import run_python
 from tests.ops.test_norm import build_with_ptxas_report
 from tests.ops.test_prefill import cpu_kernels
+from tests.ops.test_prefill_gpu import _break_page_ids, _kv_data, _on_broken_pages, _paged_kv
 
 # -- the scheduler (pure host code) --------------------------------------------------------------
 
@@ -517,8 +518,15 @@ def test_decode_kernels_do_not_spill(
 # -- GPU: numerics ------------------------------------------------------------------------------
 
 
-def _tolerance(dtype: torch.dtype) -> dict[str, float]:
-    return dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=5e-3, rtol=5e-3)
+def tolerance(dtype: torch.dtype, tensor_cores: bool = False) -> dict[str, float]:
+    """Tensor-core decode rounds the probabilities to 16 bits before P V, as prefill does."""
+    if dtype == torch.bfloat16:
+        return dict(atol=2e-2, rtol=2e-2)
+    return dict(atol=1e-2, rtol=1e-2) if tensor_cores else dict(atol=5e-3, rtol=5e-3)
+
+
+def lse_tolerance(tensor_cores: bool = False) -> dict[str, float]:
+    return dict(atol=1e-2, rtol=1e-3) if tensor_cores else dict(atol=1e-3, rtol=1e-3)
 
 
 SINGLE_CASES = [  # (kv_len, qo_heads, kv_heads, head_dim, layout, dtype)
@@ -567,7 +575,7 @@ def check_single_decode(
             return_lse=True,
         )
         assert out.dtype == dtype and out.shape == q.shape
-        torch.testing.assert_close(out.double(), want, **_tolerance(dtype))
+        torch.testing.assert_close(out.double(), want, **tolerance(dtype))
         torch.testing.assert_close(lse.double(), want_lse, atol=1e-3, rtol=1e-3)
 
 
@@ -638,32 +646,86 @@ def _paged_batch(
     return ks, vs, k_cache, v_cache, indptr, indices, last
 
 
-BATCH_CASES = [  # (lens, page_size, qo_heads, kv_heads, head_dim, layout, dtype)
-    ([1, 17, 300, 4096, 2], 16, 32, 8, 128, "NHD", torch.bfloat16),
-    ([5, 1, 64, 129], 1, 8, 8, 64, "HND", torch.float16),
-    ([30000], 64, 32, 8, 128, "NHD", torch.bfloat16),
-    ([1000] * 64, 16, 32, 4, 128, "HND", torch.bfloat16),
-    ([7, 100, 2000], 64, 16, 2, 256, "NHD", torch.float16),
-    ([1, 0, 33], 16, 8, 1, 128, "NHD", torch.float16),
-]
+def paged_decode_batch(
+    device: str,
+    lens: list[int],
+    qo_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    layout: str,
+    dtype: torch.dtype,
+    seed: int,
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor, tuple]:
+    """q [batch, Hq, D], each request's keys and values, the 5-D paged cache holding them
+    over shuffled pages with NaN in every slot no request owns, and its page table (indptr,
+    indices, last_page_len; on the host)."""
+    torch.manual_seed(seed)
+    ks, vs = _kv_data(lens, kv_heads, head_dim, dtype, device)
+    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, layout, seed)
+    q = torch.randn(len(lens), qo_heads, head_dim, dtype=dtype, device=device)
+    return q, ks, vs, cache, (indptr, indices, last)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("lens,page_size,qo_heads,kv_heads,head_dim,layout,dtype", BATCH_CASES)
-def test_batch_decode_matches_the_reference(
-    lens, page_size, qo_heads, kv_heads, head_dim, layout, dtype
+def check_decoded(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    q: torch.Tensor,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    scale: float,
+    cap: float | None = None,
+    window: int = -1,
+    tensor_cores: bool = False,
 ) -> None:
-    ks, vs, k_cache, v_cache, indptr, indices, last = _paged_batch(
-        lens, page_size, kv_heads, head_dim, dtype, layout, seed=len(lens)
+    """Each request's output and LSE against the float64 reference; a request without keys
+    gives zeros and -inf."""
+    for b, (k, v) in enumerate(zip(ks, vs)):
+        if k.shape[0] == 0:
+            assert (out[b] == 0).all() and (lse[b] == -math.inf).all(), b
+            continue
+        want, want_lse = reference_decode(q[b], k, v, scale, cap, window)
+        torch.testing.assert_close(
+            out[b].double(), want, **tolerance(q.dtype, tensor_cores), msg=f"{b}"
+        )
+        torch.testing.assert_close(
+            lse[b].double(), want_lse, **lse_tolerance(tensor_cores), msg=f"{b}"
+        )
+
+
+# (sm_scale, logits_soft_cap, window_left): plain, soft-capped with a custom scale, windowed
+DECODE_VARIANTS = ((None, None, -1), (0.1, 50.0, -1), (None, None, 31))
+
+
+def check_batch_decode(
+    device: str,
+    lens: list[int],
+    qo_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    layout: str,
+    dtype: torch.dtype,
+    use_tensor_cores: bool = False,
+    kv_tuple: bool = False,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """BatchDecodeWithPagedKVCacheWrapper (CUDA-core or tensor-core decode) against the
+    reference in each of DECODE_VARIANTS, into NaN-poisoned out and lse; the cache as one
+    5-D tensor or (with ``kv_tuple``) a (k, v) pair of its halves. Returns each variant's
+    (out, lse). The data depend only on the arguments other than the mode, so both modes
+    see the same."""
+    q, ks, vs, cache, table = paged_decode_batch(
+        device, lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype, seed=sum(lens)
     )
-    q = torch.randn(len(lens), qo_heads, head_dim, dtype=dtype, device="cuda")
-    workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout=layout)
-    for sm_scale, cap, window in ((None, None, -1), (0.1, 50.0, -1), (None, None, 31)):
+    kv = (cache[:, 0], cache[:, 1]) if kv_tuple else cache
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        workspace, kv_layout=layout, use_tensor_cores=use_tensor_cores
+    )
+    results = []
+    for sm_scale, cap, window in DECODE_VARIANTS:
         wrapper.plan(
-            indptr,
-            indices,
-            last,
+            *table,
             qo_heads,
             kv_heads,
             head_dim,
@@ -673,17 +735,36 @@ def test_batch_decode_matches_the_reference(
             logits_soft_cap=cap,
             window_left=window,
         )
-        out = torch.full_like(q, float("nan"))
-        got, lse = wrapper.run(q, (k_cache, v_cache), out=out, return_lse=True)
-        assert got is out
-        scale = sm_scale or 1 / math.sqrt(head_dim)
-        for b, n in enumerate(lens):
-            if n == 0:
-                assert (got[b] == 0).all() and (lse[b] == float("-inf")).all()
-                continue
-            want, want_lse = reference_decode(q[b], ks[b], vs[b], scale, cap, window)
-            torch.testing.assert_close(got[b].double(), want, **_tolerance(dtype))
-            torch.testing.assert_close(lse[b].double(), want_lse, atol=1e-3, rtol=1e-3)
+        out = torch.full_like(q, math.nan)
+        lse = torch.full(q.shape[:2], math.nan, device=device)
+        got, got_lse = wrapper.run(q, kv, out=out, lse=lse, return_lse=True)
+        assert got is out and got_lse is lse
+        scale = head_dim**-0.5 if sm_scale is None else sm_scale
+        check_decoded(out, lse, q, ks, vs, scale, cap, window, use_tensor_cores)
+        results.append((out, lse))
+    return results
+
+
+BATCH_CASES = [  # (lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype, kv_tuple)
+    ([1, 17, 300, 4096, 2], 32, 8, 128, 16, "NHD", torch.bfloat16, True),
+    ([5, 1, 64, 129], 8, 8, 64, 1, "HND", torch.float16, False),
+    ([30000], 32, 8, 128, 64, "NHD", torch.bfloat16, False),
+    ([1000] * 64, 32, 4, 128, 16, "HND", torch.bfloat16, True),
+    ([7, 100, 2000], 16, 2, 256, 64, "NHD", torch.float16, False),
+    ([1, 0, 33], 8, 1, 128, 16, "NHD", torch.float16, True),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "lens,qo_heads,kv_heads,head_dim,page_size,layout,dtype,kv_tuple", BATCH_CASES
+)
+def test_batch_decode_matches_the_reference(
+    lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype, kv_tuple
+) -> None:
+    check_batch_decode(
+        "cuda", lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype, kv_tuple=kv_tuple
+    )
 
 
 @pytest.mark.gpu
@@ -977,28 +1058,25 @@ SPLIT_CASES = [  # (qo_heads, kv_heads, head_dim, dtype): even groups fold two h
 ]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("qo_heads,kv_heads,head_dim,dtype", SPLIT_CASES)
-def test_split_chunks_with_unscored_pages_merge_to_the_reference(
-    qo_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+def check_split_chunks_with_unscored_pages(
+    device: str, lens: list[int], qo_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> None:
-    """Chunks of 4 pages of 7 tokens (28: neither a whole KV tile nor page-aligned tiles).
-    Request 0's pages 4-7 have ids outside the cache, so its chunk 1 scores nothing (an
-    empty state the merge must weigh 0) and chunk 2 loses one page of four; the other
-    requests are one token and a few chunks. With and without a soft cap."""
-    page_size, lens = 7, [500, 1, 90]
-    ks, vs, k_cache, v_cache, indptr, indices, last = _paged_batch(
-        lens, page_size, kv_heads, head_dim, dtype, "NHD", seed=head_dim + qo_heads
+    """Chunks of 4 pages of 7 tokens (28: neither a whole KV tile nor page-aligned tiles),
+    merged by the merge kernel. Request 0's pages 4-7 and 9 have ids outside the cache, so
+    its chunk 1 scores nothing (an empty state the merge must weigh 0) and chunk 2 loses one
+    page of four: those tokens are skipped, not scored. With and without a soft cap."""
+    page_size = 7
+    q, ks, vs, cache, (indptr, indices, last) = paged_decode_batch(
+        device, lens, qo_heads, kv_heads, head_dim, page_size, "NHD", dtype, head_dim + qo_heads
     )
-    num_pages = k_cache.shape[0]
-    dropped = [4, 5, 6, 7, 9]  # request 0's page positions (its pages start at 0)
-    indices[dropped] = torch.tensor(
-        [num_pages, -1, num_pages + 7, 1 << 30, -(1 << 30)], dtype=torch.int32, device="cuda"
-    )
-    kept = torch.tensor([t // page_size not in dropped for t in range(lens[0])], device="cuda")
-    q = torch.randn(len(lens), qo_heads, head_dim, dtype=dtype, device="cuda")
+    num_pages = cache.shape[0]
+    ids = [num_pages, -1, num_pages + 7, 1 << 30, -(1 << 30)]
+    bad = {(0, page): page_id for page, page_id in zip([4, 5, 6, 7, 9], ids)}
+    _break_page_ids(indices, indptr, bad)
+    kept = ~_on_broken_pages(0, lens[0], page_size, bad, device)
+    ks[0], vs[0] = ks[0][kept], vs[0][kept]
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+        torch.empty(64 << 20, dtype=torch.uint8, device=device)
     )
     for cap in (None, 30.0):
         wrapper.plan(
@@ -1013,12 +1091,19 @@ def test_split_chunks_with_unscored_pages_merge_to_the_reference(
             logits_soft_cap=cap,
             fixed_split_size=4,
         )
-        out, lse = wrapper.run(q, (k_cache, v_cache), return_lse=True)
-        for b in range(len(lens)):
-            k, v = (ks[0][kept], vs[0][kept]) if b == 0 else (ks[b], vs[b])
-            want, want_lse = reference_decode(q[b], k, v, head_dim**-0.5, cap)
-            torch.testing.assert_close(out[b].double(), want, **_tolerance(dtype))
-            torch.testing.assert_close(lse[b].double(), want_lse, atol=1e-3, rtol=1e-3)
+        out, lse = wrapper.run(q, cache, return_lse=True)
+        check_decoded(out, lse, q, ks, vs, head_dim**-0.5, cap)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qo_heads,kv_heads,head_dim,dtype", SPLIT_CASES)
+def test_split_chunks_with_unscored_pages_merge_to_the_reference(
+    qo_heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> None:
+    """The other requests are one token and a few chunks."""
+    check_split_chunks_with_unscored_pages(
+        "cuda", [500, 1, 90], qo_heads, kv_heads, head_dim, dtype
+    )
 
 
 @pytest.mark.gpu

@@ -11,7 +11,6 @@ tests/ops/test_decode.py's GPU tests."""
 from __future__ import annotations
 
 import functools
-import math
 from typing import Callable, Iterator
 
 import pytest
@@ -21,13 +20,17 @@ from flashinfer import cascade as cascade_api
 from flashinfer import decode as decode_api
 from flashinfer import prefill as prefill_api
 from flashinfer.jit.decode import gen_decode_module
-from flashinfer.testing.reference import decode_attention as reference_decode
 from tests.emu.module import EmulatedModule, on_cpu_tensors
-from tests.ops.test_decode import check_single_decode
-from tests.ops.test_prefill_gpu import _break_page_ids, _kv_data, _paged_kv
+from tests.ops.test_decode import (
+    DECODE_VARIANTS,
+    check_batch_decode,
+    check_decoded,
+    check_single_decode,
+    check_split_chunks_with_unscored_pages,
+    paged_decode_batch,
+)
 
 MAX_CTAS = 6  # a GPU this small splits a long KV over CTAs, so the merge kernel runs too
-LSE_TOLERANCE = dict(atol=1e-3, rtol=1e-3)
 
 
 OUTPUTS = {  # each launch's outputs and partial-state scratch, NaN-filled before it
@@ -63,49 +66,8 @@ def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedM
         yield install
 
 
-def _tolerance(dtype: torch.dtype) -> dict[str, float]:
-    return dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=5e-3, rtol=5e-3)
-
-
 def _workspace() -> torch.Tensor:
     return torch.empty(16 << 20, dtype=torch.uint8)
-
-
-def _batch(
-    lens: list[int],
-    heads: tuple[int, int],
-    head_dim: int,
-    page_size: int,
-    layout: str,
-    dtype: torch.dtype,
-    seed: int,
-) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor], torch.Tensor, tuple]:
-    """q [batch, Hq, D], each request's keys and values, the 5-D paged cache holding them
-    (NaN in every slot no request owns) and its page table (indptr, indices, last)."""
-    torch.manual_seed(seed)
-    ks, vs = _kv_data(lens, heads[1], head_dim, dtype, device="cpu")
-    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, layout, seed)
-    q = torch.randn(len(lens), heads[0], head_dim, dtype=dtype)
-    return q, ks, vs, cache, (indptr, indices, last)
-
-
-def _check_batch(
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    q: torch.Tensor,
-    ks: list[torch.Tensor],
-    vs: list[torch.Tensor],
-    scale: float,
-    cap: float | None = None,
-    window: int = -1,
-) -> None:
-    for b, (k, v) in enumerate(zip(ks, vs)):
-        if k.shape[0] == 0:
-            assert (out[b] == 0).all() and (lse[b] == -math.inf).all(), b
-            continue
-        want, want_lse = reference_decode(q[b], k, v, scale, cap, window)
-        torch.testing.assert_close(out[b].double(), want, **_tolerance(q.dtype), msg=f"{b}")
-        torch.testing.assert_close(lse[b].double(), want_lse, **LSE_TOLERANCE, msg=f"{b}")
 
 
 # (qo_heads, kv_heads, head_dim, page_size, layout, dtype): groups of 1, 2 and 8 (two heads a
@@ -130,68 +92,25 @@ BATCH_CASES = [
 def test_batch_decode_matches_the_reference(
     emulate, qo_heads, kv_heads, head_dim, page_size, layout, dtype
 ) -> None:
-    """Requests of 0, 1, a few tiles and a ragged last tile; plain, soft-capped, windowed."""
+    """Requests of 0, 1, a few tiles and a ragged last tile; plain, soft-capped, windowed
+    (tests/ops/test_decode.py's check)."""
     lens = [0, 1, 4 * 4096 // head_dim + 7, 29]
-    q, ks, vs, cache, table = _batch(
-        lens, (qo_heads, kv_heads), head_dim, page_size, layout, dtype, seed=qo_heads + head_dim
-    )
     module = emulate(dtype, head_dim, land_at_issue=head_dim == 128, reverse=page_size == 1)
-    wrapper = decode_api.BatchDecodeWithPagedKVCacheWrapper(_workspace(), kv_layout=layout)
-    for sm_scale, cap, window in ((None, None, -1), (0.2, 20.0, -1), (None, None, 40)):
-        wrapper.plan(
-            *table,
-            qo_heads,
-            kv_heads,
-            head_dim,
-            page_size,
-            q_data_type=dtype,
-            sm_scale=sm_scale,
-            logits_soft_cap=cap,
-            window_left=window,
-        )
-        out, lse = wrapper.run(q, cache, return_lse=True)
-        _check_batch(out, lse, q, ks, vs, sm_scale or head_dim**-0.5, cap, window)
-    assert len(module.launches) == 3
+    check_batch_decode(
+        "cpu", lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype, kv_tuple=qo_heads > 8
+    )
+    assert len(module.launches) == len(DECODE_VARIANTS)
 
 
 @pytest.mark.parametrize("head_dim,group", [(64, 4), (128, 3), (256, 2)])
 def test_split_chunks_with_unscored_pages_merge_to_the_reference(
     emulate, head_dim: int, group: int
 ) -> None:
-    """Chunks of 4 pages of 7 tokens (28: neither a whole KV tile nor page-aligned tiles),
-    merged by the merge kernel. Request 0's pages 4-7 have ids outside the cache, so its
-    chunk 1 scores nothing (an empty state the merge must weigh 0) and chunk 2 loses one page
-    of four: those tokens are skipped, not scored."""
-    dtype, page_size, lens = torch.bfloat16, 7, [300, 1, 90]
-    q, ks, vs, cache, (indptr, indices, last) = _batch(
-        lens, (2 * group, 2), head_dim, page_size, "NHD", dtype, seed=head_dim
+    """(tests/ops/test_decode.py's check) Requests of 300, 1 and 90 tokens."""
+    module = emulate(torch.bfloat16, head_dim, reverse=True)
+    check_split_chunks_with_unscored_pages(
+        "cpu", [300, 1, 90], 2 * group, 2, head_dim, torch.bfloat16
     )
-    num_pages = cache.shape[0]
-    dropped = [4, 5, 6, 7, 9]
-    _break_page_ids(
-        indices,
-        indptr,
-        dict(zip([(0, p) for p in dropped], [num_pages, -1, num_pages + 7, 1 << 30, -(1 << 30)])),
-    )
-    kept = torch.tensor([t // page_size not in dropped for t in range(lens[0])])
-    ks[0], vs[0] = ks[0][kept], vs[0][kept]
-    module = emulate(dtype, head_dim, reverse=True)
-    wrapper = decode_api.BatchDecodeWithPagedKVCacheWrapper(_workspace())
-    for cap in (None, 30.0):
-        wrapper.plan(
-            indptr,
-            indices,
-            last,
-            2 * group,
-            2,
-            head_dim,
-            page_size,
-            q_data_type=dtype,
-            logits_soft_cap=cap,
-            fixed_split_size=4,
-        )
-        out, lse = wrapper.run(q, cache, return_lse=True)
-        _check_batch(out, lse, q, ks, vs, head_dim**-0.5, cap)
     assert module.launches[-1]["grid_merge"] > 0  # the merge kernel ran
 
 
@@ -202,16 +121,16 @@ def test_two_wrappers_sharing_a_float_workspace_keep_their_own_schedules(emulate
     workspace = _workspace()
     a = decode_api.BatchDecodeWithPagedKVCacheWrapper(workspace)
     b = decode_api.BatchDecodeWithPagedKVCacheWrapper(workspace)
-    q_a, ks_a, vs_a, cache_a, table_a = _batch(
-        [200, 150], (heads, kv_heads), dim, page_size, "NHD", dtype, seed=1
+    q_a, ks_a, vs_a, cache_a, table_a = paged_decode_batch(
+        "cpu", [200, 150], heads, kv_heads, dim, page_size, "NHD", dtype, seed=1
     )
-    _, _, _, cache_b, table_b = _batch(
-        [3] * 6, (heads, kv_heads), dim, page_size, "NHD", dtype, seed=2
+    _, _, _, cache_b, table_b = paged_decode_batch(
+        "cpu", [3] * 6, heads, kv_heads, dim, page_size, "NHD", dtype, seed=2
     )
     a.plan(*table_a, heads, kv_heads, dim, page_size, q_data_type=dtype)
     b.plan(*table_b, heads, kv_heads, dim, page_size, q_data_type=dtype)
     out, lse = a.run(q_a, cache_a, return_lse=True)
-    _check_batch(out, lse, q_a, ks_a, vs_a, dim**-0.5)
+    check_decoded(out, lse, q_a, ks_a, vs_a, dim**-0.5)
 
 
 @pytest.mark.parametrize(

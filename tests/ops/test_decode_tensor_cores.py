@@ -18,6 +18,7 @@ from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper, fast_decode_pl
 from flashinfer.decode_schedule import kv_lengths
 from flashinfer.prefill_schedule import TILE_ROWS, pack_schedule, plan_length, plan_prefill_schedule
 from flashinfer.testing import reference
+from tests.ops.test_decode import check_batch_decode, lse_tolerance, tolerance
 from tests.ops.test_prefill import BATCH_ARGS, MAX_CTAS, CpuPrefill, _bf16, _i32, cpu_prefill  # noqa: F401 - cpu_prefill is a fixture used by cpu_tc
 
 LOG2E = 1.4426950408889634
@@ -697,11 +698,7 @@ def test_single_decode_bad_arguments(cpu_tc, message, error, overrides) -> None:
 # -- GPU: numerics ------------------------------------------------------------------------------
 
 
-def _tolerance(dtype: torch.dtype) -> dict[str, float]:
-    return dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-2, rtol=1e-2)
-
-
-LSE_TOLERANCE = dict(atol=1e-2, rtol=1e-3)
+LSE_TOLERANCE = lse_tolerance(tensor_cores=True)
 
 
 def _paged(
@@ -767,48 +764,13 @@ def test_tensor_core_decode_matches_cuda_cores_and_float64(
 ) -> None:
     """Empty, one-token, page-straddling and long (split and merged) requests; full
     attention, a soft cap with a custom sm_scale, and a sliding window; the LSE; outputs
-    poisoned with NaN, so a row left unwritten fails."""
-    torch.manual_seed(group * head_dim + page_size)
-    kv_heads = 2
-    qo_heads = group * kv_heads
-    lens = [1, 17, 0, 300, 4099, 33]
-    ks, vs, k_cache, v_cache, indptr, indices, last = _paged(
-        lens, page_size, kv_heads, head_dim, dtype, layout, seed=head_dim
-    )
-    q = torch.randn(len(lens), qo_heads, head_dim, dtype=dtype, device="cuda")
-    tensor_cores = BatchDecodeWithPagedKVCacheWrapper(_workspace(), layout, use_tensor_cores=True)
-    cuda_cores = BatchDecodeWithPagedKVCacheWrapper(_workspace(), layout)
-    for sm_scale, cap, window in ((None, None, -1), (0.1, 30.0, -1), (None, None, 31)):
-        results = []
-        for w in (tensor_cores, cuda_cores):
-            w.plan(
-                indptr,
-                indices,
-                last,
-                qo_heads,
-                kv_heads,
-                head_dim,
-                page_size,
-                q_data_type=dtype,
-                sm_scale=sm_scale,
-                logits_soft_cap=cap,
-                window_left=window,
-            )
-            out = torch.full_like(q, NAN)
-            lse = torch.full((len(lens), qo_heads), NAN, device="cuda")
-            got, got_lse = w.run(q, (k_cache, v_cache), out=out, lse=lse, return_lse=True)
-            assert got is out and got_lse is lse
-            results.append((out, lse))
-        (out, lse), (core_out, core_lse) = results
-        scale = head_dim**-0.5 if sm_scale is None else sm_scale
-        for b, n in enumerate(lens):
-            if n == 0:
-                assert (out[b] == 0).all() and (lse[b] == -math.inf).all()
-                continue
-            want, want_lse = reference.decode_attention(q[b], ks[b], vs[b], scale, cap, window)
-            torch.testing.assert_close(out[b].double(), want, **_tolerance(dtype))
-            torch.testing.assert_close(lse[b].double(), want_lse, **LSE_TOLERANCE)
-        torch.testing.assert_close(out, core_out, **_tolerance(dtype))
+    poisoned with NaN, so a row left unwritten fails (tests/ops/test_decode.py's check)."""
+    lens, kv_heads = [1, 17, 0, 300, 4099, 33], 2
+    args = ("cuda", lens, group * kv_heads, kv_heads, head_dim, page_size, layout, dtype)
+    tensor_cores = check_batch_decode(*args, use_tensor_cores=True, kv_tuple=group == 4)
+    cuda_cores = check_batch_decode(*args, kv_tuple=group != 4)
+    for (out, lse), (core_out, core_lse) in zip(tensor_cores, cuda_cores):
+        torch.testing.assert_close(out, core_out, **tolerance(dtype, tensor_cores=True))
         torch.testing.assert_close(lse, core_lse, **LSE_TOLERANCE)
 
 
@@ -858,7 +820,9 @@ def test_several_query_tokens_per_request_attend_causally(
             want, want_lse = reference.attention(
                 q[rows], ks[b], vs[b], causal=True, window_left=window
             )
-            torch.testing.assert_close(out[rows].double(), want, **_tolerance(dtype))
+            torch.testing.assert_close(
+                out[rows].double(), want, **tolerance(dtype, tensor_cores=True)
+            )
             torch.testing.assert_close(lse[rows].double(), want_lse, **LSE_TOLERANCE)
 
 
@@ -895,7 +859,9 @@ def test_large_groups_scales_and_the_5d_cache_form() -> None:
         )
         for b in range(len(lens)):
             want, want_lse = reference.decode_attention(q[b], ks[b], vs[b], 0.05 * 0.5 * 2.5)
-            torch.testing.assert_close(out[b].double(), want * 0.25, **_tolerance(dtype))
+            torch.testing.assert_close(
+                out[b].double(), want * 0.25, **tolerance(dtype, tensor_cores=True)
+            )
             torch.testing.assert_close(lse[b].double(), want_lse, **LSE_TOLERANCE)
 
 
@@ -989,7 +955,7 @@ def test_cuda_graph_replay_after_re_planning_and_rewriting_the_buffers() -> None
         lse.fill_(NAN)
         graph.replay()
         want, want_lse = expected(lens, indptr, ids)
-        torch.testing.assert_close(out.double(), want, **_tolerance(dtype))
+        torch.testing.assert_close(out.double(), want, **tolerance(dtype, tensor_cores=True))
         torch.testing.assert_close(lse.double(), want_lse, **LSE_TOLERANCE)
 
 
@@ -1043,7 +1009,7 @@ def test_single_decode_with_tensor_cores_matches(
             assert out.shape == q.shape and out.dtype == dtype and lse.shape == (qo_heads,)
             got.append((out, lse))
         (out, lse), (core_out, core_lse) = got
-        torch.testing.assert_close(out.double(), want, **_tolerance(dtype))
+        torch.testing.assert_close(out.double(), want, **tolerance(dtype, tensor_cores=True))
         torch.testing.assert_close(lse.double(), want_lse, **LSE_TOLERANCE)
-        torch.testing.assert_close(out, core_out, **_tolerance(dtype))
+        torch.testing.assert_close(out, core_out, **tolerance(dtype, tensor_cores=True))
         torch.testing.assert_close(lse, core_lse, **LSE_TOLERANCE)

@@ -29,6 +29,7 @@ from flashinfer.jit.prefill import (
 )
 from flashinfer.testing.reference import attention as reference_attention
 from tests.emu.module import EmulatedModule, on_cpu_tensors
+from tests.ops.test_decode import check_batch_decode
 from tests.ops.test_prefill_gpu import (
     NAN,
     _batch_data,
@@ -271,3 +272,12 @@ def test_tensor_core_decode(emulate, q_len: int) -> None:
     )
     out, lse = wrapper.run(q, cache, return_lse=True)
     _check(out, lse, _expected_batch(q, qo_lens, ks, vs, causal=True, soft_cap=15.0))
+
+
+def test_tensor_core_batch_decode_check(emulate) -> None:
+    """tests/ops/test_decode.py's batch decode check in tensor-core mode, as its GPU tests run
+    it: empty, one-token and page-straddling requests; plain, soft-capped, windowed; the
+    cache as a (k, v) pair."""
+    emulate(torch.bfloat16, 128, reverse=True)
+    lens, heads = [1, 17, 0, 300, 33], (8, 2)
+    check_batch_decode("cpu", lens, *heads, 128, 16, "HND", torch.bfloat16, True, kv_tuple=True)
