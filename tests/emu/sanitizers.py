@@ -23,7 +23,8 @@ from flashinfer.jit.toolchain import current_toolchain
 
 from .engine import REPO_ROOT
 
-# The emulator's own tests and every emulated module's (this file's test starts runs itself)
+# The emulator's own tests and every emulated module's (not test_sanitizers.py: it starts
+# sanitized runs of its own)
 EVERY_EMULATED_TEST = (
     "tests/emu/test_simt.py",
     "tests/emu/test_conversions.py",
