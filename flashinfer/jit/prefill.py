@@ -49,6 +49,11 @@ class PrefillTiling:
         suffix = f"c{self.ctas}" if self.ctas != 1 else ""
         return f"m{self.m_tiles}kv{self.tile_kv}{suffix}"
 
+    @property
+    def threads(self) -> int:
+        """Threads per CTA: 128 rows in warps of 16 * m_tiles."""
+        return 32 * 128 // (16 * self.m_tiles)
+
     def check(self, head_dim: int) -> None:
         """Raise ValueError when the kernel cannot take this shape at ``head_dim``."""
         accumulators = self.m_tiles * (head_dim + self.tile_kv) // 2
@@ -65,12 +70,11 @@ class PrefillTiling:
                 f"{self.name} at head_dim {head_dim} needs {accumulators} accumulators a "
                 f"lane; at most {limit} fit"
             )
-        threads = 32 * 128 // (16 * self.m_tiles)
         chunks = self.tile_kv * head_dim // 8  # 16-byte K/V chunks a tile loads
-        if chunks % threads:
+        if chunks % self.threads:
             raise ValueError(
                 f"{self.name} at head_dim {head_dim}: {chunks} 16-byte chunks per K/V tile "
-                f"do not split evenly over {threads} threads"
+                f"do not split evenly over {self.threads} threads"
             )
 
 

@@ -238,13 +238,14 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   const int t_first = by_group.quotient(row0);
   const int t_last = by_group.quotient(min(row0 + kTileRows - 1, rows - 1));
   const int delta = kv_len - qo_len;  // bottom-right alignment of causal and window masks
-  const bool causal = p.causal && !p.mask;
+  // (read from the parameters where used: a flag kept through the loop takes a register)
+  auto causal = [&p] { return p.causal && !p.mask; };
 
   // The KV range this tile attends in its chunk: [lo, hi).
   int64_t lo64 = min(int64_t{item.chunk} * item.chunk_tokens, int64_t{kv_len});
   int64_t hi64 =
       item.chunk + 1 >= item.chunks ? kv_len : min(lo64 + item.chunk_tokens, int64_t{kv_len});
-  if (causal) hi64 = min(hi64, int64_t{t_last} + delta + 1);
+  if (causal()) hi64 = min(hi64, int64_t{t_last} + delta + 1);
   if (p.window_left >= 0) lo64 = max(lo64, int64_t{t_first} + delta - p.window_left);
   const int lo = static_cast<int>(lo64), hi = static_cast<int>(max(hi64, lo64));
   const int num_tiles = static_cast<int>((int64_t{hi} - lo + kTileKV - 1) / kTileKV);
@@ -269,65 +270,55 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   // published by the barrier before the loop; nothing writes it again
   if (threadIdx.x == 0) *shared_bounds = bounds;
 
-  // Q: this thread's chunk `col` of tile rows first_row + i * kKVRowStep (as it loads K/V);
+  // Q: this thread's chunk `col` of tile rows first_row + i * kQRowStep (once per CTA);
   // packed rows past the request's end are zero-filled (their results are never stored).
-  constexpr int kKVRowStep = kThreads / kChunks;
+  constexpr int kQRowStep = kThreads / kChunks;
   const int first_row = threadIdx.x / kChunks, col = threadIdx.x % kChunks;
 #pragma unroll
-  for (int i = 0; i < kTileRows / kKVRowStep; ++i) {
-    const int r = first_row + i * kKVRowStep, packed = row0 + r;
+  for (int i = 0; i < kTileRows / kQRowStep; ++i) {
+    const int r = first_row + i * kQRowStep, packed = row0 + r;
     const bool valid = packed < rows;
     const int t = by_group.quotient(packed);
     const int64_t head = kv_head * group + (packed - t * group);
     const T* src = p.q + (q_start + int64_t{t}) * p.q_row_stride + head * p.q_head_stride + col * 8;
     cp_async_16(sq + swizzle<kHeadDim>(r, col), valid ? src : p.q, valid);
   }
-  // A K/V tile: tokens at or past `hi`, and tokens on pages outside the cache, read as zeros
-  // (never memory another request owns) and are masked: the first by `hi`, the second by
-  // their byte in `unscored`, written by the thread that loads the token's first chunk. A
-  // thread loads chunk kv_col of tokens kv_row + i * kKVRowStep: the page-table loads of
-  // kKVBatch tokens (one multiply-high division each) issue together, then their copies.
-  constexpr int kKVLoads = kTileKV / kKVRowStep;
-  // page-table loads in flight at once: all of them, but two with m2's O accumulators, which
-  // leave no registers for more
-  constexpr int kKVBatch = kMTiles == 1 || kKVLoads < 2 ? kKVLoads : 2;
-  static_assert(kThreads % kChunks == 0 && kTileRows % kKVRowStep == 0 &&
-                    kTileKV % kKVRowStep == 0 && kKVLoads % kKVBatch == 0,
-                "whole tokens per thread");
+  // A K/V tile: the kTokenThreads consecutive threads of token tid / kTokenThreads copy its
+  // chunks (swizzle.h's TokenChunks), so a thread looks up one page and computes one K and one V
+  // address per tile. Tokens at or past `hi`, and tokens on pages outside the cache, read as
+  // zeros (never memory another request owns) and are masked: the first by `hi`, the second
+  // by their byte in `unscored`, written by the token's first thread.
+  constexpr int kTokenThreads = kThreads / kTileKV;
+  constexpr int kThreadChunks = kChunks / kTokenThreads;
+  static_assert(kThreads % kChunks == 0 && kTileRows % kQRowStep == 0 && kThreads % kTileKV == 0 &&
+                    kChunks % kTokenThreads == 0,
+                "whole rows per load");
   auto load_kv = [&](int stage, int kv0, const TileBounds& cta) {
     const unsigned tid = thread_index();
-    const int kv_row = tid / kChunks, kv_col = tid % kChunks;
-    const int end = cta.hi;
-    // a token past `end` looks up position kv0 instead (kv0 + token may pass 2^31 - 1 in a
-    // request's last tile, so the bound is compared as end - kv0 > 0)
-    auto position = [&](int token) {
-      return cta.kv_offset + (token < end - kv0 ? kv0 + token : kv0);
-    };
+    const int token = tid / kTokenThreads, part = tid % kTokenThreads;
+    // (kv0 + token may pass 2^31 - 1 in a request's last tile: the bound is end - kv0 > token,
+    // and a token past it looks up position kv0 instead)
+    const bool in_range = token < cta.hi - kv0;
+    const int position = cta.kv_offset + (in_range ? kv0 + token : kv0);
+    const int page = page_of(p.pages, p.page_div, cta.page_base, position);
+    const bool valid = in_range && page >= 0;
+    if (part == 0) unscored[stage * kTileKV + token] = in_range && !valid;
+    const int64_t slot = slot_of(p.pages, p.page_div, position);
+    // The row pointers start at the thread's first chunk. An unfilled copy names q's first
+    // row, which holds a whole head's row of chunks.
+    const TokenChunks<kHeadDim, kTokenThreads> chunks(token, part);
+    const T* const k_row = valid ? p.k.data + page * p.k.page_stride + slot * p.k.slot_stride +
+                                       kv_head * p.k.head_stride + chunks.first * 8
+                                 : p.q + chunks.first * 8;
+    const T* const v_row = valid ? p.v.data + page * p.v.page_stride + slot * p.v.slot_stride +
+                                       kv_head * p.v.head_stride + chunks.first * 8
+                                 : p.q + chunks.first * 8;
     T* const k_tile = sk + stage * Tl::kKVElems;
     T* const v_tile = sv + stage * Tl::kKVElems;
 #pragma unroll
-    for (int g = 0; g < kKVLoads; g += kKVBatch) {
-      int page[kKVBatch];
-#pragma unroll
-      for (int i = 0; i < kKVBatch; ++i) {
-        page[i] =
-            page_of(p.pages, p.page_div, cta.page_base, position(kv_row + (g + i) * kKVRowStep));
-      }
-#pragma unroll
-      for (int i = 0; i < kKVBatch; ++i) {
-        const int token = kv_row + (g + i) * kKVRowStep;
-        const bool in_range = token < end - kv0, valid = in_range && page[i] >= 0;
-        if (kv_col == 0) unscored[stage * kTileKV + token] = in_range && !valid;
-        const int64_t slot = slot_of(p.pages, p.page_div, position(token));
-        const int64_t k_at = page[i] * p.k.page_stride + slot * p.k.slot_stride +
-                             kv_head * p.k.head_stride + kv_col * 8;
-        const int64_t v_at = page[i] * p.v.page_stride + slot * p.v.slot_stride +
-                             kv_head * p.v.head_stride + kv_col * 8;
-        cp_async_16(k_tile + swizzle<kHeadDim>(token, kv_col), p.k.data + (valid ? k_at : 0),
-                    valid);
-        cp_async_16(v_tile + swizzle<kHeadDim>(token, kv_col), p.v.data + (valid ? v_at : 0),
-                    valid);
-      }
+    for (int i = 0; i < kThreadChunks; ++i) {
+      cp_async_16(k_tile + chunks.at(i), k_row + chunks.offset(i) * 8, valid);
+      cp_async_16(v_tile + chunks.at(i), v_row + chunks.offset(i) * 8, valid);
     }
   };
   // Prologue: the first kStages - 1 tiles, one commit group each (empty past the last tile),
@@ -366,7 +357,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     const unsigned tid = thread_index();
     const int lane = tid % 32, warp_row = tid / 32 * Tl::kWarpRows;
     const int lane_row = warp_row + lane / 4;
-    const MaskShape shape{cta.hi, cta.delta, causal, p.window_left};
+    const MaskShape shape{cta.hi, cta.delta, causal(), p.window_left};
     // This lane's ldmatrix rows (swizzle.h): Q's in the warp's m-tiles, K's and V's in the
     // stage. Each address is a tile's 32-bit shared-window address plus a row offset.
     const LaneRow q = q_lane_row(lane), k = k_lane_row(lane), v = v_lane_row(lane);
@@ -420,7 +411,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       // (64-bit: kv0 + kTileKV may pass 2^31 - 1 in a request's last tile)
       const int64_t kv_end = int64_t{kv0} + kTileKV;
       const bool needs_mask = kv_end > cta.hi || p.mask || blocked ||
-                              (causal && kv_end - 1 > cta.t_first + cta.delta) ||
+                              (causal() && kv_end - 1 > cta.t_first + cta.delta) ||
                               (p.window_left >= 0 && kv0 < cta.t_last + cta.delta - p.window_left);
       if (needs_mask) {
         // Per row, one word of visible columns (causal and window range, custom mask, pages

@@ -17,6 +17,29 @@ FLASHINFER_HOST_DEVICE int swizzle(int row, int chunk) {
   return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
 }
 
+// The chunks one thread copies of a K/V tile's token: the kTokenThreads consecutive threads
+// of a token share its chunks, thread `part` taking chunk first + offset(i) in its load i
+// (offset is a compile-time constant, the same for every thread). A thread's chunks come in
+// runs of 8 / kTokenThreads (one from 8 threads a token on), so that the eight 16-byte
+// stores of each quarter warp land in eight different bank groups of the swizzled tile.
+template <int kHeadDim, int kTokenThreads>
+struct TokenChunks {
+  static constexpr int kRun = kTokenThreads < 8 ? 8 / kTokenThreads : 1;
+  int first;     // the chunk of load 0
+  int first_at;  // its element offset in the tile: swizzle(token, first)
+  FLASHINFER_HOST_DEVICE TokenChunks(int token, int part)
+      : first(part * kRun), first_at(swizzle<kHeadDim>(token, part * kRun)) {}
+  static FLASHINFER_HOST_DEVICE constexpr int offset(int i) {
+    return i / kRun * (kRun * kTokenThreads) + i % kRun;
+  }
+  // swizzle(token, first + offset(i)): chunks first .. first + kRun - 1 differ from `first`
+  // in bits it leaves clear (bits 0-2 only, where first < 8), and a run's start adds a
+  // multiple of 8 chunks, which the swizzle keeps
+  FLASHINFER_HOST_DEVICE int at(int i) const {
+    return (first_at ^ (i % kRun * 8)) + i / kRun * (kRun * kTokenThreads * 8);
+  }
+};
+
 // A lane's ldmatrix rows in a swizzled tile: the byte offset from the tile's start of chunk
 // 2 * pair + half of row `row + rows`, for `rows` a multiple of 8. Rows are 128 bytes or more,
 // so bits 4-6 of an offset are its chunk's low three bits XOR row % 8 and nothing else: the

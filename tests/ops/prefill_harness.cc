@@ -7,6 +7,7 @@
 //   tile hi delta causal window_left first_row num_rows rows group kv0 tile_kv -> "0" or "1"
 //   div d n                                          -> n / d by FastDiv
 //   rows q|k|v head_dim lane warp_row rows pair      -> the lane's ldmatrix offset (swizzle.h)
+//   chunk head_dim token_threads token part i       -> "chunk offset" of a K/V load (swizzle.h)
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +17,33 @@
 #include "flashinfer/swizzle.h"
 
 namespace {
+
+// Load i of thread `part` of `token`: the chunk and its element offset in the tile.
+template <int kHeadDim, int kTokenThreads>
+void print_chunk(int token, int part, int i) {
+  const flashinfer::prefill::TokenChunks<kHeadDim, kTokenThreads> chunks(token, part);
+  std::printf("%d %d\n", chunks.first + chunks.offset(i), chunks.at(i));
+}
+
+template <int kHeadDim>
+bool print_chunk(int token_threads, int token, int part, int i) {
+  switch (token_threads) {
+    case 2:
+      print_chunk<kHeadDim, 2>(token, part, i);
+      return true;
+    case 4:
+      print_chunk<kHeadDim, 4>(token, part, i);
+      return true;
+    case 8:
+      print_chunk<kHeadDim, 8>(token, part, i);
+      return true;
+    case 16:
+      print_chunk<kHeadDim, 16>(token, part, i);
+      return true;
+    default:
+      return false;
+  }
+}
 
 template <int kHeadDim>
 uint32_t swizzled_row(int row, int half, int rows, int pair) {
@@ -31,6 +59,16 @@ int main() {
       uint32_t d = 0, n = 0;
       if (std::scanf("%" SCNu32 " %" SCNu32, &d, &n) != 2) return 2;
       std::printf("%" PRIu32 "\n", flashinfer::FastDiv(d).quotient(n));
+      continue;
+    }
+    if (std::strcmp(kind, "chunk") == 0) {
+      int head_dim = 0, token_threads = 0, token = 0, part = 0, i = 0;
+      if (std::scanf("%d %d %d %d %d", &head_dim, &token_threads, &token, &part, &i) != 5) return 2;
+      const bool known = head_dim == 64    ? print_chunk<64>(token_threads, token, part, i)
+                         : head_dim == 128 ? print_chunk<128>(token_threads, token, part, i)
+                         : head_dim == 256 ? print_chunk<256>(token_threads, token, part, i)
+                                           : false;
+      if (!known) return 2;
       continue;
     }
     if (std::strcmp(kind, "rows") == 0) {

@@ -3,7 +3,7 @@ independent Python models: the masks (include/flashinfer/prefill_mask.h: which k
 token sees under the causal and sliding-window masks, bottom-right aligned, and when a warp
 may skip a K/V tile because none of its rows sees a key of it), the division by the page
 size (include/flashinfer/fastdiv.h) and the ldmatrix row addresses in the swizzled shared
-memory tiles (include/flashinfer/swizzle.h)."""
+memory tiles and the K/V chunks each thread loads into them (include/flashinfer/swizzle.h)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from flashinfer.jit.prefill import accepted_tilings
 from tests.conftest import REPO_ROOT, build_host_program, run_built_program
 
 HARNESS = REPO_ROOT / "tests" / "ops" / "prefill_harness.cc"
@@ -186,3 +187,48 @@ def test_each_lane_addresses_its_fragment_row_in_the_swizzled_tile(harness, head
         row, chunk = warp_row + rows + block + lane % 8, 2 * pair + half
         want = 2 * (row * head_dim + 8 * (chunk ^ (row % 8)))
         assert int(answer) == want, (operand, lane, warp_row, rows, pair)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_each_kv_tile_chunk_is_loaded_once_without_store_bank_conflicts(
+    harness, head_dim: int
+) -> None:  # noqa: ANN001
+    """For every accepted tiling: the threads of a K/V tile's token (kThreads / kTileKV of
+    them) load each of its head_dim / 8 chunks exactly once, to the chunk's swizzled place
+    (chunk c of row r at c ^ (r % 8)); a thread's chunks are its first plus offsets shared by
+    every thread (the kernel adds them at compile time); and in each load the eight threads
+    of a quarter warp store to eight different 16-byte bank groups."""
+    chunks = head_dim // 8
+    for tiling in accepted_tilings(head_dim):
+        token_threads = tiling.threads // tiling.tile_kv
+        per_thread = chunks // token_threads
+        cases = [
+            (token, part, i)
+            for token in range(tiling.tile_kv)
+            for part in range(token_threads)
+            for i in range(per_thread)
+        ]
+        answers = harness([f"chunk {head_dim} {token_threads} {t} {p} {i}" for t, p, i in cases])
+        chunk, at = {}, {}
+        for case, answer in zip(cases, answers):
+            chunk[case], at[case] = map(int, answer.split())
+        for token in range(tiling.tile_kv):
+            loaded = [
+                chunk[token, part, i] for part in range(token_threads) for i in range(per_thread)
+            ]
+            assert sorted(loaded) == list(range(chunks)), (tiling, token)
+        for (token, part, i), c in chunk.items():
+            assert c - chunk[token, part, 0] == chunk[0, 0, i], (tiling, token, part, i)
+            assert at[token, part, i] == token * head_dim + 8 * (c ^ (token % 8)), (
+                tiling,
+                token,
+                part,
+                i,
+            )
+        for i in range(per_thread):
+            for first in range(0, tiling.threads, 8):
+                quarter = [
+                    (tid // token_threads, tid % token_threads) for tid in range(first, first + 8)
+                ]
+                groups = {at[token, part, i] // 8 % 8 for token, part in quarter}
+                assert len(groups) == 8, (tiling, i, first)
