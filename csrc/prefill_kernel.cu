@@ -31,7 +31,7 @@ cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
   p.group_div = flashinfer::FastDiv(static_cast<uint32_t>(p.group));
   p.scale = l.score_scale;
   p.cap = l.score_cap;
-  p.causal = l.causal;
+  p.causal = l.causal && !l.mask;  // a custom mask overrides causal, as in the reference
   p.window_left = l.window_left;
   p.single_qo_len = l.single_qo_len;
   p.single_kv_len = l.single_kv_len;

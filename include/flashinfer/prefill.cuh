@@ -51,12 +51,13 @@ constexpr int kTileRows = 128;  // packed query rows per CTA (prefill_schedule.p
 // What the main loop and the epilogue read of a CTA's work item: kept in shared memory and
 // read where used, not held in registers through the loop (m2's O and score accumulators
 // leave none to spare). hi: the end of the KV range; delta = kv_len - qo_len; packed rows
-// [row0, ...) of `rows`, tokens t_first..t_last; the request's KV offset (ragged) or first
-// page (paged); its first query row; its first custom-mask bit; where the output goes:
-// tmp_base < 0, the output rows, else partial-state rows tmp_base + t * chunks + chunk; and the
-// num_tiles K/V tiles of kTileKV tokens from key lo the loop runs over.
+// [row0, ...) of `rows`; keys [clear_lo, clear_hi), whose tiles every row sees whole under
+// the causal and window masks; the request's KV offset (ragged) or first page (paged); its
+// first query row; its first custom-mask bit; where the output goes: tmp_base < 0, the output
+// rows, else partial-state rows tmp_base + t * chunks + chunk; and the num_tiles K/V tiles of
+// kTileKV tokens from key lo the loop runs over.
 struct TileBounds {
-  int hi, delta, row0, rows, t_first, t_last, kv_len, kv_offset, page_base, q_start;
+  int hi, delta, row0, rows, clear_lo, clear_hi, kv_len, kv_offset, page_base, q_start;
   int tmp_base, chunk, chunks, lo, num_tiles;
   int64_t mask_bit0;
 };
@@ -88,7 +89,10 @@ struct Tiling {
   static constexpr size_t kBoundsOffset =
       (kQElems + 2 * kStages * kKVElems) * 2 + kStages * kTileKV;
   static_assert(kBoundsOffset % alignof(TileBounds) == 0, "TileBounds is aligned");
-  static constexpr size_t kSharedBytes = kBoundsOffset + sizeof(TileBounds);
+  // then per warp the keys its rows may see (prefill_mask.h's RowKeys)
+  static constexpr size_t kKeysOffset = kBoundsOffset + sizeof(TileBounds);
+  static_assert(kKeysOffset % alignof(RowKeys) == 0, "RowKeys are aligned");
+  static constexpr size_t kSharedBytes = kKeysOffset + kWarps * sizeof(RowKeys);
 };
 
 template <typename T>
@@ -115,7 +119,9 @@ struct PrefillParams {
   FastDiv group_div;  // divides by group (set up on the host)
   float scale;        // applied to q.k: sm_scale * log2e, or sm_scale / cap with a soft cap
   float cap;          // > 0: score = cap * log2e * tanh(scaled q.k)
-  bool causal;        // ignored with a custom mask, as in the reference
+  // The causal mask applies: false with a custom mask, which the reference lets override it
+  // (the launch folds that in, so the loop reads one parameter, not a flag it must keep)
+  bool causal;
   // >= 0: token t sees key j only if j >= t + kv_len - qo_len - window_left
   int64_t window_left;
   int64_t single_qo_len, single_kv_len;
@@ -209,6 +215,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   T* const sv = sk + Tl::kStages * Tl::kKVElems;
   uint8_t* const unscored = reinterpret_cast<uint8_t*>(sv + Tl::kStages * Tl::kKVElems);
   TileBounds* const shared_bounds = reinterpret_cast<TileBounds*>(shared_bytes + Tl::kBoundsOffset);
+  RowKeys* const warp_keys = reinterpret_cast<RowKeys*>(shared_bytes + Tl::kKeysOffset);
 
   pdl_wait();
   Item item;
@@ -238,14 +245,12 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   const int t_first = by_group.quotient(row0);
   const int t_last = by_group.quotient(min(row0 + kTileRows - 1, rows - 1));
   const int delta = kv_len - qo_len;  // bottom-right alignment of causal and window masks
-  // (read from the parameters where used: a flag kept through the loop takes a register)
-  auto causal = [&p] { return p.causal && !p.mask; };
 
   // The KV range this tile attends in its chunk: [lo, hi).
   int64_t lo64 = min(int64_t{item.chunk} * item.chunk_tokens, int64_t{kv_len});
   int64_t hi64 =
       item.chunk + 1 >= item.chunks ? kv_len : min(lo64 + item.chunk_tokens, int64_t{kv_len});
-  if (causal()) hi64 = min(hi64, int64_t{t_last} + delta + 1);
+  if (p.causal) hi64 = min(hi64, int64_t{t_last} + delta + 1);
   if (p.window_left >= 0) lo64 = max(lo64, int64_t{t_first} + delta - p.window_left);
   const int lo = static_cast<int>(lo64), hi = static_cast<int>(max(hi64, lo64));
   const int num_tiles = static_cast<int>((int64_t{hi} - lo + kTileKV - 1) / kTileKV);
@@ -255,8 +260,13 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   bounds.delta = delta;
   bounds.row0 = row0;
   bounds.rows = rows;
-  bounds.t_first = t_first;
-  bounds.t_last = t_last;
+  // a tile in [clear_lo, clear_hi) is before every row's causal diagonal (the first row's is
+  // the earliest) and past every row's window start (the last row's is the latest)
+  const int64_t clear_hi = p.causal ? min(int64_t{hi}, int64_t{t_first} + delta + 1) : hi;
+  const int64_t clear_lo =
+      p.window_left >= 0 ? int64_t{t_last} + delta - p.window_left : int64_t{lo};
+  bounds.clear_lo = static_cast<int>(min(max(clear_lo, int64_t{0}), int64_t{hi}));
+  bounds.clear_hi = static_cast<int>(max(clear_hi, int64_t{0}));
   bounds.kv_len = kv_len;
   bounds.kv_offset = kv_offset;
   bounds.page_base = page_base;
@@ -269,6 +279,11 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   bounds.mask_bit0 = mask_bit0;
   // published by the barrier before the loop; nothing writes it again
   if (threadIdx.x == 0) *shared_bounds = bounds;
+  if (threadIdx.x % 32 == 0) {
+    const int warp_row = threadIdx.x / 32 * Tl::kWarpRows;
+    warp_keys[threadIdx.x / 32] = row_keys(MaskShape{hi, delta, p.causal, p.window_left},
+                                           row0 + warp_row, Tl::kWarpRows, rows, by_group);
+  }
 
   // Q: this thread's chunk `col` of tile rows first_row + i * kQRowStep (once per CTA);
   // packed rows past the request's end are zero-filled (their results are never stored).
@@ -341,7 +356,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     for (int i = 0; i < kDimTiles; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
     m[mt][0] = m[mt][1] = -INFINITY;
   }
-  __syncthreads();  // shared_bounds
+  __syncthreads();  // shared_bounds, warp_keys
 
   for (int it = 0; it < shared_bounds->num_tiles; ++it) {
     const TileBounds& cta = *shared_bounds;
@@ -357,7 +372,6 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     const unsigned tid = thread_index();
     const int lane = tid % 32, warp_row = tid / 32 * Tl::kWarpRows;
     const int lane_row = warp_row + lane / 4;
-    const MaskShape shape{cta.hi, cta.delta, causal(), p.window_left};
     // This lane's ldmatrix rows (swizzle.h): Q's in the warp's m-tiles, K's and V's in the
     // stage. Each address is a tile's 32-bit shared-window address plus a row offset.
     const LaneRow q = q_lane_row(lane), k = k_lane_row(lane), v = v_lane_row(lane);
@@ -369,9 +383,9 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     // A warp none of whose rows can see a key of this tile skips its math: its state is what
     // every score masked would leave. Its rows are padding past the request's end (one-token
     // decode of a GQA group of 4 fills 4 of 128 rows), or under a causal mask their tokens all
-    // precede the tile, or under a window they all start past it. The branch is warp-uniform.
-    if (rows_see_tile(shape, cta.row0 + warp_row, Tl::kWarpRows, cta.rows, by_group, kv0,
-                      kTileKV)) {
+    // precede the tile, or under a window they all start past it. The branch is warp-uniform;
+    // the warp's keys were computed once, before the loop.
+    if (keys_meet_tile(warp_keys[tid / 32], kv0, kTileKV)) {
       // S = Q K^T: each K fragment read from shared memory feeds every m-tile of the warp.
       float s[kMTiles][kScoreTiles][4];
 #pragma unroll
@@ -408,15 +422,14 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
           blocked |= uint64_t{__ballot_sync(0xffffffffu, tile_unscored[32 + lane] != 0)} << 32;
         }
       }
-      // (64-bit: kv0 + kTileKV may pass 2^31 - 1 in a request's last tile)
-      const int64_t kv_end = int64_t{kv0} + kTileKV;
-      const bool needs_mask = kv_end > cta.hi || p.mask || blocked ||
-                              (causal() && kv_end - 1 > cta.t_first + cta.delta) ||
-                              (p.window_left >= 0 && kv0 < cta.t_last + cta.delta - p.window_left);
+      // (kv0 + kTileKV may pass 2^31 - 1 in a request's last tile: compared as kv0 > end - tile)
+      const bool needs_mask =
+          p.mask || blocked || kv0 < cta.clear_lo || kv0 > cta.clear_hi - kTileKV;
       if (needs_mask) {
         // Per row, one word of visible columns (causal and window range, custom mask, pages
         // in the cache), shifted so that this lane's columns i * 8 + e % 2 test at
         // compile-time bit positions: no per-element branch, load or variable shift.
+        const MaskShape shape{cta.hi, cta.delta, p.causal, p.window_left};
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           uint64_t visible[2];

@@ -159,7 +159,8 @@ def test_batch_paged_on_every_tiling(emulate, head_dim: int, tiling: PrefillTili
 def test_batch_ragged_custom_mask_on_every_tiling(
     emulate, head_dim: int, tiling: PrefillTiling
 ) -> None:
-    """A random boolean mask per request (rows that see no key included), ragged NHD KV."""
+    """A random boolean mask per request (rows that see no key included), ragged NHD KV;
+    causal=True too, which a custom mask overrides (as in the reference)."""
     emulate(torch.bfloat16, head_dim, tiling, land_at_issue=True, reverse=True)
     torch.manual_seed(head_dim - tiling.tile_kv)
     qo_lens, kv_lens, heads = [3, 50, 20], [40, 100, 20], (2, 1)
@@ -173,6 +174,7 @@ def test_batch_ragged_custom_mask_on_every_tiling(
         *heads,
         head_dim,
         custom_mask=torch.cat([m.flatten() for m in masks]),
+        causal=True,
         q_data_type=torch.bfloat16,
     )
     out, lse = torch.full_like(q, NAN), torch.full(q.shape[:2], NAN)
