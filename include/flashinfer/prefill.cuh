@@ -51,11 +51,11 @@ constexpr int kTileRows = 128;  // packed query rows per CTA (prefill_schedule.p
 // What the main loop and the epilogue read of a CTA's work item: kept in shared memory and
 // read where used, not held in registers through the loop (m2's O and score accumulators
 // leave none to spare). hi: the end of the KV range; delta = kv_len - qo_len; packed rows
-// [row0, ...) of `rows`; keys [clear_lo, clear_hi), whose tiles every row sees whole under
-// the causal and window masks; the request's KV offset (ragged) or first page (paged); its
-// first query row; its first custom-mask bit; where the output goes: tmp_base < 0, the output
-// rows, else partial-state rows tmp_base + t * chunks + chunk; and the num_tiles K/V tiles of
-// kTileKV tokens from key lo the loop runs over.
+// [row0, ...) of `rows`; keys [clear_lo, clear_hi), which every row sees under the causal and
+// window masks (prefill_mask.h's keys_seen_by_all); the request's KV offset (ragged) or first page
+// (paged); its first query row; its first custom-mask bit; where the output goes: tmp_base < 0, the
+// output rows, else partial-state rows tmp_base + t * chunks + chunk; and the num_tiles K/V tiles
+// of kTileKV tokens from key lo the loop runs over.
 struct TileBounds {
   int hi, delta, row0, rows, clear_lo, clear_hi, kv_len, kv_offset, page_base, q_start;
   int tmp_base, chunk, chunks, lo, num_tiles;
@@ -89,10 +89,10 @@ struct Tiling {
   static constexpr size_t kBoundsOffset =
       (kQElems + 2 * kStages * kKVElems) * 2 + kStages * kTileKV;
   static_assert(kBoundsOffset % alignof(TileBounds) == 0, "TileBounds is aligned");
-  // then per warp the keys its rows may see (prefill_mask.h's RowKeys)
+  // then per warp the keys its rows may see (prefill_mask.h's KeyRange)
   static constexpr size_t kKeysOffset = kBoundsOffset + sizeof(TileBounds);
-  static_assert(kKeysOffset % alignof(RowKeys) == 0, "RowKeys are aligned");
-  static constexpr size_t kSharedBytes = kKeysOffset + kWarps * sizeof(RowKeys);
+  static_assert(kKeysOffset % alignof(KeyRange) == 0, "KeyRanges are aligned");
+  static constexpr size_t kSharedBytes = kKeysOffset + kWarps * sizeof(KeyRange);
 };
 
 template <typename T>
@@ -215,7 +215,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   T* const sv = sk + Tl::kStages * Tl::kKVElems;
   uint8_t* const unscored = reinterpret_cast<uint8_t*>(sv + Tl::kStages * Tl::kKVElems);
   TileBounds* const shared_bounds = reinterpret_cast<TileBounds*>(shared_bytes + Tl::kBoundsOffset);
-  RowKeys* const warp_keys = reinterpret_cast<RowKeys*>(shared_bytes + Tl::kKeysOffset);
+  KeyRange* const warp_keys = reinterpret_cast<KeyRange*>(shared_bytes + Tl::kKeysOffset);
 
   pdl_wait();
   Item item;
@@ -260,13 +260,10 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   bounds.delta = delta;
   bounds.row0 = row0;
   bounds.rows = rows;
-  // a tile in [clear_lo, clear_hi) is before every row's causal diagonal (the first row's is
-  // the earliest) and past every row's window start (the last row's is the latest)
-  const int64_t clear_hi = p.causal ? min(int64_t{hi}, int64_t{t_first} + delta + 1) : hi;
-  const int64_t clear_lo =
-      p.window_left >= 0 ? int64_t{t_last} + delta - p.window_left : int64_t{lo};
-  bounds.clear_lo = static_cast<int>(min(max(clear_lo, int64_t{0}), int64_t{hi}));
-  bounds.clear_hi = static_cast<int>(max(clear_hi, int64_t{0}));
+  const MaskShape shape{hi, delta, p.causal, p.window_left};
+  const KeyRange clear = keys_seen_by_all(shape, t_first, t_last);
+  bounds.clear_lo = clear.begin;
+  bounds.clear_hi = clear.end;
   bounds.kv_len = kv_len;
   bounds.kv_offset = kv_offset;
   bounds.page_base = page_base;
@@ -281,8 +278,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   if (threadIdx.x == 0) *shared_bounds = bounds;
   if (threadIdx.x % 32 == 0) {
     const int warp_row = threadIdx.x / 32 * Tl::kWarpRows;
-    warp_keys[threadIdx.x / 32] = row_keys(MaskShape{hi, delta, p.causal, p.window_left},
-                                           row0 + warp_row, Tl::kWarpRows, rows, by_group);
+    warp_keys[threadIdx.x / 32] = row_keys(shape, row0 + warp_row, Tl::kWarpRows, rows, by_group);
   }
 
   // Q: this thread's chunk `col` of tile rows first_row + i * kQRowStep (once per CTA);

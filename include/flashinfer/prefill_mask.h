@@ -53,29 +53,39 @@ FLASHINFER_HOST_DEVICE uint64_t visible_bits(const MaskShape& m, int token, int 
   return bit_range(clamp(first), clamp(last));
 }
 
-// The keys packed rows [first_row, first_row + num_rows) below `rows` (token = row / group)
-// may see: [begin, end), from the first row's first visible key to the last row's end, within
-// [0, hi] (so 32-bit); empty (begin >= end) when no row is below `rows`. Computed once per
-// warp: a tile none of whose keys is in it may be skipped by a warp of those rows (exact
-// when every token sees some key, as with kv_len >= qo_len).
-struct RowKeys {
+// Keys [begin, end) within [0, hi] (so 32-bit); empty when begin >= end.
+struct KeyRange {
   int begin, end;
 };
 
-FLASHINFER_HOST_DEVICE RowKeys row_keys(const MaskShape& m, int first_row, int num_rows, int rows,
-                                        const FastDiv& group) {
-  if (first_row >= rows) return {0, 0};
-  const int tail = rows - 1 - first_row;  // rows - 1 may sit near 2^31: no first_row + num_rows
-  const int last_row = first_row + (num_rows - 1 < tail ? num_rows - 1 : tail);
-  const int64_t begin = visible_keys(m, group.quotient(first_row)).begin;
-  const int64_t end = visible_keys(m, group.quotient(last_row)).end;
+FLASHINFER_HOST_DEVICE KeyRange clamped_keys(const MaskShape& m, int64_t begin, int64_t end) {
   const auto clamp = [&m](int64_t x) { return static_cast<int>(x < 0 ? 0 : x > m.hi ? m.hi : x); };
   return {clamp(begin), clamp(end)};
 }
 
+// The keys packed rows [first_row, first_row + num_rows) below `rows` (token = row / group)
+// may see: from the first row's first visible key to the last row's end; empty when no row
+// is below `rows`. Computed once per warp: a tile none of whose keys is in it may be skipped
+// by a warp of those rows (exact when every token sees some key, as with kv_len >= qo_len).
+FLASHINFER_HOST_DEVICE KeyRange row_keys(const MaskShape& m, int first_row, int num_rows, int rows,
+                                         const FastDiv& group) {
+  if (first_row >= rows) return {0, 0};
+  const int tail = rows - 1 - first_row;  // rows - 1 may sit near 2^31: no first_row + num_rows
+  const int last_row = first_row + (num_rows - 1 < tail ? num_rows - 1 : tail);
+  return clamped_keys(m, visible_keys(m, group.quotient(first_row)).begin,
+                      visible_keys(m, group.quotient(last_row)).end);
+}
+
+// The keys every token of t_first..t_last sees: past the last token's window start and before
+// the first token's causal diagonal. Computed once per CTA: a tile inside needs no causal or
+// window masking.
+FLASHINFER_HOST_DEVICE KeyRange keys_seen_by_all(const MaskShape& m, int t_first, int t_last) {
+  return clamped_keys(m, visible_keys(m, t_last).begin, visible_keys(m, t_first).end);
+}
+
 // Whether a key of [kv0, kv0 + tile_kv) is in `keys` (kv0 + tile_kv may pass 2^31 - 1 in a
 // request's last tile: the bound is compared as kv0 > begin - tile_kv).
-FLASHINFER_HOST_DEVICE bool keys_meet_tile(const RowKeys& keys, int kv0, int tile_kv) {
+FLASHINFER_HOST_DEVICE bool keys_meet_tile(const KeyRange& keys, int kv0, int tile_kv) {
   return keys.begin < keys.end && kv0 < keys.end && kv0 > keys.begin - tile_kv;
 }
 

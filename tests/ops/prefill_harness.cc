@@ -5,6 +5,7 @@
 //   span hi delta causal window_left token          -> "begin end"
 //   bits hi delta causal window_left token kv0 tile_kv -> the visible columns' word, decimal
 //   tile hi delta causal window_left first_row num_rows rows group kv0 tile_kv -> "0" or "1"
+//   clear hi delta causal window_left t_first t_last -> "begin end" of the keys all see
 //   div d n                                          -> n / d by FastDiv
 //   rows q|k|v head_dim lane warp_row rows pair      -> the lane's ldmatrix offset (swizzle.h)
 //   chunk head_dim token_threads token part i       -> "chunk offset" of a K/V load (swizzle.h)
@@ -118,6 +119,12 @@ int main() {
                                                      flashinfer::FastDiv(group), kv0, tile_kv)
                       ? 1
                       : 0);
+    } else if (std::strcmp(kind, "clear") == 0) {
+      int t_first = 0, t_last = 0;
+      if (std::scanf("%d %d", &t_first, &t_last) != 2) return 2;
+      const flashinfer::prefill::KeyRange keys =
+          flashinfer::prefill::keys_seen_by_all(shape, t_first, t_last);
+      std::printf("%d %d\n", keys.begin, keys.end);
     } else {
       return 2;
     }

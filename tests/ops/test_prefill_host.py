@@ -1,7 +1,8 @@
 """The prefill kernel's arithmetic that runs the same on the host, checked there against
 independent Python models: the masks (include/flashinfer/prefill_mask.h: which keys a query
 token sees under the causal and sliding-window masks, bottom-right aligned, and when a warp
-may skip a K/V tile because none of its rows sees a key of it), the division by the page
+may skip a K/V tile because none of its rows sees a key of it, and which keys every token of a
+CTA sees, so that their tiles need no masking), the division by the page
 size (include/flashinfer/fastdiv.h) and the ldmatrix row addresses in the swizzled shared
 memory tiles and the K/V chunks each thread loads into them (include/flashinfer/swizzle.h)."""
 
@@ -120,6 +121,28 @@ def test_a_warp_skips_a_tile_only_when_none_of_its_rows_sees_a_key(harness) -> N
             exact += 1
         skipped += not sees
     assert skipped > 1000 and exact > 1000  # the cases reach both answers
+
+
+def test_a_cta_skips_masking_exactly_on_the_keys_all_its_tokens_see(harness) -> None:  # noqa: ANN001
+    """keys_seen_by_all: a key is in the range it gives for tokens t_first..t_last exactly when
+    every one of them sees it under the causal and window masks (below hi), so a K/V tile
+    inside needs no masking and no tile outside is taken for clear."""
+    rng = random.Random(2)
+    cases = []
+    for _ in range(300):
+        m = _random_masks(rng)
+        t_first = rng.randrange(m.qo_len)
+        cases.append((m, t_first, rng.randint(t_first, min(m.qo_len - 1, t_first + 40))))
+    answers = harness([f"clear {m.head()} {first} {last}" for m, first, last in cases])
+    seen_some = 0
+    for (m, first, last), answer in zip(cases, answers):
+        begin, end = map(int, answer.split())
+        assert 0 <= begin and end <= m.hi, (m, first, last, answer)
+        for key in range(m.hi):
+            by_all = all(m.sees(t, key) for t in range(first, last + 1))
+            assert (begin <= key < end) == by_all, (m, first, last, key, answer)
+            seen_some += by_all
+    assert seen_some > 1000  # the cases reach clear keys
 
 
 def test_rows_near_the_32_bit_limit_do_not_overflow(harness) -> None:  # noqa: ANN001
