@@ -20,7 +20,8 @@
 // i + kStages - 1 in flight while tile i is computed). Shared memory rows are swizzled (16-byte
 // chunk c of row r stored at chunk c ^ (r % 8)) so that ldmatrix reads are free of bank conflicts.
 // S = Q K^T and O += P V run on mma.sync m16n8k16 with float32 accumulators; the softmax is online
-// in log2 units (running row max m, running sum d, O rescaled by 2^(m_old - m_new)). Only tiles
+// in log2 units (running row max m, running sum d, O rescaled by 2^(m_old - m_new) when a row's
+// max moves, which it does only past a lag of kMaxLag, so most tiles skip the rescale). Only tiles
 // that reach a mask boundary (causal diagonal, window edge, chunk end, custom mask, a page
 // outside the cache) mask their scores, each row by one word of visible columns
 // (prefill_mask.h); KV tiles wholly outside the causal or window range are never loaded, and
@@ -47,6 +48,9 @@ namespace flashinfer {
 namespace prefill {
 
 constexpr int kTileRows = 128;  // packed query rows per CTA (prefill_schedule.py's TILE_ROWS)
+// How far (log2 units) a tile's score max may pass a row's running max before the row rescales
+// to it: its exponentials reach at most 2^kMaxLag, far inside fp16's range for P.
+constexpr float kMaxLag = 8.f;
 
 // What the main loop and the epilogue read of a CTA's work item: kept in shared memory and
 // read where used, not held in registers through the loop (m2's O and score accumulators
@@ -83,6 +87,10 @@ struct Tiling {
   static constexpr int kQElems = kTileRows * kHeadDim;
   static constexpr int kKVElems = kTileKV * kHeadDim;
   static constexpr int kStages = 2;  // K/V tiles in flight: the one computed and kStages - 1 more
+  // A warp skips the O rescale of rows whose max did not move (kMaxLag), except in the shape
+  // with the most accumulators (head_dim 128 m2kv64: 192 a lane in 255 registers), where the
+  // branch around the rescale costs 24 bytes of spills: it rescales every tile.
+  static constexpr bool kLazyRescale = kMTiles * (kHeadDim + kTileKV) / 2 < 192;
   // Q, then kStages stages of K, then kStages of V (16-bit elements), then per stage one
   // byte per token: 1 when the token is on a page outside the cache (not scored), then the
   // work item's TileBounds
@@ -468,7 +476,10 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       }
 
       // Online softmax, per row; a row's four lanes (lane % 4) share its max. Reductions over
-      // a lane's columns run as trees, not as serial chains of dependent instructions.
+      // a lane's columns run as trees, not as serial chains of dependent instructions. A row
+      // keeps its running max until a tile's max passes it by more than kMaxLag (log2 units):
+      // exponentials against the stale max stay below 2^kMaxLag (fp16's P holds that), and
+      // a warp none of whose rows moved skips the O rescale, most tiles past the first few.
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -485,9 +496,12 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
           float tile_max = part[0];
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
           tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-          const float row_max = fmaxf(m[mt][h], tile_max * unit);
+          tile_max *= unit;
+          // (-inf + kMaxLag is -inf: a row's first visible tile always moves it)
+          const bool rises = !Tl::kLazyRescale || tile_max > m[mt][h] + kMaxLag;
+          const float row_max = rises ? fmaxf(m[mt][h], tile_max) : m[mt][h];
           const float base = row_max == -INFINITY ? 0.f : row_max;  // nothing visible yet
-          const float rescale = exp2_approx(m[mt][h] - base);
+          const float rescale = exp2_approx(m[mt][h] - base);  // 2^0 for a row that kept its max
           m[mt][h] = row_max;
 #pragma unroll
           for (int i = 0; i < kScoreTiles; ++i) {
@@ -503,10 +517,13 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
           float sum = part[0] + __shfl_xor_sync(0xffffffffu, part[0], 1);  // the row's tile
           sum += __shfl_xor_sync(0xffffffffu, sum, 2);
           if (lane % 4 == 2 * mt + h) d = d * rescale + sum;
+          if (!Tl::kLazyRescale ||
+              __any_sync(0xffffffffu, rises)) {  // the warp's 8 rows of (mt, h)
 #pragma unroll
-          for (int i = 0; i < kDimTiles; ++i) {
-            o[mt][i][2 * h] *= rescale;
-            o[mt][i][2 * h + 1] *= rescale;
+            for (int i = 0; i < kDimTiles; ++i) {
+              o[mt][i][2 * h] *= rescale;
+              o[mt][i][2 * h + 1] *= rescale;
+            }
           }
         }
       }

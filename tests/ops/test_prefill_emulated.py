@@ -203,6 +203,34 @@ def test_float16_single_and_paged(emulate, head_dim: int) -> None:
     _paged([5, 17], [9, 40], (4, 4), head_dim, 1, "NHD", torch.float16, causal=True)
 
 
+@pytest.mark.parametrize(
+    "dtype,tiling",
+    [
+        (torch.bfloat16, PrefillTiling(1, 64)),
+        (torch.float16, PrefillTiling(1, 64)),
+        (torch.float16, PrefillTiling(1, 16)),
+        (torch.bfloat16, PrefillTiling(2, 64)),
+    ],
+    ids=["bf16-m1kv64", "f16-m1kv64", "f16-m1kv16", "bf16-m2kv64"],
+)
+def test_scores_rising_past_the_running_max(
+    emulate, dtype: torch.dtype, tiling: PrefillTiling
+) -> None:
+    """Key norms that grow along the sequence, so a row's max creeps up tile after tile (by
+    less than the kernel's lag, kept stale: exponentials up to 2^8, which fp16's P must hold),
+    and a block of keys far stronger than all before it (a jump of tens of log2 units: the
+    rows rescale O and their sums)."""
+    emulate(dtype, 128, tiling, reverse=True)
+    torch.manual_seed(tiling.tile_kv + tiling.m_tiles)
+    q = _randn(24, 4, 128, dtype=dtype, device="cpu")
+    k, v = (_randn(200, 2, 128, dtype=dtype, device="cpu") for _ in range(2))
+    growth = torch.linspace(1.0, 3.0, 200)
+    growth[130:150] *= 6.0
+    k = (k.float() * growth[:, None, None]).to(dtype)
+    _single(q, k, v)
+    _single(q, k, v, causal=True)
+
+
 def test_long_kv_is_split_over_ctas_and_merged(emulate) -> None:
     """On a 6-CTA device a short query over 900 keys runs as several KV chunks whose partial
     states the cascade merge kernel combines; the batch planner splits likewise."""

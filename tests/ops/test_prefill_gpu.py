@@ -591,6 +591,25 @@ def test_every_tiling_masks_and_skips_as_the_reference(
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_scores_rising_past_the_running_max(prefill, head_dim: int, dtype: torch.dtype) -> None:
+    """Key norms growing along the sequence, so a row's max creeps up tile after tile by less
+    than the kernel's lag (kept stale: exponentials up to 2^8, which fp16's P must hold), and a
+    block of keys far stronger than all before it (a jump of tens of log2 units: O and the
+    sums rescale)."""
+    torch.manual_seed(head_dim)
+    q = _randn(300, 8, head_dim, dtype=dtype)
+    k, v = _randn(2000, 2, head_dim, dtype=dtype), _randn(2000, 2, head_dim, dtype=dtype)
+    growth = torch.linspace(1.0, 3.0, 2000, device="cuda")
+    growth[1200:1260] *= 6.0
+    k = (k.float() * growth[:, None, None]).to(dtype)
+    for causal in (False, True):
+        out, lse = prefill.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True)
+        _check(out, lse, reference_attention(q, k, v, causal=causal))
+
+
+@pytest.mark.gpu
 def test_a_window_past_every_key_is_no_window(prefill) -> None:
     """window_left of 2^63 - 1 with queries longer than the KV: every key is in the window
     (the kernel's position - window_left arithmetic must not wrap)."""

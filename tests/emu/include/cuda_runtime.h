@@ -71,6 +71,7 @@ inline T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = 32
   return ::simt::shuffle(mask, value, static_cast<int>(delta), ::simt::Shuffle::kDown, width);
 }
 inline unsigned __ballot_sync(unsigned mask, bool pred) { return ::simt::ballot(mask, pred); }
+inline int __any_sync(unsigned mask, int pred) { return ::simt::ballot(mask, pred != 0) != 0; }
 template <typename T>
 inline unsigned __match_any_sync(unsigned mask, T value) {
   static_assert(sizeof(T) == 4, "32-bit matches");
