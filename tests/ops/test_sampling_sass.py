@@ -5,15 +5,13 @@ nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels, or a CUDA toolkit) is mis
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from flashinfer.jit.sampling import gen_sampling_module
+from flashinfer.testing.sass import cuobjdump_sass, sass_by_kernel
 
 from .test_norm import build_with_ptxas_report
 
@@ -21,50 +19,22 @@ from .test_norm import build_with_ptxas_report
 HISTOGRAM_KERNELS = ("FilteredSamplingKernel", "RenormProbsKernel", "MaskLogitsKernel")
 
 
-def _tool_dirs() -> list[Path]:
-    """Where a CUDA binary tool may be: PATH, nvcc's folder, the nvidia-* wheels' bin folders."""
-    dirs = [Path(p) for p in os.get_exec_path()]
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        dirs.append(Path(nvcc).resolve().parent)
+def _sass_by_kernel(obj: Path) -> dict[str, str]:
+    """The SASS of an object per kernel (skips the test without cuobjdump and nvdisasm)."""
     try:
-        import nvidia  # namespace package of the nvidia-* wheels
-
-        dirs += [bin_dir for root in nvidia.__path__ for bin_dir in Path(root).glob("*/bin")]
-    except ImportError:
-        pass
-    return dirs
-
-
-def _find_tool(name: str) -> Path | None:
-    return next((d / name for d in _tool_dirs() if (d / name).is_file()), None)
-
-
-def _cuobjdump() -> list[str]:
-    """The command line of ``cuobjdump -sass`` (skips the test without the tools): cuobjdump
-    runs nvdisasm, named through NVDISASM_PATH."""
-    cuobjdump, nvdisasm = _find_tool("cuobjdump"), _find_tool("nvdisasm")
-    if cuobjdump is None or nvdisasm is None:
-        pytest.skip("cuobjdump and nvdisasm are needed (nvidia-cuda-cuobjdump/-nvdisasm wheels)")
-    return ["env", f"NVDISASM_PATH={nvdisasm.parent}", str(cuobjdump), "-sass"]
-
-
-def _sass_by_kernel(command: list[str], obj: Path) -> dict[str, str]:
-    """The SASS of an object, split into {mangled kernel name: its SASS}."""
-    text = subprocess.run([*command, str(obj)], capture_output=True, text=True, check=True).stdout
-    parts = re.split(r"^\s*Function : (\S+)\s*$", text, flags=re.M)
-    return dict(zip(parts[1::2], parts[2::2], strict=True))
+        return sass_by_kernel(cuobjdump_sass(obj))
+    except FileNotFoundError as missing:
+        pytest.skip(str(missing))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_histograms_use_warp_aggregated_32_bit_shared_atomics(
     dtype: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    command = _cuobjdump()
     spec = gen_sampling_module(dtype)
     build_with_ptxas_report(spec, monkeypatch)  # asserts no kernel spills
     (obj,) = spec.build_dir.glob("sampling_kernel*.o")
-    kernels = _sass_by_kernel(command, obj)
+    kernels = _sass_by_kernel(obj)
     assert kernels, "no kernel in the object"
     for name, sass in kernels.items():
         assert not re.search(r"\bATOMS\.CAS", sass), f"{name}: shared compare-and-swap"

@@ -1,0 +1,83 @@
+"""flashinfer.testing.sass on real machine code (CPU: compile for sm_90a, read the SASS): the
+default head_dim 128 prefill kernel has one main loop, and what a K/V tile costs in it follows
+from the tiling: its mma, ldmatrix and cp.async counts, and no local memory. Skips when
+cuobjdump or nvdisasm (the nvidia-cuda-cuobjdump/-nvdisasm wheels) is missing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashinfer.jit.prefill import DEFAULT_TILINGS, gen_prefill_module
+from flashinfer.testing.sass import (
+    blocks,
+    cuobjdump_sass,
+    instructions,
+    loops,
+    sass_by_kernel,
+)
+from tests.conftest import REPO_ROOT, run_python
+
+SASS_SAMPLE = """
+        Function : kernel
+        /*0000*/                   MOV R1, c[0x0][0x28] ;   /* 0x00000a0000017a02 */
+        /*0010*/                   BSSY B0, 0x50 ;          /* 0x0000003000007945 */
+        /*0020*/              @!P0 BRA 0x40 ;               /* 0x0000001000008947 */
+        /*0030*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0040*/                   BSYNC B0 ;
+        /*0050*/                   ISETP.GE.AND P0, PT, R2, 0x4, PT ;
+        /*0060*/              @!P0 BRA 0x10 ;
+        /*0070*/                   EXIT ;
+"""
+
+
+def test_instructions_loops_and_blocks_of_a_listing() -> None:
+    code = instructions(SASS_SAMPLE)
+    assert [i.address for i in code] == list(range(0, 0x80, 0x10))
+    assert [i.opcode for i in code[2:5]] == ["BRA", "HMMA", "BSYNC"]
+    assert code[2].text == "@!P0 BRA 0x40" and code[2].target == 0x40
+    assert code[1].target == 0x50 and code[3].target is None
+    (loop,) = loops(code)  # 0x60 branches back to 0x10; 0x20 branches forward
+    assert (loop.start, loop.end, len(loop.body)) == (0x10, 0x60, 6)
+    assert loop.opcodes()["HMMA"] == 1
+    starts = [b.start for b in blocks(code, loop)]
+    assert starts == [0x10, 0x30, 0x40, 0x50]  # after a branch, at targets 0x40 and 0x50
+    assert [i for b in blocks(code, loop) for i in b.body] == list(loop.body)
+
+
+def test_the_prefill_loop_costs_what_its_tiling_says() -> None:
+    head_dim, tiling = 128, DEFAULT_TILINGS[128]
+    try:
+        text = cuobjdump_sass(gen_prefill_module(torch.bfloat16, head_dim).build())
+    except FileNotFoundError as missing:
+        pytest.skip(str(missing))
+    (sass,) = {s for name, s in sass_by_kernel(text).items() if "PrefillKernel" in name}
+    code = instructions(sass)
+    with_mma = [loop for loop in loops(code) if loop.opcodes()["HMMA"]]
+    assert len(with_mma) == 1, "one main loop: masked and unmasked tiles share its mma"
+    ops = with_mma[0].opcodes()
+    m, kv, dims = tiling.m_tiles, tiling.tile_kv, head_dim // 16
+    # per warp and tile: S = Q K^T (16 x kv per m-tile, k 16) and O += P V (16 x head_dim, k 16)
+    assert ops["HMMA"] == m * (kv // 8 * dims + 2 * dims * kv // 16)
+    # ldmatrix x4: Q's fragments per m-tile, then K's and V's 16 x 16 blocks
+    assert ops["LDSM"] == m * dims + 2 * (kv // 16) * dims
+    # cp.async of 16 bytes: the K and V tiles spread over the CTA's threads
+    assert ops["LDGSTS"] == 2 * kv * (head_dim // 8) // tiling.threads
+    assert ops["LDL"] == ops["STL"] == 0
+    assert not any(i.opcode in ("LDL", "STL") for i in code), "a spill outside the loop"
+
+
+def test_the_cli_prints_the_prefill_loop_and_its_blocks() -> None:
+    proc = run_python(
+        "import sys, runpy; sys.argv = ['sass_loops.py', '--prefill', 'bfloat16:128', "
+        "'--blocks']; runpy.run_path('benchmarks/sass_loops.py', run_name='__main__')",
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    if "nvdisasm are needed" in proc.stderr:
+        pytest.skip("cuobjdump and nvdisasm are needed")
+    assert proc.returncode == 0, proc.stderr
+    tiling = DEFAULT_TILINGS[128]
+    mma = tiling.m_tiles * (tiling.tile_kv // 8 * 8 + 16 * tiling.tile_kv // 16)
+    assert f"HMMA {mma}  LDSM" in proc.stdout  # the main loop's line
+    assert "LDL/STL 0" in proc.stdout and "@!P0 BRA" in proc.stdout  # a block's branch
