@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flashinfer.jit.prefill import DEFAULT_TILINGS, gen_prefill_module
+from flashinfer.jit.prefill import DEFAULT_TILINGS, PrefillTiling, gen_prefill_module
 from flashinfer.testing.sass import (
     blocks,
     cuobjdump_sass,
@@ -45,8 +45,21 @@ def test_instructions_loops_and_blocks_of_a_listing() -> None:
     assert [i for b in blocks(code, loop) for i in b.body] == list(loop.body)
 
 
+def _tile_counts(head_dim: int, tiling: PrefillTiling) -> dict[str, int]:
+    """What one K/V tile costs a warp of the prefill kernel, by the tiling's arithmetic."""
+    m, kv, dims = tiling.m_tiles, tiling.tile_kv, head_dim // 16
+    return {
+        # S = Q K^T (16 x kv per m-tile, k 16) and O += P V (16 x head_dim, k 16)
+        "HMMA": m * (kv // 8 * dims + 2 * dims * kv // 16),
+        # ldmatrix x4: Q's fragments per m-tile, then K's and V's 16 x 16 blocks
+        "LDSM": m * dims + 2 * (kv // 16) * dims,
+        # cp.async of 16 bytes: the K and V tiles spread over the CTA's threads
+        "LDGSTS": 2 * kv * (head_dim // 8) // tiling.threads,
+    }
+
+
 def test_the_prefill_loop_costs_what_its_tiling_says() -> None:
-    head_dim, tiling = 128, DEFAULT_TILINGS[128]
+    head_dim = 128
     try:
         text = cuobjdump_sass(gen_prefill_module(torch.bfloat16, head_dim).build())
     except FileNotFoundError as missing:
@@ -56,15 +69,9 @@ def test_the_prefill_loop_costs_what_its_tiling_says() -> None:
     with_mma = [loop for loop in loops(code) if loop.opcodes()["HMMA"]]
     assert len(with_mma) == 1, "one main loop: masked and unmasked tiles share its mma"
     ops = with_mma[0].opcodes()
-    m, kv, dims = tiling.m_tiles, tiling.tile_kv, head_dim // 16
-    # per warp and tile: S = Q K^T (16 x kv per m-tile, k 16) and O += P V (16 x head_dim, k 16)
-    assert ops["HMMA"] == m * (kv // 8 * dims + 2 * dims * kv // 16)
-    # ldmatrix x4: Q's fragments per m-tile, then K's and V's 16 x 16 blocks
-    assert ops["LDSM"] == m * dims + 2 * (kv // 16) * dims
-    # cp.async of 16 bytes: the K and V tiles spread over the CTA's threads
-    assert ops["LDGSTS"] == 2 * kv * (head_dim // 8) // tiling.threads
-    assert ops["LDL"] == ops["STL"] == 0
-    assert not any(i.opcode in ("LDL", "STL") for i in code), "a spill outside the loop"
+    for opcode, count in _tile_counts(head_dim, DEFAULT_TILINGS[head_dim]).items():
+        assert ops[opcode] == count, opcode
+    assert not any(i.opcode in ("LDL", "STL") for i in code), "a spill"
 
 
 def test_the_cli_prints_the_prefill_loop_and_its_blocks() -> None:
@@ -77,7 +84,6 @@ def test_the_cli_prints_the_prefill_loop_and_its_blocks() -> None:
     if "nvdisasm are needed" in proc.stderr:
         pytest.skip("cuobjdump and nvdisasm are needed")
     assert proc.returncode == 0, proc.stderr
-    tiling = DEFAULT_TILINGS[128]
-    mma = tiling.m_tiles * (tiling.tile_kv // 8 * 8 + 16 * tiling.tile_kv // 16)
-    assert f"HMMA {mma}  LDSM" in proc.stdout  # the main loop's line
+    counts = _tile_counts(128, DEFAULT_TILINGS[128])
+    assert f"HMMA {counts['HMMA']}  LDSM {counts['LDSM']}" in proc.stdout  # the main loop
     assert "LDL/STL 0" in proc.stdout and "@!P0 BRA" in proc.stdout  # a block's branch
