@@ -1,4 +1,5 @@
-"""Tools for GPU tests and benchmarks: timing, copy bandwidth, torch references."""
+"""Tools for GPU tests and benchmarks: timing, copy bandwidth, torch references; `sass`
+(imported on its own) reads compiled kernels' machine code without a GPU."""
 
 from __future__ import annotations
 
