@@ -18,6 +18,7 @@ __all__ = [
     "Block",
     "Instruction",
     "Loop",
+    "Span",
     "blocks",
     "cuobjdump_sass",
     "find_cuda_tool",
@@ -98,9 +99,8 @@ def instructions(sass: str) -> list[Instruction]:
 
 
 @dataclass(frozen=True)
-class Loop:
-    """The instructions from a backward branch's target to the branch: a loop's static body,
-    every path through it included."""
+class Span:
+    """A run of consecutive instructions."""
 
     body: tuple[Instruction, ...]
 
@@ -116,6 +116,16 @@ class Loop:
         return Counter(i.opcode for i in self.body)
 
 
+class Loop(Span):
+    """The instructions from a backward branch's target to the branch: a loop's static body,
+    every path through it included."""
+
+
+class Block(Span):
+    """A straight run of instructions: it starts at a branch target (or after a block's end)
+    and ends at a branch, exit or reconvergence, or before the next target."""
+
+
 def loops(code: list[Instruction]) -> list[Loop]:
     """Every backward branch's loop, in address order of the branches."""
     index = {i.address: n for n, i in enumerate(code)}
@@ -126,21 +136,6 @@ def loops(code: list[Instruction]) -> list[Loop]:
             if target in index:
                 found.append(Loop(tuple(code[index[target] : n + 1])))
     return found
-
-
-@dataclass(frozen=True)
-class Block:
-    """A straight run of instructions: it starts at a branch target (or after a block's end)
-    and ends at a branch, exit or reconvergence, or before the next target."""
-
-    body: tuple[Instruction, ...]
-
-    @property
-    def start(self) -> int:
-        return self.body[0].address
-
-    def opcodes(self) -> Counter[str]:
-        return Counter(i.opcode for i in self.body)
 
 
 def blocks(code: list[Instruction], within: Loop | None = None) -> list[Block]:
