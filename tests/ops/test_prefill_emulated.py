@@ -40,6 +40,7 @@ from tests.ops.test_prefill_gpu import (
     _on_broken_pages,
     _paged_kv,
     _randn,
+    _rising_keys,
 )
 
 MAX_CTAS = 6  # a GPU this small splits a long KV over CTAs, so the merge kernel runs too
@@ -216,17 +217,13 @@ def test_float16_single_and_paged(emulate, head_dim: int) -> None:
 def test_scores_rising_past_the_running_max(
     emulate, dtype: torch.dtype, tiling: PrefillTiling
 ) -> None:
-    """Key norms that grow along the sequence, so a row's max creeps up tile after tile (by
-    less than the kernel's lag, kept stale: exponentials up to 2^8, which fp16's P must hold),
-    and a block of keys far stronger than all before it (a jump of tens of log2 units: the
-    rows rescale O and their sums)."""
+    """Keys whose scores creep up past a row's max and then jump (``_rising_keys``), on
+    lazy-rescale tilings in both dtypes and on the eager m2kv64."""
     emulate(dtype, 128, tiling, reverse=True)
     torch.manual_seed(tiling.tile_kv + tiling.m_tiles)
     q = _randn(24, 4, 128, dtype=dtype, device="cpu")
     k, v = (_randn(200, 2, 128, dtype=dtype, device="cpu") for _ in range(2))
-    growth = torch.linspace(1.0, 3.0, 200)
-    growth[130:150] *= 6.0
-    k = (k.float() * growth[:, None, None]).to(dtype)
+    k = _rising_keys(k, slice(130, 150))
     _single(q, k, v)
     _single(q, k, v, causal=True)
 

@@ -59,6 +59,16 @@ def _randn(*shape: int, dtype: torch.dtype, device: str = "cuda") -> torch.Tenso
     return torch.randn(*shape, dtype=dtype, device=device)
 
 
+def _rising_keys(k: torch.Tensor, jump: slice) -> torch.Tensor:
+    """``k`` [tokens, heads, dim] with norms growing from 1x to 3x along the sequence, so a
+    row's score max creeps up tile after tile by less than the kernel's lag (kept stale:
+    exponentials up to 2^8, which fp16's P must hold), and the tokens of ``jump`` 6x stronger
+    still (a jump of tens of log2 units: O and the sums rescale)."""
+    growth = torch.linspace(1.0, 3.0, k.shape[0], device=k.device)
+    growth[jump] *= 6.0
+    return (k.float() * growth[:, None, None]).to(k.dtype)
+
+
 def _nan_like(t: torch.Tensor) -> torch.Tensor:
     return torch.full_like(t, NAN)
 
@@ -594,16 +604,11 @@ def test_every_tiling_masks_and_skips_as_the_reference(
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_scores_rising_past_the_running_max(prefill, head_dim: int, dtype: torch.dtype) -> None:
-    """Key norms growing along the sequence, so a row's max creeps up tile after tile by less
-    than the kernel's lag (kept stale: exponentials up to 2^8, which fp16's P must hold), and a
-    block of keys far stronger than all before it (a jump of tens of log2 units: O and the
-    sums rescale)."""
+    """Keys whose scores creep up past a row's max and then jump (``_rising_keys``)."""
     torch.manual_seed(head_dim)
     q = _randn(300, 8, head_dim, dtype=dtype)
-    k, v = _randn(2000, 2, head_dim, dtype=dtype), _randn(2000, 2, head_dim, dtype=dtype)
-    growth = torch.linspace(1.0, 3.0, 2000, device="cuda")
-    growth[1200:1260] *= 6.0
-    k = (k.float() * growth[:, None, None]).to(dtype)
+    k = _rising_keys(_randn(2000, 2, head_dim, dtype=dtype), slice(1200, 1260))
+    v = _randn(2000, 2, head_dim, dtype=dtype)
     for causal in (False, True):
         out, lse = prefill.single_prefill_with_kv_cache(q, k, v, causal=causal, return_lse=True)
         _check(out, lse, reference_attention(q, k, v, causal=causal))
