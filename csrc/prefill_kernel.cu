@@ -5,7 +5,8 @@
 
 namespace fp = flashinfer::prefill;
 namespace fc = flashinfer::cascade;
-using Tiling = fp::Tiling<kHeadDim, kPrefillMTiles, kPrefillTileKV, kPrefillMinCTAs>;
+using Tiling =
+    fp::Tiling<kHeadDim, kPrefillMTiles, kPrefillTileKV, kPrefillMinCTAs, kPrefillOverlap>;
 
 cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
   fp::PrefillParams<DType> p;

@@ -115,14 +115,14 @@ def _parse_name_patterns(raw: str) -> tuple[str, ...]:
 
 
 # A prefill kernel tiling's name (flashinfer.jit.prefill.PrefillTiling.name)
-TILING_NAME = re.compile(r"m(\d+)kv(\d+)(?:c(\d+))?")
+TILING_NAME = re.compile(r"m(\d+)kv(\d+)(?:c(\d+))?(p?)")
 _TILING = re.compile(rf"(\d+):{TILING_NAME.pattern}")
 
 
-def _parse_prefill_tilings(raw: str) -> tuple[tuple[int, int, int, int], ...]:
-    """Comma-separated ``head_dim:m<tiles>kv<tokens>[c<ctas>]`` entries (``128:m2kv32``,
-    ``64:m1kv64c2``), as ``(head_dim, m_tiles, tile_kv, ctas)`` (ctas 1 when left out);
-    flashinfer.jit.prefill checks the values."""
+def _parse_prefill_tilings(raw: str) -> tuple[tuple[int, int, int, int, bool], ...]:
+    """Comma-separated ``head_dim:m<tiles>kv<tokens>[c<ctas>][p]`` entries (``128:m2kv32``,
+    ``64:m1kv64c2``, ``128:m1kv64p``), as ``(head_dim, m_tiles, tile_kv, ctas, overlap)``
+    (ctas 1 when left out; overlap: the ``p``); flashinfer.jit.prefill checks the values."""
     found = []
     for entry in raw.replace(" ", "").split(","):
         if not entry:
@@ -130,11 +130,11 @@ def _parse_prefill_tilings(raw: str) -> tuple[tuple[int, int, int, int], ...]:
         match = _TILING.fullmatch(entry)
         if match is None:
             raise ValueError(
-                "expected head_dim:m<tiles>kv<tokens>[c<ctas>] entries such as 128:m2kv32, "
+                "expected head_dim:m<tiles>kv<tokens>[c<ctas>][p] entries such as 128:m2kv32, "
                 f"got {entry!r}"
             )
         head_dim, m_tiles, tile_kv = (int(g) for g in match.groups()[:3])
-        found.append((head_dim, m_tiles, tile_kv, int(match[4] or 1)))
+        found.append((head_dim, m_tiles, tile_kv, int(match[4] or 1), match[5] == "p"))
     return tuple(found)
 
 
@@ -400,8 +400,8 @@ class Config:
         "FLASHINFER_PREFILL_TILING",
         (),
         _parse_prefill_tilings,
-        "prefill kernel CTA shapes to try instead of the defaults, e.g. 128:m2kv32 or "
-        "64:m1kv64c2 (tuning; "
+        "prefill kernel CTA shapes to try instead of the defaults, e.g. 128:m2kv32, "
+        "64:m1kv64c2 or 128:m1kv64p (tuning; "
         "read when a process first loads that head_dim's module)",
     )
 

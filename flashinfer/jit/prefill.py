@@ -22,32 +22,44 @@ MAX_ACCUMULATORS = 192
 # ... and in 128 registers, for two 256-thread CTAs per SM (ctas=2; head_dim 128 m1kv32's 80
 # fit exactly, m1kv64's 96 spill)
 MAX_ACCUMULATORS_TWO_CTAS = 80
+# ... and with two tiles' scores (overlap), whose loop holds more besides: head_dim 256
+# m1kv32p's 160 fit, the 192 of m1kv64p, 64 m2kv64p and 128 m2kv32p spill
+MAX_ACCUMULATORS_OVERLAP = 160
 
 
 @dataclass(frozen=True)
 class PrefillTiling:
     """The prefill kernel's CTA shape (include/flashinfer/prefill.cuh, ``Tiling``): 16-row
     mma tiles per warp (1: eight warps; 2: four warps, each K/V fragment feeding two mma),
-    tokens per K/V tile, and the CTAs per SM the compiler must fit in registers (2: at most
-    128 registers a thread, for m1's 256-thread CTAs). A CTA has 128 query rows."""
+    tokens per K/V tile, the CTAs per SM the compiler must fit in registers (2: at most
+    128 registers a thread, for m1's 256-thread CTAs), and whether the next tile's scores
+    are computed while this tile's softmax runs (``overlap``, a ``p`` in the name: a lane
+    holds two tiles' scores). A CTA has 128 query rows."""
 
     m_tiles: int
     tile_kv: int
     ctas: int = 1
+    overlap: bool = False
 
     @classmethod
     def from_name(cls, name: str) -> PrefillTiling | None:
-        """The tiling named ``m<tiles>kv<tokens>[c<ctas>]`` (None for another text);
+        """The tiling named ``m<tiles>kv<tokens>[c<ctas>][p]`` (None for another text);
         unchecked."""
         match = TILING_NAME.fullmatch(name)
         if match is None:
             return None
-        return cls(int(match[1]), int(match[2]), int(match[3] or 1))
+        return cls(int(match[1]), int(match[2]), int(match[3] or 1), match[4] == "p")
 
     @property
     def name(self) -> str:
-        suffix = f"c{self.ctas}" if self.ctas != 1 else ""
-        return f"m{self.m_tiles}kv{self.tile_kv}{suffix}"
+        ctas = f"c{self.ctas}" if self.ctas != 1 else ""
+        return f"m{self.m_tiles}kv{self.tile_kv}{ctas}{'p' if self.overlap else ''}"
+
+    def accumulators(self, head_dim: int) -> int:
+        """float32 accumulators a lane holds at ``head_dim``: O's and one tile's scores, or
+        two tiles' (overlap)."""
+        score_tiles = 2 if self.overlap else 1
+        return self.m_tiles * (head_dim + score_tiles * self.tile_kv) // 2
 
     @property
     def threads(self) -> int:
@@ -56,7 +68,7 @@ class PrefillTiling:
 
     def check(self, head_dim: int) -> None:
         """Raise ValueError when the kernel cannot take this shape at ``head_dim``."""
-        accumulators = self.m_tiles * (head_dim + self.tile_kv) // 2
+        accumulators = self.accumulators(head_dim)
         if self.m_tiles not in (1, 2) or self.tile_kv not in (16, 32, 64):
             raise ValueError(f"{self.name}: m_tiles must be 1 or 2 and tile_kv 16, 32 or 64")
         if self.ctas not in (1, 2) or (self.ctas == 2 and self.m_tiles != 1):
@@ -64,7 +76,10 @@ class PrefillTiling:
                 f"{self.name}: ctas must be 1, or 2 with m_tiles 1 (m2's 128-thread CTAs fit "
                 "two per SM already)"
             )
-        limit = MAX_ACCUMULATORS if self.ctas == 1 else MAX_ACCUMULATORS_TWO_CTAS
+        if self.ctas == 2:
+            limit = MAX_ACCUMULATORS_TWO_CTAS
+        else:
+            limit = MAX_ACCUMULATORS_OVERLAP if self.overlap else MAX_ACCUMULATORS
         if accumulators > limit:
             raise ValueError(
                 f"{self.name} at head_dim {head_dim} needs {accumulators} accumulators a "
@@ -81,8 +96,9 @@ class PrefillTiling:
 def accepted_tilings(head_dim: int) -> list[PrefillTiling]:
     """Every tiling :meth:`PrefillTiling.check` accepts at ``head_dim``."""
     accepted = []
-    for m_tiles, tile_kv, ctas in itertools.product((1, 2), (16, 32, 64), (1, 2)):
-        tiling = PrefillTiling(m_tiles, tile_kv, ctas)
+    shapes = itertools.product((1, 2), (16, 32, 64), (1, 2), (False, True))
+    for m_tiles, tile_kv, ctas, overlap in shapes:
+        tiling = PrefillTiling(m_tiles, tile_kv, ctas, overlap)
         try:
             tiling.check(head_dim)
         except ValueError:
@@ -92,20 +108,26 @@ def accepted_tilings(head_dim: int) -> list[PrefillTiling]:
 
 
 # The kernel's shapes before other tilings existed (head_dim 128's measured on an H100, against
-# 64-row tiles: docs/attention.md); FLASHINFER_PREFILL_TILING overrides them.
-DEFAULT_TILINGS = {64: PrefillTiling(1, 64), 128: PrefillTiling(1, 64), 256: PrefillTiling(1, 16)}
+# 64-row tiles: docs/attention.md), with the softmax overlapping the next tile's scores (not yet
+# measured: the registers it adds leave each the same CTAs per SM); FLASHINFER_PREFILL_TILING
+# overrides them.
+DEFAULT_TILINGS = {
+    64: PrefillTiling(1, 64, overlap=True),
+    128: PrefillTiling(1, 64, overlap=True),
+    256: PrefillTiling(1, 16, overlap=True),
+}
 
 
 def prefill_tiling(head_dim: int) -> PrefillTiling:
     """``head_dim``'s tiling: FLASHINFER_PREFILL_TILING's entry for it, else the default."""
     tiling = DEFAULT_TILINGS[head_dim]
-    for entry_dim, m_tiles, tile_kv, ctas in config.prefill_tiling:
+    for entry_dim, *shape in config.prefill_tiling:
         if entry_dim not in HEAD_DIMS:
             raise ValueError(
                 f"FLASHINFER_PREFILL_TILING: head_dim {entry_dim} is not one of {HEAD_DIMS}"
             )
         if entry_dim == head_dim:
-            tiling = PrefillTiling(m_tiles, tile_kv, ctas)
+            tiling = PrefillTiling(*shape)
     try:
         tiling.check(head_dim)
     except ValueError as err:
@@ -196,6 +218,7 @@ def gen_prefill_module(dtype: Any, head_dim: int, tiling: PrefillTiling | None =
         prefill_m_tiles=tiling.m_tiles,
         prefill_tile_kv=tiling.tile_kv,
         prefill_ctas=tiling.ctas,
+        prefill_overlap=tiling.overlap,
     )
     return gen_jit_spec(
         uri,

@@ -16,9 +16,10 @@
 // of 32 so that every K/V fragment read from shared memory feeds two mma, FlashAttention-2's
 // layout); 128 rows share each K/V tile (half the L2 traffic per flop of a 64-row tile). Q
 // (kTileRows x head_dim) is staged once; K and V arrive in tiles of kTileKV tokens through a
-// kStages-stage cp.async pipeline (tiles i + 1 ..
-// i + kStages - 1 in flight while tile i is computed). Shared memory rows are swizzled (16-byte
-// chunk c of row r stored at chunk c ^ (r % 8)) so that ldmatrix reads are free of bank conflicts.
+// two-stage cp.async pipeline (tile i + 1 in flight while tile i is computed; with kOverlap, K
+// a tile ahead of V, so that tile i + 1's S = Q K^T runs on the tensor cores during tile i's
+// softmax). Shared memory rows are swizzled (16-byte chunk c of row r stored at chunk
+// c ^ (r % 8)) so that ldmatrix reads are free of bank conflicts.
 // S = Q K^T and O += P V run on mma.sync m16n8k16 with float32 accumulators; the softmax is online
 // in log2 units (running row max m, running sum d, O rescaled by 2^(m_old - m_new) when a row's
 // max moves, which it does only past a lag of kMaxLag, so most tiles skip the rescale). Only tiles
@@ -70,10 +71,13 @@ struct TileBounds {
 // A lane holds kMTiles * (kHeadDim + kTileKV) / 2 float32 accumulators (O and the scores):
 // the register file bounds both. kMinCTAs: CTAs per SM the compiler must fit in registers
 // (__launch_bounds__; 1 leaves it up to 255 registers a thread, 2 caps 256-thread CTAs at 128).
-template <int kHeadDim_, int kMTiles_, int kTileKV_, int kMinCTAs_ = 1>
+template <int kHeadDim_, int kMTiles_, int kTileKV_, int kMinCTAs_ = 1, bool kOverlap_ = false>
 struct Tiling {
   static constexpr int kHeadDim = kHeadDim_, kMTiles = kMTiles_, kTileKV = kTileKV_;
   static constexpr int kMinCTAs = kMinCTAs_;
+  // The next tile's S = Q K^T overlaps this tile's softmax (the main loop's second form): a
+  // lane holds two tiles' scores, kMTiles * kTileKV / 2 registers more.
+  static constexpr bool kOverlap = kOverlap_;
   static_assert(kMinCTAs == 1 || kMinCTAs == 2, "one or two CTAs per SM");
   static_assert(kHeadDim % 64 == 0, "the swizzle needs at least 8 chunks of 16 bytes per row");
   static_assert(kMTiles == 1 || kMTiles == 2, "a warp owns 16 or 32 rows");
@@ -86,16 +90,20 @@ struct Tiling {
   static_assert(kTileKV * kChunks % kThreads == 0, "every thread loads as many K/V chunks");
   static constexpr int kQElems = kTileRows * kHeadDim;
   static constexpr int kKVElems = kTileKV * kHeadDim;
-  static constexpr int kStages = 2;  // K/V tiles in flight: the one computed and kStages - 1 more
+  // K and V stages: the tile computed and the one in flight (kOverlap: K a tile ahead of V)
+  static constexpr int kStages = 2;
+  // Bytes marking a tile's tokens on pages outside the cache, written with its K: a ring of
+  // one slot per tile from the oldest one read to the newest one loaded.
+  static constexpr int kMaskSlots = kOverlap ? 3 : 2;
   // A warp skips the O rescale of rows whose max did not move (kMaxLag), except in the shape
   // with the most accumulators (head_dim 128 m2kv64: 192 a lane in 255 registers), where the
   // branch around the rescale costs 24 bytes of spills: it rescales every tile.
   static constexpr bool kLazyRescale = kMTiles * (kHeadDim + kTileKV) / 2 < 192;
-  // Q, then kStages stages of K, then kStages of V (16-bit elements), then per stage one
+  // Q, then kStages stages of K, then kStages of V (16-bit elements), then per mask slot one
   // byte per token: 1 when the token is on a page outside the cache (not scored), then the
   // work item's TileBounds
   static constexpr size_t kBoundsOffset =
-      (kQElems + 2 * kStages * kKVElems) * 2 + kStages * kTileKV;
+      (kQElems + 2 * kStages * kKVElems) * 2 + kMaskSlots * kTileKV;
   static_assert(kBoundsOffset % alignof(TileBounds) == 0, "TileBounds is aligned");
   // then per warp the keys its rows may see (prefill_mask.h's KeyRange)
   static constexpr size_t kKeysOffset = kBoundsOffset + sizeof(TileBounds);
@@ -222,6 +230,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   T* const sk = sq + Tl::kQElems;
   T* const sv = sk + Tl::kStages * Tl::kKVElems;
   uint8_t* const unscored = reinterpret_cast<uint8_t*>(sv + Tl::kStages * Tl::kKVElems);
+  static_assert(Tl::kStages == 2, "the main loops below are written for two stages");
   TileBounds* const shared_bounds = reinterpret_cast<TileBounds*>(shared_bytes + Tl::kBoundsOffset);
   KeyRange* const warp_keys = reinterpret_cast<KeyRange*>(shared_bytes + Tl::kKeysOffset);
 
@@ -302,51 +311,65 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     const T* src = p.q + (q_start + int64_t{t}) * p.q_row_stride + head * p.q_head_stride + col * 8;
     cp_async_16(sq + swizzle<kHeadDim>(r, col), valid ? src : p.q, valid);
   }
-  // A K/V tile: the kTokenThreads consecutive threads of token tid / kTokenThreads copy its
-  // chunks (swizzle.h's TokenChunks), so a thread looks up one page and computes one K and one V
-  // address per tile. Tokens at or past `hi`, and tokens on pages outside the cache, read as
-  // zeros (never memory another request owns) and are masked: the first by `hi`, the second
-  // by their byte in `unscored`, written by the token's first thread.
+  // K of tile k_tile and (with_v) V of tile v_tile into their stages: the same tile, or
+  // (kOverlap) V a tile behind K. The kTokenThreads consecutive threads of token
+  // tid / kTokenThreads copy its chunks (swizzle.h's TokenChunks), so a thread looks up one
+  // page and computes one K and one V address per tile. Tokens at or past `hi` (all those of
+  // a tile past the last, whose copies fill a stage no one reads with zeros), and tokens on
+  // pages outside the cache, read as zeros (never memory another request owns) and are
+  // masked: the first by `hi`, the second by their byte in `unscored`, written with the K
+  // copies by the token's first thread. No branch: K's and V's copies share their address
+  // arithmetic, and their page-table loads issue back to back.
   constexpr int kTokenThreads = kThreads / kTileKV;
   constexpr int kThreadChunks = kChunks / kTokenThreads;
   static_assert(kThreads % kChunks == 0 && kTileRows % kQRowStep == 0 && kThreads % kTileKV == 0 &&
                     kChunks % kTokenThreads == 0,
                 "whole rows per load");
-  auto load_kv = [&](int stage, int kv0, const TileBounds& cta) {
+  auto load_kv = [&](int k_tile, int v_tile, const TileBounds& cta, bool with_v) {
     const unsigned tid = thread_index();
     const int token = tid / kTokenThreads, part = tid % kTokenThreads;
-    // (kv0 + token may pass 2^31 - 1 in a request's last tile: the bound is end - kv0 > token,
-    // and a token past it looks up position kv0 instead)
-    const bool in_range = token < cta.hi - kv0;
-    const int position = cta.kv_offset + (in_range ? kv0 + token : kv0);
-    const int page = page_of(p.pages, p.page_div, cta.page_base, position);
-    const bool valid = in_range && page >= 0;
-    if (part == 0) unscored[stage * kTileKV + token] = in_range && !valid;
-    const int64_t slot = slot_of(p.pages, p.page_div, position);
-    // The row pointers start at the thread's first chunk. An unfilled copy names q's first
-    // row, which holds a whole head's row of chunks.
     const TokenChunks<kHeadDim, kTokenThreads> chunks(token, part);
-    const T* const k_row = valid ? p.k.data + page * p.k.page_stride + slot * p.k.slot_stride +
-                                       kv_head * p.k.head_stride + chunks.first * 8
-                                 : p.q + chunks.first * 8;
-    const T* const v_row = valid ? p.v.data + page * p.v.page_stride + slot * p.v.slot_stride +
-                                       kv_head * p.v.head_stride + chunks.first * 8
-                                 : p.q + chunks.first * 8;
-    T* const k_tile = sk + stage * Tl::kKVElems;
-    T* const v_tile = sv + stage * Tl::kKVElems;
+    struct Source {
+      int page;
+      int64_t slot;
+      bool valid, unscored;
+    };
+    auto locate = [&](int tile) -> Source {
+      // (kv0 + token may pass 2^31 - 1 in a request's last tile: the bound is end - kv0 >
+      // token, and a token past it looks up position kv0 instead)
+      const int kv0 = cta.lo + min(tile, cta.num_tiles - 1) * kTileKV;
+      const bool in_range = tile < cta.num_tiles && token < cta.hi - kv0;
+      const int position = cta.kv_offset + (in_range ? kv0 + token : kv0);
+      const int page = page_of(p.pages, p.page_div, cta.page_base, position);
+      const bool valid = in_range && page >= 0;
+      return {page, slot_of(p.pages, p.page_div, position), valid, in_range && !valid};
+    };
+    // The row as a pointer to the thread's first chunk; an unfilled copy names q's first
+    // row, which holds a whole head's row of chunks.
+    auto row = [&](const KVCache<T>& cache, const Source& at) {
+      const T* const start = at.valid
+                                 ? cache.data + at.page * cache.page_stride +
+                                       at.slot * cache.slot_stride + kv_head * cache.head_stride
+                                 : p.q;
+      return start + chunks.first * 8;
+    };
+    const Source k_at = locate(k_tile);
+    // (v_tile == k_tile is known when compiled: those call sites pass one expression)
+    const Source v_at = v_tile == k_tile ? k_at : locate(v_tile);
+    if (part == 0) unscored[k_tile % Tl::kMaskSlots * kTileKV + token] = k_at.unscored;
+    const T* const k_row = row(p.k, k_at);
+    const T* const v_row = row(p.v, v_at);
+    T* const k_stage = sk + k_tile % Tl::kStages * Tl::kKVElems;
+    T* const v_stage = sv + v_tile % Tl::kStages * Tl::kKVElems;
 #pragma unroll
     for (int i = 0; i < kThreadChunks; ++i) {
-      cp_async_16(k_tile + chunks.at(i), k_row + chunks.offset(i) * 8, valid);
-      cp_async_16(v_tile + chunks.at(i), v_row + chunks.offset(i) * 8, valid);
+      cp_async_16(k_stage + chunks.at(i), k_row + chunks.offset(i) * 8, k_at.valid);
+      if (with_v) cp_async_16(v_stage + chunks.at(i), v_row + chunks.offset(i) * 8, v_at.valid);
     }
   };
-  // Prologue: the first kStages - 1 tiles, one commit group each (empty past the last tile),
-  // so that group i always holds tile i.
-#pragma unroll
-  for (int i = 0; i < Tl::kStages - 1; ++i) {
-    if (i < num_tiles) load_kv(i, lo + i * kTileKV, bounds);
-    cp_async_commit();
-  }
+  // Prologue: tile 0 (kOverlap: its K), in a commit group of its own.
+  load_kv(0, 0, bounds, !Tl::kOverlap);
+  cp_async_commit();
 
   float o[kMTiles][kDimTiles][4];
   // m: each of the lane's rows' running max (the same in a row's four lanes). d: one row's
@@ -362,198 +385,278 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   }
   __syncthreads();  // shared_bounds, warp_keys
 
-  for (int it = 0; it < shared_bounds->num_tiles; ++it) {
-    const TileBounds& cta = *shared_bounds;
-    const int kv0 = cta.lo + it * kTileKV;
-    const int ahead = it + Tl::kStages - 1;
-    if (ahead < cta.num_tiles) load_kv(ahead % Tl::kStages, cta.lo + ahead * kTileKV, cta);
-    cp_async_commit();
-    cp_async_wait<Tl::kStages - 1>();  // tile it has landed
-    __syncthreads();
-    const int stage = it % Tl::kStages;
-    // This thread's rows: two of each of its warp's 16-row mma tiles, tile rows
-    // warp_row + mt * 16 + lane / 4 + 8h.
-    const unsigned tid = thread_index();
-    const int lane = tid % 32, warp_row = tid / 32 * Tl::kWarpRows;
-    const int lane_row = warp_row + lane / 4;
-    // This lane's ldmatrix rows (swizzle.h): Q's in the warp's m-tiles, K's and V's in the
-    // stage. Each address is a tile's 32-bit shared-window address plus a row offset.
-    const LaneRow q = q_lane_row(lane), k = k_lane_row(lane), v = v_lane_row(lane);
-    const SwizzledRows<kHeadDim> q_rows(warp_row + q.row, q.half);
-    const SwizzledRows<kHeadDim> k_rows(k.row, k.half), v_rows(v.row, v.half);
+  // A tile's scores: this lane's elements of its warp's kMTiles x kScoreTiles mma tiles. Its
+  // rows are two of each of the warp's 16-row mma tiles, tile rows warp_row + mt * 16 +
+  // lane / 4 + 8h. The lambdas below recompute what a lane derives from its thread index.
+  using Scores = float[kMTiles][kScoreTiles][4];
+  // S = Q K^T of the tile in `stage`: each K fragment read from shared memory feeds every
+  // m-tile of the warp. ldmatrix addresses: a tile's 32-bit shared-window address plus a row
+  // offset (swizzle.h).
+  auto qk = [&](int stage, Scores& s) {
+    const int lane = thread_index() % 32, warp_row = thread_index() / 32 * Tl::kWarpRows;
+    const LaneRow q = q_lane_row(lane), k = k_lane_row(lane);
+    const SwizzledRows<kHeadDim> q_rows(warp_row + q.row, q.half), k_rows(k.row, k.half);
     const uint32_t q_base = mma::smem_address(sq);
     const uint32_t k_base = mma::smem_address(sk) + stage * Tl::kKVElems * 2;
-    const uint32_t v_base = mma::smem_address(sv) + stage * Tl::kKVElems * 2;
-    // A warp none of whose rows can see a key of this tile skips its math: its state is what
-    // every score masked would leave. Its rows are padding past the request's end (one-token
-    // decode of a GQA group of 4 fills 4 of 128 rows), or under a causal mask their tokens all
-    // precede the tile, or under a window they all start past it. The branch is warp-uniform;
-    // the warp's keys were computed once, before the loop.
-    if (keys_meet_tile(warp_keys[tid / 32], kv0, kTileKV)) {
-      // S = Q K^T: each K fragment read from shared memory feeds every m-tile of the warp.
-      float s[kMTiles][kScoreTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int i = 0; i < kScoreTiles; ++i)
+        s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+    }
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) mma::ldmatrix_x4(a[mt], q_base + q_rows.at(mt * 16, ks));
+#pragma unroll
+      for (int n2 = 0; n2 < kTileKV / 16; ++n2) {
+        uint32_t b[4];  // keys 0-7 then 8-15 of this step (swizzle.h's k_lane_row)
+        mma::ldmatrix_x4(b, k_base + k_rows.at(n2 * 16, ks));
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma::mma_16816<T>(s[mt][2 * n2], a[mt], b[0], b[1]);
+          mma::mma_16816<T>(s[mt][2 * n2 + 1], a[mt], b[2], b[3]);
+        }
+      }
+    }
+  };
+  // Masks the scores of tile `tile` where it reaches a mask boundary and applies the soft
+  // cap; returns the factor that takes the scores to log2 units.
+  auto mask_scores = [&](int tile, const TileBounds& cta, Scores& s) -> float {
+    const int kv0 = cta.lo + tile * kTileKV;
+    const int lane = thread_index() % 32;
+    const int lane_row = thread_index() / 32 * Tl::kWarpRows + lane / 4;
+    // Bit c: the tile's token c is on a page outside the cache (only a page table has them).
+    uint64_t blocked = 0;
+    if (p.pages.indices) {
+      const uint8_t* const tile_unscored = unscored + tile % Tl::kMaskSlots * kTileKV;
+      blocked = __ballot_sync(0xffffffffu, lane < kTileKV && tile_unscored[lane] != 0);
+      if (kTileKV > 32) {
+        blocked |= uint64_t{__ballot_sync(0xffffffffu, tile_unscored[32 + lane] != 0)} << 32;
+      }
+    }
+    // (kv0 + kTileKV may pass 2^31 - 1 in a request's last tile: compared as kv0 > end - tile)
+    const bool needs_mask = p.mask || blocked || kv0 < cta.clear_lo || kv0 > cta.clear_hi - kTileKV;
+    if (needs_mask) {
+      // Per row, one word of visible columns (causal and window range, custom mask, pages
+      // in the cache), shifted so that this lane's columns i * 8 + e % 2 test at
+      // compile-time bit positions: no per-element branch, load or variable shift.
+      const MaskShape shape{cta.hi, cta.delta, p.causal, p.window_left};
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-        for (int i = 0; i < kScoreTiles; ++i)
-          s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
-      }
-#pragma unroll
-      for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-        uint32_t a[kMTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          mma::ldmatrix_x4(a[mt], q_base + q_rows.at(mt * 16, ks));
-        }
-#pragma unroll
-        for (int n2 = 0; n2 < kTileKV / 16; ++n2) {
-          uint32_t b[4];  // keys 0-7 then 8-15 of this step (swizzle.h's k_lane_row)
-          mma::ldmatrix_x4(b, k_base + k_rows.at(n2 * 16, ks));
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            mma::mma_16816<T>(s[mt][2 * n2], a[mt], b[0], b[1]);
-            mma::mma_16816<T>(s[mt][2 * n2 + 1], a[mt], b[2], b[3]);
-          }
-        }
-      }
-
-      // Bit c: the tile's token c is on a page outside the cache (only a page table has them).
-      uint64_t blocked = 0;
-      if (p.pages.indices) {
-        const uint8_t* const tile_unscored = unscored + stage * kTileKV;
-        blocked = __ballot_sync(0xffffffffu, lane < kTileKV && tile_unscored[lane] != 0);
-        if (kTileKV > 32) {
-          blocked |= uint64_t{__ballot_sync(0xffffffffu, tile_unscored[32 + lane] != 0)} << 32;
-        }
-      }
-      // (kv0 + kTileKV may pass 2^31 - 1 in a request's last tile: compared as kv0 > end - tile)
-      const bool needs_mask =
-          p.mask || blocked || kv0 < cta.clear_lo || kv0 > cta.clear_hi - kTileKV;
-      if (needs_mask) {
-        // Per row, one word of visible columns (causal and window range, custom mask, pages
-        // in the cache), shifted so that this lane's columns i * 8 + e % 2 test at
-        // compile-time bit positions: no per-element branch, load or variable shift.
-        const MaskShape shape{cta.hi, cta.delta, p.causal, p.window_left};
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          uint64_t visible[2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int packed = cta.row0 + lane_row + mt * 16 + 8 * h;
-            const int token = by_group.quotient(packed);
-            uint64_t bits = visible_bits(shape, token, kv0, kTileKV) & ~blocked;
-            if (p.mask && packed < cta.rows) {  // a padding row has no mask bits
-              const int64_t row_bit = cta.mask_bit0 + int64_t{token} * cta.kv_len;
-              bits &= mask_bits<kTileKV>(p.mask, row_bit + kv0, row_bit + cta.kv_len);
-            }
-            visible[h] = bits >> (2 * (lane % 4));
-          }
-#pragma unroll
-          for (int i = 0; i < kScoreTiles; ++i) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              if (!((visible[e / 2] >> (i * 8 + e % 2)) & 1)) s[mt][i][e] = -INFINITY;
-            }
-          }
-        }
-      }
-      // Scores to log2 units. Without a soft cap the scale is folded into the exponent below
-      // (scale > 0, so the row max of raw scores is the max of scaled ones): one FFMA per score.
-      float unit = p.scale;
-      if (p.cap > 0.f) {
-        unit = 1.f;
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-          for (int i = 0; i < kScoreTiles; ++i) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float capped = p.cap * tanh_approx(s[mt][i][e] * p.scale);
-              s[mt][i][e] = s[mt][i][e] == -INFINITY ? -INFINITY : capped;
-            }
-          }
-        }
-      }
-
-      // Online softmax, per row; a row's four lanes (lane % 4) share its max. Reductions over
-      // a lane's columns run as trees, not as serial chains of dependent instructions. A row
-      // keeps its running max until a tile's max passes it by more than kMaxLag (log2 units):
-      // exponentials against the stale max stay below 2^kMaxLag (fp16's P holds that), and
-      // a warp none of whose rows moved skips the O rescale, most tiles past the first few.
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
+        uint64_t visible[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float part[kScoreTiles];
-#pragma unroll
-          for (int i = 0; i < kScoreTiles; ++i)
-            part[i] = fmaxf(s[mt][i][2 * h], s[mt][i][2 * h + 1]);
-#pragma unroll
-          for (int width = kScoreTiles / 2; width > 0; width /= 2) {
-#pragma unroll
-            for (int i = 0; i < width; ++i) part[i] = fmaxf(part[i], part[i + width]);
+          const int packed = cta.row0 + lane_row + mt * 16 + 8 * h;
+          const int token = by_group.quotient(packed);
+          uint64_t bits = visible_bits(shape, token, kv0, kTileKV) & ~blocked;
+          if (p.mask && packed < cta.rows) {  // a padding row has no mask bits
+            const int64_t row_bit = cta.mask_bit0 + int64_t{token} * cta.kv_len;
+            bits &= mask_bits<kTileKV>(p.mask, row_bit + kv0, row_bit + cta.kv_len);
           }
-          float tile_max = part[0];
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-          tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-          tile_max *= unit;
-          // (-inf + kMaxLag is -inf: a row's first visible tile always moves it)
-          const bool rises = !Tl::kLazyRescale || tile_max > m[mt][h] + kMaxLag;
-          const float row_max = rises ? fmaxf(m[mt][h], tile_max) : m[mt][h];
-          const float base = row_max == -INFINITY ? 0.f : row_max;  // nothing visible yet
-          const float rescale = exp2_approx(m[mt][h] - base);  // 2^0 for a row that kept its max
-          m[mt][h] = row_max;
-#pragma unroll
-          for (int i = 0; i < kScoreTiles; ++i) {
-            s[mt][i][2 * h] = exp2_approx(fmaf(s[mt][i][2 * h], unit, -base));
-            s[mt][i][2 * h + 1] = exp2_approx(fmaf(s[mt][i][2 * h + 1], unit, -base));
-            part[i] = s[mt][i][2 * h] + s[mt][i][2 * h + 1];
-          }
-#pragma unroll
-          for (int width = kScoreTiles / 2; width > 0; width /= 2) {
-#pragma unroll
-            for (int i = 0; i < width; ++i) part[i] += part[i + width];
-          }
-          float sum = part[0] + __shfl_xor_sync(0xffffffffu, part[0], 1);  // the row's tile
-          sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-          if (lane % 4 == 2 * mt + h) d = d * rescale + sum;
-          if (!Tl::kLazyRescale ||
-              __any_sync(0xffffffffu, rises)) {  // the warp's 8 rows of (mt, h)
-#pragma unroll
-            for (int i = 0; i < kDimTiles; ++i) {
-              o[mt][i][2 * h] *= rescale;
-              o[mt][i][2 * h + 1] *= rescale;
-            }
-          }
-        }
-      }
-
-      // O += P V: P's accumulator fragments are the A operand of the next mma, 16 keys a step;
-      // each V fragment read from shared memory feeds every m-tile of the warp.
-#pragma unroll
-      for (int kk = 0; kk < kTileKV / 16; ++kk) {
-        uint32_t a[kMTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < kMTiles; ++mt) {
-          a[mt][0] = mma::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-          a[mt][1] = mma::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-          a[mt][2] = mma::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-          a[mt][3] = mma::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+          visible[h] = bits >> (2 * (lane % 4));
         }
 #pragma unroll
-        for (int n2 = 0; n2 < kHeadDim / 16; ++n2) {
-          uint32_t b[4];  // dims 0-7 then 8-15 of this step (swizzle.h's v_lane_row)
-          mma::ldmatrix_x4_trans(b, v_base + v_rows.at(kk * 16, n2));
+        for (int i = 0; i < kScoreTiles; ++i) {
 #pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-            mma::mma_16816<T>(o[mt][2 * n2], a[mt], b[0], b[1]);
-            mma::mma_16816<T>(o[mt][2 * n2 + 1], a[mt], b[2], b[3]);
+          for (int e = 0; e < 4; ++e) {
+            if (!((visible[e / 2] >> (i * 8 + e % 2)) & 1)) s[mt][i][e] = -INFINITY;
           }
         }
       }
     }
-    __syncthreads();  // the stage just read is a later iteration's load target
+    // Without a soft cap the scale is folded into the exponent (scale > 0, so the row max of
+    // raw scores is the max of scaled ones): one FFMA per score.
+    if (p.cap <= 0.f) return p.scale;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int i = 0; i < kScoreTiles; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float capped = p.cap * tanh_approx(s[mt][i][e] * p.scale);
+          s[mt][i][e] = s[mt][i][e] == -INFINITY ? -INFINITY : capped;
+        }
+      }
+    }
+    return 1.f;
+  };
+  // O's rows (mt, h) times `factor`: a warp's 8 rows of (mt, h) skip it when none of them
+  // moved its max (kLazyRescale).
+  auto rescale_o = [&](int mt, int h, float factor, bool moved) {
+    if (!Tl::kLazyRescale || __any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int i = 0; i < kDimTiles; ++i) {
+        o[mt][i][2 * h] *= factor;
+        o[mt][i][2 * h + 1] *= factor;
+      }
+    }
+  };
+  // Online softmax, per row; a row's four lanes (lane % 4) share its max. Reductions over
+  // a lane's columns run as trees, not as serial chains of dependent instructions. A row
+  // keeps its running max until a tile's max passes it by more than kMaxLag (log2 units):
+  // exponentials against the stale max stay below 2^kMaxLag (fp16's P holds that), and
+  // a warp none of whose rows moved skips the O rescale, most tiles past the first few.
+  // Leaves P in s; O is rescaled here, or (kOverlap) by the caller from factor and moved, so
+  // that this code has no branch and interleaves with the next tile's S = Q K^T.
+  auto softmax = [&](Scores& s, float unit, float (&factor)[kMTiles][2],
+                     bool (&moved)[kMTiles][2]) {
+    const int lane = thread_index() % 32;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float part[kScoreTiles];
+#pragma unroll
+        for (int i = 0; i < kScoreTiles; ++i) part[i] = fmaxf(s[mt][i][2 * h], s[mt][i][2 * h + 1]);
+#pragma unroll
+        for (int width = kScoreTiles / 2; width > 0; width /= 2) {
+#pragma unroll
+          for (int i = 0; i < width; ++i) part[i] = fmaxf(part[i], part[i + width]);
+        }
+        float tile_max = part[0];
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        tile_max *= unit;
+        // (-inf + kMaxLag is -inf: a row's first visible tile always moves it)
+        const bool rises = !Tl::kLazyRescale || tile_max > m[mt][h] + kMaxLag;
+        const float row_max = rises ? fmaxf(m[mt][h], tile_max) : m[mt][h];
+        const float base = row_max == -INFINITY ? 0.f : row_max;  // nothing visible yet
+        const float rescale = exp2_approx(m[mt][h] - base);       // 2^0 for a row that kept its max
+        m[mt][h] = row_max;
+#pragma unroll
+        for (int i = 0; i < kScoreTiles; ++i) {
+          s[mt][i][2 * h] = exp2_approx(fmaf(s[mt][i][2 * h], unit, -base));
+          s[mt][i][2 * h + 1] = exp2_approx(fmaf(s[mt][i][2 * h + 1], unit, -base));
+          part[i] = s[mt][i][2 * h] + s[mt][i][2 * h + 1];
+        }
+#pragma unroll
+        for (int width = kScoreTiles / 2; width > 0; width /= 2) {
+#pragma unroll
+          for (int i = 0; i < width; ++i) part[i] += part[i + width];
+        }
+        float sum = part[0] + __shfl_xor_sync(0xffffffffu, part[0], 1);  // the row's tile
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (lane % 4 == 2 * mt + h) d = d * rescale + sum;
+        factor[mt][h] = rescale;
+        moved[mt][h] = rises;
+        if (!Tl::kOverlap) rescale_o(mt, h, rescale, rises);
+      }
+    }
+  };
+  // O += P V of the tile in `stage` (kOverlap: O first rescaled as softmax left it to): P's
+  // accumulator fragments are the A operand of the next mma, 16 keys a step; each V fragment
+  // read from shared memory feeds every m-tile of the warp.
+  auto pv = [&](int stage, const Scores& s, const float (&factor)[kMTiles][2],
+                const bool (&moved)[kMTiles][2]) {
+    if (Tl::kOverlap) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        rescale_o(mt, 0, factor[mt][0], moved[mt][0]);
+        rescale_o(mt, 1, factor[mt][1], moved[mt][1]);
+      }
+    }
+    const int lane = thread_index() % 32;
+    const LaneRow v = v_lane_row(lane);
+    const SwizzledRows<kHeadDim> v_rows(v.row, v.half);
+    const uint32_t v_base = mma::smem_address(sv) + stage * Tl::kKVElems * 2;
+#pragma unroll
+    for (int kk = 0; kk < kTileKV / 16; ++kk) {
+      uint32_t a[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        a[mt][0] = mma::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = mma::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = mma::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = mma::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int n2 = 0; n2 < kHeadDim / 16; ++n2) {
+        uint32_t b[4];  // dims 0-7 then 8-15 of this step (swizzle.h's v_lane_row)
+        mma::ldmatrix_x4_trans(b, v_base + v_rows.at(kk * 16, n2));
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma::mma_16816<T>(o[mt][2 * n2], a[mt], b[0], b[1]);
+          mma::mma_16816<T>(o[mt][2 * n2 + 1], a[mt], b[2], b[3]);
+        }
+      }
+    }
+  };
+
+  // A warp none of whose rows can see a key of a tile skips its math: its state is what
+  // every score masked would leave. Its rows are padding past the request's end (one-token
+  // decode of a GQA group of 4 fills 4 of 128 rows), or under a causal mask their tokens all
+  // precede the tile, or under a window they all start past it. The branch is warp-uniform;
+  // the warp's keys were computed once, before the loop.
+  Scores s;
+  if (!Tl::kOverlap) {
+    for (int it = 0; it < shared_bounds->num_tiles; ++it) {
+      const TileBounds& cta = *shared_bounds;
+      if (it + 1 < cta.num_tiles) load_kv(it + 1, it + 1, cta, true);
+      cp_async_commit();
+      cp_async_wait<1>();  // tile it has landed (tile it + 1's group may be in flight)
+      __syncthreads();
+      const int stage = it % Tl::kStages;
+      if (keys_meet_tile(warp_keys[thread_index() / 32], cta.lo + it * kTileKV, kTileKV)) {
+        qk(stage, s);
+        const float unit = mask_scores(it, cta, s);
+        float factor[kMTiles][2];
+        bool moved[kMTiles][2];
+        softmax(s, unit, factor, moved);
+        pv(stage, s, factor, moved);
+      }
+      __syncthreads();  // the stage just read is a later iteration's load target
+    }
+  } else {
+    // Software-pipelined (FlashAttention-3's intra-warp overlap, on mma.sync): while a tile's
+    // softmax runs on the ALUs and the special-function unit, the tensor cores compute the
+    // next tile's S = Q K^T, issued from the same branch-free code (the compiler interleaves
+    // them). So K runs a tile ahead of V: tile it starts with K of it + 1 and V of it landed,
+    // and loads K of it + 2 and V of it + 1 into the stages tile it - 1 left; one barrier a
+    // tile, and the shared memory of two stages.
+    load_kv(1, 0, bounds, true);
+    cp_async_commit();
+    cp_async_wait<1>();  // K of tile 0 has landed
+    __syncthreads();
+    if (num_tiles > 0 && keys_meet_tile(warp_keys[thread_index() / 32], lo, kTileKV)) qk(0, s);
+    for (int it = 0; it < shared_bounds->num_tiles; ++it) {
+      const TileBounds& cta = *shared_bounds;
+      cp_async_wait<0>();  // K of it + 1 and V of it have landed
+      __syncthreads();     // for every thread; and every warp is done with tile it - 1
+      load_kv(it + 2, it + 1, cta, true);
+      cp_async_commit();
+      const int stage = it % Tl::kStages, next_stage = (it + 1) % Tl::kStages;
+      const int kv0 = cta.lo + it * kTileKV;
+      const KeyRange keys = warp_keys[thread_index() / 32];
+      const bool next = it + 1 < cta.num_tiles && keys_meet_tile(keys, kv0 + kTileKV, kTileKV);
+      if (keys_meet_tile(keys, kv0, kTileKV)) {
+        const float unit = mask_scores(it, cta, s);
+        float factor[kMTiles][2];
+        bool moved[kMTiles][2];
+        if (next) {
+          Scores s_next;
+          qk(next_stage, s_next);
+          softmax(s, unit, factor, moved);
+          pv(stage, s, factor, moved);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+            for (int i = 0; i < kScoreTiles; ++i) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) s[mt][i][e] = s_next[mt][i][e];
+            }
+          }
+        } else {
+          softmax(s, unit, factor, moved);
+          pv(stage, s, factor, moved);
+        }
+      } else if (next) {
+        qk(next_stage, s);
+      }
+    }
   }
+
   cp_async_wait<0>();
 
   pdl_launch_dependents();

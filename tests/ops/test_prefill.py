@@ -1262,8 +1262,10 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
     """FLASHINFER_PREFILL_TILING picks another CTA shape per head_dim (a module of its own,
     rendered into the config); shapes the kernel cannot take are refused, naming it."""
     monkeypatch.delenv("FLASHINFER_PREFILL_TILING", raising=False)
-    assert prefill_tiling(128) == DEFAULT_TILINGS[128] == PrefillTiling(1, 64)
-    assert gen_prefill_module("bfloat16", 128).name == "prefill_bf16_hd128"
+    assert prefill_tiling(128) == DEFAULT_TILINGS[128] == PrefillTiling(1, 64, overlap=True)
+    default = gen_prefill_module("bfloat16", 128)
+    assert default.name == "prefill_bf16_hd128"
+    assert "kPrefillOverlap = true;" in default.renders[0].render().read_text()
     monkeypatch.setenv("FLASHINFER_PREFILL_TILING", "128:m2kv32, 64:m2kv64")
     assert prefill_tiling(128) == PrefillTiling(2, 32)
     assert prefill_tiling(64) == PrefillTiling(2, 64)
@@ -1273,7 +1275,12 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
     (config,) = spec.renders
     text = config.render().read_text()
     assert "kPrefillMTiles = 2;" in text and "kPrefillTileKV = 32;" in text
-    assert "kPrefillMinCTAs = 1;" in text
+    assert "kPrefillMinCTAs = 1;" in text and "kPrefillOverlap = false;" in text
+    monkeypatch.setenv("FLASHINFER_PREFILL_TILING", "128:m1kv64,256:m1kv32p")
+    assert prefill_tiling(128) == PrefillTiling(1, 64)
+    assert prefill_tiling(256) == PrefillTiling(1, 32, 1, True)
+    assert gen_prefill_module("float16", 128).name == "prefill_f16_hd128_m1kv64"
+    assert gen_prefill_module("float16", 256).name == "prefill_f16_hd256_m1kv32p"
     monkeypatch.setenv("FLASHINFER_PREFILL_TILING", "64:m1kv64c2")
     assert prefill_tiling(64) == PrefillTiling(1, 64, 2)
     two = gen_prefill_module("bfloat16", 64)
@@ -1288,6 +1295,9 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
         ("128:m1kv48", "tile_kv 16, 32 or 64"),
         ("128-m2kv32", "invalid value '128-m2kv32' for FLASHINFER_PREFILL_TILING"),
         ("128:m1kv64c2", "m1kv64c2 at head_dim 128 needs 96 accumulators a lane; at most 80"),
+        ("128:m2kv32p", "m2kv32p at head_dim 128 needs 192 accumulators a lane; at most 160"),
+        ("128:m1kv32c2p", "m1kv32c2p at head_dim 128 needs 96 accumulators a lane; at most 80"),
+        ("128:m1kv64q", "invalid value '128:m1kv64q' for FLASHINFER_PREFILL_TILING"),
         ("128:m2kv16c2", "ctas must be 1, or 2 with m_tiles 1"),
         ("128:m1kv16c3", "ctas must be 1, or 2 with m_tiles 1"),
     ):
@@ -1305,9 +1315,14 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
 
 
 # Every tiling PrefillTiling.check accepts (FLASHINFER_PREFILL_TILING may select any): head_dim
-# 128's default and the two at their register limits, m2kv64 (255 of 255) and m1kv32c2 (128 of
-# 128), always; the rest with --compile-matrix.
-_ALWAYS = {(128, DEFAULT_TILINGS[128]), (128, PrefillTiling(2, 64)), (128, PrefillTiling(1, 32, 2))}
+# 128's default and those at their register limits, m2kv64 (255 of 255), m1kv32c2 and
+# m1kv16c2p (128 of 128), always; the rest with --compile-matrix.
+_ALWAYS = {
+    (128, DEFAULT_TILINGS[128]),
+    (128, PrefillTiling(2, 64)),
+    (128, PrefillTiling(1, 32, 2)),
+    (128, PrefillTiling(1, 16, 2, True)),
+}
 TILING_CASES = [
     pytest.param(
         dtype,

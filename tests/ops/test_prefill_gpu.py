@@ -545,17 +545,17 @@ def test_out_of_range_page_ids_are_skipped_not_scored(prefill, head_dim: int, ca
     _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks))
 
 
-def _accepted_tilings() -> list[tuple[int, int, int, int]]:
-    """(head_dim, m_tiles, tile_kv, ctas) of every tiling PrefillTiling.check accepts."""
+def _accepted_tilings() -> list[tuple[int, str]]:
+    """(head_dim, name) of every tiling PrefillTiling.check accepts."""
     from flashinfer.jit.prefill import HEAD_DIMS, accepted_tilings
 
-    return [(d, t.m_tiles, t.tile_kv, t.ctas) for d in HEAD_DIMS for t in accepted_tilings(d)]
+    return [(d, t.name) for d in HEAD_DIMS for t in accepted_tilings(d)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_dim,m_tiles,tile_kv,ctas", _accepted_tilings())
+@pytest.mark.parametrize("head_dim,tiling_name", _accepted_tilings())
 def test_every_tiling_masks_and_skips_as_the_reference(
-    head_dim: int, m_tiles: int, tile_kv: int, ctas: int, monkeypatch: pytest.MonkeyPatch
+    head_dim: int, tiling_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each tiling FLASHINFER_PREFILL_TILING may select, on the paths its shape changes:
     pages of 7 tokens with out-of-range page ids, a custom mask and a window together, a GQA
@@ -564,7 +564,9 @@ def test_every_tiling_masks_and_skips_as_the_reference(
     from flashinfer.jit.prefill import PrefillTiling, gen_prefill_module
 
     module = importlib.import_module("flashinfer.prefill")
-    tiling = PrefillTiling(m_tiles, tile_kv, ctas)
+    tiling = PrefillTiling.from_name(tiling_name)
+    assert tiling is not None
+    tile_kv = tiling.tile_kv
     built: dict[Any, Any] = {}
 
     def get_prefill_module(dtype: Any, dim: int) -> Any:

@@ -1,7 +1,9 @@
 """flashinfer.testing.sass on real machine code (CPU: compile for sm_90a, read the SASS): the
-default head_dim 128 prefill kernel has one main loop, and what a K/V tile costs in it follows
-from the tiling: its mma, ldmatrix and cp.async counts, and no local memory. Skips when
-cuobjdump or nvdisasm (the nvidia-cuda-cuobjdump/-nvdisasm wheels) is missing."""
+head_dim 128 m1kv64 prefill kernel has one main loop, and what a K/V tile costs in it follows
+from the tiling: its mma, ldmatrix and cp.async counts, and no local memory; in the default
+(overlapping) form, one block of the loop interleaves the next tile's score mma with this
+tile's softmax. Skips when cuobjdump or nvdisasm (the nvidia-cuda-cuobjdump/-nvdisasm wheels)
+is missing."""
 
 from __future__ import annotations
 
@@ -58,25 +60,54 @@ def _tile_counts(head_dim: int, tiling: PrefillTiling) -> dict[str, int]:
     }
 
 
-def test_the_prefill_loop_costs_what_its_tiling_says() -> None:
-    head_dim = 128
+def _prefill_code(head_dim: int, tiling: PrefillTiling) -> list:
     try:
-        text = cuobjdump_sass(gen_prefill_module(torch.bfloat16, head_dim).build())
+        text = cuobjdump_sass(gen_prefill_module(torch.bfloat16, head_dim, tiling).build())
     except FileNotFoundError as missing:
         pytest.skip(str(missing))
     (sass,) = {s for name, s in sass_by_kernel(text).items() if "PrefillKernel" in name}
     code = instructions(sass)
+    assert not any(i.opcode in ("LDL", "STL") for i in code), "a spill"
+    return code
+
+
+def test_the_prefill_loop_costs_what_its_tiling_says() -> None:
+    tiling = PrefillTiling(1, 64)
+    code = _prefill_code(128, tiling)
     with_mma = [loop for loop in loops(code) if loop.opcodes()["HMMA"]]
     assert len(with_mma) == 1, "one main loop: masked and unmasked tiles share its mma"
     ops = with_mma[0].opcodes()
-    for opcode, count in _tile_counts(head_dim, DEFAULT_TILINGS[head_dim]).items():
+    for opcode, count in _tile_counts(128, tiling).items():
         assert ops[opcode] == count, opcode
-    assert not any(i.opcode in ("LDL", "STL") for i in code), "a spill"
+
+
+def test_the_overlapped_loop_computes_scores_during_the_softmax() -> None:
+    """The default tiling's main loop has a block with the next tile's S = Q K^T (its HMMA
+    and LDSM) and this tile's exponentials (MUFU), interleaved by the compiler: no long run
+    of tensor-core and ldmatrix instructions without softmax work between them (back to
+    back, the 104 would be one run)."""
+    tiling = DEFAULT_TILINGS[128]
+    assert tiling.overlap
+    code = _prefill_code(128, tiling)
+    main = max(loops(code), key=lambda loop: loop.opcodes()["HMMA"])
+    dims, kv = 128 // 16, tiling.tile_kv
+    fused = [
+        b
+        for b in blocks(code, main)
+        if b.opcodes()["HMMA"] == kv // 8 * dims and b.opcodes()["MUFU"] >= kv // 2
+    ]
+    assert len(fused) == 1, "one block holds the next tile's scores and this one's exp2"
+    assert fused[0].opcodes()["LDSM"] == dims + kv // 16 * dims
+    longest = run = 0
+    for inst in fused[0].body:
+        run = run + 1 if inst.opcode in ("HMMA", "LDSM") else 0
+        longest = max(longest, run)
+    assert longest <= 12, f"{longest} tensor-core instructions in a row"
 
 
 def test_the_cli_prints_the_prefill_loop_and_its_blocks() -> None:
     proc = run_python(
-        "import sys, runpy; sys.argv = ['sass_loops.py', '--prefill', 'bfloat16:128', "
+        "import sys, runpy; sys.argv = ['sass_loops.py', '--prefill', 'bfloat16:128:m1kv64', "
         "'--blocks']; runpy.run_path('benchmarks/sass_loops.py', run_name='__main__')",
         cwd=REPO_ROOT,
         check=False,
@@ -84,6 +115,6 @@ def test_the_cli_prints_the_prefill_loop_and_its_blocks() -> None:
     if "nvdisasm are needed" in proc.stderr:
         pytest.skip("cuobjdump and nvdisasm are needed")
     assert proc.returncode == 0, proc.stderr
-    counts = _tile_counts(128, DEFAULT_TILINGS[128])
+    counts = _tile_counts(128, PrefillTiling(1, 64))
     assert f"HMMA {counts['HMMA']}  LDSM {counts['LDSM']}" in proc.stdout  # the main loop
     assert "LDL/STL 0" in proc.stdout and "@!P0 BRA" in proc.stdout  # a block's branch
