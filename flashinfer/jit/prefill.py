@@ -23,7 +23,7 @@ MAX_ACCUMULATORS = 192
 # fit exactly, m1kv64's 96 spill)
 MAX_ACCUMULATORS_TWO_CTAS = 80
 # ... and with two tiles' scores (overlap), whose loop holds more besides: head_dim 256
-# m1kv32p's 160 fit, the 192 of m1kv64p, 64 m2kv64p and 128 m2kv32p spill
+# m1kv32p's 160 fit; the 192 of head_dim 256 m1kv64p, 64 m2kv64p and 128 m2kv32p spill
 MAX_ACCUMULATORS_OVERLAP = 160
 
 

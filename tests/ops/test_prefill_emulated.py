@@ -211,14 +211,17 @@ def test_float16_single_and_paged(emulate, head_dim: int) -> None:
         (torch.float16, PrefillTiling(1, 64)),
         (torch.float16, PrefillTiling(1, 16)),
         (torch.bfloat16, PrefillTiling(2, 64)),
+        (torch.bfloat16, PrefillTiling(1, 64, overlap=True)),
+        (torch.float16, PrefillTiling(1, 64, overlap=True)),
     ],
-    ids=["bf16-m1kv64", "f16-m1kv64", "f16-m1kv16", "bf16-m2kv64"],
+    ids=["bf16-m1kv64", "f16-m1kv64", "f16-m1kv16", "bf16-m2kv64", "bf16-m1kv64p", "f16-m1kv64p"],
 )
 def test_scores_rising_past_the_running_max(
     emulate, dtype: torch.dtype, tiling: PrefillTiling
 ) -> None:
     """Keys whose scores creep up past a row's max and then jump (``_rising_keys``), on
-    lazy-rescale tilings in both dtypes and on the eager m2kv64."""
+    lazy-rescale tilings in both dtypes (the overlapping m1kv64p, whose O rescale follows its
+    softmax, included) and on the eager m2kv64."""
     emulate(dtype, 128, tiling, reverse=True)
     torch.manual_seed(tiling.tile_kv + tiling.m_tiles)
     q = _randn(24, 4, 128, dtype=dtype, device="cpu")
