@@ -634,6 +634,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
         const float unit = mask_scores(it, cta, s);
         float factor[kMTiles][2];
         bool moved[kMTiles][2];
+        // (softmax and pv written twice: in this copy no branch separates the next tile's
+        // qk from the softmax, so the compiler can interleave them)
         if (next) {
           Scores s_next;
           qk(next_stage, s_next);

@@ -12,6 +12,7 @@ import torch
 
 from flashinfer.jit.prefill import DEFAULT_TILINGS, PrefillTiling, gen_prefill_module
 from flashinfer.testing.sass import (
+    Instruction,
     blocks,
     cuobjdump_sass,
     instructions,
@@ -60,7 +61,7 @@ def _tile_counts(head_dim: int, tiling: PrefillTiling) -> dict[str, int]:
     }
 
 
-def _prefill_code(head_dim: int, tiling: PrefillTiling) -> list:
+def _prefill_code(head_dim: int, tiling: PrefillTiling) -> list[Instruction]:
     try:
         text = cuobjdump_sass(gen_prefill_module(torch.bfloat16, head_dim, tiling).build())
     except FileNotFoundError as missing:
