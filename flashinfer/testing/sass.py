@@ -28,6 +28,7 @@ __all__ = [
 ]
 
 _LINE = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", re.M)
+_PREDICATE = re.compile(r"^@!?U?P\w+\s+")
 _TARGET = re.compile(r"\b(?:BRA|BSSY)\b.*?(0x[0-9a-f]+)")
 _ENDS_BLOCK = re.compile(r"\b(?:BRA|EXIT|RET|BSYNC)\b")
 
@@ -82,9 +83,19 @@ class Instruction:
     text: str  # "@!P0 BRA 0x2d20", without the trailing ';'
 
     @property
+    def mnemonic(self) -> str:
+        """The instruction without its predicate and operands: IMAD.MOV.U32, BRA, ..."""
+        return _PREDICATE.sub("", self.text).split()[0]
+
+    @property
     def opcode(self) -> str:
-        """The mnemonic without its predicate and modifiers: HMMA, LDSM, BRA, ..."""
-        return re.sub(r"^@!?U?P\w+\s+", "", self.text).split()[0].split(".")[0]
+        """The mnemonic without its modifiers: HMMA, LDSM, BRA, ..."""
+        return self.mnemonic.split(".")[0]
+
+    @property
+    def is_move(self) -> bool:
+        """A register copy: MOV, or IMAD.MOV (ptxas's usual spelling of one)."""
+        return self.mnemonic.startswith(("MOV", "IMAD.MOV"))
 
     @property
     def target(self) -> int | None:

@@ -311,64 +311,66 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     const T* src = p.q + (q_start + int64_t{t}) * p.q_row_stride + head * p.q_head_stride + col * 8;
     cp_async_16(sq + swizzle<kHeadDim>(r, col), valid ? src : p.q, valid);
   }
-  // K of tile k_tile and (with_v) V of tile v_tile into their stages: the same tile, or
-  // (kOverlap) V a tile behind K. The kTokenThreads consecutive threads of token
+  // K and V tiles are copied by token: the kTokenThreads consecutive threads of token
   // tid / kTokenThreads copy its chunks (swizzle.h's TokenChunks), so a thread looks up one
-  // page and computes one K and one V address per tile. Tokens at or past `hi` (all those of
-  // a tile past the last, whose copies fill a stage no one reads with zeros), and tokens on
+  // page and computes one K and one V row address per tile. Tokens at or past `hi` (all those
+  // of a tile past the last, whose copies fill a stage no one reads with zeros), and tokens on
   // pages outside the cache, read as zeros (never memory another request owns) and are
   // masked: the first by `hi`, the second by their byte in `unscored`, written with the K
-  // copies by the token's first thread. No branch: K's and V's copies share their address
-  // arithmetic, and their page-table loads issue back to back.
+  // copies by the token's first thread. No branch: K's and V's copies share their shared-
+  // memory offsets and add compile-time offsets to one row address each.
   constexpr int kTokenThreads = kThreads / kTileKV;
   constexpr int kThreadChunks = kChunks / kTokenThreads;
   static_assert(kThreads % kChunks == 0 && kTileRows % kQRowStep == 0 && kThreads % kTileKV == 0 &&
                     kChunks % kTokenThreads == 0,
                 "whole rows per load");
-  auto load_kv = [&](int k_tile, int v_tile, const TileBounds& cta, bool with_v) {
+  // This thread's token of tile `tile`: its K and V rows as pointers to the thread's first
+  // chunk (an unfilled copy names q's first row, which holds a whole head's row of chunks).
+  struct TokenRows {
+    const T* k;
+    const T* v;
+    bool valid, unscored;
+  };
+  auto locate = [&](int tile, const TileBounds& cta) -> TokenRows {
+    const int token = thread_index() / kTokenThreads;
+    // (kv0 + token may pass 2^31 - 1 in a request's last tile: the bound is end - kv0 >
+    // token, and a token past it looks up position kv0 instead)
+    const int kv0 = cta.lo + min(tile, cta.num_tiles - 1) * kTileKV;
+    const bool in_range = tile < cta.num_tiles && token < cta.hi - kv0;
+    const int position = cta.kv_offset + (in_range ? kv0 + token : kv0);
+    const int page = page_of(p.pages, p.page_div, cta.page_base, position);
+    const bool valid = in_range && page >= 0;
+    const int64_t slot = slot_of(p.pages, p.page_div, position);
+    const int first =
+        TokenChunks<kHeadDim, kTokenThreads>(token, thread_index() % kTokenThreads).first * 8;
+    auto row = [&](const KVCache<T>& cache) {
+      return (valid ? cache.data + page * cache.page_stride + slot * cache.slot_stride +
+                          kv_head * cache.head_stride
+                    : p.q) +
+             first;
+    };
+    return {row(p.k), row(p.v), valid, in_range && !valid};
+  };
+  // Copies K of tile k_tile from `k_at` and (with_v) V of tile v_tile from `v_at` into their
+  // stages: the same tile, or (kOverlap) V a tile behind K, whose rows were located with the
+  // K of the loop's previous step.
+  auto load_kv = [&](int k_tile, const TokenRows& k_at, int v_tile, const TokenRows& v_at,
+                     bool with_v) {
     const unsigned tid = thread_index();
     const int token = tid / kTokenThreads, part = tid % kTokenThreads;
     const TokenChunks<kHeadDim, kTokenThreads> chunks(token, part);
-    struct Source {
-      int page;
-      int64_t slot;
-      bool valid, unscored;
-    };
-    auto locate = [&](int tile) -> Source {
-      // (kv0 + token may pass 2^31 - 1 in a request's last tile: the bound is end - kv0 >
-      // token, and a token past it looks up position kv0 instead)
-      const int kv0 = cta.lo + min(tile, cta.num_tiles - 1) * kTileKV;
-      const bool in_range = tile < cta.num_tiles && token < cta.hi - kv0;
-      const int position = cta.kv_offset + (in_range ? kv0 + token : kv0);
-      const int page = page_of(p.pages, p.page_div, cta.page_base, position);
-      const bool valid = in_range && page >= 0;
-      return {page, slot_of(p.pages, p.page_div, position), valid, in_range && !valid};
-    };
-    // The row as a pointer to the thread's first chunk; an unfilled copy names q's first
-    // row, which holds a whole head's row of chunks.
-    auto row = [&](const KVCache<T>& cache, const Source& at) {
-      const T* const start = at.valid
-                                 ? cache.data + at.page * cache.page_stride +
-                                       at.slot * cache.slot_stride + kv_head * cache.head_stride
-                                 : p.q;
-      return start + chunks.first * 8;
-    };
-    const Source k_at = locate(k_tile);
-    // (v_tile == k_tile is known when compiled: those call sites pass one expression)
-    const Source v_at = v_tile == k_tile ? k_at : locate(v_tile);
     if (part == 0) unscored[k_tile % Tl::kMaskSlots * kTileKV + token] = k_at.unscored;
-    const T* const k_row = row(p.k, k_at);
-    const T* const v_row = row(p.v, v_at);
     T* const k_stage = sk + k_tile % Tl::kStages * Tl::kKVElems;
     T* const v_stage = sv + v_tile % Tl::kStages * Tl::kKVElems;
 #pragma unroll
     for (int i = 0; i < kThreadChunks; ++i) {
-      cp_async_16(k_stage + chunks.at(i), k_row + chunks.offset(i) * 8, k_at.valid);
-      if (with_v) cp_async_16(v_stage + chunks.at(i), v_row + chunks.offset(i) * 8, v_at.valid);
+      cp_async_16(k_stage + chunks.at(i), k_at.k + chunks.offset(i) * 8, k_at.valid);
+      if (with_v) cp_async_16(v_stage + chunks.at(i), v_at.v + chunks.offset(i) * 8, v_at.valid);
     }
   };
   // Prologue: tile 0 (kOverlap: its K), in a commit group of its own.
-  load_kv(0, 0, bounds, !Tl::kOverlap);
+  const TokenRows first_rows = locate(0, bounds);
+  load_kv(0, first_rows, 0, first_rows, !Tl::kOverlap);
   cp_async_commit();
 
   float o[kMTiles][kDimTiles][4];
@@ -593,7 +595,10 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   if (!Tl::kOverlap) {
     for (int it = 0; it < shared_bounds->num_tiles; ++it) {
       const TileBounds& cta = *shared_bounds;
-      if (it + 1 < cta.num_tiles) load_kv(it + 1, it + 1, cta, true);
+      if (it + 1 < cta.num_tiles) {
+        const TokenRows at = locate(it + 1, cta);
+        load_kv(it + 1, at, it + 1, at, true);
+      }
       cp_async_commit();
       cp_async_wait<1>();  // tile it has landed (tile it + 1's group may be in flight)
       __syncthreads();
@@ -615,47 +620,50 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     // them). So K runs a tile ahead of V: tile it starts with K of it + 1 and V of it landed,
     // and loads K of it + 2 and V of it + 1 into the stages tile it - 1 left; one barrier a
     // tile, and the shared memory of two stages.
-    load_kv(1, 0, bounds, true);
+    // Unrolled by two, so that the two tiles' scores swap roles without register copies,
+    // as do the rows located for K of tile it + 2, which V of tile it + 2 reuses a step later.
+    TokenRows ahead = locate(1, bounds), later;
+    load_kv(1, ahead, 0, first_rows, true);
     cp_async_commit();
     cp_async_wait<1>();  // K of tile 0 has landed
     __syncthreads();
+    Scores s_other;
     if (num_tiles > 0 && keys_meet_tile(warp_keys[thread_index() / 32], lo, kTileKV)) qk(0, s);
-    for (int it = 0; it < shared_bounds->num_tiles; ++it) {
+    // Tile it: its scores in `cur` (when the warp meets it), the next tile's computed into
+    // `nxt`; V of it + 1 copied from `v_rows`, K of it + 2 from rows located into `k_rows`.
+    auto step = [&](int it, Scores& cur, Scores& nxt, const TokenRows& v_rows, TokenRows& k_rows) {
       const TileBounds& cta = *shared_bounds;
       cp_async_wait<0>();  // K of it + 1 and V of it have landed
       __syncthreads();     // for every thread; and every warp is done with tile it - 1
-      load_kv(it + 2, it + 1, cta, true);
+      k_rows = locate(it + 2, cta);
+      load_kv(it + 2, k_rows, it + 1, v_rows, true);
       cp_async_commit();
       const int stage = it % Tl::kStages, next_stage = (it + 1) % Tl::kStages;
       const int kv0 = cta.lo + it * kTileKV;
       const KeyRange keys = warp_keys[thread_index() / 32];
       const bool next = it + 1 < cta.num_tiles && keys_meet_tile(keys, kv0 + kTileKV, kTileKV);
       if (keys_meet_tile(keys, kv0, kTileKV)) {
-        const float unit = mask_scores(it, cta, s);
+        const float unit = mask_scores(it, cta, cur);
         float factor[kMTiles][2];
         bool moved[kMTiles][2];
         // (softmax and pv written twice: in this copy no branch separates the next tile's
         // qk from the softmax, so the compiler can interleave them)
         if (next) {
-          Scores s_next;
-          qk(next_stage, s_next);
-          softmax(s, unit, factor, moved);
-          pv(stage, s, factor, moved);
-#pragma unroll
-          for (int mt = 0; mt < kMTiles; ++mt) {
-#pragma unroll
-            for (int i = 0; i < kScoreTiles; ++i) {
-#pragma unroll
-              for (int e = 0; e < 4; ++e) s[mt][i][e] = s_next[mt][i][e];
-            }
-          }
+          qk(next_stage, nxt);
+          softmax(cur, unit, factor, moved);
+          pv(stage, cur, factor, moved);
         } else {
-          softmax(s, unit, factor, moved);
-          pv(stage, s, factor, moved);
+          softmax(cur, unit, factor, moved);
+          pv(stage, cur, factor, moved);
         }
       } else if (next) {
-        qk(next_stage, s);
+        qk(next_stage, nxt);
       }
+    };
+    for (int it = 0; it < shared_bounds->num_tiles; it += 2) {
+      step(it, s, s_other, ahead, later);
+      if (it + 1 >= shared_bounds->num_tiles) break;
+      step(it + 1, s_other, s, later, ahead);
     }
   }
 

@@ -1315,13 +1315,14 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
 
 
 # Every tiling PrefillTiling.check accepts (FLASHINFER_PREFILL_TILING may select any): head_dim
-# 128's default and those at their register limits, m2kv64 (255 of 255), m1kv32c2 and
-# m1kv16c2p (128 of 128), always; the rest with --compile-matrix.
+# 128's default and those at their register limits, head_dim 128 m2kv64 and 256 m1kv32p (255
+# of 255), m1kv32c2 and m1kv16c2p (128 of 128), always; the rest with --compile-matrix.
 _ALWAYS = {
     (128, DEFAULT_TILINGS[128]),
     (128, PrefillTiling(2, 64)),
     (128, PrefillTiling(1, 32, 2)),
     (128, PrefillTiling(1, 16, 2, True)),
+    (256, PrefillTiling(1, 32, 1, True)),
 }
 TILING_CASES = [
     pytest.param(
