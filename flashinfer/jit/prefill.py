@@ -23,8 +23,10 @@ MAX_ACCUMULATORS = 192
 # fit exactly, m1kv64's 96 spill)
 MAX_ACCUMULATORS_TWO_CTAS = 80
 # ... and with two tiles' scores (overlap), whose loop holds more besides: head_dim 256
-# m1kv32p's 160 fit; the 192 of head_dim 256 m1kv64p, 64 m2kv64p and 128 m2kv32p spill
+# m1kv32p's 160 fit, m1kv64p's 192 spill; with m_tiles 2, 192 fit (head_dim 64 m2kv64p, 128
+# m2kv32p), the kernel looking V's rows up again each tile past 160 (Tiling::kCarryRows)
 MAX_ACCUMULATORS_OVERLAP = 160
+MAX_ACCUMULATORS_OVERLAP_M2 = 192
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,10 @@ class PrefillTiling:
             )
         if self.ctas == 2:
             limit = MAX_ACCUMULATORS_TWO_CTAS
+        elif self.overlap:
+            limit = MAX_ACCUMULATORS_OVERLAP_M2 if self.m_tiles == 2 else MAX_ACCUMULATORS_OVERLAP
         else:
-            limit = MAX_ACCUMULATORS_OVERLAP if self.overlap else MAX_ACCUMULATORS
+            limit = MAX_ACCUMULATORS
         if accumulators > limit:
             raise ValueError(
                 f"{self.name} at head_dim {head_dim} needs {accumulators} accumulators a "

@@ -78,6 +78,10 @@ struct Tiling {
   // The next tile's S = Q K^T overlaps this tile's softmax (the main loop's second form): a
   // lane holds two tiles' scores, kMTiles * kTileKV / 2 registers more.
   static constexpr bool kOverlap = kOverlap_;
+  // (kOverlap) V's rows are those K's located a step before, carried in registers, but for the
+  // shapes past 160 accumulators (head_dim 64 m2kv64p, 128 m2kv32p: 192), where those
+  // registers spill: there a tile looks V's rows up again.
+  static constexpr bool kCarryRows = kMTiles * (kHeadDim + 2 * kTileKV) / 2 <= 160;
   static_assert(kMinCTAs == 1 || kMinCTAs == 2, "one or two CTAs per SM");
   static_assert(kHeadDim % 64 == 0, "the swizzle needs at least 8 chunks of 16 bytes per row");
   static_assert(kMTiles == 1 || kMTiles == 2, "a warp owns 16 or 32 rows");
@@ -621,7 +625,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     // and loads K of it + 2 and V of it + 1 into the stages tile it - 1 left; one barrier a
     // tile, and the shared memory of two stages.
     // Unrolled by two, so that the two tiles' scores swap roles without register copies,
-    // as do the rows located for K of tile it + 2, which V of tile it + 2 reuses a step later.
+    // as do the rows located for K of tile it + 2, which V of tile it + 2 reuses a step later
+    // (kCarryRows).
     TokenRows ahead = locate(1, bounds), later;
     load_kv(1, ahead, 0, first_rows, true);
     cp_async_commit();
@@ -636,7 +641,11 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       cp_async_wait<0>();  // K of it + 1 and V of it have landed
       __syncthreads();     // for every thread; and every warp is done with tile it - 1
       k_rows = locate(it + 2, cta);
-      load_kv(it + 2, k_rows, it + 1, v_rows, true);
+      if constexpr (Tl::kCarryRows) {
+        load_kv(it + 2, k_rows, it + 1, v_rows, true);
+      } else {
+        load_kv(it + 2, k_rows, it + 1, locate(it + 1, cta), true);
+      }
       cp_async_commit();
       const int stage = it % Tl::kStages, next_stage = (it + 1) % Tl::kStages;
       const int kv0 = cta.lo + it * kTileKV;
