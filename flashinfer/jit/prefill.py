@@ -20,13 +20,17 @@ DTYPES = ("float16", "bfloat16")
 # m2kv64's 192 fit exactly)
 MAX_ACCUMULATORS = 192
 # ... and in 128 registers, for two 256-thread CTAs per SM (ctas=2; head_dim 128 m1kv32's 80
-# fit exactly, m1kv64's 96 spill)
+# fit exactly, m1kv64's 96 spill; with overlap, head_dim 64 m1kv32c2p's 64 fit, 128
+# m1kv16c2p's 80 spill 16 bytes)
 MAX_ACCUMULATORS_TWO_CTAS = 80
-# ... and with two tiles' scores (overlap), whose loop holds more besides: head_dim 256
-# m1kv32p's 160 fit, m1kv64p's 192 spill; with m_tiles 2, 192 fit (head_dim 64 m2kv64p, 128
-# m2kv32p), the kernel looking V's rows up again each tile past 160 (Tiling::kCarryRows)
+MAX_ACCUMULATORS_TWO_CTAS_OVERLAP = 64
+# ... and with two tiles' scores (overlap), whose loop holds more besides (the next tiles' rows
+# and page-table entry): head_dim 256 m1kv32p's 160 fit, m1kv64p's 192 spill; with m_tiles 2
+# and K/V tiles of at most 32 tokens, 192 fit (head_dim 128 m2kv32p), not with 64 (head_dim 64
+# m2kv64p spills 112 bytes)
 MAX_ACCUMULATORS_OVERLAP = 160
 MAX_ACCUMULATORS_OVERLAP_M2 = 192
+MAX_TILE_KV_OVERLAP_M2 = 32
 
 
 @dataclass(frozen=True)
@@ -79,9 +83,10 @@ class PrefillTiling:
                 "two per SM already)"
             )
         if self.ctas == 2:
-            limit = MAX_ACCUMULATORS_TWO_CTAS
+            limit = MAX_ACCUMULATORS_TWO_CTAS_OVERLAP if self.overlap else MAX_ACCUMULATORS_TWO_CTAS
         elif self.overlap:
-            limit = MAX_ACCUMULATORS_OVERLAP_M2 if self.m_tiles == 2 else MAX_ACCUMULATORS_OVERLAP
+            roomy = self.m_tiles == 2 and self.tile_kv <= MAX_TILE_KV_OVERLAP_M2
+            limit = MAX_ACCUMULATORS_OVERLAP_M2 if roomy else MAX_ACCUMULATORS_OVERLAP
         else:
             limit = MAX_ACCUMULATORS
         if accumulators > limit:

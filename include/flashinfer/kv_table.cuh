@@ -41,17 +41,27 @@ __device__ __forceinline__ int64_t request_length(const PageTable& pt, int64_t r
   return (pages - 1) * pt.page_size + last;
 }
 
-// The page of the request's token `token` (-1 when its page id or its position in the page
-// table is out of range; 0 for a contiguous cache), and its slot in that page. `page_size`
-// divides by pt.page_size. Token positions and page sizes are < 2^31 (checked on the host).
-// Branch-free, so that the page-table loads of several tokens issue back to back.
-__device__ __forceinline__ int page_of(const PageTable& pt, const FastDiv& page_size, int page_base,
-                                       int token) {
+// The page-table entry of the request's token `token` as stored (-1 when its position in the
+// table is out of range, or there is no table), and the page an entry names (-1 for an id
+// outside [0, num_pages); 0 for a contiguous cache): two steps, so that a loop can issue a
+// later tile's table load early and check it where it is used. `page_size` divides by
+// pt.page_size. Token positions and page sizes are < 2^31 (checked on the host). Branch-free,
+// so that the page-table loads of several tokens issue back to back.
+__device__ __forceinline__ int page_entry(const PageTable& pt, const FastDiv& page_size,
+                                          int page_base, int token) {
   const int64_t at = int64_t{page_base} + page_size.quotient(static_cast<uint32_t>(token));
   const bool in_table = pt.indices != nullptr && at >= 0 && at < pt.num_indices;
-  const int id = load_if(pt.indices + (in_table ? at : 0), in_table, -1);
+  return load_if(pt.indices + (in_table ? at : 0), in_table, -1);
+}
+__device__ __forceinline__ int entry_page(const PageTable& pt, int entry) {
   if (!pt.indices) return 0;
-  return id < pt.num_pages ? id : -1;
+  return entry < pt.num_pages ? entry : -1;
+}
+// The page of the request's token `token` (page_entry, then entry_page), and (slot_of) its
+// slot in that page.
+__device__ __forceinline__ int page_of(const PageTable& pt, const FastDiv& page_size, int page_base,
+                                       int token) {
+  return entry_page(pt, page_entry(pt, page_size, page_base, token));
 }
 __device__ __forceinline__ int slot_of(const PageTable& pt, const FastDiv& page_size, int token) {
   if (!pt.indices) return token;

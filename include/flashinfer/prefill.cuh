@@ -78,10 +78,6 @@ struct Tiling {
   // The next tile's S = Q K^T overlaps this tile's softmax (the main loop's second form): a
   // lane holds two tiles' scores, kMTiles * kTileKV / 2 registers more.
   static constexpr bool kOverlap = kOverlap_;
-  // (kOverlap) V's rows are those K's located a step before, carried in registers, but for the
-  // shapes past 160 accumulators (head_dim 64 m2kv64p, 128 m2kv32p: 192), where those
-  // registers spill: there a tile looks V's rows up again.
-  static constexpr bool kCarryRows = kMTiles * (kHeadDim + 2 * kTileKV) / 2 <= 160;
   static_assert(kMinCTAs == 1 || kMinCTAs == 2, "one or two CTAs per SM");
   static_assert(kHeadDim % 64 == 0, "the swizzle needs at least 8 chunks of 16 bytes per row");
   static_assert(kMTiles == 1 || kMTiles == 2, "a warp owns 16 or 32 rows");
@@ -328,23 +324,39 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   static_assert(kThreads % kChunks == 0 && kTileRows % kQRowStep == 0 && kThreads % kTileKV == 0 &&
                     kChunks % kTokenThreads == 0,
                 "whole rows per load");
-  // This thread's token of tile `tile`: its K and V rows as pointers to the thread's first
-  // chunk (an unfilled copy names q's first row, which holds a whole head's row of chunks).
+  // This thread's token of tile `tile`: its position (its index in the request, plus the
+  // request's offset into a ragged cache) and whether it is one of the tile's tokens.
+  // (kv0 + token may pass 2^31 - 1 in a request's last tile: the bound is end - kv0 > token,
+  // and a token past it stands at position kv0 instead)
+  struct TokenAt {
+    int position;
+    bool in_range;
+  };
+  auto token_at = [&](int tile, const TileBounds& cta) -> TokenAt {
+    const int token = thread_index() / kTokenThreads;
+    const int kv0 = cta.lo + min(tile, cta.num_tiles - 1) * kTileKV;
+    const bool in_range = tile < cta.num_tiles && token < cta.hi - kv0;
+    return {cta.kv_offset + (in_range ? kv0 + token : kv0), in_range};
+  };
+  // The page-table entry of that token (kv_table.cuh's page_entry), loaded a step before its
+  // rows are located: the load's latency then passes under a tile's math, not at the top of
+  // the next, where every warp would wait for it together.
+  auto entry_ahead = [&](int tile, const TileBounds& cta) {
+    return page_entry(p.pages, p.page_div, cta.page_base, token_at(tile, cta).position);
+  };
+  // Its K and V rows as pointers to the thread's first chunk (an unfilled copy names q's first
+  // row, which holds a whole head's row of chunks), given its page-table entry (entry_ahead).
   struct TokenRows {
     const T* k;
     const T* v;
     bool valid, unscored;
   };
-  auto locate = [&](int tile, const TileBounds& cta) -> TokenRows {
+  auto locate = [&](int tile, const TileBounds& cta, int entry) -> TokenRows {
+    const TokenAt at = token_at(tile, cta);
+    const int page = entry_page(p.pages, entry);
+    const bool valid = at.in_range && page >= 0;
+    const int64_t slot = slot_of(p.pages, p.page_div, at.position);
     const int token = thread_index() / kTokenThreads;
-    // (kv0 + token may pass 2^31 - 1 in a request's last tile: the bound is end - kv0 >
-    // token, and a token past it looks up position kv0 instead)
-    const int kv0 = cta.lo + min(tile, cta.num_tiles - 1) * kTileKV;
-    const bool in_range = tile < cta.num_tiles && token < cta.hi - kv0;
-    const int position = cta.kv_offset + (in_range ? kv0 + token : kv0);
-    const int page = page_of(p.pages, p.page_div, cta.page_base, position);
-    const bool valid = in_range && page >= 0;
-    const int64_t slot = slot_of(p.pages, p.page_div, position);
     const int first =
         TokenChunks<kHeadDim, kTokenThreads>(token, thread_index() % kTokenThreads).first * 8;
     auto row = [&](const KVCache<T>& cache) {
@@ -353,7 +365,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
                     : p.q) +
              first;
     };
-    return {row(p.k), row(p.v), valid, in_range && !valid};
+    return {row(p.k), row(p.v), valid, at.in_range && !valid};
   };
   // Copies K of tile k_tile from `k_at` and (with_v) V of tile v_tile from `v_at` into their
   // stages: the same tile, or (kOverlap) V a tile behind K, whose rows were located with the
@@ -373,7 +385,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     }
   };
   // Prologue: tile 0 (kOverlap: its K), in a commit group of its own.
-  const TokenRows first_rows = locate(0, bounds);
+  const TokenRows first_rows = locate(0, bounds, entry_ahead(0, bounds));
   load_kv(0, first_rows, 0, first_rows, !Tl::kOverlap);
   cp_async_commit();
 
@@ -597,12 +609,18 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   // the warp's keys were computed once, before the loop.
   Scores s;
   if (!Tl::kOverlap) {
+    // (the page-table entry a tile locates the next one's rows from was loaded a tile before;
+    // locating them at the end of the previous tile instead, as the overlapped loop does,
+    // gains little here, where the math of two tiles never overlaps, and costs up to 8
+    // registers: head_dim 128 m1kv32c2 then spills 4 bytes for sm_80 to sm_89)
+    int entry = entry_ahead(1, bounds);  // of tile it + 1
     for (int it = 0; it < shared_bounds->num_tiles; ++it) {
       const TileBounds& cta = *shared_bounds;
       if (it + 1 < cta.num_tiles) {
-        const TokenRows at = locate(it + 1, cta);
+        const TokenRows at = locate(it + 1, cta, entry);
         load_kv(it + 1, at, it + 1, at, true);
       }
+      entry = entry_ahead(it + 2, cta);
       cp_async_commit();
       cp_async_wait<1>();  // tile it has landed (tile it + 1's group may be in flight)
       __syncthreads();
@@ -625,27 +643,31 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     // and loads K of it + 2 and V of it + 1 into the stages tile it - 1 left; one barrier a
     // tile, and the shared memory of two stages.
     // Unrolled by two, so that the two tiles' scores swap roles without register copies,
-    // as do the rows located for K of tile it + 2, which V of tile it + 2 reuses a step later
-    // (kCarryRows).
-    TokenRows ahead = locate(1, bounds), later;
-    load_kv(1, ahead, 0, first_rows, true);
+    // as do the two steps' Lookaheads.
+    // What a step leaves the next, made at its end so that only the copies are left between
+    // the barrier and the math: the rows of K of tile it + 3, those of V of tile it + 2 (the
+    // ones located for its K a step before), and the page-table entry of tile it + 4's token.
+    struct Lookahead {
+      TokenRows k, v;
+      int entry;
+    };
+    const TokenRows rows1 = locate(1, bounds, entry_ahead(1, bounds));
+    Lookahead ahead{locate(2, bounds, entry_ahead(2, bounds)), rows1, entry_ahead(3, bounds)},
+        later;
+    load_kv(1, rows1, 0, first_rows, true);
     cp_async_commit();
     cp_async_wait<1>();  // K of tile 0 has landed
     __syncthreads();
     Scores s_other;
     if (num_tiles > 0 && keys_meet_tile(warp_keys[thread_index() / 32], lo, kTileKV)) qk(0, s);
     // Tile it: its scores in `cur` (when the warp meets it), the next tile's computed into
-    // `nxt`; V of it + 1 copied from `v_rows`, K of it + 2 from rows located into `k_rows`.
-    auto step = [&](int it, Scores& cur, Scores& nxt, const TokenRows& v_rows, TokenRows& k_rows) {
+    // `nxt`; K of it + 2 and V of it + 1 copied from the rows of the previous step's Lookahead
+    // `in`, the next step's left in `out`.
+    auto step = [&](int it, Scores& cur, Scores& nxt, const Lookahead& in, Lookahead& out) {
       const TileBounds& cta = *shared_bounds;
       cp_async_wait<0>();  // K of it + 1 and V of it have landed
       __syncthreads();     // for every thread; and every warp is done with tile it - 1
-      k_rows = locate(it + 2, cta);
-      if constexpr (Tl::kCarryRows) {
-        load_kv(it + 2, k_rows, it + 1, v_rows, true);
-      } else {
-        load_kv(it + 2, k_rows, it + 1, locate(it + 1, cta), true);
-      }
+      load_kv(it + 2, in.k, it + 1, in.v, true);
       cp_async_commit();
       const int stage = it % Tl::kStages, next_stage = (it + 1) % Tl::kStages;
       const int kv0 = cta.lo + it * kTileKV;
@@ -668,6 +690,9 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       } else if (next) {
         qk(next_stage, nxt);
       }
+      out.k = locate(it + 3, cta, in.entry);
+      out.v = in.k;
+      out.entry = entry_ahead(it + 4, cta);
     };
     for (int it = 0; it < shared_bounds->num_tiles; it += 2) {
       step(it, s, s_other, ahead, later);

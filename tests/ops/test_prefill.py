@@ -1298,8 +1298,9 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
         ("128:m1kv48", "tile_kv 16, 32 or 64"),
         ("128-m2kv32", "invalid value '128-m2kv32' for FLASHINFER_PREFILL_TILING"),
         ("128:m1kv64c2", "m1kv64c2 at head_dim 128 needs 96 accumulators a lane; at most 80"),
-        ("128:m2kv64p", "m2kv64p at head_dim 128 needs 256 accumulators a lane; at most 192"),
-        ("128:m1kv32c2p", "m1kv32c2p at head_dim 128 needs 96 accumulators a lane; at most 80"),
+        ("128:m2kv64p", "m2kv64p at head_dim 128 needs 256 accumulators a lane; at most 160"),
+        ("128:m1kv32c2p", "m1kv32c2p at head_dim 128 needs 96 accumulators a lane; at most 64"),
+        ("128:m1kv16c2p", "m1kv16c2p at head_dim 128 needs 80 accumulators a lane; at most 64"),
         ("128:m1kv64q", "invalid value '128:m1kv64q' for FLASHINFER_PREFILL_TILING"),
         ("128:m2kv16c2", "ctas must be 1, or 2 with m_tiles 1"),
         ("128:m1kv16c3", "ctas must be 1, or 2 with m_tiles 1"),
@@ -1312,6 +1313,11 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
         ValueError, match="m1kv64p at head_dim 256 needs 192 accumulators a lane; at most 160"
     ):
         prefill_tiling(256)
+    monkeypatch.setenv("FLASHINFER_PREFILL_TILING", "64:m2kv64p")  # m2: 192 up to kv32 only
+    with pytest.raises(
+        ValueError, match="m2kv64p at head_dim 64 needs 192 accumulators a lane; at most 160"
+    ):
+        prefill_tiling(64)
     monkeypatch.setenv("FLASHINFER_PREFILL_TILING", "128:m2kv64,256:m2kv16")
     assert prefill_tiling(128) == PrefillTiling(2, 64)  # 192 accumulators: the most that fit
     with pytest.raises(ValueError, match="TILING: m2kv16 at head_dim 256 needs 272 accumulators"):
@@ -1323,16 +1329,16 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
 
 
 # Every tiling PrefillTiling.check accepts (FLASHINFER_PREFILL_TILING may select any): head_dim
-# 128's default and those at their register limits, head_dim 128 m2kv64 and m2kv32p, 64
-# m2kv64p and 256 m1kv32p (255 of 255), m1kv32c2 and m1kv16c2p (128 of 128), always; the rest
-# with --compile-matrix.
+# 128's default and those at their register limits, head_dim 128 m2kv64, m2kv32p and m2kv16p
+# and 256 m1kv32p (255 of 255), 128 m1kv32c2 (128 of 128) and 64 m1kv32c2p (125), always; the
+# rest with --compile-matrix.
 _ALWAYS = {
     (128, DEFAULT_TILINGS[128]),
     (128, PrefillTiling(2, 64)),
     (128, PrefillTiling(2, 32, 1, True)),
-    (64, PrefillTiling(2, 64, 1, True)),
+    (128, PrefillTiling(2, 16, 1, True)),
     (128, PrefillTiling(1, 32, 2)),
-    (128, PrefillTiling(1, 16, 2, True)),
+    (64, PrefillTiling(1, 32, 2, True)),
     (256, PrefillTiling(1, 32, 1, True)),
 }
 TILING_CASES = [

@@ -244,15 +244,19 @@ def test_long_kv_is_split_over_ctas_and_merged(emulate) -> None:
     assert module.launches[-1]["grid_merge"] > 0
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_out_of_range_page_ids_are_skipped_not_scored(emulate, causal: bool) -> None:
-    """Page ids past the cache or negative: their tokens are not scored, never read."""
-    emulate(torch.bfloat16, 128, land_at_issue=causal, reverse=not causal)
-    qo_lens, kv_lens, heads, page_size = [5, 40, 1], [70, 100, 33], (8, 2), 16
-    torch.manual_seed(11)
+def _check_broken_pages(
+    qo_lens: list[int],
+    kv_lens: list[int],
+    heads: tuple[int, int],
+    bad_ids: Callable[[int], dict[tuple[int, int], int]],
+    causal: bool,
+) -> None:
+    """Batch paged prefill (head_dim 128, pages of 16, shuffled) after _break_page_ids wrote
+    bad_ids(pages in the cache)'s ids outside the cache: their tokens are not scored."""
+    page_size = 16
     q, ks, vs = _batch_data(qo_lens, kv_lens, *heads, 128, torch.bfloat16, device="cpu")
     cache, indptr, indices, last = _paged_kv(ks, vs, page_size, "NHD", seed=3)
-    bad = {(0, 1): cache.shape[0] + 7, (1, 0): -3, (1, 5): cache.shape[0], (2, 2): 1 << 30}
+    bad = bad_ids(cache.shape[0])
     _break_page_ids(indices, indptr, bad)
     masks = []
     for request, (m, n) in enumerate(zip(qo_lens, kv_lens)):
@@ -274,6 +278,57 @@ def test_out_of_range_page_ids_are_skipped_not_scored(emulate, causal: bool) -> 
     out, lse = torch.full_like(q, NAN), torch.full(q.shape[:2], NAN)
     wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
     _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_out_of_range_page_ids_are_skipped_not_scored(emulate, causal: bool) -> None:
+    """Page ids past the cache or negative: their tokens are not scored, never read."""
+    emulate(torch.bfloat16, 128, land_at_issue=causal, reverse=not causal)
+    torch.manual_seed(11)
+    _check_broken_pages(
+        [5, 40, 1],
+        [70, 100, 33],
+        (8, 2),
+        lambda pages: {(0, 1): pages + 7, (1, 0): -3, (1, 5): pages, (2, 2): 1 << 30},
+        causal,
+    )
+
+
+LOOKAHEAD_TILINGS = [
+    (DEFAULT_TILINGS[128], False),
+    (DEFAULT_TILINGS[128], True),
+    (PrefillTiling(1, 64), True),
+    (PrefillTiling(2, 32, overlap=True), False),
+]
+
+
+@pytest.mark.parametrize(
+    "tiling,land_at_issue",
+    LOOKAHEAD_TILINGS,
+    ids=[f"{t.name}-{'issue' if land else 'wait'}" for t, land in LOOKAHEAD_TILINGS],
+)
+def test_page_entries_looked_up_tiles_ahead(
+    emulate, monkeypatch: pytest.MonkeyPatch, tiling: PrefillTiling, land_at_issue: bool
+) -> None:
+    """One CTA per KV head runs a request's 7 to 14 K/V tiles (a device of two CTAs: no KV
+    split), over shuffled pages with ids outside the cache from the fourth tile on: the
+    page-table entries and rows the loop carries for the tiles two to four ahead
+    (prefill.cuh's Lookahead) are those tiles', and an entry outside the cache is skipped
+    there as anywhere."""
+    module = emulate(
+        torch.bfloat16, 128, tiling, land_at_issue=land_at_issue, reverse=not land_at_issue
+    )
+    monkeypatch.setattr(prefill_api, "_max_ctas", lambda *a: 2)
+    monkeypatch.setattr(prefill_api, "get_device_sm_count", lambda device: 2)
+    torch.manual_seed(tiling.tile_kv + land_at_issue)
+    _check_broken_pages(
+        [6],
+        [448],
+        (4, 2),
+        lambda pages: {(0, 12): pages, (0, 17): -1, (0, 21): pages + 100, (0, 27): 1 << 30},
+        causal=False,
+    )
+    assert module.launches[-1]["grid_merge"] == 0  # one KV chunk: every tile in one CTA
 
 
 @pytest.mark.parametrize("q_len", [1, 3])
