@@ -33,11 +33,10 @@ from tests.ops.test_decode import check_batch_decode
 from tests.ops.test_prefill_gpu import (
     NAN,
     _batch_data,
-    _break_page_ids,
     _check,
+    _check_broken_pages,
     _expected_batch,
     _indptr,
-    _on_broken_pages,
     _paged_kv,
     _randn,
     _rising_keys,
@@ -244,51 +243,17 @@ def test_long_kv_is_split_over_ctas_and_merged(emulate) -> None:
     assert module.launches[-1]["grid_merge"] > 0
 
 
-def _check_broken_pages(
-    qo_lens: list[int],
-    kv_lens: list[int],
-    heads: tuple[int, int],
-    bad_ids: Callable[[int], dict[tuple[int, int], int]],
-    causal: bool,
-) -> None:
-    """Batch paged prefill (head_dim 128, pages of 16, shuffled) after _break_page_ids wrote
-    bad_ids(pages in the cache)'s ids outside the cache: their tokens are not scored."""
-    page_size = 16
-    q, ks, vs = _batch_data(qo_lens, kv_lens, *heads, 128, torch.bfloat16, device="cpu")
-    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, "NHD", seed=3)
-    bad = bad_ids(cache.shape[0])
-    _break_page_ids(indices, indptr, bad)
-    masks = []
-    for request, (m, n) in enumerate(zip(qo_lens, kv_lens)):
-        rows, cols = torch.arange(m)[:, None], torch.arange(n)
-        visible = cols <= rows + n - m if causal else torch.ones(m, n, dtype=torch.bool)
-        masks.append(visible & ~_on_broken_pages(request, n, page_size, bad, device="cpu"))
-    wrapper = prefill_api.BatchPrefillWithPagedKVCacheWrapper(_workspace())
-    wrapper.plan(
-        _indptr(qo_lens),
-        indptr,
-        indices,
-        last,
-        *heads,
-        128,
-        page_size,
-        causal=causal,
-        q_data_type=torch.bfloat16,
-    )
-    out, lse = torch.full_like(q, NAN), torch.full(q.shape[:2], NAN)
-    wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
-    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks))
-
-
 @pytest.mark.parametrize("causal", [False, True])
 def test_out_of_range_page_ids_are_skipped_not_scored(emulate, causal: bool) -> None:
     """Page ids past the cache or negative: their tokens are not scored, never read."""
     emulate(torch.bfloat16, 128, land_at_issue=causal, reverse=not causal)
     torch.manual_seed(11)
     _check_broken_pages(
+        prefill_api,
+        _workspace(),
         [5, 40, 1],
         [70, 100, 33],
-        (8, 2),
+        128,
         lambda pages: {(0, 1): pages + 7, (1, 0): -3, (1, 5): pages, (2, 2): 1 << 30},
         causal,
     )
@@ -322,9 +287,11 @@ def test_page_entries_looked_up_tiles_ahead(
     monkeypatch.setattr(prefill_api, "get_device_sm_count", lambda device: 2)
     torch.manual_seed(tiling.tile_kv + land_at_issue)
     _check_broken_pages(
+        prefill_api,
+        _workspace(),
         [6],
         [448],
-        (4, 2),
+        128,
         lambda pages: {(0, 12): pages, (0, 17): -1, (0, 21): pages + 100, (0, 27): 1 << 30},
         causal=False,
     )

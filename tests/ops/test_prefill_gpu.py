@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import itertools
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -506,28 +506,31 @@ def test_batch_paged_prefill_matches_the_reference(
         assert torch.equal(wrapper.run(q, pair), out)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("head_dim,causal", [(64, False), (128, True), (256, True)])
-def test_out_of_range_page_ids_are_skipped_not_scored(prefill, head_dim: int, causal: bool) -> None:
-    """A page id past the cache or negative: its tokens are not scored (as decode skips
-    them), so the result is attention over the other tokens, causal positions unchanged."""
-    dtype, qo_heads, kv_heads, page_size = torch.bfloat16, 8, 2, 16
-    qo_lens, kv_lens = [5, 40, 1], [70, 100, 33]
-    torch.manual_seed(head_dim)
-    q, ks, vs = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype)
+def _check_broken_pages(
+    module: ModuleType,
+    workspace: torch.Tensor,
+    qo_lens: list[int],
+    kv_lens: list[int],
+    head_dim: int,
+    bad_ids: Callable[[int], dict[tuple[int, int], int]],
+    causal: bool,
+) -> None:
+    """Batch paged prefill (bf16, 8 query / 2 KV heads, shuffled NHD pages of 16, on the
+    workspace's device) after _break_page_ids wrote bad_ids(pages in the cache)'s ids outside
+    the cache: their tokens are not scored (as decode skips them), so the result is
+    attention over the other tokens, causal positions unchanged."""
+    device, dtype, qo_heads, kv_heads, page_size = workspace.device.type, torch.bfloat16, 8, 2, 16
+    q, ks, vs = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype, device)
     cache, indptr, indices, last = _paged_kv(ks, vs, page_size, "NHD", seed=3)
-    num_pages = cache.shape[0]
-    bad = {(0, 1): num_pages + 7, (1, 0): -3, (1, 5): num_pages, (2, 2): 1 << 30}
+    bad = bad_ids(cache.shape[0])
     _break_page_ids(indices, indptr, bad)
     masks = []
     for request, (m, n) in enumerate(zip(qo_lens, kv_lens)):
-        rows, cols = torch.arange(m, device="cuda")[:, None], torch.arange(n, device="cuda")
-        visible = (
-            cols <= rows + n - m if causal else torch.ones(m, n, dtype=torch.bool, device="cuda")
-        )
-        skipped = _on_broken_pages(request, n, page_size, bad)
-        masks.append(visible & ~skipped)
-    wrapper = prefill.BatchPrefillWithPagedKVCacheWrapper(_workspace())
+        rows, cols = torch.arange(m, device=device)[:, None], torch.arange(n, device=device)
+        everything = torch.ones(m, n, dtype=torch.bool, device=device)
+        visible = cols <= rows + n - m if causal else everything
+        masks.append(visible & ~_on_broken_pages(request, n, page_size, bad, device=device))
+    wrapper = module.BatchPrefillWithPagedKVCacheWrapper(workspace)
     wrapper.plan(
         _indptr(qo_lens),
         indptr,
@@ -540,9 +543,51 @@ def test_out_of_range_page_ids_are_skipped_not_scored(prefill, head_dim: int, ca
         causal=causal,
         q_data_type=dtype,
     )
-    out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
+    out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device=device)
     wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
     _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,causal", [(64, False), (128, True), (256, True)])
+def test_out_of_range_page_ids_are_skipped_not_scored(prefill, head_dim: int, causal: bool) -> None:
+    """A page id past the cache or negative: its tokens are not scored."""
+    torch.manual_seed(head_dim)
+    _check_broken_pages(
+        prefill,
+        _workspace(),
+        [5, 40, 1],
+        [70, 100, 33],
+        head_dim,
+        lambda pages: {(0, 1): pages + 7, (1, 0): -3, (1, 5): pages, (2, 2): 1 << 30},
+        causal,
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,causal", [(64, True), (128, False), (128, True), (256, False)])
+def test_page_entries_looked_up_tiles_ahead(
+    prefill, monkeypatch: pytest.MonkeyPatch, head_dim: int, causal: bool
+) -> None:
+    """One CTA per query tile and KV head walks all of a request's 47 to 188 K/V tiles (the
+    planner is told the device holds two CTAs, so it splits no KV), over shuffled pages with
+    ids outside the cache here and there: the page-table entries and rows the loop carries
+    tiles ahead (prefill.cuh's Lookahead) are those tiles', and an entry outside the cache
+    is skipped there as anywhere."""
+    monkeypatch.setattr(prefill, "_max_ctas", lambda *a: 2)
+    torch.manual_seed(head_dim + causal)
+    _check_broken_pages(
+        prefill,
+        _workspace(),
+        [3, 60],
+        [3000, 1700],
+        head_dim,
+        lambda pages: {
+            **{(0, page): pages + page for page in (5, 13, 14, 40, 99, 150, 187)},
+            **{(1, page): -1 - page for page in (0, 20, 21, 22, 23, 105)},
+        },
+        causal,
+    )
 
 
 def _accepted_tilings() -> list[tuple[int, str]]:
