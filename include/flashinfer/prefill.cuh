@@ -609,21 +609,23 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   // the warp's keys were computed once, before the loop.
   Scores s;
   if (!Tl::kOverlap) {
-    // (the page-table entry a tile locates the next one's rows from was loaded a tile before;
-    // locating them at the end of the previous tile instead, as the overlapped loop does,
-    // gains little here, where the math of two tiles never overlaps, and costs up to 8
-    // registers: head_dim 128 m1kv32c2 then spills 4 bytes for sm_80 to sm_89)
+    // One barrier a tile. Tile it + 1's rows are located before it, while other warps may
+    // still run tile it - 1's math on the tensor cores, and copied after it, into the stage
+    // tile it - 1 left (every warp is past it then); the copies stay a whole tile ahead of
+    // their use. The page-table entry they are located from was loaded a tile before.
     int entry = entry_ahead(1, bounds);  // of tile it + 1
-    for (int it = 0; it < shared_bounds->num_tiles; ++it) {
+    // (the loop's test reads the tile count afresh: with no barrier between the top of a
+    // tile and its end, the compiler would keep the count read after the barrier through
+    // the math, and head_dim 128 m2kv64, at 255 registers, spills it)
+    const volatile int* const num_tiles_now = &shared_bounds->num_tiles;
+    for (int it = 0; it < *num_tiles_now; ++it) {
       const TileBounds& cta = *shared_bounds;
-      if (it + 1 < cta.num_tiles) {
-        const TokenRows at = locate(it + 1, cta, entry);
-        load_kv(it + 1, at, it + 1, at, true);
-      }
+      const TokenRows at = locate(it + 1, cta, entry);
       entry = entry_ahead(it + 2, cta);
+      cp_async_wait<0>();  // tile it has landed
+      __syncthreads();     // for every thread; and every warp is done with tile it - 1
+      load_kv(it + 1, at, it + 1, at, true);  // (past the last tile: zeros no one reads)
       cp_async_commit();
-      cp_async_wait<1>();  // tile it has landed (tile it + 1's group may be in flight)
-      __syncthreads();
       const int stage = it % Tl::kStages;
       if (keys_meet_tile(warp_keys[thread_index() / 32], cta.lo + it * kTileKV, kTileKV)) {
         qk(stage, s);
@@ -633,7 +635,6 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
         softmax(s, unit, factor, moved);
         pv(stage, s, factor, moved);
       }
-      __syncthreads();  // the stage just read is a later iteration's load target
     }
   } else {
     // Software-pipelined (FlashAttention-3's intra-warp overlap, on mma.sync): while a tile's
