@@ -548,20 +548,28 @@ def _check_broken_pages(
     _check(out, lse, _expected_batch(q, qo_lens, ks, vs, masks))
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("head_dim,causal", [(64, False), (128, True), (256, True)])
-def test_out_of_range_page_ids_are_skipped_not_scored(prefill, head_dim: int, causal: bool) -> None:
-    """A page id past the cache or negative: its tokens are not scored."""
-    torch.manual_seed(head_dim)
+def _check_out_of_range_page_ids(
+    module: ModuleType, workspace: torch.Tensor, head_dim: int, causal: bool
+) -> None:
+    """_check_broken_pages on three requests with a page id past the cache, one at its size,
+    a negative one and a huge one (the GPU and the emulated test's case)."""
     _check_broken_pages(
-        prefill,
-        _workspace(),
+        module,
+        workspace,
         [5, 40, 1],
         [70, 100, 33],
         head_dim,
         lambda pages: {(0, 1): pages + 7, (1, 0): -3, (1, 5): pages, (2, 2): 1 << 30},
         causal,
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,causal", [(64, False), (128, True), (256, True)])
+def test_out_of_range_page_ids_are_skipped_not_scored(prefill, head_dim: int, causal: bool) -> None:
+    """A page id past the cache or negative: its tokens are not scored."""
+    torch.manual_seed(head_dim)
+    _check_out_of_range_page_ids(prefill, _workspace(), head_dim, causal)
 
 
 @pytest.mark.gpu
