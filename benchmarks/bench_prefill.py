@@ -6,10 +6,13 @@ Reports TFLOP/s (a causal mask counts the visible pairs only), the ratio to torc
 share of the device's dense bf16 tensor-core peak. Results go to
 benchmarks/results/prefill.md. Without a GPU it says so and exits 0.
 Usage: python benchmarks/bench_prefill.py [--output FILE] [--probe] [--head_dim D]
-[--tilings all|m2kv32,m1kv64c2,...]. --probe adds rows that tell the batch case's costs
-apart: the same batch over ragged (contiguous) K/V, and over pages of 1 and of 64 tokens.
---tilings runs every case once per kernel tiling (docs/attention.md), in this process;
-without it the tiling is FLASHINFER_PREFILL_TILING's or the default.
+[--tilings all|m2kv32,m1kv64c2,...|fastest:FILE]. --probe adds rows that tell the batch
+case's costs apart: the same batch over ragged (contiguous) K/V, and over pages of 1 and of 64
+tokens. --tilings runs every case once per kernel tiling (docs/attention.md), in this process,
+and names the fastest (the best geometric mean of the single and batch paged speedups);
+fastest:FILE runs the one an earlier --tilings table FILE named, so one device command can
+measure every tiling and then record the winner. Without --tilings the tiling is
+FLASHINFER_PREFILL_TILING's or the default.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import math
+import re
 import sys
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -100,10 +106,45 @@ def row(
     )
 
 
+FASTEST_FACT = "fastest tiling (geometric mean of the single and batch paged speedups)"
+
+
+def fastest(table: Sequence[tuple[str, ...]], cases_per_tiling: int) -> tuple[str, float]:
+    """The tiling whose target cases (CASES, the first rows of each tiling's run) have the best
+    geometric mean speedup over torch, and that mean."""
+    means = {}
+    for first in range(0, len(table), cases_per_tiling):
+        targets = table[first : first + len(CASES)]
+        speedups = [float(r[-1].removeprefix("x")) for r in targets]
+        means[targets[0][0]] = math.prod(speedups) ** (1 / len(speedups))
+    name = max(means, key=means.__getitem__)
+    return name, means[name]
+
+
+def recorded_fastest(path: Path, head_dim: int) -> str:
+    """The tiling an earlier --tilings table at ``path`` (for ``head_dim``) named fastest."""
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise SystemExit(f"--tilings fastest:{path}: {err}") from None
+    pattern = rf"^- {re.escape(FASTEST_FACT)}: (\S+) at head_dim (\d+)"
+    match = re.search(pattern, text, re.MULTILINE)
+    if match is None:
+        raise SystemExit(f"--tilings fastest:{path}: no '{FASTEST_FACT}' line in it")
+    if int(match.group(2)) != head_dim:
+        raise SystemExit(
+            f"--tilings fastest:{path}: it measured head_dim {match.group(2)}, not {head_dim}"
+        )
+    return match.group(1)
+
+
 def parse_tilings(spec: str, head_dim: int) -> list[PrefillTiling]:
-    """``all`` (every tiling the kernel takes at ``head_dim``) or names like m2kv32, m1kv64c2."""
+    """``all`` (every tiling the kernel takes at ``head_dim``), names like m2kv32, m1kv64c2, or
+    ``fastest:FILE`` (the one a --tilings table names)."""
     if spec == "all":
         return accepted_tilings(head_dim)
+    if spec.startswith("fastest:"):
+        spec = recorded_fastest(Path(spec.removeprefix("fastest:")), head_dim)
     tilings = []
     for name in spec.split(","):
         tiling = PrefillTiling.from_name(name.strip())
@@ -170,7 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--head_dim", type=int, choices=HEAD_DIMS, default=128)
     parser.add_argument(
-        "--tilings", default=None, help="'all' or comma-separated names such as m1kv64,m2kv32"
+        "--tilings",
+        default=None,
+        help="'all', comma-separated names such as m1kv64,m2kv32, or fastest:FILE",
     )
     args = script_args("bench_prefill.py", "prefill.md", argv=argv, parser=parser)
     if args is None:
@@ -195,6 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if peak
         else "no data-sheet peak known for this device: no share"
     )
+    table = rows(cases, tilings, head_dim, peak)
+    fastest_note = []
+    if tilings is not None and len(tilings) > 1:
+        name, mean = fastest(table, len(cases))
+        fastest_note = [f"{FASTEST_FACT}: {name} at head_dim {head_dim}, x{mean:.2f}"]
     write_report(
         args.output,
         "Prefill attention benchmark (GPU)",
@@ -212,6 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "gathered once, before timing)",
             peak_note,
             tiling_note,
+            *fastest_note,
             f"command: `python benchmarks/bench_prefill.py{command_flags(args)}` "
             "(flashinfer_benchmark.py routines, backends fa2 and flash)",
         ],
@@ -227,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "speedup",
         ],
         "lllrrrrrr",
-        rows(cases, tilings, head_dim, peak),
+        table,
     )
     return 0
 

@@ -921,6 +921,54 @@ def test_bench_scripts_write_their_tables(
     capsys.readouterr()
 
 
+def test_bench_prefill_names_the_fastest_tiling_and_runs_it(
+    fake_gpu_measure,  # noqa: ANN001
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--tilings names the tiling with the best geometric mean of the single and batch paged
+    speedups (probe rows do not count); --tilings fastest:FILE then runs that one alone, and
+    refuses a table of another head_dim or one without the line."""
+    import bench_prefill
+
+    # measure() calls, per tiling: single, batch paged, then the 3 probe rows. m1kv64 wins
+    # the single case by most, m2kv32 the geometric mean; m1kv32 wins only a probe row.
+    ours_ms = {
+        "m1kv32": [2.0, 2.0, 0.1, 0.1, 0.1],
+        "m1kv64": [0.5, 3.0, 1.0, 1.0, 1.0],
+        "m2kv32": [1.0, 1.0, 1.0, 1.0, 1.0],
+    }
+    times = iter(t for name in ours_ms for t in ours_ms[name])
+
+    def measure(routine: str, flags: list[str], backends=("fa2",), **_: Any):  # noqa: ANN001, ANN202
+        fake_gpu_measure.append(flags)
+        ours = next(times)
+        return {
+            "fa2": {"median_time": ours, "tflops": 1.0, "case": "shape"},
+            "flash": {"median_time": 1.0, "tflops": 1.0, "case": "shape"},
+        }
+
+    monkeypatch.setattr(bench_prefill, "measure", measure)
+    tilings = tmp_path / "tilings.md"
+    argv = ["--probe", "--tilings", ",".join(ours_ms), "--output", str(tilings)]
+    assert bench_prefill.main(argv) == 0
+    line = f"- {bench_prefill.FASTEST_FACT}: m2kv32 at head_dim 128, x1.00"
+    assert line in tilings.read_text().splitlines()
+
+    times = iter([1.0, 1.0])
+    winner = tmp_path / "winner.md"
+    assert bench_prefill.main(["--tilings", f"fastest:{tilings}", "--output", str(winner)]) == 0
+    rows = [r for r in winner.read_text().splitlines() if r.startswith("| m")]
+    assert [r.split(" | ")[0] for r in rows] == ["| m2kv32"] * 2
+    assert bench_prefill.FASTEST_FACT not in winner.read_text()  # one tiling: nothing to rank
+    with pytest.raises(SystemExit, match="it measured head_dim 128, not 64"):
+        bench_prefill.main(["--head_dim", "64", "--tilings", f"fastest:{tilings}"])
+    with pytest.raises(SystemExit, match="no 'fastest tiling"):
+        bench_prefill.main(["--tilings", f"fastest:{winner}"])
+    capsys.readouterr()
+
+
 # -- GPU ------------------------------------------------------------------------------------------
 
 
