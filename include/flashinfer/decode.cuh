@@ -73,13 +73,20 @@ __device__ __forceinline__ bool work_item(const WorkList& w, const PageTable& pt
   int64_t request = 0, chunk = i, chunks = gridDim.x, tmp_row = w.single_split ? i : -1;
   int64_t length = w.single_len, chunk_tokens = w.chunk_tokens;
   if (w.plan) {
-    if (i >= w.plan[0]) return false;
-    chunk_tokens = max(w.plan[1], 1);
+    // i < gridDim.x <= capacity (checked on the host), so the item's words lie in the plan
+    // whatever its count says. The test reads every word (one outside the planner's range
+    // skips the item too), so that they all load with the count, not a round trip after it:
+    // the compiler moves a load the test does not read below it, where alone it is used.
+    // The page table is read only once the item is known to be one.
     const int32_t* a = w.plan + 2;
-    request = a[i];
-    chunk = a[w.capacity + i];
-    chunks = a[2 * w.capacity + i];
-    tmp_row = a[3 * w.capacity + i];
+    const int32_t tokens = w.plan[1], r = a[i], c = a[w.capacity + i];
+    const int32_t n = a[2 * w.capacity + i], tmp = a[3 * w.capacity + i];
+    if ((i >= w.plan[0]) | (min(min(tokens, r), c) < 0) | (n < 1) | (tmp < -1)) return false;
+    chunk_tokens = max(tokens, 1);
+    request = r;
+    chunk = c;
+    chunks = n;
+    tmp_row = tmp;
     length = request_length(pt, request);
   }
   const int64_t begin = w.window_left >= 0 ? max(int64_t{0}, length - w.window_left - 1) : 0;

@@ -33,12 +33,13 @@ struct PageTable {
 
 // The request's KV length from the page table: full pages plus the filled part of the last
 // one (clamped to [0, page_size], so a bad length never reaches past the request's pages).
+// last_page_len is read even for a request without pages (every request has its entry), so
+// its load issues with indptr's, not a round trip after them.
 __device__ __forceinline__ int64_t request_length(const PageTable& pt, int64_t request) {
   const int64_t pages = static_cast<int64_t>(pt.indptr[request + 1]) - pt.indptr[request];
-  if (pages <= 0) return 0;
   const int64_t last =
       min(max(static_cast<int64_t>(pt.last_page_len[request]), int64_t{0}), pt.page_size);
-  return (pages - 1) * pt.page_size + last;
+  return pages > 0 ? (pages - 1) * pt.page_size + last : 0;
 }
 
 // The page-table entry of the request's token `token` as stored (-1 when its position in the

@@ -160,14 +160,24 @@ struct Item {
 
 __device__ __forceinline__ bool work_item(const WorkList& w, int i, Item* item) {
   if (w.plan) {
-    if (i >= w.plan[0]) return false;
+    // i < gridDim.x <= capacity (checked on the host), so the item's words lie in the plan
+    // whatever its count says. The test reads every word (one outside the planner's range
+    // skips the item too), so that they all load with the count, not a round trip after it:
+    // the compiler moves a load the test does not read below it, where alone it is used.
     const int32_t* a = w.plan + 2;
-    *item = {a[i],
-             a[w.capacity + i],
-             a[2 * w.capacity + i],
-             a[3 * w.capacity + i],
-             a[4 * w.capacity + i],
-             max(w.plan[1], 1)};
+    const Item loaded{a[i],
+                      a[w.capacity + i],
+                      a[2 * w.capacity + i],
+                      a[3 * w.capacity + i],
+                      a[4 * w.capacity + i],
+                      w.plan[1]};
+    if ((i >= w.plan[0]) |
+        (min(min(loaded.request, loaded.q_tile), min(loaded.chunk, loaded.chunk_tokens)) < 0) |
+        (loaded.chunks < 1) | (loaded.tmp_base < -1)) {
+      return false;
+    }
+    *item = loaded;
+    item->chunk_tokens = max(loaded.chunk_tokens, 1);
     return true;
   }
   // The grid is exactly the items; the last query tiles go first (under a causal mask they see

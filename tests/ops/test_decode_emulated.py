@@ -133,6 +133,29 @@ def test_two_wrappers_sharing_a_float_workspace_keep_their_own_schedules(emulate
     check_decoded(out, lse, q_a, ks_a, vs_a, dim**-0.5)
 
 
+def test_cuda_graph_grid_past_the_plans_items(emulate) -> None:
+    """In CUDA-graph mode the grid is the capacity (batch plus the split chunks a GPU
+    holds), past the plan's items: those CTAs (their item words zeroed) write nothing,
+    neither output rows nor the partial states of request 0's chunks."""
+    dtype, heads, kv_heads, dim, page_size = torch.bfloat16, 4, 2, 128, 16
+    module = emulate(dtype, dim)
+    q, ks, vs, cache, (indptr, indices, last) = paged_decode_batch(
+        "cpu", [700, 5], heads, kv_heads, dim, page_size, "NHD", dtype, seed=3
+    )
+    wrapper = decode_api.BatchDecodeWithPagedKVCacheWrapper(
+        _workspace(),
+        use_cuda_graph=True,
+        paged_kv_indptr_buffer=torch.zeros_like(indptr),
+        paged_kv_indices_buffer=torch.zeros_like(indices),
+        paged_kv_last_page_len_buffer=torch.zeros_like(last),
+    )
+    wrapper.plan(indptr, indices, last, heads, kv_heads, dim, page_size, q_data_type=dtype)
+    out, lse = wrapper.run(q, cache, return_lse=True)
+    check_decoded(out, lse, q, ks, vs, dim**-0.5)
+    launch, schedule = module.launches[-1], wrapper._plan_info.schedule
+    assert launch["grid_work"] > schedule.num_work and schedule.num_merge == 1
+
+
 @pytest.mark.parametrize(
     "kv_len,qo_heads,kv_heads,head_dim,layout,dtype",
     [

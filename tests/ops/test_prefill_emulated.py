@@ -244,6 +244,46 @@ def test_long_kv_is_split_over_ctas_and_merged(emulate) -> None:
     assert module.launches[-1]["grid_merge"] > 0
 
 
+def test_cuda_graph_grid_past_the_plans_items(emulate) -> None:
+    """In CUDA-graph mode the grid is the first plan's capacity: after a re-plan with fewer
+    work items, split over KV chunks, the CTAs past the plan's count (their item words
+    zeroed) write nothing, neither output rows nor the chunks' partial states."""
+    module = emulate(torch.bfloat16, 128)
+    torch.manual_seed(17)
+    heads, page_size, batch = (4, 2), 16, 2
+    num_pages = 64
+    wrapper = prefill_api.BatchPrefillWithPagedKVCacheWrapper(
+        _workspace(),
+        use_cuda_graph=True,
+        qo_indptr_buf=torch.zeros(batch + 1, dtype=torch.int32),
+        paged_kv_indptr_buf=torch.zeros(batch + 1, dtype=torch.int32),
+        paged_kv_indices_buf=torch.zeros(num_pages, dtype=torch.int32),
+        paged_kv_last_page_len_buf=torch.zeros(batch, dtype=torch.int32),
+    )
+    items = []
+    for qo_lens, kv_lens in (([130, 90], [300, 200]), ([3, 1], [700, 9])):
+        q, ks, vs = _batch_data(qo_lens, kv_lens, *heads, 128, torch.bfloat16, device="cpu")
+        cache, indptr, indices, last = _paged_kv(ks, vs, page_size, "NHD", seed=len(items))
+        wrapper.plan(
+            _indptr(qo_lens),
+            indptr,
+            indices,
+            last,
+            *heads,
+            128,
+            page_size,
+            causal=True,
+            q_data_type=torch.bfloat16,
+        )
+        out, lse = torch.full_like(q, NAN), torch.full(q.shape[:2], NAN)
+        wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
+        _check(out, lse, _expected_batch(q, qo_lens, ks, vs, causal=True))
+        launch = module.launches[-1]
+        items.append((launch["grid_work"], wrapper._plan_info.schedule.num_work))
+    (first_grid, first_items), (grid, planned) = items
+    assert first_grid == grid >= first_items > planned and launch["grid_merge"] > 0
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_out_of_range_page_ids_are_skipped_not_scored(emulate, causal: bool) -> None:
     """Page ids past the cache or negative: their tokens are not scored, never read."""
