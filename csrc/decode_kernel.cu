@@ -26,9 +26,8 @@ cudaError_t decode_launch(const DecodeKV& kv, const DecodeLaunch& l, cudaStream_
                           l.window_left, l.single_len,    l.grid_work > 1};
   fc::MergeSchedule merge{};
   if (l.plan) {
-    // after [num_work, chunk_tokens, 4 x work_capacity]:
-    // [num_merge, merge_rows[cap], merge_indptr[cap + 1]]
-    const int32_t* m = l.plan + 2 + 4 * l.work_capacity;
+    // [num_merge, merge_row[M], merge_indptr[M + 1]] (schedule.cuh)
+    const int32_t* m = fd::Schedule::merge_section(l.plan, l.work_capacity);
     merge = {m, m + 1 + l.merge_capacity, m + 1, 0};
   } else {
     merge = {nullptr, nullptr, nullptr, l.grid_work};

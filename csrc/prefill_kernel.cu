@@ -40,9 +40,8 @@ cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
   fc::MergeSchedule merge{};
   int64_t merge_positions = 0;
   if (l.plan) {
-    // after [num_work, chunk_tokens, 5 x work_capacity]:
-    // [num_merge, merge_row[cap], merge_indptr[cap + 1]]
-    const int32_t* m = l.plan + 2 + 5 * l.work_capacity;
+    // [num_merge, merge_row[M], merge_indptr[M + 1]] (schedule.cuh)
+    const int32_t* m = fp::Schedule::merge_section(l.plan, l.work_capacity);
     merge = {m, m + 1 + l.merge_capacity, m + 1, 0};
     merge_positions = l.grid_merge;
   } else if (l.single_chunks > 1) {

@@ -44,6 +44,7 @@
 #include "flashinfer/kv_table.cuh"
 #include "flashinfer/pdl.cuh"
 #include "flashinfer/ptx.cuh"
+#include "flashinfer/schedule.cuh"
 #include "flashinfer/vec.cuh"
 
 namespace flashinfer {
@@ -51,10 +52,12 @@ namespace decode {
 
 constexpr int kVec = 8;  // elements per 16-byte vector (16-bit types)
 
-// The schedule. Batch mode: plan points at [num_work, chunk_tokens, request[cap],
-// chunk[cap], num_chunks[cap], tmp_row[cap]] on the device (tmp_row -1: write the output
-// directly). Single mode (plan null): request 0 of length `single_len` in gridDim.x chunks of
+// The schedule. Batch mode: plan points at the packed schedule (schedule.cuh) on the device,
+// its work columns request, chunk, num_chunks and tmp_row (-1: write the output directly).
+// Single mode (plan null): request 0 of length `single_len` in gridDim.x chunks of
 // `chunk_tokens`, chunk c = blockIdx.x written to tmp row c when split.
+using Schedule = PackedSchedule<0, 0, 1, -1>;
+
 struct WorkList {
   const int32_t* plan;
   int64_t capacity;
@@ -73,20 +76,15 @@ __device__ __forceinline__ bool work_item(const WorkList& w, const PageTable& pt
   int64_t request = 0, chunk = i, chunks = gridDim.x, tmp_row = w.single_split ? i : -1;
   int64_t length = w.single_len, chunk_tokens = w.chunk_tokens;
   if (w.plan) {
-    // i < gridDim.x <= capacity (checked on the host), so the item's words lie in the plan
-    // whatever its count says. The test reads every word (one outside the planner's range
-    // skips the item too), so that they all load with the count, not a round trip after it:
-    // the compiler moves a load the test does not read below it, where alone it is used.
+    int32_t word[Schedule::kColumns];
+    int tokens;
+    if (!Schedule::item(w.plan, w.capacity, i, word, &tokens)) return false;
+    request = word[0];
+    chunk = word[1];
+    chunks = word[2];
+    tmp_row = word[3];
+    chunk_tokens = tokens;
     // The page table is read only once the item is known to be one.
-    const int32_t* a = w.plan + 2;
-    const int32_t tokens = w.plan[1], r = a[i], c = a[w.capacity + i];
-    const int32_t n = a[2 * w.capacity + i], tmp = a[3 * w.capacity + i];
-    if ((i >= w.plan[0]) | (min(min(tokens, r), c) < 0) | (n < 1) | (tmp < -1)) return false;
-    chunk_tokens = max(tokens, 1);
-    request = r;
-    chunk = c;
-    chunks = n;
-    tmp_row = tmp;
     length = request_length(pt, request);
   }
   const int64_t begin = w.window_left >= 0 ? max(int64_t{0}, length - w.window_left - 1) : 0;

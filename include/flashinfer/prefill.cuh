@@ -43,6 +43,7 @@
 #include "flashinfer/pdl.cuh"
 #include "flashinfer/prefill_mask.h"
 #include "flashinfer/ptx.cuh"
+#include "flashinfer/schedule.cuh"
 #include "flashinfer/swizzle.h"
 
 namespace flashinfer {
@@ -143,10 +144,11 @@ struct PrefillParams {
   int64_t single_qo_len, single_kv_len;
 };
 
-// Batch mode: plan points at [num_work, chunk_tokens, request[cap], q_tile[cap], chunk[cap],
-// chunks[cap], tmp_base[cap], num_merge, merge_row[mcap], merge_indptr[mcap + 1]] (see
-// prefill_schedule.py). Single mode (plan null): item i is q tile i / single_chunks, chunk
-// i % single_chunks.
+// Batch mode: plan points at the packed schedule (schedule.cuh) on the device, its work
+// columns request, q_tile, chunk, chunks and tmp_base (see prefill_schedule.py). Single mode
+// (plan null): item i is q tile i / single_chunks, chunk i % single_chunks.
+using Schedule = PackedSchedule<0, 0, 0, 1, -1>;
+
 struct WorkList {
   const int32_t* plan;
   int64_t capacity;
@@ -160,24 +162,10 @@ struct Item {
 
 __device__ __forceinline__ bool work_item(const WorkList& w, int i, Item* item) {
   if (w.plan) {
-    // i < gridDim.x <= capacity (checked on the host), so the item's words lie in the plan
-    // whatever its count says. The test reads every word (one outside the planner's range
-    // skips the item too), so that they all load with the count, not a round trip after it:
-    // the compiler moves a load the test does not read below it, where alone it is used.
-    const int32_t* a = w.plan + 2;
-    const Item loaded{a[i],
-                      a[w.capacity + i],
-                      a[2 * w.capacity + i],
-                      a[3 * w.capacity + i],
-                      a[4 * w.capacity + i],
-                      w.plan[1]};
-    if ((i >= w.plan[0]) |
-        (min(min(loaded.request, loaded.q_tile), min(loaded.chunk, loaded.chunk_tokens)) < 0) |
-        (loaded.chunks < 1) | (loaded.tmp_base < -1)) {
-      return false;
-    }
-    *item = loaded;
-    item->chunk_tokens = max(loaded.chunk_tokens, 1);
+    int32_t word[Schedule::kColumns];
+    int tokens;
+    if (!Schedule::item(w.plan, w.capacity, i, word, &tokens)) return false;
+    *item = {word[0], word[1], word[2], word[3], word[4], tokens};
     return true;
   }
   // The grid is exactly the items; the last query tiles go first (under a causal mask they see
