@@ -21,6 +21,27 @@ ALIGN = 256  # bytes: each workspace region starts at a multiple of this offset
 # reference library's sizes).
 INT_WORKSPACE_BYTES = 8 << 20
 BACKENDS = ("auto", "fa2")
+# grid.y: the KV heads of the attention kernels, the query heads of their merges
+MAX_GRID_Y = 65535
+
+
+def check_heads(
+    num_qo_heads: Any, num_kv_heads: Any, head_dim: Any, head_dims: tuple[int, ...]
+) -> int:
+    """The GQA group size, after checking the head counts and that ``head_dim`` is one of
+    the family's ``head_dims``."""
+    checks.check_int("num_qo_heads", num_qo_heads, 1, MAX_GRID_Y)
+    checks.check_int("num_kv_heads", num_kv_heads, 1)
+    if head_dim not in head_dims:
+        raise ValueError(
+            f"head_dim must be one of {', '.join(map(str, head_dims))}, got {head_dim}"
+        )
+    if num_qo_heads % num_kv_heads:
+        raise ValueError(
+            f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
+            f"({num_kv_heads}): the GQA group size must be integral"
+        )
+    return num_qo_heads // num_kv_heads
 
 
 def check_dtype_name(name: str, value: Any) -> torch.dtype:
@@ -147,7 +168,9 @@ class WorkspaceOwner:
     """The workspace methods decode and prefill wrappers share (they set the attributes)."""
 
     _copy_done: torch.cuda.Event | None
+    _int_workspace_buffer: torch.Tensor
     _pin_memory_int_workspace_buffer: torch.Tensor
+    _workspace: torch.Tensor  # the float workspace as bytes
     _plan_info: Any
 
     def reset_workspace_buffer(
@@ -162,6 +185,44 @@ class WorkspaceOwner:
         self._int_workspace_buffer = int_workspace_buffer
         self._pin_memory_int_workspace_buffer = pinned_like(int_workspace_buffer)
         self._plan_info = None
+
+    def _planned(self, args: tuple[Any, ...]) -> Any:
+        """The current plan, for a run() whose extra positional arguments are ``args``."""
+        if self._plan_info is None:
+            raise RuntimeError("call plan() before run()")
+        if args:
+            raise ValueError(
+                "run() got extra positional arguments: they feed custom kernel "
+                "variants (jit_args), which this library does not have"
+            )
+        return self._plan_info
+
+    def _split_buffers(
+        self, num_words: int, tmp_rows: int, num_qo_heads: int, head_dim: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where a plan's schedule (``num_words`` int32 words, in the int workspace) and its
+        split-KV partial states (float32 ``tmp_v`` and ``tmp_lse`` for ``tmp_rows`` rows, in
+        the float workspace) live; raises (changing nothing) when a workspace is too small."""
+        int_bytes = 4 * num_words
+        if int_bytes > self._int_workspace_buffer.nbytes:
+            raise ValueError(
+                f"int_workspace_buffer has {self._int_workspace_buffer.nbytes} "
+                f"bytes; this plan needs {int_bytes} (see reset_workspace_buffer)"
+            )
+        tmp_v_bytes = round_up(4 * tmp_rows * num_qo_heads * head_dim)
+        tmp_lse_bytes = round_up(4 * tmp_rows * num_qo_heads)
+        needed = tmp_v_bytes + tmp_lse_bytes
+        if needed > self._workspace.numel():
+            raise ValueError(
+                f"float_workspace_buffer has {self._workspace.numel()} bytes; this "
+                f"plan needs {needed}"
+            )
+        words = self._int_workspace_buffer.view(torch.uint8).narrow(0, 0, int_bytes)
+        return (
+            words.view(torch.int32),
+            self._workspace.narrow(0, 0, tmp_v_bytes).view(torch.float32),
+            self._workspace.narrow(0, tmp_v_bytes, tmp_lse_bytes).view(torch.float32),
+        )
 
     def _upload(self, words: list[int], target: torch.Tensor) -> None:
         """One async host-to-device copy of the schedule into ``target`` (this wrapper's int

@@ -39,6 +39,7 @@ from .attention_args import (
     WorkspaceOwner,
     apply_v_scale,
     check_dtype_name,
+    check_heads,
     check_optional_number,
     check_output,
     check_pos_encoding,
@@ -48,7 +49,6 @@ from .attention_args import (
     check_workspace,
     copy_prefix,
     pinned_like,
-    round_up,
     score_params,
     to_device,
 )
@@ -58,10 +58,9 @@ from .decode_schedule import (
     kv_lengths,
     pack_schedule,
     plan_decode_schedule,
-    plan_length,
 )
 from .jit.decode import HEAD_DIMS, gen_decode_module
-from .paged_kv import unpack_paged_kv_cache
+from .paged_kv import check_paged_kv_cache
 from .pdl import resolve_enable_pdl
 from .trace.templates import attention as _trace
 from .utils import get_device_sm_count
@@ -104,21 +103,9 @@ def _max_ctas(dtype: torch.dtype, head_dim: int, group: int, device: torch.devic
     return get_device_sm_count(device) * max(1, int(per_sm))
 
 
-def _check_heads(num_qo_heads: int, num_kv_heads: int, head_dim: int) -> int:
-    checks.check_int("num_qo_heads", num_qo_heads, 1)
-    checks.check_int("num_kv_heads", num_kv_heads, 1)
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(
-            f"head_dim must be one of {', '.join(map(str, HEAD_DIMS))}, got {head_dim}"
-        )
-    if num_qo_heads % num_kv_heads:
-        raise ValueError(
-            f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
-            f"({num_kv_heads}): the GQA group size must be integral"
-        )
-    if num_qo_heads > 65535:  # a grid dim of the split-KV merge
-        raise ValueError(f"num_qo_heads must be <= 65535, got {num_qo_heads}")
-    group = num_qo_heads // num_kv_heads
+def _check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any) -> int:
+    """The GQA group size, after the shared checks and the decode block's limit."""
+    group = check_heads(num_qo_heads, num_kv_heads, head_dim, HEAD_DIMS)
     if group * head_dim // 8 > 1024:
         raise ValueError(
             f"GQA group size {group} is too large for head_dim {head_dim}: a "
@@ -794,20 +781,9 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             work_cap, merge_cap = schedule.num_work, schedule.num_merge
             tmp_cap = schedule.num_tmp_rows
         words = pack_schedule(schedule, work_cap, merge_cap)
-        int_bytes = 4 * plan_length(work_cap, merge_cap)
-        if int_bytes > self._int_workspace_buffer.nbytes:
-            raise ValueError(
-                f"int_workspace_buffer has {self._int_workspace_buffer.nbytes} "
-                f"bytes; this plan needs {int_bytes} (see reset_workspace_buffer)"
-            )
-        tmp_v_bytes = round_up(4 * tmp_cap * num_qo_heads * head_dim)
-        tmp_lse_bytes = round_up(4 * tmp_cap * num_qo_heads)
-        needed = tmp_v_bytes + tmp_lse_bytes
-        if needed > self._workspace.numel():
-            raise ValueError(
-                f"float_workspace_buffer has {self._workspace.numel()} bytes; this "
-                f"plan needs {needed}"
-            )
+        plan_words, tmp_v, tmp_lse = self._split_buffers(
+            len(words), tmp_cap, num_qo_heads, head_dim
+        )
         plan = _Plan(
             batch=batch,
             num_qo_heads=num_qo_heads,
@@ -821,11 +797,9 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             tmp_capacity=tmp_cap,
             grid_work=work_cap if self._use_cuda_graph else schedule.num_work,
             grid_merge=merge_cap if self._use_cuda_graph else schedule.num_merge,
-            plan_words=self._int_workspace_buffer.view(torch.uint8)
-            .narrow(0, 0, int_bytes)
-            .view(torch.int32),
-            tmp_v=self._workspace.narrow(0, 0, tmp_v_bytes).view(torch.float32),
-            tmp_lse=self._workspace.narrow(0, tmp_v_bytes, tmp_lse_bytes).view(torch.float32),
+            plan_words=plan_words,
+            tmp_v=tmp_v,
+            tmp_lse=tmp_lse,
         )
         return plan, words
 
@@ -887,14 +861,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         :mod:`flashinfer.paged_kv`). Returns ``out`` shaped like ``q`` (and ``lse`` ``[rows,
         num_qo_heads]``, base 2, with ``return_lse``). ``q_len_per_req`` here is deprecated:
         it must agree with ``q`` and the plan."""
-        plan = self._plan_info
-        if plan is None:
-            raise RuntimeError("call plan() before run()")
-        if args:
-            raise ValueError(
-                "run() got extra positional arguments: they feed custom kernel "
-                "variants (jit_args), which this library does not have"
-            )
+        plan: _Plan = self._planned(args)
         for name, value in (
             ("sinks", sinks),
             ("kv_cache_sf", kv_cache_sf),
@@ -927,7 +894,14 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             return self._run_tensor_cores(
                 plan, q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse, enable_pdl
             )
-        k_cache, v_cache = self._check_cache(paged_kv_cache, plan)
+        (_, k_cache), (_, v_cache) = check_paged_kv_cache(
+            paged_kv_cache,
+            self._kv_layout,
+            plan.num_kv_heads,
+            plan.page_size,
+            plan.head_dim,
+            plan.dtype,
+        )
         scale, cap = score_params(
             plan.head_dim, self._sm_scale, self._logits_soft_cap, q_scale, k_scale
         )
@@ -1111,27 +1085,6 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
 
     def end_forward(self) -> None:
         """Deprecated; does nothing (as in the reference)."""
-
-    def _check_cache(self, cache: Any, plan: _Plan) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = unpack_paged_kv_cache(cache, self._kv_layout)
-        expected = (
-            (plan.num_kv_heads, plan.page_size)
-            if self._kv_layout == "HND"
-            else (plan.page_size, plan.num_kv_heads)
-        ) + (plan.head_dim,)
-        (_, k_cache), (_, v_cache) = parts
-        for name, t in parts:
-            if tuple(t.shape[1:]) != expected:
-                raise ValueError(
-                    f"{name} has shape {tuple(t.shape)}; plan() was for pages of "
-                    f"{expected} ({self._kv_layout})"
-                )
-            if t.dtype != plan.dtype:
-                raise TypeError(f"{name} has dtype {t.dtype}; plan() was for {plan.dtype}")
-            checks.check_last_dim_contiguous(name, t)
-        if k_cache.shape[0] != v_cache.shape[0]:
-            raise ValueError("the key and value caches of paged_kv_cache differ in num_pages")
-        return k_cache, v_cache
 
 
 class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):

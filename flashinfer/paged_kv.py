@@ -71,3 +71,33 @@ def unpack_paged_kv_cache(paged_kv_cache: Any, kv_layout: str) -> tuple[Part, Pa
         "paged_kv_cache must be a torch.Tensor or a (k_cache, v_cache) tuple, got "
         f"{type(paged_kv_cache).__name__}"
     )
+
+
+def check_paged_kv_cache(
+    paged_kv_cache: Any,
+    kv_layout: str,
+    num_kv_heads: int,
+    page_size: int,
+    head_dim: int,
+    dtype: torch.dtype,
+) -> tuple[Part, Part]:
+    """The key and the value cache as :func:`unpack_paged_kv_cache` gives them, checked
+    against a plan: pages of ``page_size`` slots of ``num_kv_heads`` heads of ``head_dim``
+    (in ``kv_layout``'s order) and ``dtype``, the last dim contiguous, as many pages of keys
+    as of values."""
+    parts = unpack_paged_kv_cache(paged_kv_cache, kv_layout)
+    slots = (num_kv_heads, page_size) if kv_layout == "HND" else (page_size, num_kv_heads)
+    expected = (*slots, head_dim)
+    for name, t in parts:
+        if tuple(t.shape[1:]) != expected:
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)}; plan() was for pages of "
+                f"{expected} ({kv_layout})"
+            )
+        if t.dtype != dtype:
+            raise TypeError(f"{name} has dtype {t.dtype}; plan() was for {dtype}")
+        checks.check_last_dim_contiguous(name, t)
+    (_, k_cache), (_, v_cache) = parts
+    if k_cache.shape[0] != v_cache.shape[0]:
+        raise ValueError("the key and value caches of paged_kv_cache differ in num_pages")
+    return parts

@@ -38,6 +38,7 @@ from .attention_args import (
     WorkspaceOwner,
     apply_v_scale,
     check_dtype_name,
+    check_heads,
     check_optional_number,
     check_output,
     check_pos_encoding,
@@ -47,13 +48,12 @@ from .attention_args import (
     check_workspace,
     copy_prefix,
     pinned_like,
-    round_up,
     score_params,
     to_device,
 )
 from .custom_op import is_symbolic, kernel_op
 from .jit.prefill import HEAD_DIMS, gen_prefill_module
-from .paged_kv import unpack_paged_kv_cache
+from .paged_kv import Part, check_paged_kv_cache
 from .pdl import resolve_enable_pdl
 from .prefill_schedule import (
     DEFAULT_MIN_CHUNK,
@@ -61,7 +61,6 @@ from .prefill_schedule import (
     PrefillSchedule,
     kv_lengths,
     pack_schedule,
-    plan_length,
     plan_prefill_schedule,
 )
 from .quantization import packbits, segment_packbits
@@ -70,7 +69,6 @@ from .utils import get_device_sm_count
 
 _VEC = 8  # elements per 16-byte vector: the kernel's unit of every load and store
 _INT32_LIMIT = 1 << 31
-_MAX_GRID_Y = 65535  # grid.y: num_kv_heads of the attention kernel, num_qo_heads of the merge
 _MASK_DTYPES = (
     torch.bool,
     torch.uint8,
@@ -102,19 +100,7 @@ def _max_ctas(dtype: torch.dtype, head_dim: int, device: torch.device) -> int:
 
 
 def _check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any) -> int:
-    """The GQA group size, after checking the head counts and head_dim."""
-    checks.check_int("num_qo_heads", num_qo_heads, 1, _MAX_GRID_Y)
-    checks.check_int("num_kv_heads", num_kv_heads, 1)
-    if head_dim not in HEAD_DIMS:
-        raise ValueError(
-            f"head_dim must be one of {', '.join(map(str, HEAD_DIMS))}, got {head_dim}"
-        )
-    if num_qo_heads % num_kv_heads:
-        raise ValueError(
-            f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
-            f"({num_kv_heads}): the GQA group size must be integral"
-        )
-    return num_qo_heads // num_kv_heads
+    return check_heads(num_qo_heads, num_kv_heads, head_dim, HEAD_DIMS)
 
 
 def _check_vectors(name: str, t: torch.Tensor) -> None:
@@ -807,20 +793,9 @@ class _BatchPrefillWrapper(WorkspaceOwner):
             opts, qo_indptr, kv_lens, page_size, has_mask
         )
         words = pack_schedule(schedule, work_cap, merge_cap)
-        int_bytes = 4 * plan_length(work_cap, merge_cap)
-        if int_bytes > self._int_workspace_buffer.nbytes:
-            raise ValueError(
-                f"int_workspace_buffer has {self._int_workspace_buffer.nbytes} "
-                f"bytes; this plan needs {int_bytes} (see reset_workspace_buffer)"
-            )
-        tmp_v_bytes = round_up(4 * tmp_cap * opts.num_qo_heads * opts.head_dim)
-        tmp_lse_bytes = round_up(4 * tmp_cap * opts.num_qo_heads)
-        needed = tmp_v_bytes + tmp_lse_bytes
-        if needed > self._workspace.numel():
-            raise ValueError(
-                f"float_workspace_buffer has {self._workspace.numel()} bytes; this "
-                f"plan needs {needed}"
-            )
+        plan_words, tmp_v, tmp_lse = self._split_buffers(
+            len(words), tmp_cap, opts.num_qo_heads, opts.head_dim
+        )
         graph = self._use_cuda_graph
         plan = _Plan(
             batch=len(kv_lens),
@@ -838,11 +813,9 @@ class _BatchPrefillWrapper(WorkspaceOwner):
             tmp_capacity=tmp_cap,
             grid_work=work_cap if graph else schedule.num_work,
             grid_merge=merge_cap if graph else schedule.num_merge,
-            plan_words=self._int_workspace_buffer.view(torch.uint8)
-            .narrow(0, 0, int_bytes)
-            .view(torch.int32),
-            tmp_v=self._workspace.narrow(0, 0, tmp_v_bytes).view(torch.float32),
-            tmp_lse=self._workspace.narrow(0, tmp_v_bytes, tmp_lse_bytes).view(torch.float32),
+            plan_words=plan_words,
+            tmp_v=tmp_v,
+            tmp_lse=tmp_lse,
         )
         return plan, words
 
@@ -963,17 +936,6 @@ class _BatchPrefillWrapper(WorkspaceOwner):
 
     def end_forward(self) -> None:
         """Deprecated; does nothing (as in the reference)."""
-
-    def _planned(self, args: tuple[Any, ...]) -> _Plan:
-        plan = self._plan_info
-        if plan is None:
-            raise RuntimeError("call plan() before run()")
-        if args:
-            raise ValueError(
-                "run() got extra positional arguments: they feed custom kernel "
-                "variants (jit_args), which this library does not have"
-            )
-        return plan
 
     def _check_q(self, q: Any, plan: _Plan) -> None:
         checks.check_tensor("q", q)
@@ -1223,7 +1185,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_indptr[-1], head_dim]`` (HND).
         Returns ``out`` (and ``lse`` ``[qo_indptr[-1], num_qo_heads]``, base 2, with
         ``return_lse``)."""
-        plan = self._planned(args)
+        plan: _Plan = self._planned(args)
         _refuse("kv_cache_sf", kv_cache_sf, "this library has no NVFP4 KV caches")
         if check_optional_number("o_scale", o_scale) not in (None, 1.0):
             raise ValueError(
@@ -1570,7 +1532,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         (see :mod:`flashinfer.paged_kv`). ``window_left`` overrides the planned window for
         this call. Returns ``out`` (and ``lse`` ``[qo_indptr[-1], num_qo_heads]``, base 2,
         with ``return_lse``)."""
-        plan = self._planned(args)
+        plan: _Plan = self._planned(args)
         for name, value in (
             ("sinks", sinks),
             ("kv_cache_sf", kv_cache_sf),
@@ -1657,24 +1619,11 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
         )
         return self.run(q, paged_kv_cache, k_scale=k_scale, v_scale=v_scale, return_lse=True)
 
-    def _check_cache(self, cache: Any, plan: _Plan) -> tuple[tuple[str, torch.Tensor], ...]:
+    def _check_cache(self, cache: Any, plan: _Plan) -> tuple[Part, Part]:
         """The key and the value cache as (name, 4-D view) pairs, checked against the plan."""
-        parts = unpack_paged_kv_cache(cache, self._kv_layout)
-        expected = (
-            (plan.num_kv_heads, plan.page_size)
-            if self._kv_layout == "HND"
-            else (plan.page_size, plan.num_kv_heads)
-        ) + (plan.head_dim,)
-        (_, k_cache), (_, v_cache) = parts
+        parts = check_paged_kv_cache(
+            cache, self._kv_layout, plan.num_kv_heads, plan.page_size, plan.head_dim, plan.dtype
+        )
         for name, t in parts:
-            if tuple(t.shape[1:]) != expected:
-                raise ValueError(
-                    f"{name} has shape {tuple(t.shape)}; plan() was for pages of "
-                    f"{expected} ({self._kv_layout})"
-                )
-            if t.dtype != plan.dtype:
-                raise TypeError(f"{name} has dtype {t.dtype}; plan() was for {plan.dtype}")
             _check_vectors(name, t)
-        if k_cache.shape[0] != v_cache.shape[0]:
-            raise ValueError("the key and value caches of paged_kv_cache differ in num_pages")
         return parts

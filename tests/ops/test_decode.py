@@ -377,14 +377,32 @@ def test_workspace_too_small_is_reported(cpu_plan) -> None:
         indptr=_i32([0, 3]), last_page_len=_i32([16]), page_size=16, indices=_i32([0, 1, 2])
     )
     wrapper.plan(**long_request)  # 48 tokens: no split, no tmp rows; fits
+    planned = wrapper._plan_info
+    split_request = _plan_args(
+        indptr=_i32([0, 300]),
+        last_page_len=_i32([16]),
+        indices=torch.arange(300, dtype=torch.int32),
+    )
     with pytest.raises(ValueError, match="float_workspace_buffer has 16384 bytes; this plan needs"):
-        wrapper.plan(
-            **_plan_args(
-                indptr=_i32([0, 300]),
-                last_page_len=_i32([16]),
-                indices=torch.arange(300, dtype=torch.int32),
-            )
-        )
+        wrapper.plan(**split_request)
+    assert wrapper._plan_info is planned and len(cpu_plan.uploads) == 1
+    wrapper.reset_workspace_buffer(
+        torch.empty(1 << 20, dtype=torch.uint8), torch.empty(64, dtype=torch.uint8)
+    )
+    with pytest.raises(
+        ValueError,
+        match="int_workspace_buffer has 64 bytes; this plan needs 328 "
+        "\\(see reset_workspace_buffer\\)",
+    ):
+        wrapper.plan(**split_request)
+    assert wrapper._plan_info is None and len(cpu_plan.uploads) == 1
+    wrapper.reset_workspace_buffer(
+        torch.empty(1 << 20, dtype=torch.uint8), torch.empty(328, dtype=torch.uint8)
+    )
+    wrapper.plan(**split_request)  # the 328 bytes: 4 + 4 x 19 work items + 2 x 1 merge words
+    schedule = wrapper._plan_info.schedule
+    assert (schedule.num_work, schedule.num_merge) == (19, 1)
+    assert wrapper._plan_info.plan_words.numel() == 82 and len(cpu_plan.uploads) == 2
 
 
 MERGE_BAD = [
