@@ -36,7 +36,8 @@ struct OutputArray {
 // Which states each output position merges: positions p < count (count read from the
 // device when count_on_device is set, for launches captured in CUDA graphs); position p
 // merges states indptr[p] .. indptr[p+1] (or p * per_position .. + per_position when indptr
-// is null) into output row out_rows[p] (or p).
+// is null) into output row out_rows[p] (or p). The arrays are a plan's words (schedule.cuh),
+// which only host copies write: kernels read them before pdl_wait().
 struct MergeSchedule {
   const int32_t* count_on_device;
   const int32_t* indptr;
@@ -96,12 +97,16 @@ template <typename TIn, typename TOut>
 __global__ void __launch_bounds__(kMergeThreads)
     MergeStatesKernel(OutputArray<TOut> out, StateArray<TIn> in, MergeSchedule schedule,
                       int64_t head_dim) {
-  pdl_wait();  // launched right behind the decode kernel whose states it reads
+  // The schedule is a plan's (host copies only: schedule.cuh), so it loads before the wait
+  // for the kernel whose states this reads; a position past the count (a CUDA graph's grid)
+  // reads words within the capacity.
   const int64_t p = blockIdx.x, head = blockIdx.y;
-  if (schedule.count_on_device && p >= *schedule.count_on_device) return;
+  const bool past = schedule.count_on_device && p >= *schedule.count_on_device;
   const int64_t first = schedule.indptr ? schedule.indptr[p] : p * schedule.per_position;
   const int64_t last = schedule.indptr ? schedule.indptr[p + 1] : first + schedule.per_position;
   const int64_t row = schedule.out_rows ? schedule.out_rows[p] : p;
+  pdl_wait();
+  if (past) return;
   StateMerger state;
   for (int64_t i = first; i < last; ++i) {
     state.add(in.s[i * in.s_state_stride + head * in.s_head_stride],

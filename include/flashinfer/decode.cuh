@@ -67,31 +67,39 @@ struct WorkList {
   bool single_split;
 };
 
+// A work item as the plan gives it: the request's chunk `chunk` of `chunks`, each
+// `chunk_tokens` long (the last to the request's end).
+struct PlannedItem {
+  int64_t request, chunk, chunks, tmp_row, chunk_tokens;
+};
+
+// Item i of the plan: reads the plan's words only (not the page table), so that it may run
+// before pdl_wait(): the schedule is written by plan()'s host copies, never by a kernel.
+__device__ __forceinline__ bool planned_item(const WorkList& w, int64_t i, PlannedItem* item) {
+  if (!w.plan) {
+    *item = {0, i, gridDim.x, w.single_split ? i : -1, w.chunk_tokens};
+    return true;
+  }
+  int32_t word[Schedule::kColumns];
+  int tokens;
+  const bool valid = Schedule::item(w.plan, w.capacity, i, word, &tokens);
+  *item = {word[0], word[1], word[2], word[3], tokens};
+  return valid;
+}
+
 struct WorkItem {
   int64_t request, start, end, tmp_row;
 };
 
-__device__ __forceinline__ bool work_item(const WorkList& w, const PageTable& pt, int64_t i,
-                                          WorkItem* item) {
-  int64_t request = 0, chunk = i, chunks = gridDim.x, tmp_row = w.single_split ? i : -1;
-  int64_t length = w.single_len, chunk_tokens = w.chunk_tokens;
-  if (w.plan) {
-    int32_t word[Schedule::kColumns];
-    int tokens;
-    if (!Schedule::item(w.plan, w.capacity, i, word, &tokens)) return false;
-    request = word[0];
-    chunk = word[1];
-    chunks = word[2];
-    tmp_row = word[3];
-    chunk_tokens = tokens;
-    // The page table is read only once the item is known to be one.
-    length = request_length(pt, request);
-  }
+// The item's KV range, from its request's length (read from the page table in batch mode).
+__device__ __forceinline__ WorkItem locate(const WorkList& w, const PageTable& pt,
+                                           const PlannedItem& planned) {
+  const int64_t length = w.plan ? request_length(pt, planned.request) : w.single_len;
   const int64_t begin = w.window_left >= 0 ? max(int64_t{0}, length - w.window_left - 1) : 0;
-  const int64_t start = min(begin + chunk * chunk_tokens, length);
-  const int64_t end = chunk + 1 >= chunks ? length : min(start + chunk_tokens, length);
-  *item = {request, start, end, tmp_row};
-  return true;
+  const int64_t start = min(begin + planned.chunk * planned.chunk_tokens, length);
+  const int64_t end =
+      planned.chunk + 1 >= planned.chunks ? length : min(start + planned.chunk_tokens, length);
+  return {planned.request, start, end, planned.tmp_row};
 }
 
 struct Scores {
@@ -216,9 +224,11 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
   constexpr int kBdx = Tile::kBdx, kTile = Tile::kTileTokens, kStages = Tile::kStages;
   constexpr int kSlots = Tile::kOffsetSlots, kBatch = Tile::kBatch;
   uint8_t* const smem = dynamic_shared();
+  PlannedItem planned;  // loads under the previous kernel's tail
+  const bool valid = planned_item(work, blockIdx.x, &planned);
   pdl_wait();  // everything below may read what the previous kernel wrote
-  WorkItem item;
-  if (!work_item(work, p.pages, blockIdx.x, &item)) return;
+  if (!valid) return;
+  const WorkItem item = locate(work, p.pages, planned);
   const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
   const int rows = blockDim.y, bdz = blockDim.z, group = rows * kHeads;
   const int tid = tx + kBdx * (ty + rows * tz);
@@ -421,14 +431,18 @@ __global__ void __launch_bounds__(kMergeThreads)
   constexpr int kBdx = kHeadDim / kVec, kRows = kMergeThreads / kBdx;
   __shared__ float4 part_o[kRows][2][kBdx];
   __shared__ float part_w[kRows];
-  pdl_wait();  // launched right behind the decode kernel whose states it reads
+  // The schedule is the plan's (host copies only: schedule.cuh), so it loads before the wait
+  // for the decode kernel whose states this reads; a position past the count (a CUDA graph's
+  // grid) reads words within the capacity.
   const int64_t position = blockIdx.x, head = blockIdx.y, heads = p.num_qo_heads;
-  if (schedule.count_on_device && position >= *schedule.count_on_device) return;
+  const bool past = schedule.count_on_device && position >= *schedule.count_on_device;
   const int64_t first =
       schedule.indptr ? schedule.indptr[position] : position * schedule.per_position;
   const int64_t last =
       schedule.indptr ? schedule.indptr[position + 1] : first + schedule.per_position;
   const int64_t out_row = schedule.out_rows ? schedule.out_rows[position] : position;
+  pdl_wait();
+  if (past) return;
   const int tx = threadIdx.x % kBdx, row = threadIdx.x / kBdx;
 
   float max_s = -INFINITY;

@@ -232,9 +232,12 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   TileBounds* const shared_bounds = reinterpret_cast<TileBounds*>(shared_bytes + Tl::kBoundsOffset);
   KeyRange* const warp_keys = reinterpret_cast<KeyRange*>(shared_bytes + Tl::kKeysOffset);
 
-  pdl_wait();
+  // The schedule is written by plan()'s host copies, never by a kernel, so its words load
+  // before the wait, under the previous kernel's tail (schedule.cuh); all else after it.
   Item item;
-  if (!work_item(w, blockIdx.x, &item)) return;
+  const bool planned = work_item(w, blockIdx.x, &item);
+  pdl_wait();
+  if (!planned) return;
   // Token positions are 32-bit (lengths < 2^31, checked on the host): the registers they
   // would take as 64-bit values are the accumulators'.
   const int64_t kv_head = blockIdx.y;

@@ -1,6 +1,8 @@
 // A split-KV schedule as the attention kernels read it: the int32 words a host planner packs
 // (`pack_words` in flashinfer/decode_schedule.py), on the device so that a CUDA graph captured
-// under one plan runs a later one. Layout, W and M the work and merge capacities:
+// under one plan runs a later one. Only plan()'s host-to-device copies write them, never a
+// kernel, so a kernel launched with PDL reads them before pdl_wait(), while the kernel before
+// it still runs. Layout, W and M the work and merge capacities:
 //   [num_work, chunk_tokens, column 0[W], ..., column n-1[W], num_merge, merge_row[M],
 //    merge_indptr[M + 1]]
 // Framework-agnostic: raw pointers.

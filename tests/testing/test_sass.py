@@ -2,14 +2,16 @@
 head_dim 128 m1kv64 prefill kernel has one main loop, and what a K/V tile costs in it follows
 from the tiling: its mma, ldmatrix and cp.async counts, and no local memory; in the default
 (overlapping) form, one block of the loop interleaves the next tile's score mma with this
-tile's softmax. Skips when cuobjdump or nvdisasm (the nvidia-cuda-cuobjdump/-nvdisasm wheels)
-is missing."""
+tile's softmax. The attention kernels load only their plan words before PDL's wait. Skips when
+cuobjdump or nvdisasm (the nvidia-cuda-cuobjdump/-nvdisasm wheels) is missing."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from flashinfer.jit.core import JitSpec
+from flashinfer.jit.decode import gen_decode_module
 from flashinfer.jit.prefill import DEFAULT_TILINGS, PrefillTiling, gen_prefill_module
 from flashinfer.testing.sass import (
     Instruction,
@@ -111,6 +113,44 @@ def test_the_overlapped_loop_computes_scores_during_the_softmax() -> None:
     for block in with_mma:
         moves = sum(inst.is_move for inst in block.body)
         assert moves < kv // 8, f"{moves} register moves in the block at {block.start:#x}"
+
+
+# Words each kernel reads of its plan: the item count, the chunk size and the item's columns
+# (schedule.cuh); a merge's count, its position's two indptr words and its output row.
+PLAN_LOADS = {
+    "PrefillKernel": 2 + 5,
+    "DecodeKernel": 2 + 4,
+    "MergeChunksKernel": 4,
+    "MergeStatesKernel": 4,
+}
+MEMORY_OPCODES = ("LDG", "STG", "LD", "ST", "LDGSTS", "ATOM", "ATOMG", "RED")
+
+
+@pytest.mark.parametrize("family", ["decode", "prefill"])
+def test_only_the_plan_words_load_before_the_pdl_wait(family: str) -> None:
+    """Launched with PDL, a kernel may start while the one before it still writes; only
+    plan()'s host copies write the schedule, so its words load before griddepcontrol.wait
+    (ACQBULK), under the previous kernel's tail, and no other global access comes first."""
+    spec: JitSpec = (
+        gen_decode_module(torch.bfloat16, 128)
+        if family == "decode"
+        else gen_prefill_module(torch.bfloat16, 128, DEFAULT_TILINGS[128])
+    )
+    try:
+        text = cuobjdump_sass(spec.build())
+    except FileNotFoundError as missing:
+        pytest.skip(str(missing))
+    checked: set[str] = set()
+    for name, sass in sass_by_kernel(text).items():
+        (kind,) = [kind for kind in PLAN_LOADS if kind in name]
+        code = instructions(sass)
+        (wait,) = [i for i in code if i.opcode == "ACQBULK"]
+        early = [i.opcode for i in code if i.address < wait.address]
+        assert [op for op in early if op in MEMORY_OPCODES] == ["LDG"] * PLAN_LOADS[kind], name
+        checked.add(kind)
+    work = "DecodeKernel" if family == "decode" else "PrefillKernel"
+    merge = "MergeChunksKernel" if family == "decode" else "MergeStatesKernel"
+    assert checked == {work, merge}
 
 
 def test_the_cli_prints_the_prefill_loop_and_its_blocks() -> None:
