@@ -100,6 +100,7 @@ def _max_ctas(dtype: torch.dtype, head_dim: int, device: torch.device) -> int:
 
 
 def _check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any) -> int:
+    """The GQA group size, after the shared checks against prefill's head dims."""
     return check_heads(num_qo_heads, num_kv_heads, head_dim, HEAD_DIMS)
 
 

@@ -227,6 +227,10 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
   PlannedItem planned;  // loads under the previous kernel's tail
   const bool valid = planned_item(work, blockIdx.x, &planned);
   pdl_wait();  // everything below may read what the previous kernel wrote
+  // The next kernel (the merge) may launch into free SMs now and load its schedule; its own
+  // pdl_wait() still waits for this whole grid. Nothing is held back by it: every CTA of this
+  // grid has started once all of them have come here.
+  pdl_launch_dependents();
   if (!valid) return;
   const WorkItem item = locate(work, p.pages, planned);
   const int tx = threadIdx.x, ty = threadIdx.y, tz = threadIdx.z;
@@ -359,9 +363,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
     }
     if (tid < kTile) slot(i + kStages)[tid] = offsets_of(p, ahead, kv_head);
   }
-  pdl_launch_dependents();  // the merge (or the next kernel) may start its prologue
-  cp_async_wait<0>();       // only empty groups are left
-  __syncthreads();          // every thread is done with the stages: the merge reuses them
+  cp_async_wait<0>();  // only empty groups are left
+  __syncthreads();     // every thread is done with the stages: the merge reuses them
 
   // Merge the bdz partial states of each query head, in tz order. Each head's 8 dims of a
   // thread go to shared memory as two float4 halves, lane-contiguous (no bank conflicts).

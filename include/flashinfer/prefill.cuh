@@ -237,6 +237,9 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   Item item;
   const bool planned = work_item(w, blockIdx.x, &item);
   pdl_wait();
+  // The next kernel (the merge of split KV) may launch into free SMs now and load its
+  // schedule; its own pdl_wait() still waits for this whole grid.
+  pdl_launch_dependents();
   if (!planned) return;
   // Token positions are 32-bit (lengths < 2^31, checked on the host): the registers they
   // would take as 64-bit values are the accumulators'.
@@ -705,7 +708,6 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
 
   cp_async_wait<0>();
 
-  pdl_launch_dependents();
   const TileBounds& cta = *shared_bounds;
   const unsigned tid = thread_index();
   const int lane = tid % 32;

@@ -130,7 +130,9 @@ MEMORY_OPCODES = ("LDG", "STG", "LD", "ST", "LDGSTS", "ATOM", "ATOMG", "RED")
 def test_only_the_plan_words_load_before_the_pdl_wait(family: str) -> None:
     """Launched with PDL, a kernel may start while the one before it still writes; only
     plan()'s host copies write the schedule, so its words load before griddepcontrol.wait
-    (ACQBULK), under the previous kernel's tail, and no other global access comes first."""
+    (ACQBULK), under the previous kernel's tail, and no other global access comes first. The
+    attention kernels trigger the next launch (PREEXIT) right after their wait, before any
+    K/V copy, so that a split request's merge launches while the chunks run."""
     spec: JitSpec = (
         gen_decode_module(torch.bfloat16, 128)
         if family == "decode"
@@ -147,6 +149,13 @@ def test_only_the_plan_words_load_before_the_pdl_wait(family: str) -> None:
         (wait,) = [i for i in code if i.opcode == "ACQBULK"]
         early = [i.opcode for i in code if i.address < wait.address]
         assert [op for op in early if op in MEMORY_OPCODES] == ["LDG"] * PLAN_LOADS[kind], name
+        triggers = [i for i in code if i.opcode == "PREEXIT"]
+        if kind.startswith("Merge"):
+            assert not triggers, name
+        else:
+            (trigger,) = triggers
+            first_copy = min(i.address for i in code if i.opcode == "LDGSTS")
+            assert wait.address < trigger.address < first_copy, name
         checked.add(kind)
     work = "DecodeKernel" if family == "decode" else "PrefillKernel"
     merge = "MergeChunksKernel" if family == "decode" else "MergeStatesKernel"
