@@ -124,6 +124,11 @@ def test_kv_lengths_and_packed_layout() -> None:
     assert words[29:] == [0, 4, 0]  # merge_indptr (padded)
     with pytest.raises(ValueError, match="exceeds the capacity"):
         pack_schedule(schedule, 4, 2)
+    long = [4 << 31]  # tokens: a chunk size is a word, so below 2^31
+    largest = plan_decode_schedule(long, 1, 8, fixed_chunk=(1 << 31) - 1)
+    assert pack_schedule(largest, 5, 1)[1] == (1 << 31) - 1
+    with pytest.raises(ValueError, match="the schedule does not fit in int32"):
+        pack_schedule(plan_decode_schedule(long, 1, 8, fixed_chunk=1 << 31), 5, 1)
 
 
 def test_fixed_split_size_and_disabled_split() -> None:
