@@ -164,12 +164,13 @@ def kernel_tiling(tiling: PrefillTiling) -> Iterator[None]:
     cache and its CTAs-per-device cache, which plan() reads, swapped out and restored)."""
     api = importlib.import_module("flashinfer.prefill")
     original = api.get_prefill_module
-    built: dict[tuple[Any, int], Any] = {}
+    built: dict[tuple[Any, int, bool], Any] = {}
 
-    def get_prefill_module(dtype: Any, head_dim: int) -> Any:
-        if (dtype, head_dim) not in built:
-            built[dtype, head_dim] = gen_prefill_module(dtype, head_dim, tiling).build_and_load()
-        return built[dtype, head_dim]
+    def get_prefill_module(dtype: Any, head_dim: int, rope: bool = False) -> Any:
+        key = (dtype, head_dim, rope)
+        if key not in built:
+            built[key] = gen_prefill_module(dtype, head_dim, tiling, rope).build_and_load()
+        return built[key]
 
     api.get_prefill_module = get_prefill_module
     api._max_ctas.cache_clear()

@@ -3,6 +3,7 @@
 #include <tvm/ffi/optional.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 
@@ -38,12 +39,21 @@ const uint8_t* MaskOf(const Optional<TensorView>& mask, int64_t bytes, const Ten
   return static_cast<const uint8_t*>(DataPtr(t));
 }
 
+// RoPE's 1 / rope_scale and 1 / rope_theta (read by the RoPE builds, checked by all).
+void CheckRope(double rope_rcp_scale, double rope_rcp_theta) {
+  FLASHINFER_CHECK(rope_rcp_scale > 0 && rope_rcp_theta > 0 && std::isfinite(rope_rcp_scale) &&
+                       std::isfinite(rope_rcp_theta),
+                   ValueError)
+      << "rope_rcp_scale and rope_rcp_theta must be positive and finite, got " << rope_rcp_scale
+      << " and " << rope_rcp_theta;
+}
+
 // The fields batch and single prefill share.
 PrefillLaunch LaunchOf(const TensorView& q, const TensorView& k, const TensorView& v,
                        const Strides& ks, const Strides& vs, const TensorView& out, float* lse,
                        const TensorView& tmp_v, const TensorView& tmp_lse, int64_t kv_heads,
                        bool causal, int64_t window_left, double score_scale, double score_cap,
-                       bool enable_pdl) {
+                       double rope_rcp_scale, double rope_rcp_theta, bool enable_pdl) {
   PrefillLaunch l{};
   l.q = DataPtr(q);
   l.q_row_stride = q.stride(0);
@@ -66,6 +76,8 @@ PrefillLaunch LaunchOf(const TensorView& q, const TensorView& k, const TensorVie
   l.num_kv_heads = kv_heads;
   l.score_scale = static_cast<float>(score_scale);
   l.score_cap = static_cast<float>(score_cap);
+  l.rope_rcp_scale = static_cast<float>(rope_rcp_scale);
+  l.rope_rcp_theta = static_cast<float>(rope_rcp_theta);
   l.causal = causal;
   // A window of 2^31 keys or more hides none (lengths are < 2^31): passed as no window, so
   // the kernel's 64-bit position arithmetic (position - window_left) cannot overflow.
@@ -81,7 +93,9 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
                   TensorView tmp_lse, TensorView out, Optional<TensorView> lse, bool hnd,
                   int64_t work_capacity, int64_t merge_capacity, int64_t tmp_capacity,
                   int64_t grid_work, int64_t grid_merge, bool causal, int64_t window_left,
-                  double score_scale, double score_cap, bool enable_pdl) {
+                  double score_scale, double score_cap, double rope_rcp_scale,
+                  double rope_rcp_theta, bool enable_pdl) {
+  CheckRope(rope_rcp_scale, rope_rcp_theta);
   CheckHeads(q, "q", 3, -1, -1);
   const int64_t total_q = q.size(0), qo_heads = q.size(1);
   CheckHeads(out, "out", 3, total_q, qo_heads);
@@ -111,7 +125,8 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
       << "qo_indptr must be 1-D with batch_size + 1 elements";
   const int64_t batch = qo_indptr.size(0) - 1;
   PrefillLaunch l = LaunchOf(q, k, v, ks, vs, out, LseOf(lse, total_q, qo_heads, q), tmp_v, tmp_lse,
-                             kv_heads, causal, window_left, score_scale, score_cap, enable_pdl);
+                             kv_heads, causal, window_left, score_scale, score_cap, rope_rcp_scale,
+                             rope_rcp_theta, enable_pdl);
   l.qo_indptr = IndexArray(qo_indptr, "qo_indptr", batch + 1, q);
   l.kv_indptr = IndexArray(kv_indptr, "kv_indptr", batch + 1, q);
   l.num_pages = 1;
@@ -147,7 +162,9 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
 void SinglePrefill(TensorView q, TensorView k, TensorView v, Optional<TensorView> custom_mask,
                    TensorView tmp_v, TensorView tmp_lse, TensorView out, Optional<TensorView> lse,
                    bool hnd, bool causal, int64_t window_left, int64_t chunk_tokens,
-                   int64_t num_chunks, double score_scale, double score_cap, bool enable_pdl) {
+                   int64_t num_chunks, double score_scale, double score_cap, double rope_rcp_scale,
+                   double rope_rcp_theta, bool enable_pdl) {
+  CheckRope(rope_rcp_scale, rope_rcp_theta);
   CheckHeads(q, "q", 3, -1, -1);
   const int64_t qo_len = q.size(0), qo_heads = q.size(1);
   CheckHeads(out, "out", 3, qo_len, qo_heads);
@@ -169,7 +186,8 @@ void SinglePrefill(TensorView q, TensorView k, TensorView v, Optional<TensorView
   const uint8_t* mask = MaskOf(custom_mask, (qo_len * kv_len + 7) / 8, q);
   CheckCuda(q, "q");
   PrefillLaunch l = LaunchOf(q, k, v, ks, vs, out, LseOf(lse, qo_len, qo_heads, q), tmp_v, tmp_lse,
-                             kv_heads, causal, window_left, score_scale, score_cap, enable_pdl);
+                             kv_heads, causal, window_left, score_scale, score_cap, rope_rcp_scale,
+                             rope_rcp_theta, enable_pdl);
   l.mask = mask;
   CheckDevices(q, {{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"}, {&out, "out"}});
   l.page_size = std::max<int64_t>(kv_len, 1);
@@ -191,6 +209,7 @@ int64_t BlocksPerSM() {
 
 int64_t TileRows() { return prefill_tile_rows(); }
 tvm::ffi::String DTypeOfModule() { return kDTypeName; }
+bool RopeOfModule() { return kPrefillRope; }
 int64_t HeadDimOfModule() { return kHeadDim; }
 
 }  // namespace
@@ -201,3 +220,4 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(blocks_per_sm, BlocksPerSM);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(tile_rows, TileRows);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(head_dim, HeadDimOfModule);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(rope, RopeOfModule);

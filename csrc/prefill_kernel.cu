@@ -3,6 +3,8 @@
 #include "flashinfer/prefill.cuh"
 #include "prefill_launcher.h"
 
+#include <cmath>
+
 namespace fp = flashinfer::prefill;
 namespace fc = flashinfer::cascade;
 using Tiling =
@@ -36,6 +38,7 @@ cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
   p.window_left = l.window_left;
   p.single_qo_len = l.single_qo_len;
   p.single_kv_len = l.single_kv_len;
+  p.rope = {l.rope_rcp_scale, std::log2(l.rope_rcp_theta)};
   const fp::WorkList work{l.plan, l.work_capacity, l.chunk_tokens, l.single_chunks};
   fc::MergeSchedule merge{};
   int64_t merge_positions = 0;
@@ -48,12 +51,12 @@ cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
     merge = {nullptr, nullptr, nullptr, l.single_chunks};
     merge_positions = l.single_qo_len;
   }
-  return fp::Prefill<DType, Tiling>(p, work, l.grid_work, l.num_kv_heads, merge, merge_positions,
-                                    l.pdl, stream);
+  return fp::Prefill<DType, Tiling, kPrefillRope>(p, work, l.grid_work, l.num_kv_heads, merge,
+                                                  merge_positions, l.pdl, stream);
 }
 
 cudaError_t prefill_blocks_per_sm(int* blocks) {
-  return fp::PrefillBlocksPerSM<DType, Tiling>(blocks);
+  return fp::PrefillBlocksPerSM<DType, Tiling, kPrefillRope>(blocks);
 }
 
 int prefill_tile_rows() { return fp::kTileRows; }

@@ -90,19 +90,33 @@ def check_window(window_left: Any) -> int:
     return checks.check_int("window_left", window_left, -1)
 
 
-def check_pos_encoding(mode: Any) -> None:
-    if mode != "NONE":
+POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA")
+
+
+def check_pos_encoding(mode: Any) -> bool:
+    """Whether ``pos_encoding_mode`` asks for RoPE inside attention ("ROPE_LLAMA"; "NONE":
+    q and k are used as given). ALiBi is not implemented."""
+    if mode not in POS_ENCODING_MODES:
         raise ValueError(
-            f"pos_encoding_mode {mode!r} is not supported; apply flashinfer's RoPE "
-            "to q and k first and pass 'NONE'"
+            f"pos_encoding_mode {mode!r} is not supported; use one of "
+            f"{', '.join(map(repr, POS_ENCODING_MODES))}"
         )
+    return mode == "ROPE_LLAMA"
 
 
 def check_rope(rope_scale: Any, rope_theta: Any) -> None:
-    """Accepted for the reference's signatures; they matter only with RoPE inside attention,
-    which ``pos_encoding_mode='NONE'`` rules out."""
+    """``rope_scale`` and ``rope_theta`` (None: 1 and 1e4), positive when given."""
     check_optional_number("rope_scale", rope_scale, 0.0, low_open=True)
     check_optional_number("rope_theta", rope_theta, 0.0, low_open=True)
+
+
+def rope_params(rope_scale: Any, rope_theta: Any) -> tuple[float, float]:
+    """(1 / rope_scale, 1 / rope_theta) as the kernels take them, with the reference's
+    defaults (rope_scale 1, rope_theta 1e4)."""
+    check_rope(rope_scale, rope_theta)
+    scale = 1.0 if rope_scale is None else float(rope_scale)
+    theta = 1e4 if rope_theta is None else float(rope_theta)
+    return 1.0 / scale, 1.0 / theta
 
 
 def check_output(

@@ -114,6 +114,16 @@ def _check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any) -> int:
     return group
 
 
+def _check_rope_kernel(rope: bool, tensor_cores: bool) -> None:
+    """RoPE inside attention ("ROPE_LLAMA") runs on the tensor-core (prefill) kernel only."""
+    if rope and not tensor_cores:
+        raise ValueError(
+            "pos_encoding_mode 'ROPE_LLAMA' needs use_tensor_cores=True (RoPE inside "
+            "attention runs on the prefill kernel), or apply flashinfer's RoPE to q and k "
+            "first and pass 'NONE'"
+        )
+
+
 @flashinfer_api(trace=_trace.single_decode_with_kv_cache_trace)
 def single_decode_with_kv_cache(
     q: torch.Tensor,
@@ -138,8 +148,9 @@ def single_decode_with_kv_cache(
     ``return_lse``. ``use_tensor_cores=True`` runs a single prefill of one query token, as
     the reference does."""
     hnd = checks.check_kv_layout(kv_layout)
-    check_pos_encoding(pos_encoding_mode)
+    rope = check_pos_encoding(pos_encoding_mode)
     checks.check_bool("use_tensor_cores", use_tensor_cores)
+    _check_rope_kernel(rope, use_tensor_cores)
     checks.check_tensor("q", q)
     checks.check_ndim("q", q, 2, "[num_qo_heads, head_dim]")
     checks.check_dtype("q", q, DTYPES)
@@ -178,6 +189,9 @@ def single_decode_with_kv_cache(
             sm_scale=prefill_scale,
             window_left=window_left,
             logits_soft_cap=logits_soft_cap,
+            pos_encoding_mode=pos_encoding_mode,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
             return_lse=return_lse,
             k_scale=k_scale,
             v_scale=v_scale,
@@ -607,7 +621,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         check_heads = _check_heads if self._prefill is None else prefill._check_heads
         group = check_heads(num_qo_heads, num_kv_heads, checks.check_int("head_dim", head_dim, 1))
         checks.check_int("page_size", page_size, 1)
-        check_pos_encoding(pos_encoding_mode)
+        _check_rope_kernel(check_pos_encoding(pos_encoding_mode), self._prefill is not None)
         window_left = check_window(window_left)
         cap = check_score_args(sm_scale, logits_soft_cap)[1]
         check_rope(rope_scale, rope_theta)
@@ -997,6 +1011,9 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             self._window_left,
             self._sm_scale,
             self._logits_soft_cap,
+            self._pos_encoding_mode,
+            self._rope_scale,
+            self._rope_theta,
             q_scale,
             k_scale,
             v_scale,
@@ -1058,7 +1075,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         rope_scale: Any,
         rope_theta: Any,
     ) -> None:
-        check_pos_encoding(pos_encoding_mode)
+        _check_rope_kernel(check_pos_encoding(pos_encoding_mode), self._prefill is not None)
         check_window(window_left)
         check_score_args(sm_scale, logits_soft_cap)
         check_rope(rope_scale, rope_theta)

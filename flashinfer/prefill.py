@@ -48,6 +48,7 @@ from .attention_args import (
     check_workspace,
     copy_prefix,
     pinned_like,
+    rope_params,
     score_params,
     to_device,
 )
@@ -83,16 +84,17 @@ _MASK_DTYPES = (
 
 
 @functools.cache
-def get_prefill_module(dtype: Any, head_dim: int):  # noqa: ANN201 - a tvm_ffi.Module
-    """The prefill module for ``dtype`` x ``head_dim``, compiled on first use."""
-    return gen_prefill_module(dtype, head_dim).build_and_load()
+def get_prefill_module(dtype: Any, head_dim: int, rope: bool = False):  # noqa: ANN201
+    """The prefill module (a tvm_ffi.Module) for ``dtype`` x ``head_dim``, with RoPE in the
+    kernel or not, compiled on first use."""
+    return gen_prefill_module(dtype, head_dim, rope=rope).build_and_load()
 
 
 @functools.cache
-def _max_ctas(dtype: torch.dtype, head_dim: int, device: torch.device) -> int:
+def _max_ctas(dtype: torch.dtype, head_dim: int, device: torch.device, rope: bool = False) -> int:
     """CTAs of the prefill kernel the device holds at once."""
     with torch.cuda.device(device):
-        per_sm = get_prefill_module(dtype, head_dim).blocks_per_sm()
+        per_sm = get_prefill_module(dtype, head_dim, rope).blocks_per_sm()
     return get_device_sm_count(device) * max(1, int(per_sm))
 
 
@@ -236,7 +238,7 @@ def single_prefill_with_kv_cache(
     num_qo_heads]`` (base 2) with ``return_lse``. The KV of a short query is split across
     the GPU and merged, so one long prompt still fills it."""
     hnd = checks.check_kv_layout(kv_layout)
-    check_pos_encoding(pos_encoding_mode)
+    rope = check_pos_encoding(pos_encoding_mode)
     _check_fp16_qk_reduction(use_fp16_qk_reduction)
     _check_backend(backend)
     for name, value in (("scale_q", scale_q), ("scale_k", scale_k), ("scale_v", scale_v)):
@@ -276,7 +278,7 @@ def single_prefill_with_kv_cache(
         raise ValueError(f"k holds {kv_len} tokens; at most 2^31 - 1")
     scale, cap = score_params(head_dim, sm_scale, logits_soft_cap, None, k_scale)
     v_scale = check_optional_number("v_scale", v_scale)
-    check_rope(rope_scale, rope_theta)
+    rope_rcp_scale, rope_rcp_theta = rope_params(rope_scale, rope_theta)
     window_left = check_window(window_left)
     if packed_custom_mask is not None:
         _check_packed_mask(packed_custom_mask, (qo_len * kv_len + 7) // 8)
@@ -305,7 +307,20 @@ def single_prefill_with_kv_cache(
         if packed_custom_mask is None and custom_mask is not None:
             packed_custom_mask = packbits(custom_mask.reshape(-1), bitorder="little")
         _single_prefill_op(
-            q, k, v, packed_custom_mask, out, lse, hnd, causal, window_left, scale, cap
+            q,
+            k,
+            v,
+            packed_custom_mask,
+            out,
+            lse,
+            hnd,
+            causal,
+            window_left,
+            scale,
+            cap,
+            rope,
+            rope_rcp_scale,
+            rope_rcp_theta,
         )
         apply_v_scale(out, v_scale)
     return (out, lse) if return_lse else out
@@ -324,6 +339,9 @@ def _single_prefill_op(
     window_left: int,
     score_scale: float,
     score_cap: float,
+    rope: bool,
+    rope_rcp_scale: float,
+    rope_rcp_theta: float,
 ) -> None:
     """single_prefill_with_kv_cache's launch. The split of the KV across the device and the
     scratch for its partial states are decided here, where the device is known."""
@@ -334,14 +352,14 @@ def _single_prefill_op(
         kv_len,
         num_qo_heads // num_kv_heads,
         num_kv_heads,
-        _max_ctas(q.dtype, head_dim, q.device),
+        _max_ctas(q.dtype, head_dim, q.device, rope),
     )
     rows = qo_len * chunks if chunks > 1 else 0
     tmp_v = torch.empty(
         max(rows * num_qo_heads * head_dim, 1), dtype=torch.float32, device=q.device
     )
     tmp_lse = torch.empty(max(rows * num_qo_heads, 1), dtype=torch.float32, device=q.device)
-    get_prefill_module(q.dtype, head_dim).single_prefill(
+    get_prefill_module(q.dtype, head_dim, rope).single_prefill(
         q,
         k,
         v,
@@ -357,6 +375,8 @@ def _single_prefill_op(
         chunks,
         score_scale,
         score_cap,
+        rope_rcp_scale,
+        rope_rcp_theta,
         resolve_enable_pdl(None, q.device),
     )
 
@@ -387,12 +407,15 @@ def _batch_prefill_op(
     window_left: int,
     score_scale: float,
     score_cap: float,
+    rope: bool,
+    rope_rcp_scale: float,
+    rope_rcp_theta: float,
     enable_pdl: bool | None,
 ) -> None:
     """The batch prefill wrappers' run() launch (paged: ``kv_indices`` and
     ``kv_last_page_len`` given; ragged: None), on the planned schedule (``plan``, in the int
     workspace) and scratch (``tmp_v``/``tmp_lse``, in the float workspace)."""
-    get_prefill_module(q.dtype, q.shape[-1]).batch_prefill(
+    get_prefill_module(q.dtype, q.shape[-1], rope).batch_prefill(
         q,
         k,
         v,
@@ -417,6 +440,8 @@ def _batch_prefill_op(
         window_left,
         score_scale,
         score_cap,
+        rope_rcp_scale,
+        rope_rcp_theta,
         resolve_enable_pdl(enable_pdl, q.device),
     )
 
@@ -740,7 +765,8 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         unless the split was fixed."""
         # fake buffers (tracing without a GPU) have no device to fill: no split
         fake = is_symbolic(self._workspace)
-        max_ctas = 1 if fake else _max_ctas(opts.dtype, opts.head_dim, self.device)
+        rope = opts.pos_encoding_mode == "ROPE_LLAMA"
+        max_ctas = 1 if fake else _max_ctas(opts.dtype, opts.head_dim, self.device, rope)
         fixed = None if opts.fixed_split_size is None else opts.fixed_split_size * page_size
 
         def schedule(allow_split: bool) -> PrefillSchedule:
@@ -863,7 +889,11 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         # compiled here, not in a run() a CUDA graph may be capturing; a fake workspace
         # (tracing without a GPU) needs no module
         self._cached_module = (
-            None if is_symbolic(workspace) else get_prefill_module(opts.dtype, opts.head_dim)
+            None
+            if is_symbolic(workspace)
+            else get_prefill_module(
+                opts.dtype, opts.head_dim, opts.pos_encoding_mode == "ROPE_LLAMA"
+            )
         )
         self._plan_info = plan
         if self._backend == "auto":
@@ -962,6 +992,9 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         window_left: Any,
         sm_scale: Any,
         logits_soft_cap: Any,
+        pos_encoding_mode: Any,
+        rope_scale: Any,
+        rope_theta: Any,
         q_scale: Any,
         k_scale: Any,
         v_scale: Any,
@@ -978,6 +1011,8 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         v_scale = check_optional_number("v_scale", v_scale)
         window = check_window(window_left)
         causal = checks.check_bool("causal", causal)
+        rope = check_pos_encoding(pos_encoding_mode)
+        rope_rcp_scale, rope_rcp_theta = rope_params(rope_scale, rope_theta)
         checks.check_cuda("q", q, like=self._workspace)
         for name, t in kv:
             checks.check_cuda(name, t, like=q)
@@ -1026,6 +1061,9 @@ class _BatchPrefillWrapper(WorkspaceOwner):
                 window,
                 scale,
                 cap,
+                rope,
+                rope_rcp_scale,
+                rope_rcp_theta,
                 enable_pdl,
             )
         apply_v_scale(out, v_scale)
@@ -1228,6 +1266,9 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
             self._window_left,
             self._sm_scale,
             self._logits_soft_cap,
+            self._pos_encoding_mode,
+            self._rope_scale,
+            self._rope_theta,
             q_scale,
             k_scale,
             v_scale,
@@ -1552,6 +1593,9 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
             self._window_left if window_left is None else window_left,
             self._sm_scale,
             self._logits_soft_cap,
+            self._pos_encoding_mode,
+            self._rope_scale,
+            self._rope_theta,
             q_scale,
             k_scale,
             v_scale,

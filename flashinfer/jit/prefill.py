@@ -144,12 +144,14 @@ def prefill_tiling(head_dim: int) -> PrefillTiling:
     return tiling
 
 
-def prefill_uri(dtype: Any, head_dim: int, tiling: PrefillTiling | None = None) -> str:
-    """The module's name; a tiling other than the default is part of it."""
+def prefill_uri(
+    dtype: Any, head_dim: int, tiling: PrefillTiling | None = None, rope: bool = False
+) -> str:
+    """The module's name; a tiling other than the default, and RoPE, are part of it."""
     base = f"prefill_{dtype_info(dtype).short}_hd{head_dim}"
-    if tiling is None or tiling == DEFAULT_TILINGS[head_dim]:
-        return base
-    return f"{base}_{tiling.name}"
+    if tiling is not None and tiling != DEFAULT_TILINGS[head_dim]:
+        base = f"{base}_{tiling.name}"
+    return f"{base}_rope" if rope else base
 
 
 # The binding functions' parameters, in order (the debug printer names arguments by them;
@@ -179,6 +181,8 @@ BATCH_PREFILL_ARGS = (
     "window_left",
     "score_scale",
     "score_cap",
+    "rope_rcp_scale",
+    "rope_rcp_theta",
     "enable_pdl",
 )
 SINGLE_PREFILL_ARGS = (
@@ -197,13 +201,18 @@ SINGLE_PREFILL_ARGS = (
     "num_chunks",
     "score_scale",
     "score_cap",
+    "rope_rcp_scale",
+    "rope_rcp_theta",
     "enable_pdl",
 )
 
 
-def gen_prefill_module(dtype: Any, head_dim: int, tiling: PrefillTiling | None = None) -> JitSpec:
+def gen_prefill_module(
+    dtype: Any, head_dim: int, tiling: PrefillTiling | None = None, rope: bool = False
+) -> JitSpec:
     """The spec of the prefill module for ``dtype`` x ``head_dim`` (its attention config
-    rendered when planned), with ``tiling`` or :func:`prefill_tiling`'s."""
+    rendered when planned), with ``tiling`` or :func:`prefill_tiling`'s; ``rope``: queries
+    and keys rotated in the kernel (``pos_encoding_mode="ROPE_LLAMA"``)."""
     info = dtype_info(dtype)
     if info.bits != 16:
         raise TypeError(f"prefill supports float16 and bfloat16, not {info.name}")
@@ -213,7 +222,7 @@ def gen_prefill_module(dtype: Any, head_dim: int, tiling: PrefillTiling | None =
         tiling = prefill_tiling(head_dim)
     else:
         tiling.check(head_dim)
-    uri = prefill_uri(dtype, head_dim, tiling)
+    uri = prefill_uri(dtype, head_dim, tiling, rope)
     config = PendingRender.of(
         "attention_config.jinja",
         uri,
@@ -228,6 +237,7 @@ def gen_prefill_module(dtype: Any, head_dim: int, tiling: PrefillTiling | None =
         prefill_tile_kv=tiling.tile_kv,
         prefill_ctas=tiling.ctas,
         prefill_overlap=tiling.overlap,
+        prefill_rope=rope,
     )
     return gen_jit_spec(
         uri,
@@ -239,6 +249,7 @@ def gen_prefill_module(dtype: Any, head_dim: int, tiling: PrefillTiling | None =
             "single_prefill": SINGLE_PREFILL_ARGS,
             "blocks_per_sm": (),
             "tile_rows": (),
+            "rope": (),
         },
     )
 

@@ -340,10 +340,15 @@ def attention(
     window_left: int = -1,
     soft_cap: float | None = None,
     mask: torch.Tensor | None = None,
+    rope: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One request's attention in float64: q ``[qo_len, Hq, D]``, k/v ``[kv_len, Hk, D]``;
     qo head h reads kv head ``h // (Hq // Hk)``. Returns (out ``[qo_len, Hq, D]``, lse
     ``[qo_len, Hq]`` in base 2).
+
+    ``rope = (rope_scale, rope_theta)``: pos_encoding_mode "ROPE_LLAMA", query i rotated at
+    position ``i + kv_len - qo_len`` and key j at ``j`` (halves paired, not interleaved), the
+    rotated values rounded to the inputs' dtype as the kernels keep them.
 
     Query i sees key j where ``mask[i, j]`` (a custom mask overrides ``causal``), else iff
     ``j <= i + kv_len - qo_len`` when causal (bottom-right aligned); ``window_left >= 0``
@@ -354,6 +359,11 @@ def attention(
     qo_len, heads, dim = q.shape
     kv_len, kv_heads = k.shape[0], k.shape[1]
     group = heads // kv_heads
+    if rope is not None:
+        freq = rope_frequencies(dim, *rope).to(q.device)
+        positions = torch.arange(qo_len, device=q.device) + (kv_len - qo_len)
+        q = _rotated(q, positions, freq)
+        k = _rotated(k, torch.arange(kv_len, device=q.device), freq)
     scale = dim**-0.5 if sm_scale is None else sm_scale
     kd, vd = k.double(), v.double()
     out = torch.zeros(qo_len, heads, dim, dtype=torch.float64, device=q.device)
@@ -381,6 +391,13 @@ def attention(
         out[rows] = torch.einsum("kgrl,lkd->rkgd", probs, vd).reshape(rows.numel(), heads, dim)
         lse[rows] = row_lse.permute(2, 0, 1).reshape(rows.numel(), heads) / math.log(2)
     return out, lse
+
+
+def _rotated(x: torch.Tensor, positions: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
+    """x rotated (Llama RoPE) at ``positions``, angles in float32 as the kernels form them,
+    rounded back to x's dtype."""
+    angles = positions.float()[:, None] * freq[None, :]
+    return rope(x, angles, interleave=False).to(x.dtype)
 
 
 def decode_attention(

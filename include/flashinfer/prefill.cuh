@@ -42,6 +42,7 @@
 #include "flashinfer/mma.cuh"
 #include "flashinfer/pdl.cuh"
 #include "flashinfer/prefill_mask.h"
+#include "flashinfer/prefill_rope.cuh"
 #include "flashinfer/ptx.cuh"
 #include "flashinfer/schedule.cuh"
 #include "flashinfer/swizzle.h"
@@ -142,6 +143,7 @@ struct PrefillParams {
   // >= 0: token t sees key j only if j >= t + kv_len - qo_len - window_left
   int64_t window_left;
   int64_t single_qo_len, single_kv_len;
+  Rope rope;  // read only by the kernels built with RoPE (prefill_rope.cuh)
 };
 
 // Batch mode: plan points at the packed schedule (schedule.cuh) on the device, its work
@@ -216,8 +218,9 @@ __device__ __forceinline__ void query_span(const PrefillParams<T>& p, int reques
 }
 
 // (the minimum CTAs per SM is always named: without one, ptxas may cap registers on its own
-// for occupancy and spill, as it did for 64:m2kv16 at 128)
-template <typename T, typename Tl>
+// for occupancy and spill, as it did for 64:m2kv16 at 128). kRope: queries and keys are
+// rotated (Llama RoPE, prefill_rope.cuh) in shared memory before any warp reads them.
+template <typename T, typename Tl, bool kRope>
 __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     PrefillKernel(PrefillParams<T> p, WorkList w) {
   constexpr int kHeadDim = Tl::kHeadDim, kMTiles = Tl::kMTiles, kThreads = Tl::kThreads;
@@ -387,6 +390,20 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       cp_async_16(k_stage + chunks.at(i), k_at.k + chunks.offset(i) * 8, k_at.valid);
       if (with_v) cp_async_16(v_stage + chunks.at(i), v_at.v + chunks.offset(i) * 8, v_at.valid);
     }
+  };
+  // RoPE: query row r of the tile at its token's position (bottom-right aligned, as the
+  // causal mask), key r of K tile `tile` at its index in the request. Called by every
+  // thread between two barriers: the first publishes the landed rows, the second the
+  // rotated ones.
+  auto rotate_q = [&]() {
+    rotate_rows<kHeadDim, kTileRows, kThreads>(sq, p.rope, thread_index(), [&](int r) {
+      return static_cast<float>(by_group.quotient(row0 + r) + delta);
+    });
+  };
+  auto rotate_k = [&](int stage, int tile, const TileBounds& cta) {
+    const int64_t kv0 = cta.lo + int64_t{tile} * kTileKV;
+    rotate_rows<kHeadDim, kTileKV, kThreads>(sk + stage * Tl::kKVElems, p.rope, thread_index(),
+                                             [&](int r) { return static_cast<float>(kv0 + r); });
   };
   // Prologue: tile 0 (kOverlap: its K), in a commit group of its own.
   const TokenRows first_rows = locate(0, bounds, entry_ahead(0, bounds));
@@ -622,6 +639,11 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     // tile and its end, the compiler would keep the count read after the barrier through
     // the math, and head_dim 128 m2kv64, at 255 registers, spills it)
     const volatile int* const num_tiles_now = &shared_bounds->num_tiles;
+    if (kRope) {
+      cp_async_wait<0>();  // Q (and tile 0) have landed
+      __syncthreads();
+      rotate_q();  // published by the loop's first barrier
+    }
     for (int it = 0; it < *num_tiles_now; ++it) {
       const TileBounds& cta = *shared_bounds;
       const TokenRows at = locate(it + 1, cta, entry);
@@ -631,6 +653,10 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       load_kv(it + 1, at, it + 1, at, true);  // (past the last tile: zeros no one reads)
       cp_async_commit();
       const int stage = it % Tl::kStages;
+      if (kRope) {
+        rotate_k(stage, it, cta);
+        __syncthreads();
+      }
       if (keys_meet_tile(warp_keys[thread_index() / 32], cta.lo + it * kTileKV, kTileKV)) {
         qk(stage, s);
         const float unit = mask_scores(it, cta, s);
@@ -663,6 +689,11 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     cp_async_commit();
     cp_async_wait<1>();  // K of tile 0 has landed
     __syncthreads();
+    if (kRope) {
+      rotate_q();
+      rotate_k(0, 0, bounds);
+      __syncthreads();
+    }
     Scores s_other;
     if (num_tiles > 0 && keys_meet_tile(warp_keys[thread_index() / 32], lo, kTileKV)) qk(0, s);
     // Tile it: its scores in `cur` (when the warp meets it), the next tile's computed into
@@ -675,6 +706,10 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       load_kv(it + 2, in.k, it + 1, in.v, true);
       cp_async_commit();
       const int stage = it % Tl::kStages, next_stage = (it + 1) % Tl::kStages;
+      if (kRope) {
+        rotate_k(next_stage, it + 1, cta);  // (past the last tile: zeros, rotated to zeros)
+        __syncthreads();
+      }
       const int kv0 = cta.lo + it * kTileKV;
       const KeyRange keys = warp_keys[thread_index() / 32];
       const bool next = it + 1 < cta.num_tiles && keys_meet_tile(keys, kv0 + kTileKV, kTileKV);
@@ -747,7 +782,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
 
 // Raising the kernel's dynamic shared memory limit happens once per device and never again,
 // so launches captured in a CUDA graph (after a warm-up run) make no attribute calls.
-template <typename T, typename Tl>
+template <typename T, typename Tl, bool kRope>
 cudaError_t PreparePrefillKernel() {
   constexpr int kMaxDevices = 64;
   static std::atomic<bool> configured[kMaxDevices] = {};
@@ -755,32 +790,33 @@ cudaError_t PreparePrefillKernel() {
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device < kMaxDevices && configured[device].load()) return cudaSuccess;
-  err = cudaFuncSetAttribute(PrefillKernel<T, Tl>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(Tl::kSharedBytes));
+  err =
+      cudaFuncSetAttribute(PrefillKernel<T, Tl, kRope>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(Tl::kSharedBytes));
   if (err == cudaSuccess && device < kMaxDevices) configured[device].store(true);
   return err;
 }
 
 // CTAs of PrefillKernel resident per SM (the scheduler's unit of fill).
-template <typename T, typename Tl>
+template <typename T, typename Tl, bool kRope>
 cudaError_t PrefillBlocksPerSM(int* blocks) {
-  cudaError_t err = PreparePrefillKernel<T, Tl>();
+  cudaError_t err = PreparePrefillKernel<T, Tl, kRope>();
   if (err != cudaSuccess) return err;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, PrefillKernel<T, Tl>, Tl::kThreads,
-                                                       Tl::kSharedBytes);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, PrefillKernel<T, Tl, kRope>,
+                                                       Tl::kThreads, Tl::kSharedBytes);
 }
 
 // Launches the prefill kernel over `grid_work` work items, then (when merge_positions > 0)
 // the merge of split requests' tmp rows into the output. `pdl`: both launch with
 // programmatic dependent launch (see pdl.cuh).
-template <typename T, typename Tl>
+template <typename T, typename Tl, bool kRope>
 cudaError_t Prefill(const PrefillParams<T>& p, const WorkList& work, int64_t grid_work,
                     int64_t num_kv_heads, const cascade::MergeSchedule& merge,
                     int64_t merge_positions, bool pdl, cudaStream_t stream) {
   if (grid_work == 0 || num_kv_heads == 0) return cudaSuccess;
-  cudaError_t err = PreparePrefillKernel<T, Tl>();
+  cudaError_t err = PreparePrefillKernel<T, Tl, kRope>();
   if (err != cudaSuccess) return err;
-  err = launch_kernel(PrefillKernel<T, Tl>,
+  err = launch_kernel(PrefillKernel<T, Tl, kRope>,
                       dim3(static_cast<unsigned>(grid_work), static_cast<unsigned>(num_kv_heads)),
                       dim3(Tl::kThreads), Tl::kSharedBytes, stream, pdl, p, work);
   if (err != cudaSuccess || merge_positions == 0) return err;

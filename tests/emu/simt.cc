@@ -443,22 +443,36 @@ void run_block() {
     f.context.uc_link = &g.scheduler;
     makecontext(&f.context, fiber_main, 0);
   }
+  // In thread order, each fiber until it waits, round after round. Reversed: the last warp
+  // first, its lanes last first, and each warp as far as it gets (until every lane of it
+  // waits on another warp or is done) before the next one runs, so a warp that reads shared
+  // memory another warp writes before a barrier publishes it reads it unwritten, even with
+  // a warp collective between the write and the read.
+  const unsigned warps = static_cast<unsigned>(g.warps.size());
   for (;;) {
     bool ran = false, live = false;
-    for (unsigned i = 0; i < threads; ++i) {
-      Fiber& f = g.fibers[g.reverse ? threads - 1 - i : i];
-      if (f.done) continue;
-      live = true;
-      if (f.waiting && f.waiting->generation == f.wait_generation) continue;
-      f.waiting = nullptr;
-      g.current = &f;
-      void* fake_stack = nullptr;
-      stack_switch_begin(&fake_stack, f.stack.data(), f.stack.size());
-      swapcontext(&g.scheduler, &f.context);
-      stack_switch_end(fake_stack, nullptr, nullptr);
-      g.current = nullptr;
-      ran = true;
-      if (g.failed) return;
+    for (unsigned wi = 0; wi < warps; ++wi) {
+      const unsigned warp = g.reverse ? warps - 1 - wi : wi;
+      const unsigned first = 32 * warp, lanes = std::min(32u, threads - first);
+      for (bool progress = true; progress;) {
+        progress = false;
+        for (unsigned i = 0; i < lanes; ++i) {
+          Fiber& f = g.fibers[first + (g.reverse ? lanes - 1 - i : i)];
+          if (f.done) continue;
+          live = true;
+          if (f.waiting && f.waiting->generation == f.wait_generation) continue;
+          f.waiting = nullptr;
+          g.current = &f;
+          void* fake_stack = nullptr;
+          stack_switch_begin(&fake_stack, f.stack.data(), f.stack.size());
+          swapcontext(&g.scheduler, &f.context);
+          stack_switch_end(fake_stack, nullptr, nullptr);
+          g.current = nullptr;
+          ran = progress = true;
+          if (g.failed) return;
+        }
+        progress = progress && g.reverse;
+      }
     }
     if (!live) {
       for (size_t i = 0; i < kGuardBytes; ++i) {

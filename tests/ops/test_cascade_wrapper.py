@@ -242,7 +242,9 @@ def cpu_attention(cpu_prefill, monkeypatch: pytest.MonkeyPatch) -> CpuAttention:
     """cpu_prefill's CPU setup (no device checks, recorded uploads) with modules that
     compute."""
     record = CpuAttention()
-    monkeypatch.setattr(prefill_api, "get_prefill_module", lambda dtype, head_dim: record)
+    monkeypatch.setattr(
+        prefill_api, "get_prefill_module", lambda dtype, head_dim, rope=False: record
+    )
     monkeypatch.setattr(cascade_api, "get_cascade_module", lambda dtype: record)
     return record
 
@@ -351,11 +353,7 @@ PLAN_BAD = [  # found before any level is planned
         TypeError,
         dict(paged_kv_last_page_len=_LAST[1]),
     ),
-    (
-        "pos_encoding_mode 'ROPE_LLAMA' is not supported",
-        ValueError,
-        dict(pos_encoding_mode="ROPE_LLAMA"),
-    ),
+    ("pos_encoding_mode 'ALIBI' is not supported", ValueError, dict(pos_encoding_mode="ALIBI")),
     ("use_fp16_qk_reduction=True is not supported", ValueError, dict(use_fp16_qk_reduction=True)),
     ("head_dim must be one of 64, 128, 256, got 96", ValueError, dict(head_dim=96)),
     (

@@ -159,10 +159,11 @@ def _bf16(*shape: int) -> torch.Tensor:
 SINGLE_BAD = [
     ("kv_layout must be 'NHD' or 'HND'", ValueError, dict(kv_layout="NDH")),
     (
-        "pos_encoding_mode 'ROPE_LLAMA' is not supported",
+        "pos_encoding_mode 'ROPE_LLAMA' needs use_tensor_cores=True",
         ValueError,
         dict(pos_encoding_mode="ROPE_LLAMA"),
     ),
+    ("pos_encoding_mode 'ALIBI' is not supported", ValueError, dict(pos_encoding_mode="ALIBI")),
     ("q must be 2-D", ValueError, dict(q=_bf16(1, 8, 128))),
     (
         "q has dtype torch.float32; supported: float16, bfloat16",
@@ -289,6 +290,11 @@ PLAN_BAD = [
         dict(kv_data_type="float16"),
     ),
     ("window_left must be an int", TypeError, dict(window_left=1.5)),
+    (
+        "pos_encoding_mode 'ROPE_LLAMA' needs use_tensor_cores=True",
+        ValueError,
+        dict(pos_encoding_mode="ROPE_LLAMA"),
+    ),
 ]
 
 

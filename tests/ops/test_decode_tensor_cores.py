@@ -176,11 +176,7 @@ PLAN_BAD = [
         dict(last_page_len=_i32([17, 1])),
     ),
     ("logits_soft_cap must be >= 0.0", ValueError, dict(logits_soft_cap=-1.0)),
-    (
-        "pos_encoding_mode 'ROPE_LLAMA' is not supported",
-        ValueError,
-        dict(pos_encoding_mode="ROPE_LLAMA"),
-    ),
+    ("pos_encoding_mode 'ALIBI' is not supported", ValueError, dict(pos_encoding_mode="ALIBI")),
     ("fixed_split_size must be >= 1", ValueError, dict(fixed_split_size=0)),
 ]
 

@@ -60,13 +60,17 @@ def cpu_kernels() -> contextlib.AbstractContextManager[None]:
 class CpuPrefill:
     """plan()/run() on the CPU: a fixed GPU size, uploads recorded instead of copied, and a
     stand-in prefill module that records each launch (by argument name) and fills ``out``
-    with ones."""
+    with ones, and which build (RoPE or not) each launch asked for."""
 
     def __init__(self) -> None:
         self.uploads: list[list[int]] = []
         self.launches: list[dict] = []
+        self.rope: list[bool] = []
 
-    def get_prefill_module(self, dtype: torch.dtype, head_dim: int) -> CpuPrefill:
+    def get_prefill_module(
+        self, dtype: torch.dtype, head_dim: int, rope: bool = False
+    ) -> CpuPrefill:
+        self.rope.append(rope)
         return self
 
     def batch_prefill(self, *args) -> None:  # noqa: ANN002
@@ -383,11 +387,7 @@ COMMON_PLAN_BAD = [
     ("head_dim must be one of 64, 128, 256, got 80", ValueError, dict(head_dim_qk=80)),
     ("head_dim_vo \\(64\\) must equal head_dim_qk \\(128\\)", ValueError, dict(head_dim_vo=64)),
     ("causal must be a bool", TypeError, dict(causal=1)),
-    (
-        "pos_encoding_mode 'ROPE_LLAMA' is not supported",
-        ValueError,
-        dict(pos_encoding_mode="ROPE_LLAMA"),
-    ),
+    ("pos_encoding_mode 'ALIBI' is not supported", ValueError, dict(pos_encoding_mode="ALIBI")),
     ("use_fp16_qk_reduction=True is not supported", ValueError, dict(use_fp16_qk_reduction=True)),
     ("sm_scale must be > 0.0", ValueError, dict(sm_scale=-1.0)),
     ("logits_soft_cap must be >= 0.0", ValueError, dict(logits_soft_cap=-1.0)),
@@ -1013,8 +1013,12 @@ def test_forward_overrides_the_planned_parameters(cpu_prefill: CpuPrefill) -> No
     assert lse.shape == (5, 8) and w._causal is False and w._window_left == -1
     with pytest.raises(ValueError, match="use_fp16_qk_reduction=True is not supported"):
         w.forward(q, cache, use_fp16_qk_reduction=True)
-    with pytest.raises(ValueError, match="pos_encoding_mode 'ROPE_LLAMA' is not supported"):
-        w.forward_return_lse(q, cache, pos_encoding_mode="ROPE_LLAMA")
+    with pytest.raises(ValueError, match="pos_encoding_mode 'ALIBI' is not supported"):
+        w.forward_return_lse(q, cache, pos_encoding_mode="ALIBI")
+    w.forward(q, cache, pos_encoding_mode="ROPE_LLAMA", rope_scale=4.0, rope_theta=5e5)
+    launch = cpu_prefill.launches[-1]
+    assert cpu_prefill.rope[-1] is True and w._pos_encoding_mode == "ROPE_LLAMA"
+    assert (launch["rope_rcp_scale"], launch["rope_rcp_theta"]) == (0.25, pytest.approx(2e-6))
     w.end_forward()
 
     r = BatchPrefillWithRaggedKVCacheWrapper(_workspace())
@@ -1189,9 +1193,26 @@ def test_prefill_binding_checks_too() -> None:
     q, k, out = _bf16_cpu(8, 4, 128), _bf16_cpu(10, 2, 128), _bf16_cpu(8, 4, 128)
     tmp = torch.empty(1)
 
-    def single(q=q, k=k, out=out, mask=None, chunks=1, window=-1):  # noqa: ANN001, ANN202
+    def single(q=q, k=k, out=out, mask=None, chunks=1, window=-1, rope=1.0):  # noqa: ANN001, ANN202
         return module.single_prefill(
-            q, k, k, mask, tmp, tmp, out, None, False, True, window, 10, chunks, 1.0, 0.0, False
+            q,
+            k,
+            k,
+            mask,
+            tmp,
+            tmp,
+            out,
+            None,
+            False,
+            True,
+            window,
+            10,
+            chunks,
+            1.0,
+            0.0,
+            rope,
+            1e-4,
+            False,
         )
 
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):
@@ -1212,6 +1233,9 @@ def test_prefill_binding_checks_too() -> None:
         single(window=-2)
     with pytest.raises(ValueError, match="custom_mask has 1 bytes, needs 10"):
         single(mask=torch.zeros(1, dtype=torch.uint8))
+    for bad in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="rope_rcp_scale and rope_rcp_theta must be positive"):
+            single(rope=bad)
 
     indptr = torch.tensor([0, 8], dtype=torch.int32)
     plan = torch.zeros(plan_length(1, 0), dtype=torch.int32)
@@ -1242,6 +1266,8 @@ def test_prefill_binding_checks_too() -> None:
             -1,
             1.0,
             0.0,
+            1.0,
+            1e-4,
             False,
         )
 
@@ -1365,3 +1391,40 @@ def test_prefill_kernels_do_not_spill(dtype, head_dim, tiling, monkeypatch) -> N
     spec = gen_prefill_module(dtype, head_dim, tiling)
     module = build_with_ptxas_report(spec, monkeypatch)
     assert (module.head_dim(), module.dtype(), module.tile_rows()) == (head_dim, dtype, TILE_ROWS)
+
+
+# RoPE builds: the defaults, and the GPU tests' other tilings (tests/ops/test_prefill_gpu.py)
+ROPE_TILINGS = [(d, DEFAULT_TILINGS[d]) for d in HEAD_DIMS] + [
+    (64, PrefillTiling(2, 32)),
+    (128, PrefillTiling(2, 32)),
+    (256, PrefillTiling(1, 32)),
+]
+
+
+@pytest.mark.parametrize(
+    "dtype,head_dim,tiling",
+    [
+        pytest.param(
+            dtype,
+            head_dim,
+            tiling,
+            marks=[]
+            if (dtype, head_dim, tiling) == ("bfloat16", 128, DEFAULT_TILINGS[128])
+            else [pytest.mark.compile_matrix],
+            id=f"{dtype}-{head_dim}-{tiling.name}",
+        )
+        for dtype in ("float16", "bfloat16")
+        for head_dim, tiling in ROPE_TILINGS
+    ],
+)
+def test_rope_prefill_kernels_do_not_spill(dtype, head_dim, tiling, monkeypatch) -> None:
+    """The builds that rotate q and k in shared memory (pos_encoding_mode="ROPE_LLAMA") keep
+    their state in registers too; they are modules of their own, named so."""
+    monkeypatch.delenv("FLASHINFER_PREFILL_TILING", raising=False)
+    spec = gen_prefill_module(dtype, head_dim, tiling, rope=True)
+    assert (
+        spec.name.endswith("_rope")
+        and spec.name != gen_prefill_module(dtype, head_dim, tiling).name
+    )
+    module = build_with_ptxas_report(spec, monkeypatch)
+    assert module.rope() is True and module.head_dim() == head_dim

@@ -57,18 +57,24 @@ OUTPUTS = {  # each launch's outputs and partial-state scratch, NaN-filled befor
 
 @functools.cache
 def _module(
-    dtype: torch.dtype, head_dim: int, tiling: PrefillTiling, land_at_issue: bool, reverse: bool
+    dtype: torch.dtype,
+    head_dim: int,
+    tiling: PrefillTiling,
+    land_at_issue: bool,
+    reverse: bool,
+    rope: bool,
 ) -> EmulatedModule:
     return EmulatedModule(
-        gen_prefill_module(dtype, head_dim, tiling), OUTPUTS, land_at_issue, reverse
+        gen_prefill_module(dtype, head_dim, tiling, rope), OUTPUTS, land_at_issue, reverse
     )
 
 
 @pytest.fixture
 def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedModule]]:
-    """emulate(dtype, head_dim, tiling=default, land_at_issue=False, reverse=False): the
-    wrappers' prefill module is then the emulated build (with that schedule, see
-    tests/emu/engine.py), on CPU tensors; plan() uploads its schedule for real."""
+    """emulate(dtype, head_dim, tiling=default, land_at_issue=False, reverse=False,
+    rope=False): the wrappers' prefill module is then the emulated build (with that
+    schedule, see tests/emu/engine.py; ``rope``: the build that rotates q and k, which the
+    wrappers must then ask for), on CPU tensors; plan() uploads its schedule for real."""
 
     def install(
         dtype: torch.dtype,
@@ -76,11 +82,17 @@ def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedM
         tiling: PrefillTiling | None = None,
         land_at_issue: bool = False,
         reverse: bool = False,
+        rope: bool = False,
     ) -> EmulatedModule:
         tiling = tiling or DEFAULT_TILINGS[head_dim]
-        module = _module(dtype, head_dim, tiling, land_at_issue, reverse)
+        module = _module(dtype, head_dim, tiling, land_at_issue, reverse, rope)
         module.launches.clear()
-        monkeypatch.setattr(prefill_api, "get_prefill_module", lambda d, h: module)
+
+        def get_prefill_module(d: torch.dtype, h: int, with_rope: bool = False) -> EmulatedModule:
+            assert with_rope == rope, "the wrapper asked for the other RoPE build"
+            return module
+
+        monkeypatch.setattr(prefill_api, "get_prefill_module", get_prefill_module)
         return module
 
     monkeypatch.setattr(prefill_api, "_max_ctas", lambda *a: MAX_CTAS)
@@ -98,6 +110,8 @@ def _single(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -
     reference = {k: v for k, v in options.items() if k in ("causal", "window_left", "sm_scale")}
     if "logits_soft_cap" in options:
         reference["soft_cap"] = options["logits_soft_cap"]
+    if options.get("pos_encoding_mode") == "ROPE_LLAMA":
+        reference["rope"] = (options.get("rope_scale") or 1.0, options.get("rope_theta") or 1e4)
     _check(out, lse, reference_attention(q, k, v, **reference))
 
 
@@ -133,6 +147,8 @@ def _paged(
         window_left=options.get("window_left", -1),
         soft_cap=options.get("logits_soft_cap"),
     )
+    if options.get("pos_encoding_mode") == "ROPE_LLAMA":
+        reference["rope"] = (options.get("rope_scale") or 1.0, options.get("rope_theta") or 1e4)
     _check(out, lse, _expected_batch(q, qo_lens, ks, vs, **reference))
 
 
@@ -366,3 +382,59 @@ def test_tensor_core_batch_decode_check(emulate) -> None:
     emulate(torch.bfloat16, 128, reverse=True)
     lens, heads = [1, 17, 0, 300, 33], (8, 2)
     check_batch_decode("cpu", lens, *heads, 128, 16, "HND", torch.bfloat16, True, kv_tuple=True)
+
+
+ROPE_TILINGS = [
+    (128, DEFAULT_TILINGS[128], False),
+    (128, PrefillTiling(1, 64), True),
+    (128, PrefillTiling(2, 32, overlap=True), True),
+    (64, DEFAULT_TILINGS[64], True),
+    (256, DEFAULT_TILINGS[256], False),
+]
+
+
+@pytest.mark.parametrize(
+    "head_dim,tiling,reverse",
+    ROPE_TILINGS,
+    ids=[f"hd{d}-{t.name}-{'reverse' if r else 'forward'}" for d, t, r in ROPE_TILINGS],
+)
+def test_rope_inside_attention(
+    emulate, head_dim: int, tiling: PrefillTiling, reverse: bool
+) -> None:
+    """pos_encoding_mode="ROPE_LLAMA": the kernel rotates Q once and each K tile after it lands
+    (queries at their bottom-right aligned positions, keys at their index in the request,
+    positions running on across KV chunks), in the overlapped and the plain loop: a causal
+    single prefill with fewer queries than keys, then a batch over shuffled pages whose long
+    request is split over CTAs, with another rope_scale and rope_theta."""
+    module = emulate(torch.bfloat16, head_dim, tiling, reverse=reverse, rope=True)
+    torch.manual_seed(head_dim + tiling.tile_kv)
+    q = _randn(70, 8, head_dim, dtype=torch.bfloat16, device="cpu")
+    k, v = (_randn(200, 2, head_dim, dtype=torch.bfloat16, device="cpu") for _ in range(2))
+    _single(q, k, v, causal=True, pos_encoding_mode="ROPE_LLAMA")
+    options = dict(pos_encoding_mode="ROPE_LLAMA", rope_scale=2.0, rope_theta=5e5)
+    _paged([3, 1], [700, 65], (4, 2), head_dim, 16, "NHD", causal=True, **options)
+    assert module.launches[-1]["grid_merge"] > 0  # the 700 keys ran as several chunks
+
+
+def test_rope_tensor_core_decode(emulate) -> None:
+    """Tensor-core decode with RoPE: each request's one query rotated at its last position."""
+    emulate(torch.bfloat16, 128, reverse=True, rope=True)
+    torch.manual_seed(23)
+    kv_lens, heads, page_size = [1, 40, 0, 300], (8, 2), 16
+    qo_lens = [1] * len(kv_lens)
+    q, ks, vs = _batch_data(qo_lens, kv_lens, *heads, 128, torch.bfloat16, device="cpu")
+    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, "HND", seed=3)
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(_workspace(), "HND", use_tensor_cores=True)
+    wrapper.plan(
+        indptr,
+        indices,
+        last,
+        *heads,
+        128,
+        page_size,
+        pos_encoding_mode="ROPE_LLAMA",
+        rope_theta=1e6,
+        q_data_type=torch.bfloat16,
+    )
+    out, lse = wrapper.run(q, cache, return_lse=True)
+    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, rope=(1.0, 1e6)))

@@ -24,7 +24,7 @@ LSE_TOLERANCE = dict(atol=1e-2, rtol=1e-3)  # base-2 LSE, float32 from fp16/bf16
 # runs on the default modules and on these, so a tiling is known correct before a benchmark
 # makes it the default.
 OTHER_TILINGS = {64: (2, 32), 128: (2, 32), 256: (1, 32)}
-_other_modules: dict[tuple[Any, int], Any] = {}
+_other_modules: dict[tuple[Any, int, bool], Any] = {}
 
 
 @pytest.fixture(params=["default", "other"], ids=["default-tiling", "other-tiling"])
@@ -35,11 +35,12 @@ def prefill(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     if request.param == "other":
         from flashinfer.jit.prefill import PrefillTiling, gen_prefill_module
 
-        def get_prefill_module(dtype: Any, head_dim: int) -> Any:
-            key = (dtype, head_dim)
+        def get_prefill_module(dtype: Any, head_dim: int, rope: bool = False) -> Any:
+            key = (dtype, head_dim, rope)
             if key not in _other_modules:
                 tiling = PrefillTiling(*OTHER_TILINGS[head_dim])
-                _other_modules[key] = gen_prefill_module(dtype, head_dim, tiling).build_and_load()
+                spec = gen_prefill_module(dtype, head_dim, tiling, rope)
+                _other_modules[key] = spec.build_and_load()
             return _other_modules[key]
 
         monkeypatch.setattr(module, "get_prefill_module", get_prefill_module)
@@ -622,10 +623,10 @@ def test_every_tiling_masks_and_skips_as_the_reference(
     tile_kv = tiling.tile_kv
     built: dict[Any, Any] = {}
 
-    def get_prefill_module(dtype: Any, dim: int) -> Any:
-        if dtype not in built:
-            built[dtype] = gen_prefill_module(dtype, dim, tiling).build_and_load()
-        return built[dtype]
+    def get_prefill_module(dtype: Any, dim: int, rope: bool = False) -> Any:
+        if (dtype, rope) not in built:
+            built[dtype, rope] = gen_prefill_module(dtype, dim, tiling, rope).build_and_load()
+        return built[dtype, rope]
 
     monkeypatch.setattr(module, "get_prefill_module", get_prefill_module)
     dtype, qo_heads, kv_heads, page_size, window = torch.bfloat16, 6, 2, 7, 40
@@ -855,3 +856,79 @@ def test_cuda_graph_replay_after_replanning(prefill, kind: str) -> None:
         graph.replay()
         rows = sum(qo_lens)
         torch.testing.assert_close(out[:rows].double(), want[0], **_tolerance(dtype))
+
+
+# -- RoPE inside attention -------------------------------------------------------------------------
+
+ROPE_CASES = [  # (qo_len, kv_len, qo_heads, kv_heads, head_dim, layout, dtype, rope_scale, theta)
+    (1, 777, 32, 8, 128, "HND", torch.bfloat16, None, None),
+    (63, 200, 32, 4, 64, "NHD", torch.float16, 2.0, 5e5),
+    (517, 2049, 16, 4, 256, "HND", torch.float16, None, 1e6),
+    (1000, 1000, 32, 8, 128, "NHD", torch.bfloat16, 8.0, None),
+    (128, 16384, 8, 2, 128, "NHD", torch.bfloat16, None, 5e5),  # positions past 16k
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "qo_len,kv_len,qo_heads,kv_heads,head_dim,layout,dtype,rope_scale,rope_theta", ROPE_CASES
+)
+def test_single_prefill_rope_llama(
+    prefill, qo_len, kv_len, qo_heads, kv_heads, head_dim, layout, dtype, rope_scale, rope_theta
+) -> None:
+    """pos_encoding_mode="ROPE_LLAMA": q and k rotated in the kernel, queries at their
+    bottom-right aligned positions, keys at their index; causal and not (a long KV split
+    over CTAs keeps its keys' positions)."""
+    torch.manual_seed(kv_len + head_dim)
+    q = _randn(qo_len, qo_heads, head_dim, dtype=dtype)
+    k = _randn(kv_len, kv_heads, head_dim, dtype=dtype)
+    v = _randn(kv_len, kv_heads, head_dim, dtype=dtype)
+    rope = (rope_scale or 1.0, rope_theta or 1e4)
+    for causal in (False, True):
+        out, lse = prefill.single_prefill_with_kv_cache(
+            q,
+            _to_layout(k, layout),
+            _to_layout(v, layout),
+            causal=causal,
+            kv_layout=layout,
+            pos_encoding_mode="ROPE_LLAMA",
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
+            return_lse=True,
+        )
+        _check(out, lse, reference_attention(q, k, v, causal=causal, rope=rope))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim,layout", [(64, "HND"), (128, "NHD"), (256, "NHD")])
+def test_batch_prefill_rope_llama_agrees_with_single_prefill(prefill, head_dim, layout) -> None:
+    """The reference library's own check: each request of a paged batch (pages of 5, one
+    long request split over CTAs) against single prefill of its rows with RoPE, and both
+    against the float64 reference."""
+    torch.manual_seed(head_dim)
+    dtype, qo_heads, kv_heads, page_size = torch.float16, 8, 2, 5
+    qo_lens, kv_lens = [37, 1, 17, 3], [97, 54, 17, 6000]
+    q, ks, vs = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype)
+    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, layout, seed=2)
+    wrapper = prefill.BatchPrefillWithPagedKVCacheWrapper(_workspace(), kv_layout=layout)
+    wrapper.plan(
+        _indptr(qo_lens),
+        indptr,
+        indices,
+        last,
+        qo_heads,
+        kv_heads,
+        head_dim,
+        page_size,
+        causal=True,
+        pos_encoding_mode="ROPE_LLAMA",
+        q_data_type=dtype,
+    )
+    out, lse = wrapper.run(q, cache, return_lse=True)
+    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, causal=True, rope=(1.0, 1e4)))
+    for b, start in enumerate(itertools.accumulate([0, *qo_lens[:-1]])):
+        rows = slice(start, start + qo_lens[b])
+        single = prefill.single_prefill_with_kv_cache(
+            q[rows], ks[b], vs[b], causal=True, pos_encoding_mode="ROPE_LLAMA"
+        )
+        torch.testing.assert_close(out[rows], single, **_tolerance(dtype))

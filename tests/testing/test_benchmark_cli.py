@@ -819,7 +819,9 @@ def test_bench_prefill_swaps_the_tiling_in_and_out(monkeypatch: pytest.MonkeyPat
     built: list[tuple[Any, int, PrefillTiling]] = []
 
     class Spec:
-        def __init__(self, dtype: Any, head_dim: int, tiling: PrefillTiling) -> None:
+        def __init__(
+            self, dtype: Any, head_dim: int, tiling: PrefillTiling, rope: bool = False
+        ) -> None:
             built.append((dtype, head_dim, tiling))
 
         def build_and_load(self) -> str:

@@ -13,4 +13,12 @@ inline float exp2_approx(float x) {
 
 inline float tanh_approx(float x) { return tanhf(x); }
 
+inline void sincos_approx(float x, float* s, float* c) {
+  const float turns = rintf(x * 0.159154943f);
+  float r = fmaf(turns, -6.28318548f, x);
+  r = fmaf(turns, 1.74845553e-7f, r);
+  *s = sinf(r);
+  *c = cosf(r);
+}
+
 }  // namespace flashinfer
