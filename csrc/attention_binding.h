@@ -1,10 +1,11 @@
 // Argument checks shared by the attention modules' binding TUs (decode.cc, prefill.cc):
-// q/out, KV caches, float32 buffers, LSE and index arrays. Include after attention_config.h
+// q/out, KV caches, float32 buffers, LSE, index arrays and RoPE parameters. Include after attention_config.h
 // (kDTypeCode, kDTypeBits, kHeadDim). Host compiler, tvm-ffi.
 #pragma once
 
 #include <tvm/ffi/optional.h>
 
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
@@ -113,6 +114,15 @@ inline const int32_t* PageIndices(const TensorView& t, const int32_t* stand_in,
                                   const TensorView& q) {
   const int32_t* indices = IndexArray(t, "kv_indices", 0, q);
   return indices != nullptr ? indices : stand_in;
+}
+
+// RoPE's 1 / rope_scale and 1 / rope_theta (read by the RoPE builds, checked by all).
+inline void CheckRope(double rope_rcp_scale, double rope_rcp_theta) {
+  FLASHINFER_CHECK(rope_rcp_scale > 0 && rope_rcp_theta > 0 && std::isfinite(rope_rcp_scale) &&
+                       std::isfinite(rope_rcp_theta),
+                   ValueError)
+      << "rope_rcp_scale and rope_rcp_theta must be positive and finite, got " << rope_rcp_scale
+      << " and " << rope_rcp_theta;
 }
 
 // Every tensor on q's device.

@@ -32,7 +32,8 @@ int64_t GroupOf(int64_t qo_heads, int64_t kv_heads) {
 // single request, [heads, dim] (batch stride 0).
 DecodeLaunch LaunchOf(const TensorView& q, const TensorView& out, float* lse,
                       const TensorView& tmp_v, const TensorView& tmp_lse, int64_t kv_heads,
-                      double score_scale, double score_cap) {
+                      double score_scale, double score_cap, double rope_rcp_scale,
+                      double rope_rcp_theta) {
   const bool batched = q.ndim() == 3;
   DecodeLaunch launch{};
   launch.q = DataPtr(q);
@@ -48,6 +49,8 @@ DecodeLaunch LaunchOf(const TensorView& q, const TensorView& out, float* lse,
   launch.num_kv_heads = kv_heads;
   launch.score_scale = static_cast<float>(score_scale);
   launch.score_cap = static_cast<float>(score_cap);
+  launch.rope_rcp_scale = static_cast<float>(rope_rcp_scale);
+  launch.rope_rcp_theta = static_cast<float>(rope_rcp_theta);
   return launch;
 }
 
@@ -56,7 +59,9 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
                  TensorView tmp_v, TensorView tmp_lse, TensorView out, Optional<TensorView> lse,
                  bool hnd, int64_t work_capacity, int64_t merge_capacity, int64_t tmp_capacity,
                  int64_t grid_work, int64_t grid_merge, int64_t window_left, double score_scale,
-                 double score_cap, bool enable_pdl) {
+                 double score_cap, double rope_rcp_scale, double rope_rcp_theta,
+                 bool enable_pdl) {
+  CheckRope(rope_rcp_scale, rope_rcp_theta);
   CheckHeads(q, "q", 3, -1, -1);
   const int64_t batch = q.size(0), qo_heads = q.size(1);
   CheckHeads(out, "out", 3, batch, qo_heads);
@@ -102,7 +107,8 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
                     page_size,
                     kv_indices.size(0),
                     k_cache.size(0)};
-  DecodeLaunch launch = LaunchOf(q, out, lse_ptr, tmp_v, tmp_lse, kv_heads, score_scale, score_cap);
+  DecodeLaunch launch = LaunchOf(q, out, lse_ptr, tmp_v, tmp_lse, kv_heads, score_scale, score_cap,
+                                 rope_rcp_scale, rope_rcp_theta);
   launch.plan = plan_ptr;
   launch.work_capacity = work_capacity;
   launch.merge_capacity = merge_capacity;
@@ -117,7 +123,8 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
 void SingleDecode(TensorView q, TensorView k, TensorView v, TensorView tmp_v, TensorView tmp_lse,
                   TensorView out, Optional<TensorView> lse, bool hnd, int64_t window_left,
                   int64_t chunk_tokens, int64_t num_chunks, double score_scale, double score_cap,
-                  bool enable_pdl) {
+                  double rope_rcp_scale, double rope_rcp_theta, bool enable_pdl) {
+  CheckRope(rope_rcp_scale, rope_rcp_theta);
   CheckHeads(q, "q", 2, -1, -1);
   const int64_t qo_heads = q.size(0);
   CheckHeads(out, "out", 2, -1, qo_heads);
@@ -138,7 +145,8 @@ void SingleDecode(TensorView q, TensorView k, TensorView v, TensorView tmp_v, Te
   const DecodeKV kv{DataPtr(k), DataPtr(v), 0,       ks.slot, ks.head, 0,
                     vs.slot,    vs.head,    nullptr, nullptr, nullptr, std::max<int64_t>(kv_len, 1),
                     0,          1};
-  DecodeLaunch launch = LaunchOf(q, out, lse_ptr, tmp_v, tmp_lse, kv_heads, score_scale, score_cap);
+  DecodeLaunch launch = LaunchOf(q, out, lse_ptr, tmp_v, tmp_lse, kv_heads, score_scale, score_cap,
+                                 rope_rcp_scale, rope_rcp_theta);
   launch.grid_work = num_chunks;
   launch.chunk_tokens = chunk_tokens;
   launch.window_left = window_left;
@@ -158,6 +166,7 @@ int64_t BlocksPerSM(int64_t group) {
 
 tvm::ffi::String DTypeOfModule() { return kDTypeName; }
 int64_t HeadDimOfModule() { return kHeadDim; }
+bool RopeOfModule() { return kRope; }
 
 }  // namespace
 
@@ -166,3 +175,4 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(single_decode, SingleDecode);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(blocks_per_sm, BlocksPerSM);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(head_dim, HeadDimOfModule);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(rope, RopeOfModule);

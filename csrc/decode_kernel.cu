@@ -1,4 +1,6 @@
 // Kernel TU of the decode module (nvcc). No tvm-ffi headers here: see docs/jit.md.
+#include <cmath>
+
 #include "attention_config.h"
 #include "decode_launcher.h"
 #include "flashinfer/decode.cuh"
@@ -22,6 +24,7 @@ cudaError_t decode_launch(const DecodeKV& kv, const DecodeLaunch& l, cudaStream_
   p.tmp_lse = l.tmp_lse;
   p.num_qo_heads = l.num_qo_heads;
   p.scores = {l.score_scale, l.score_cap};
+  p.rope = {l.rope_rcp_scale, std::log2(l.rope_rcp_theta)};
   const fd::WorkList work{l.plan,        l.work_capacity, l.chunk_tokens,
                           l.window_left, l.single_len,    l.grid_work > 1};
   fc::MergeSchedule merge{};
@@ -33,10 +36,10 @@ cudaError_t decode_launch(const DecodeKV& kv, const DecodeLaunch& l, cudaStream_
     merge = {nullptr, nullptr, nullptr, l.grid_work};
   }
   const int64_t merge_positions = l.plan ? l.grid_merge : (l.grid_work > 1 ? 1 : 0);
-  return fd::Decode<DType, kHeadDim>(p, work, l.grid_work, l.num_kv_heads, merge, merge_positions,
+  return fd::Decode<DType, kHeadDim, kRope>(p, work, l.grid_work, l.num_kv_heads, merge, merge_positions,
                                      l.pdl, stream);
 }
 
 cudaError_t decode_blocks_per_sm(int group, int* blocks) {
-  return fd::DecodeBlocksPerSM<DType, kHeadDim>(group, blocks);
+  return fd::DecodeBlocksPerSM<DType, kHeadDim, kRope>(group, blocks);
 }

@@ -33,6 +33,8 @@ struct DecodeLaunch {
   float* tmp_lse;
   int64_t num_qo_heads, num_kv_heads;
   float score_scale, score_cap;
+  // RoPE (modules built with kRope; others ignore them): 1 / rope_scale, 1 / rope_theta
+  float rope_rcp_scale, rope_rcp_theta;
   const int32_t* plan;
   int64_t work_capacity, merge_capacity, grid_work, grid_merge;
   int64_t chunk_tokens, window_left, single_len;

@@ -39,15 +39,6 @@ const uint8_t* MaskOf(const Optional<TensorView>& mask, int64_t bytes, const Ten
   return static_cast<const uint8_t*>(DataPtr(t));
 }
 
-// RoPE's 1 / rope_scale and 1 / rope_theta (read by the RoPE builds, checked by all).
-void CheckRope(double rope_rcp_scale, double rope_rcp_theta) {
-  FLASHINFER_CHECK(rope_rcp_scale > 0 && rope_rcp_theta > 0 && std::isfinite(rope_rcp_scale) &&
-                       std::isfinite(rope_rcp_theta),
-                   ValueError)
-      << "rope_rcp_scale and rope_rcp_theta must be positive and finite, got " << rope_rcp_scale
-      << " and " << rope_rcp_theta;
-}
-
 // The fields batch and single prefill share.
 PrefillLaunch LaunchOf(const TensorView& q, const TensorView& k, const TensorView& v,
                        const Strides& ks, const Strides& vs, const TensorView& out, float* lse,
@@ -209,7 +200,7 @@ int64_t BlocksPerSM() {
 
 int64_t TileRows() { return prefill_tile_rows(); }
 tvm::ffi::String DTypeOfModule() { return kDTypeName; }
-bool RopeOfModule() { return kPrefillRope; }
+bool RopeOfModule() { return kRope; }
 int64_t HeadDimOfModule() { return kHeadDim; }
 
 }  // namespace

@@ -51,12 +51,12 @@ cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
     merge = {nullptr, nullptr, nullptr, l.single_chunks};
     merge_positions = l.single_qo_len;
   }
-  return fp::Prefill<DType, Tiling, kPrefillRope>(p, work, l.grid_work, l.num_kv_heads, merge,
+  return fp::Prefill<DType, Tiling, kRope>(p, work, l.grid_work, l.num_kv_heads, merge,
                                                   merge_positions, l.pdl, stream);
 }
 
 cudaError_t prefill_blocks_per_sm(int* blocks) {
-  return fp::PrefillBlocksPerSM<DType, Tiling, kPrefillRope>(blocks);
+  return fp::PrefillBlocksPerSM<DType, Tiling, kRope>(blocks);
 }
 
 int prefill_tile_rows() { return fp::kTileRows; }

@@ -31,7 +31,7 @@ struct PrefillLaunch {
   float* tmp_lse;
   int64_t num_qo_heads, num_kv_heads;
   float score_scale, score_cap;
-  // RoPE (modules built with kPrefillRope; others ignore them): 1 / rope_scale, 1 / rope_theta
+  // RoPE (modules built with kRope; others ignore them): 1 / rope_scale, 1 / rope_theta
   float rope_rcp_scale, rope_rcp_theta;
   bool causal;
   int64_t window_left;

@@ -3,14 +3,17 @@
 ``score = q.k * sm_scale`` (``sm_scale`` defaults to ``1/sqrt(head_dim)``, times ``q_scale``
 and ``k_scale`` when given); with ``logits_soft_cap = c > 0`` the score becomes
 ``c * tanh(score / c)``. With ``window_left = w >= 0`` a request attends to its last
-``w + 1`` keys only. The output is multiplied by ``v_scale`` when given. ``lse`` is the
-log-sum-exp of the scores in **base 2** (``log2(sum(exp(score)))``), as in the reference
-library, so states merge with theirs (see :mod:`flashinfer.cascade`). q, KV and the output
-share one dtype: float16 or bfloat16; head_dim 64, 128 or 256; ``num_qo_heads`` a multiple
-of ``num_kv_heads`` (GQA). Long requests are split across the GPU and merged (see
-:mod:`flashinfer.decode_schedule`). With ``use_tensor_cores=True`` decode runs on the prefill
-kernel instead (see :mod:`flashinfer.prefill`): each request is one query token, and the
-tile's rows hold its GQA group, which pays off for large groups.
+``w + 1`` keys only. ``pos_encoding_mode="ROPE_LLAMA"`` rotates q (at the request's last
+position) and each key (at its index in the request) inside the kernel, as the reference
+does (``rope_scale``/``rope_theta``, defaults 1 and 1e4). The output is multiplied by
+``v_scale`` when given. ``lse`` is the log-sum-exp of the scores in **base 2**
+(``log2(sum(exp(score)))``), as in the reference library, so states merge with theirs (see
+:mod:`flashinfer.cascade`). q, KV and the output share one dtype: float16 or bfloat16;
+head_dim 64, 128 or 256; ``num_qo_heads`` a multiple of ``num_kv_heads`` (GQA). Long
+requests are split across the GPU and merged (see :mod:`flashinfer.decode_schedule`). With
+``use_tensor_cores=True`` decode runs on the prefill kernel instead (see
+:mod:`flashinfer.prefill`): each request is one query token, and the tile's rows hold its GQA
+group, which pays off for large groups.
 
 Each launch is a torch custom op (``torch.ops.flashinfer.single_decode_with_kv_cache``,
 ``batch_decode_with_paged_kv_cache``; see docs/compile.md): the APIs check and allocate in
@@ -49,6 +52,7 @@ from .attention_args import (
     check_workspace,
     copy_prefix,
     pinned_like,
+    rope_params,
     score_params,
     to_device,
 )
@@ -90,16 +94,19 @@ _LEGACY_PLAN_ARGS = (
 
 
 @functools.cache
-def get_decode_module(dtype: Any, head_dim: int):  # noqa: ANN201 - a tvm_ffi.Module
-    """The decode module for ``dtype`` x ``head_dim``, compiled on first use."""
-    return gen_decode_module(dtype, head_dim).build_and_load()
+def get_decode_module(dtype: Any, head_dim: int, rope: bool = False):  # noqa: ANN201
+    """The decode module (a tvm_ffi.Module) for ``dtype`` x ``head_dim``, its RoPE build with
+    ``rope``, compiled on first use."""
+    return gen_decode_module(dtype, head_dim, rope).build_and_load()
 
 
 @functools.cache
-def _max_ctas(dtype: torch.dtype, head_dim: int, group: int, device: torch.device) -> int:
+def _max_ctas(
+    dtype: torch.dtype, head_dim: int, group: int, device: torch.device, rope: bool = False
+) -> int:
     """CTAs of the decode kernel the device holds at once for this group size."""
     with torch.cuda.device(device):
-        per_sm = get_decode_module(dtype, head_dim).blocks_per_sm(group)
+        per_sm = get_decode_module(dtype, head_dim, rope).blocks_per_sm(group)
     return get_device_sm_count(device) * max(1, int(per_sm))
 
 
@@ -112,16 +119,6 @@ def _check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any) -> int:
             f"block would need {group * head_dim // 8} > 1024 threads"
         )
     return group
-
-
-def _check_rope_kernel(rope: bool, tensor_cores: bool) -> None:
-    """RoPE inside attention ("ROPE_LLAMA") runs on the tensor-core (prefill) kernel only."""
-    if rope and not tensor_cores:
-        raise ValueError(
-            "pos_encoding_mode 'ROPE_LLAMA' needs use_tensor_cores=True (RoPE inside "
-            "attention runs on the prefill kernel), or apply flashinfer's RoPE to q and k "
-            "first and pass 'NONE'"
-        )
 
 
 @flashinfer_api(trace=_trace.single_decode_with_kv_cache_trace)
@@ -150,7 +147,6 @@ def single_decode_with_kv_cache(
     hnd = checks.check_kv_layout(kv_layout)
     rope = check_pos_encoding(pos_encoding_mode)
     checks.check_bool("use_tensor_cores", use_tensor_cores)
-    _check_rope_kernel(rope, use_tensor_cores)
     checks.check_tensor("q", q)
     checks.check_ndim("q", q, 2, "[num_qo_heads, head_dim]")
     checks.check_dtype("q", q, DTYPES)
@@ -169,7 +165,7 @@ def single_decode_with_kv_cache(
     (prefill._check_heads if use_tensor_cores else _check_heads)(num_qo_heads, kv_heads, head_dim)
     scale, cap = score_params(head_dim, sm_scale, logits_soft_cap, q_scale, k_scale)
     v_scale = check_optional_number("v_scale", v_scale)
-    check_rope(rope_scale, rope_theta)
+    rope_rcp_scale, rope_rcp_theta = rope_params(rope_scale, rope_theta)
     window_left = check_window(window_left)
     checks.check_bool("return_lse", return_lse)
     checks.check_cuda("q", q)
@@ -201,7 +197,9 @@ def single_decode_with_kv_cache(
         return result.squeeze(0)
     out = torch.empty((num_qo_heads, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty(num_qo_heads, dtype=torch.float32, device=q.device) if return_lse else None
-    _single_decode_op(q, k, v, out, lse, hnd, window_left, scale, cap)
+    _single_decode_op(
+        q, k, v, out, lse, hnd, window_left, scale, cap, rope, rope_rcp_scale, rope_rcp_theta
+    )
     apply_v_scale(out, v_scale)
     return (out, lse) if return_lse else out
 
@@ -217,6 +215,9 @@ def _single_decode_op(
     window_left: int,
     score_scale: float,
     score_cap: float,
+    rope: bool,
+    rope_rcp_scale: float,
+    rope_rcp_theta: float,
 ) -> None:
     """single_decode_with_kv_cache's launch. The split of the KV across the device and the
     scratch for its partial states are decided here, where the device is known."""
@@ -224,7 +225,7 @@ def _single_decode_op(
     kv_heads, kv_len = (k.shape[0], k.shape[1]) if hnd else (k.shape[1], k.shape[0])
     group = num_qo_heads // kv_heads
     schedule = plan_decode_schedule(
-        [kv_len], kv_heads, _max_ctas(q.dtype, head_dim, group, q.device), window_left
+        [kv_len], kv_heads, _max_ctas(q.dtype, head_dim, group, q.device, rope), window_left
     )
     chunks = schedule.num_work
     rows = chunks if chunks > 1 else 0
@@ -232,7 +233,7 @@ def _single_decode_op(
         max(rows * num_qo_heads * head_dim, 1), dtype=torch.float32, device=q.device
     )
     tmp_lse = torch.empty(max(rows * num_qo_heads, 1), dtype=torch.float32, device=q.device)
-    get_decode_module(q.dtype, head_dim).single_decode(
+    get_decode_module(q.dtype, head_dim, rope).single_decode(
         q,
         k,
         v,
@@ -246,6 +247,8 @@ def _single_decode_op(
         chunks,
         score_scale,
         score_cap,
+        rope_rcp_scale,
+        rope_rcp_theta,
         resolve_enable_pdl(None, q.device),
     )
 
@@ -272,11 +275,14 @@ def _batch_decode_op(
     window_left: int,
     score_scale: float,
     score_cap: float,
+    rope: bool,
+    rope_rcp_scale: float,
+    rope_rcp_theta: float,
     enable_pdl: bool | None,
 ) -> None:
     """BatchDecodeWithPagedKVCacheWrapper.run()'s launch, on the planned schedule (``plan``,
     in the int workspace) and scratch (``tmp_v``/``tmp_lse``, in the float workspace)."""
-    get_decode_module(q.dtype, q.shape[-1]).batch_decode(
+    get_decode_module(q.dtype, q.shape[-1], rope).batch_decode(
         q,
         k_cache,
         v_cache,
@@ -297,6 +303,8 @@ def _batch_decode_op(
         window_left,
         score_scale,
         score_cap,
+        rope_rcp_scale,
+        rope_rcp_theta,
         resolve_enable_pdl(enable_pdl, q.device),
     )
 
@@ -621,7 +629,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         check_heads = _check_heads if self._prefill is None else prefill._check_heads
         group = check_heads(num_qo_heads, num_kv_heads, checks.check_int("head_dim", head_dim, 1))
         checks.check_int("page_size", page_size, 1)
-        _check_rope_kernel(check_pos_encoding(pos_encoding_mode), self._prefill is not None)
+        rope = check_pos_encoding(pos_encoding_mode)
         window_left = check_window(window_left)
         cap = check_score_args(sm_scale, logits_soft_cap)[1]
         check_rope(rope_scale, rope_theta)
@@ -709,13 +717,14 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
                 window_left,
                 fixed_split_size,
                 disable_split_kv,
+                rope,
             )
             self._set_page_table(indptr, indices, last_page_len, non_blocking, copy_buffers)
             self._upload(words, plan.plan_words)
             # compiled here, not in a run() a CUDA graph may be capturing; a fake workspace
             # (tracing without a GPU) needs no module
             self._cached_module = (
-                None if is_symbolic(self._workspace) else get_decode_module(dtype, head_dim)
+                None if is_symbolic(self._workspace) else get_decode_module(dtype, head_dim, rope)
             )
         else:
             wrapper = self._prefill_on_workspaces()
@@ -767,6 +776,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         window_left: int,
         fixed_split_size: int | None,
         disable_split_kv: bool,
+        rope: bool,
     ) -> tuple[_Plan, list[int]]:
         """The CUDA-core plan record and the schedule's words; raises (changing nothing) when
         a workspace is too small."""
@@ -776,7 +786,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         schedule = plan_decode_schedule(
             lengths,
             num_kv_heads,
-            1 if fake else _max_ctas(dtype, head_dim, group, self.device),
+            1 if fake else _max_ctas(dtype, head_dim, group, self.device, rope),
             window_left,
             fixed_chunk=None if fixed_split_size is None else fixed_split_size * page_size,
             allow_split=not disable_split_kv,
@@ -921,6 +931,8 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         )
         v_scale = check_optional_number("v_scale", v_scale)
         window = check_window(self._window_left)
+        rope = check_pos_encoding(self._pos_encoding_mode)
+        rope_rcp_scale, rope_rcp_theta = rope_params(self._rope_scale, self._rope_theta)
         checks.check_cuda("q", q, like=self._workspace)
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
             checks.check_cuda(name, t, like=q)
@@ -953,6 +965,9 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             window,
             scale,
             cap,
+            rope,
+            rope_rcp_scale,
+            rope_rcp_theta,
             enable_pdl,
         )
         apply_v_scale(out, v_scale)
@@ -1075,7 +1090,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         rope_scale: Any,
         rope_theta: Any,
     ) -> None:
-        _check_rope_kernel(check_pos_encoding(pos_encoding_mode), self._prefill is not None)
+        check_pos_encoding(pos_encoding_mode)
         check_window(window_left)
         check_score_args(sm_scale, logits_soft_cap)
         check_rope(rope_scale, rope_theta)

@@ -14,19 +14,67 @@ HEAD_DIMS = (64, 128, 256)
 DTYPES = ("float16", "bfloat16")
 
 
-def decode_uri(dtype: Any, head_dim: int) -> str:
-    return f"decode_{dtype_info(dtype).short}_hd{head_dim}"
+def decode_uri(dtype: Any, head_dim: int, rope: bool = False) -> str:
+    base = f"decode_{dtype_info(dtype).short}_hd{head_dim}"
+    return f"{base}_rope" if rope else base
 
 
-def gen_decode_module(dtype: Any, head_dim: int) -> JitSpec:
+# The binding functions' parameters, in order (the debug printer names arguments by them;
+# CPU tests bind recorded launches with them).
+BATCH_DECODE_ARGS = (
+    "q",
+    "k_cache",
+    "v_cache",
+    "kv_indptr",
+    "kv_indices",
+    "kv_last_page_len",
+    "plan",
+    "tmp_v",
+    "tmp_lse",
+    "out",
+    "lse",
+    "hnd",
+    "work_capacity",
+    "merge_capacity",
+    "tmp_capacity",
+    "grid_work",
+    "grid_merge",
+    "window_left",
+    "score_scale",
+    "score_cap",
+    "rope_rcp_scale",
+    "rope_rcp_theta",
+    "enable_pdl",
+)
+SINGLE_DECODE_ARGS = (
+    "q",
+    "k",
+    "v",
+    "tmp_v",
+    "tmp_lse",
+    "out",
+    "lse",
+    "hnd",
+    "window_left",
+    "chunk_tokens",
+    "num_chunks",
+    "score_scale",
+    "score_cap",
+    "rope_rcp_scale",
+    "rope_rcp_theta",
+    "enable_pdl",
+)
+
+
+def gen_decode_module(dtype: Any, head_dim: int, rope: bool = False) -> JitSpec:
     """The spec of the decode module for ``dtype`` x ``head_dim`` (its config rendered when
-    planned)."""
+    planned); ``rope``: q and k rotated in the kernel (``pos_encoding_mode="ROPE_LLAMA"``)."""
     info = dtype_info(dtype)
     if info.bits != 16:
         raise TypeError(f"decode supports float16 and bfloat16, not {info.name}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-    uri = decode_uri(dtype, head_dim)
+    uri = decode_uri(dtype, head_dim, rope)
     config = PendingRender.of(
         "attention_config.jinja",
         uri,
@@ -37,6 +85,7 @@ def gen_decode_module(dtype: Any, head_dim: int) -> JitSpec:
         dlpack_code=info.dlpack_code,
         bits=info.bits,
         head_dim=head_dim,
+        rope=rope,
     )
     return gen_jit_spec(
         uri,
@@ -44,46 +93,10 @@ def gen_decode_module(dtype: Any, head_dim: int) -> JitSpec:
         generated_sources=[config],
         supported_major_versions=[8, 9, 10, 11, 12],  # cp.async: sm_80 and later
         function_args={
-            "batch_decode": (
-                "q",
-                "k_cache",
-                "v_cache",
-                "kv_indptr",
-                "kv_indices",
-                "kv_last_page_len",
-                "plan",
-                "tmp_v",
-                "tmp_lse",
-                "out",
-                "lse",
-                "hnd",
-                "work_capacity",
-                "merge_capacity",
-                "tmp_capacity",
-                "grid_work",
-                "grid_merge",
-                "window_left",
-                "score_scale",
-                "score_cap",
-                "enable_pdl",
-            ),
-            "single_decode": (
-                "q",
-                "k",
-                "v",
-                "tmp_v",
-                "tmp_lse",
-                "out",
-                "lse",
-                "hnd",
-                "window_left",
-                "chunk_tokens",
-                "num_chunks",
-                "score_scale",
-                "score_cap",
-                "enable_pdl",
-            ),
+            "batch_decode": BATCH_DECODE_ARGS,
+            "single_decode": SINGLE_DECODE_ARGS,
             "blocks_per_sm": ("group",),
+            "rope": (),
         },
     )
 

@@ -237,7 +237,7 @@ def gen_prefill_module(
         prefill_tile_kv=tiling.tile_kv,
         prefill_ctas=tiling.ctas,
         prefill_overlap=tiling.overlap,
-        prefill_rope=rope,
+        rope=rope,
     )
     return gen_jit_spec(
         uri,

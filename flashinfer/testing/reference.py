@@ -407,11 +407,13 @@ def decode_attention(
     sm_scale: float,
     soft_cap: float | None = None,
     window_left: int = -1,
+    rope: tuple[float, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decode step: :func:`attention` of q ``[Hq, D]`` (one query token) over k, v
-    ``[kv_len, Hk, D]``; returns (out ``[Hq, D]``, base-2 lse ``[Hq]``)."""
+    """One decode step: :func:`attention` of q ``[Hq, D]`` (one query token, at position
+    ``kv_len - 1`` under ``rope``) over k, v ``[kv_len, Hk, D]``; returns (out ``[Hq, D]``,
+    base-2 lse ``[Hq]``)."""
     out, lse = attention(
-        q[None], k, v, sm_scale=sm_scale, window_left=window_left, soft_cap=soft_cap
+        q[None], k, v, sm_scale=sm_scale, window_left=window_left, soft_cap=soft_cap, rope=rope
     )
     return out[0], lse[0]
 

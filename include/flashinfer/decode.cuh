@@ -31,6 +31,11 @@
 // parallelism instead of one token's latency chain), then one online-softmax update (running
 // max, sum and weighted V, in log2 units). At the end the tz groups' states merge through
 // shared memory, in order.
+//
+// RoPE (pos_encoding_mode "ROPE_LLAMA", the kRope kernels): the query is rotated in registers
+// at the request's last position (length - 1), each K tile in shared memory after it lands
+// (attention_rope.cuh), every token at its index in the request, between the tile's barrier
+// and one more, so the dot products read rotated rows.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,6 +44,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "flashinfer/attention_rope.cuh"
 #include "flashinfer/cascade.cuh"
 #include "flashinfer/fast_math.cuh"
 #include "flashinfer/kv_table.cuh"
@@ -88,7 +94,7 @@ __device__ __forceinline__ bool planned_item(const WorkList& w, int64_t i, Plann
 }
 
 struct WorkItem {
-  int64_t request, start, end, tmp_row;
+  int64_t request, start, end, tmp_row, length;  // length: the request's KV length
 };
 
 // The item's KV range, from its request's length (read from the page table in batch mode).
@@ -99,7 +105,7 @@ __device__ __forceinline__ WorkItem locate(const WorkList& w, const PageTable& p
   const int64_t start = min(begin + planned.chunk * planned.chunk_tokens, length);
   const int64_t end =
       planned.chunk + 1 >= planned.chunks ? length : min(start + planned.chunk_tokens, length);
-  return {planned.request, start, end, planned.tmp_row};
+  return {planned.request, start, end, planned.tmp_row, length};
 }
 
 struct Scores {
@@ -120,6 +126,7 @@ struct DecodeParams {
   float* tmp_lse;  // [tmp rows, qo_heads]
   int64_t num_qo_heads;
   Scores scores;
+  Rope rope;  // read only by the kRope kernels
 };
 
 template <int kHeadDim>
@@ -216,8 +223,8 @@ __device__ __forceinline__ void add_scaled(float* acc, float4 lo, float4 hi, flo
 // items, kv heads). Each thread folds kHeads query heads (ty * kHeads + h of the group) over
 // the same K/V vectors, so a vector's shared-memory read and conversion to float serve
 // kHeads heads. Dynamic shared memory: SharedBytes. Blocks of up to 256 threads get up to
-// 128 registers a thread, larger ones 64.
-template <typename T, int kHeadDim, int kHeads, int kMaxThreads>
+// 128 registers a thread, larger ones 64. kRope: q and k are rotated (see the top).
+template <typename T, int kHeadDim, int kHeads, int kMaxThreads, bool kRope>
 __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
     DecodeKernel(DecodeParams<T> p, WorkList work) {
   using Tile = Tiling<kHeadDim>;
@@ -244,10 +251,24 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
   float q[kHeads][kVec];
 #pragma unroll
   for (int h = 0; h < kHeads; ++h) {
-    const Vec<T, kVec> qv = *reinterpret_cast<const Vec<T, kVec>*>(
-        p.q + item.request * p.q_batch_stride + (head0 + h) * p.q_head_stride + tx * kVec);
+    const T* const row = p.q + item.request * p.q_batch_stride + (head0 + h) * p.q_head_stride;
+    const Vec<T, kVec> qv = *reinterpret_cast<const Vec<T, kVec>*>(row + tx * kVec);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) q[h][j] = to_float(qv.data[j]) * p.scores.scale;
+    if constexpr (kRope) {
+      // lane tx ^ half holds the partner dims (the other half of the row): read them too
+      constexpr int kHalf = kBdx / 2;
+      const Vec<T, kVec> pv = *reinterpret_cast<const Vec<T, kVec>*>(row + (tx ^ kHalf) * kVec);
+      float freq[kVec];
+      chunk_frequencies<kHeadDim>(p.rope, tx % kHalf, freq);
+      const float pos = static_cast<float>(item.length - 1), sign = tx < kHalf ? -1.f : 1.f;
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        float s, c;
+        sincos_approx(pos * freq[j], &s, &c);
+        q[h][j] = q[h][j] * c + sign * to_float(pv.data[j]) * p.scores.scale * s;
+      }
+    }
   }
 
   // Tile j: its K rows at stage j % kStages, its V rows right after; its tokens' offsets in
@@ -301,6 +322,12 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
     __syncthreads();  // tile i has landed; every thread is done with tile i - 1's stage
     if (i + kStages - 1 < tiles) issue(i + kStages - 1);
     cp_async_commit();
+    if constexpr (kRope) {
+      const int64_t first = item.start + static_cast<int64_t>(i) * kTile;
+      rotate_rows<kHeadDim>(k_tile(i), p.rope, kTile, tid, threads,
+                            [&](int r) { return static_cast<float>(first + r); });
+      __syncthreads();  // the rotated rows are published
+    }
 
     // this thread's rows of tile i: tokens tz, tz + bdz, ... (per_lane of them)
     const T* const kt = k_tile(i) + tz * kHeadDim + tx * kVec;
@@ -538,7 +565,7 @@ constexpr int kSmallBlock = 256;  // the most threads of the 128-register kernel
 
 // The kernel and launch shape for a group size: two query heads a thread for an even group
 // whose block stays small (every even group up to 32 at head_dim 128), else one.
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kRope>
 cudaError_t PrepareDecodeKernel(int group, DecodeKernelFn<T>* kernel, dim3* block, size_t* smem) {
   using Tile = Tiling<kHeadDim>;
   const bool paired = group % 2 == 0 && Tile::kBdx * group / 2 <= kSmallBlock;
@@ -552,24 +579,24 @@ cudaError_t PrepareDecodeKernel(int group, DecodeKernelFn<T>* kernel, dim3* bloc
   }
   const int bytes = static_cast<int>(*smem);
   if (paired) {
-    *kernel = DecodeKernel<T, kHeadDim, 2, kSmallBlock>;
-    return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 2, kSmallBlock>>(bytes);
+    *kernel = DecodeKernel<T, kHeadDim, 2, kSmallBlock, kRope>;
+    return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 2, kSmallBlock, kRope>>(bytes);
   }
   if (threads <= kSmallBlock) {
-    *kernel = DecodeKernel<T, kHeadDim, 1, kSmallBlock>;
-    return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 1, kSmallBlock>>(bytes);
+    *kernel = DecodeKernel<T, kHeadDim, 1, kSmallBlock, kRope>;
+    return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 1, kSmallBlock, kRope>>(bytes);
   }
-  *kernel = DecodeKernel<T, kHeadDim, 1, 1024>;
-  return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 1, 1024>>(bytes);
+  *kernel = DecodeKernel<T, kHeadDim, 1, 1024, kRope>;
+  return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 1, 1024, kRope>>(bytes);
 }
 
 // CTAs of DecodeKernel resident per SM for this group size (the scheduler's unit of fill).
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kRope>
 cudaError_t DecodeBlocksPerSM(int group, int* blocks) {
   DecodeKernelFn<T> kernel;
   dim3 block;
   size_t smem;
-  cudaError_t err = PrepareDecodeKernel<T, kHeadDim>(group, &kernel, &block, &smem);
+  cudaError_t err = PrepareDecodeKernel<T, kHeadDim, kRope>(group, &kernel, &block, &smem);
   if (err != cudaSuccess) return err;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       blocks, kernel, static_cast<int>(block.x * block.y * block.z), smem);
@@ -578,7 +605,7 @@ cudaError_t DecodeBlocksPerSM(int group, int* blocks) {
 // Launches the decode kernel over `grid_work` work items, then (when merge_positions > 0)
 // the merge of split requests' tmp rows into the output. `pdl`: both launch with
 // programmatic dependent launch (see pdl.cuh).
-template <typename T, int kHeadDim>
+template <typename T, int kHeadDim, bool kRope>
 cudaError_t Decode(const DecodeParams<T>& p, const WorkList& work, int64_t grid_work,
                    int64_t num_kv_heads, const cascade::MergeSchedule& merge,
                    int64_t merge_positions, bool pdl, cudaStream_t stream) {
@@ -587,7 +614,7 @@ cudaError_t Decode(const DecodeParams<T>& p, const WorkList& work, int64_t grid_
   DecodeKernelFn<T> kernel;
   dim3 block;
   size_t smem;
-  cudaError_t err = PrepareDecodeKernel<T, kHeadDim>(group, &kernel, &block, &smem);
+  cudaError_t err = PrepareDecodeKernel<T, kHeadDim, kRope>(group, &kernel, &block, &smem);
   if (err != cudaSuccess) return err;
   err = launch_kernel(kernel,
                       dim3(static_cast<unsigned>(grid_work), static_cast<unsigned>(num_kv_heads)),

@@ -42,7 +42,7 @@
 #include "flashinfer/mma.cuh"
 #include "flashinfer/pdl.cuh"
 #include "flashinfer/prefill_mask.h"
-#include "flashinfer/prefill_rope.cuh"
+#include "flashinfer/attention_rope.cuh"
 #include "flashinfer/ptx.cuh"
 #include "flashinfer/schedule.cuh"
 #include "flashinfer/swizzle.h"
@@ -143,7 +143,7 @@ struct PrefillParams {
   // >= 0: token t sees key j only if j >= t + kv_len - qo_len - window_left
   int64_t window_left;
   int64_t single_qo_len, single_kv_len;
-  Rope rope;  // read only by the kernels built with RoPE (prefill_rope.cuh)
+  Rope rope;  // read only by the kernels built with RoPE (attention_rope.cuh)
 };
 
 // Batch mode: plan points at the packed schedule (schedule.cuh) on the device, its work
@@ -219,7 +219,7 @@ __device__ __forceinline__ void query_span(const PrefillParams<T>& p, int reques
 
 // (the minimum CTAs per SM is always named: without one, ptxas may cap registers on its own
 // for occupancy and spill, as it did for 64:m2kv16 at 128). kRope: queries and keys are
-// rotated (Llama RoPE, prefill_rope.cuh) in shared memory before any warp reads them.
+// rotated (Llama RoPE, attention_rope.cuh) in shared memory before any warp reads them.
 template <typename T, typename Tl, bool kRope>
 __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     PrefillKernel(PrefillParams<T> p, WorkList w) {
@@ -396,13 +396,13 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   // thread between two barriers: the first publishes the landed rows, the second the
   // rotated ones.
   auto rotate_q = [&]() {
-    rotate_rows<kHeadDim, kTileRows, kThreads>(sq, p.rope, thread_index(), [&](int r) {
+    rotate_swizzled_rows<kHeadDim, kTileRows, kThreads>(sq, p.rope, thread_index(), [&](int r) {
       return static_cast<float>(by_group.quotient(row0 + r) + delta);
     });
   };
   auto rotate_k = [&](int stage, int tile, const TileBounds& cta) {
     const int64_t kv0 = cta.lo + int64_t{tile} * kTileKV;
-    rotate_rows<kHeadDim, kTileKV, kThreads>(sk + stage * Tl::kKVElems, p.rope, thread_index(),
+    rotate_swizzled_rows<kHeadDim, kTileKV, kThreads>(sk + stage * Tl::kKVElems, p.rope, thread_index(),
                                              [&](int r) { return static_cast<float>(kv0 + r); });
   };
   // Prologue: tile 0 (kOverlap: its K), in a commit group of its own.

@@ -158,11 +158,6 @@ def _bf16(*shape: int) -> torch.Tensor:
 
 SINGLE_BAD = [
     ("kv_layout must be 'NHD' or 'HND'", ValueError, dict(kv_layout="NDH")),
-    (
-        "pos_encoding_mode 'ROPE_LLAMA' needs use_tensor_cores=True",
-        ValueError,
-        dict(pos_encoding_mode="ROPE_LLAMA"),
-    ),
     ("pos_encoding_mode 'ALIBI' is not supported", ValueError, dict(pos_encoding_mode="ALIBI")),
     ("q must be 2-D", ValueError, dict(q=_bf16(1, 8, 128))),
     (
@@ -194,6 +189,11 @@ SINGLE_BAD = [
     ("v_scale must be finite", ValueError, dict(v_scale=float("nan"))),
     ("use_tensor_cores must be a bool", TypeError, dict(use_tensor_cores=1)),
     ("rope_theta must be > 0.0", ValueError, dict(rope_theta=0.0)),
+    (
+        "rope_scale must be finite",
+        ValueError,
+        dict(pos_encoding_mode="ROPE_LLAMA", rope_scale=float("inf")),
+    ),
     ("return_lse must be a bool", TypeError, dict(return_lse=None)),
     ("window_left must be >= -1", ValueError, dict(window_left=-2)),
     ("k must be contiguous in its last dim", ValueError, dict(k=_bf16(10, 128, 2).transpose(1, 2))),
@@ -216,8 +216,10 @@ class CpuPlan:
     def __init__(self) -> None:
         self.uploads: list[list[int]] = []
         self.launches: list[tuple] = []
+        self.modules: list[tuple] = []  # (dtype, head_dim, rope) of each module asked for
 
-    def get_decode_module(self, dtype: torch.dtype, head_dim: int) -> CpuPlan:
+    def get_decode_module(self, dtype: torch.dtype, head_dim: int, rope: bool = False) -> CpuPlan:
+        self.modules.append((dtype, head_dim, rope))
         return self
 
     def batch_decode(self, *args) -> None:  # noqa: ANN002
@@ -290,11 +292,8 @@ PLAN_BAD = [
         dict(kv_data_type="float16"),
     ),
     ("window_left must be an int", TypeError, dict(window_left=1.5)),
-    (
-        "pos_encoding_mode 'ROPE_LLAMA' needs use_tensor_cores=True",
-        ValueError,
-        dict(pos_encoding_mode="ROPE_LLAMA"),
-    ),
+    ("pos_encoding_mode 'ALIBI' is not supported", ValueError, dict(pos_encoding_mode="ALIBI")),
+    ("rope_scale must be > 0.0", ValueError, dict(pos_encoding_mode="ROPE_LLAMA", rope_scale=0)),
 ]
 
 
@@ -356,6 +355,32 @@ def test_plan_uploads_the_schedule_and_run_checks_against_it(cpu_plan) -> None:
     with pytest.raises(ValueError, match="out has shape"):
         wrapper.run(_bf16(2, 8, 128), cache, out=_bf16(2, 8, 64))
     assert cpu_plan.launches == []
+
+
+def test_rope_llama_runs_the_rope_build_with_its_parameters(cpu_plan) -> None:
+    """pos_encoding_mode="ROPE_LLAMA" (plan's, or forward()'s override) asks for the RoPE
+    build of the module and passes 1 / rope_scale and 1 / rope_theta (defaults 1 and 1e4);
+    "NONE" the plain build."""
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    cache = (_bf16(5, 16, 2, 128), _bf16(5, 16, 2, 128))
+    names = gen_decode_module(torch.bfloat16, 128).function_args["batch_decode"]
+
+    def last_launch() -> dict:
+        return dict(zip(names, cpu_plan.launches[-1]))
+
+    wrapper.plan(**_plan_args(pos_encoding_mode="ROPE_LLAMA", rope_scale=4.0, rope_theta=5e5))
+    assert cpu_plan.modules[-1] == (torch.bfloat16, 128, True)
+    wrapper.run(_bf16(2, 8, 128), cache)
+    assert cpu_plan.modules[-1] == (torch.bfloat16, 128, True)
+    assert last_launch()["rope_rcp_scale"] == 0.25
+    assert last_launch()["rope_rcp_theta"] == pytest.approx(2e-6)
+    wrapper.plan(**_plan_args())
+    wrapper.run(_bf16(2, 8, 128), cache)
+    assert cpu_plan.modules[-1] == (torch.bfloat16, 128, False)
+    assert (last_launch()["rope_rcp_scale"], last_launch()["rope_rcp_theta"]) == (1.0, 1e-4)
+    wrapper.forward(_bf16(2, 8, 128), cache, pos_encoding_mode="ROPE_LLAMA", rope_theta=1e6)
+    assert cpu_plan.modules[-1] == (torch.bfloat16, 128, True)
+    assert last_launch()["rope_rcp_theta"] == pytest.approx(1e-6)
 
 
 def test_cuda_graph_mode_needs_fixed_buffers_and_fixes_the_batch(cpu_plan) -> None:
@@ -482,17 +507,20 @@ def test_decode_and_cascade_bindings_check_too() -> None:
     """The representative specialization (bf16, head_dim 128) compiles for 9.0a; its
     binding re-checks with Python exceptions."""
     module = decode_api.get_decode_module(torch.bfloat16, 128)
-    assert (module.dtype(), module.head_dim()) == ("bfloat16", 128)
+    assert (module.dtype(), module.head_dim(), module.rope()) == ("bfloat16", 128, False)
     q, k, out = _bf16(8, 128), _bf16(10, 2, 128), _bf16(8, 128)
     tmp = torch.empty(1)
 
-    def single(q=q, k=k, chunk=10, chunks=1):  # noqa: ANN001, ANN202
+    def single(q=q, k=k, chunk=10, chunks=1, rope=(1.0, 1e-4)):  # noqa: ANN001, ANN202
         return module.single_decode(
-            q, k, k, tmp, tmp, out, None, False, -1, chunk, chunks, 1.0, 0.0, False
+            q, k, k, tmp, tmp, out, None, False, -1, chunk, chunks, 1.0, 0.0, *rope, False
         )
 
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):
         single()
+    for rope in ((0.0, 1e-4), (1.0, math.inf), (-1.0, 1e-4)):
+        with pytest.raises(ValueError, match="rope_rcp_scale and rope_rcp_theta must be pos"):
+            single(rope=rope)
     with pytest.raises(ValueError, match="q has head_dim 64, this module is for 128"):
         single(q=_bf16(8, 64))
     with pytest.raises(ValueError, match="k's strides must be multiples of 8"):
@@ -527,21 +555,31 @@ def test_every_cascade_specialization_compiles(dtype: str) -> None:
 
 # the representative specialization always; the others with --compile-matrix
 SPILL_CASES = [
-    pytest.param(d, h, marks=[] if (d, h) == ("bfloat16", 128) else [pytest.mark.compile_matrix])
+    pytest.param(
+        d,
+        h,
+        rope,
+        marks=[] if (d, h) == ("bfloat16", 128) else [pytest.mark.compile_matrix],
+        id=f"{d}-{h}{'-rope' if rope else ''}",
+    )
     for d in DTYPES
     for h in HEAD_DIMS
+    for rope in (False, True)
 ]
 
 
-@pytest.mark.parametrize("dtype,head_dim", SPILL_CASES)
+@pytest.mark.parametrize("dtype,head_dim,rope", SPILL_CASES)
 def test_decode_kernels_do_not_spill(
-    dtype: str, head_dim: int, monkeypatch: pytest.MonkeyPatch
+    dtype: str, head_dim: int, rope: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every decode kernel variant (one or two heads a thread, 128- and 64-register blocks)
-    and the chunk merge keep their state in registers: a spill would put local-memory
-    traffic into a kernel whose speed is its HBM stream."""
-    module = build_with_ptxas_report(gen_decode_module(dtype, head_dim), monkeypatch)
-    assert module.head_dim() == head_dim
+    and the chunk merge keep their state in registers, in the plain and the RoPE build (a
+    module of its own, named so): a spill would put local-memory traffic into a kernel whose
+    speed is its HBM stream."""
+    spec = gen_decode_module(dtype, head_dim, rope)
+    assert spec.name.endswith("_rope") == rope
+    module = build_with_ptxas_report(spec, monkeypatch)
+    assert module.head_dim() == head_dim and module.rope() is rope
 
 
 # -- GPU: numerics ------------------------------------------------------------------------------
@@ -706,14 +744,16 @@ def check_decoded(
     cap: float | None = None,
     window: int = -1,
     tensor_cores: bool = False,
+    rope: tuple[float, float] | None = None,
 ) -> None:
-    """Each request's output and LSE against the float64 reference; a request without keys
-    gives zeros and -inf."""
+    """Each request's output and LSE against the float64 reference (``rope``: (rope_scale,
+    rope_theta) of pos_encoding_mode "ROPE_LLAMA"); a request without keys gives zeros and
+    -inf."""
     for b, (k, v) in enumerate(zip(ks, vs)):
         if k.shape[0] == 0:
             assert (out[b] == 0).all() and (lse[b] == -math.inf).all(), b
             continue
-        want, want_lse = reference_decode(q[b], k, v, scale, cap, window)
+        want, want_lse = reference_decode(q[b], k, v, scale, cap, window, rope)
         torch.testing.assert_close(
             out[b].double(), want, **tolerance(q.dtype, tensor_cores), msg=f"{b}"
         )
@@ -794,6 +834,99 @@ def test_batch_decode_matches_the_reference(
     check_batch_decode(
         "cuda", lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype, kv_tuple=kv_tuple
     )
+
+
+# pos_encoding_mode "ROPE_LLAMA": (rope_scale, rope_theta, logits_soft_cap, window_left) of
+# each run; None: the reference's defaults (1, 1e4)
+ROPE_VARIANTS = ((None, None, None, -1), (2.0, 5e5, 30.0, -1), (None, 1e6, None, 40))
+
+
+def check_rope_decode(
+    device: str,
+    lens: list[int],
+    qo_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    layout: str,
+    dtype: torch.dtype,
+    use_tensor_cores: bool = False,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """BatchDecodeWithPagedKVCacheWrapper with pos_encoding_mode "ROPE_LLAMA" (the query at
+    its request's last position, each key at its index, also inside a window) against the
+    reference, in each of ROPE_VARIANTS, into NaN-poisoned out and lse; then single decode
+    of the longest request. Returns each variant's (out, lse)."""
+    q, ks, vs, cache, table = paged_decode_batch(
+        device, lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype, seed=sum(lens) + 1
+    )
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        workspace, kv_layout=layout, use_tensor_cores=use_tensor_cores
+    )
+    scale = head_dim**-0.5
+    results = []
+    for rope_scale, rope_theta, cap, window in ROPE_VARIANTS:
+        wrapper.plan(
+            *table,
+            qo_heads,
+            kv_heads,
+            head_dim,
+            page_size,
+            pos_encoding_mode="ROPE_LLAMA",
+            q_data_type=dtype,
+            logits_soft_cap=cap,
+            window_left=window,
+            rope_scale=rope_scale,
+            rope_theta=rope_theta,
+        )
+        out = torch.full_like(q, math.nan)
+        lse = torch.full(q.shape[:2], math.nan, device=device)
+        wrapper.run(q, cache, out=out, lse=lse)
+        rope = (rope_scale or 1.0, rope_theta or 1e4)
+        check_decoded(out, lse, q, ks, vs, scale, cap, window, use_tensor_cores, rope)
+        results.append((out, lse))
+    b = max(range(len(lens)), key=lens.__getitem__)
+    k, v = ks[b], vs[b]
+    if layout == "HND":
+        k, v = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
+    out, lse = flashinfer.single_decode_with_kv_cache(
+        q[b],
+        k,
+        v,
+        kv_layout=layout,
+        pos_encoding_mode="ROPE_LLAMA",
+        use_tensor_cores=use_tensor_cores,
+        rope_theta=5e5,
+        return_lse=True,
+    )
+    want = dict(tensor_cores=use_tensor_cores, rope=(1.0, 5e5))
+    check_decoded(out[None], lse[None], q[b : b + 1], [ks[b]], [vs[b]], scale, **want)
+    return results
+
+
+ROPE_CASES = [  # (lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype)
+    ([1, 17, 300, 4096, 0], 32, 8, 128, 16, "NHD", torch.bfloat16),
+    ([5, 129, 33001], 8, 8, 64, 1, "HND", torch.float16),
+    ([7, 100, 2000], 16, 2, 256, 64, "NHD", torch.bfloat16),
+    ([131072, 3], 32, 4, 128, 16, "HND", torch.bfloat16),
+    ([900, 40], 35, 1, 64, 16, "NHD", torch.float16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lens,qo_heads,kv_heads,head_dim,page_size,layout,dtype", ROPE_CASES)
+def test_batch_decode_rope_llama_matches_the_reference_and_tensor_cores(
+    lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype
+) -> None:
+    """RoPE inside the CUDA-core decode kernel against the reference, up to 128k positions
+    (a group of 35: the 1024-thread kernel), and against tensor-core decode on the same
+    data."""
+    args = ("cuda", lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype)
+    cuda_cores = check_rope_decode(*args)
+    tensor_cores = check_rope_decode(*args, use_tensor_cores=True)
+    for (out, lse), (out_tc, lse_tc) in zip(cuda_cores, tensor_cores):
+        torch.testing.assert_close(out, out_tc, **tolerance(dtype, True))
+        torch.testing.assert_close(lse, lse_tc, **lse_tolerance(True))
 
 
 @pytest.mark.gpu

@@ -4,9 +4,9 @@ block shape (GQA groups folded two heads a thread, one head a thread, odd groups
 partial warp, groups past 256 threads), paged caches with shuffled pages and NaN in every
 slot no request owns, empty and one-token requests, soft cap, window, KV split across CTAs
 and merged by the merge kernel, page ids outside the cache, two wrappers sharing one float
-workspace, and single decode. Some tests land cp.async copies when issued, some run a
-CTA's threads last first (see tests/emu/engine.py). The same cases at GPU sizes are in
-tests/ops/test_decode.py's GPU tests."""
+workspace, single decode, and RoPE inside the kernel (the RoPE build). Some tests land
+cp.async copies when issued, some run a CTA's threads last first (see tests/emu/engine.py).
+The same cases at GPU sizes are in tests/ops/test_decode.py's GPU tests."""
 
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ from flashinfer.jit.decode import gen_decode_module
 from tests.emu.module import EmulatedModule, on_cpu_tensors
 from tests.ops.test_decode import (
     DECODE_VARIANTS,
+    ROPE_VARIANTS,
     check_batch_decode,
     check_decoded,
+    check_rope_decode,
     check_single_decode,
     check_split_chunks_with_unscored_pages,
     paged_decode_batch,
@@ -41,23 +43,33 @@ OUTPUTS = {  # each launch's outputs and partial-state scratch, NaN-filled befor
 
 @functools.cache
 def _module(
-    dtype: torch.dtype, head_dim: int, land_at_issue: bool, reverse: bool
+    dtype: torch.dtype, head_dim: int, land_at_issue: bool, reverse: bool, rope: bool
 ) -> EmulatedModule:
-    return EmulatedModule(gen_decode_module(dtype, head_dim), OUTPUTS, land_at_issue, reverse)
+    return EmulatedModule(gen_decode_module(dtype, head_dim, rope), OUTPUTS, land_at_issue, reverse)
 
 
 @pytest.fixture
 def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedModule]]:
-    """emulate(dtype, head_dim, land_at_issue=False, reverse=False): the wrappers' decode
-    module is then the emulated build (with that schedule), on CPU tensors; plan() uploads
-    its schedule for real."""
+    """emulate(dtype, head_dim, land_at_issue=False, reverse=False, rope=False): the wrappers'
+    decode module is then the emulated build (with that schedule; ``rope``: the RoPE build,
+    which the wrappers must then ask for), on CPU tensors; plan() uploads its schedule for
+    real."""
 
     def install(
-        dtype: torch.dtype, head_dim: int, land_at_issue: bool = False, reverse: bool = False
+        dtype: torch.dtype,
+        head_dim: int,
+        land_at_issue: bool = False,
+        reverse: bool = False,
+        rope: bool = False,
     ) -> EmulatedModule:
-        module = _module(dtype, head_dim, land_at_issue, reverse)
+        module = _module(dtype, head_dim, land_at_issue, reverse, rope)
         module.launches.clear()
-        monkeypatch.setattr(decode_api, "get_decode_module", lambda d, h: module)
+
+        def get_decode_module(d: torch.dtype, h: int, with_rope: bool = False) -> EmulatedModule:
+            assert with_rope == rope, "the wrapper asked for the other RoPE build"
+            return module
+
+        monkeypatch.setattr(decode_api, "get_decode_module", get_decode_module)
         return module
 
     monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: MAX_CTAS)
@@ -174,3 +186,36 @@ def test_single_decode_matches_the_reference(
     check_single_decode(kv_len, qo_heads, kv_heads, head_dim, layout, dtype, device="cpu")
     if kv_len >= 600:
         assert module.launches[0]["num_chunks"] > 1  # split and merged
+
+
+# (qo_heads, kv_heads, head_dim, page_size, layout, dtype, reverse): two heads a thread at
+# head_dim 64 and 128, one head a thread at 256, a group of 33 (the 1024-thread kernel)
+ROPE_CASES = [
+    (8, 2, 128, 16, "NHD", torch.bfloat16, True),
+    (8, 4, 64, 3, "HND", torch.float16, False),
+    (3, 1, 256, 16, "NHD", torch.bfloat16, True),
+    (33, 1, 64, 16, "HND", torch.bfloat16, False),
+]
+
+
+@pytest.mark.parametrize(
+    "qo_heads,kv_heads,head_dim,page_size,layout,dtype,reverse",
+    ROPE_CASES,
+    ids=[f"{c[0]}x{c[1]}-hd{c[2]}-{'reverse' if c[6] else 'forward'}" for c in ROPE_CASES],
+)
+def test_rope_inside_decode(
+    emulate, monkeypatch, qo_heads, kv_heads, head_dim, page_size, layout, dtype, reverse
+) -> None:
+    """pos_encoding_mode="ROPE_LLAMA" in the CUDA-core kernel: the query rotated at its
+    request's last position, each K tile after it lands at its tokens' indices (also past a
+    window's start and in the second chunk of a split request: a GPU of 32 CTAs splits the
+    300 keys), then single decode (tests/ops/test_decode.py's check)."""
+    module = emulate(dtype, head_dim, reverse=reverse, rope=True)
+    monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: 32)
+    check_rope_decode(
+        "cpu", [0, 1, 300, 45], qo_heads, kv_heads, head_dim, page_size, layout, dtype
+    )
+    batch_launches = [launch for launch in module.launches if "plan" in launch]
+    assert len(batch_launches) == len(ROPE_VARIANTS)
+    assert batch_launches[0]["grid_merge"] > 0  # the 300 keys ran as two chunks
+    assert module.launches[-1]["num_chunks"] == 2  # and in single decode
