@@ -1,6 +1,6 @@
 // Argument checks shared by the attention modules' binding TUs (decode.cc, prefill.cc):
-// q/out, KV caches, float32 buffers, LSE, index arrays and RoPE parameters. Include after attention_config.h
-// (kDTypeCode, kDTypeBits, kHeadDim). Host compiler, tvm-ffi.
+// q/out, KV caches, float32 buffers, LSE, index arrays, RoPE and ALiBi parameters. Include after
+// attention_config.h (kDTypeCode, kDTypeBits, kHeadDim). Host compiler, tvm-ffi.
 #pragma once
 
 #include <tvm/ffi/optional.h>
@@ -123,6 +123,27 @@ inline void CheckRope(double rope_rcp_scale, double rope_rcp_theta) {
                    ValueError)
       << "rope_rcp_scale and rope_rcp_theta must be positive and finite, got " << rope_rcp_scale
       << " and " << rope_rcp_theta;
+}
+
+// ALiBi's slopes (log2 units): the ALiBi builds need float32 [>= num_qo_heads] on q's device,
+// and no soft cap (the reference's cap after ALiBi scales the scores twice); the other builds
+// take none.
+inline const float* AlibiSlopesOf(const Optional<TensorView>& slopes, int64_t qo_heads,
+                                  double score_cap, const TensorView& q) {
+  if (!kAlibi) {
+    FLASHINFER_CHECK(!slopes.has_value(), ValueError)
+        << "alibi_slopes given to a module built for pos_encoding_mode " << kPosEncodingName;
+    return nullptr;
+  }
+  FLASHINFER_CHECK(slopes.has_value(), ValueError) << "this ALiBi module needs alibi_slopes";
+  FLASHINFER_CHECK(score_cap <= 0, ValueError) << "ALiBi does not combine with a logits soft cap";
+  const TensorView& t = slopes.value();
+  CheckDType(t, "alibi_slopes", kDLFloat, 32);
+  FLASHINFER_CHECK(t.ndim() == 1 && t.size(0) >= qo_heads && (t.size(0) <= 1 || t.stride(0) == 1),
+                   ValueError)
+      << "alibi_slopes must be 1-D and contiguous with at least " << qo_heads << " elements";
+  CheckSameDevice(q, t, "q", "alibi_slopes");
+  return static_cast<const float*>(DataPtr(t));
 }
 
 // Every tensor on q's device.

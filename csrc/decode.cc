@@ -60,11 +60,12 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
                  bool hnd, int64_t work_capacity, int64_t merge_capacity, int64_t tmp_capacity,
                  int64_t grid_work, int64_t grid_merge, int64_t window_left, double score_scale,
                  double score_cap, double rope_rcp_scale, double rope_rcp_theta,
-                 bool enable_pdl) {
+                 Optional<TensorView> alibi_slopes, bool enable_pdl) {
   CheckRope(rope_rcp_scale, rope_rcp_theta);
   CheckHeads(q, "q", 3, -1, -1);
   const int64_t batch = q.size(0), qo_heads = q.size(1);
   CheckHeads(out, "out", 3, batch, qo_heads);
+  const float* slopes = AlibiSlopesOf(alibi_slopes, qo_heads, score_cap, q);
   int64_t page_size = 0, v_page_size = 0;
   FLASHINFER_CHECK(k_cache.ndim() == 4, ValueError)
       << "k_cache must be 4-D, got " << k_cache.ndim() << "-D";
@@ -109,6 +110,7 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
                     k_cache.size(0)};
   DecodeLaunch launch = LaunchOf(q, out, lse_ptr, tmp_v, tmp_lse, kv_heads, score_scale, score_cap,
                                  rope_rcp_scale, rope_rcp_theta);
+  launch.alibi_slopes = slopes;
   launch.plan = plan_ptr;
   launch.work_capacity = work_capacity;
   launch.merge_capacity = merge_capacity;
@@ -123,11 +125,13 @@ void BatchDecode(TensorView q, TensorView k_cache, TensorView v_cache, TensorVie
 void SingleDecode(TensorView q, TensorView k, TensorView v, TensorView tmp_v, TensorView tmp_lse,
                   TensorView out, Optional<TensorView> lse, bool hnd, int64_t window_left,
                   int64_t chunk_tokens, int64_t num_chunks, double score_scale, double score_cap,
-                  double rope_rcp_scale, double rope_rcp_theta, bool enable_pdl) {
+                  double rope_rcp_scale, double rope_rcp_theta, Optional<TensorView> alibi_slopes,
+                  bool enable_pdl) {
   CheckRope(rope_rcp_scale, rope_rcp_theta);
   CheckHeads(q, "q", 2, -1, -1);
   const int64_t qo_heads = q.size(0);
   CheckHeads(out, "out", 2, -1, qo_heads);
+  const float* slopes = AlibiSlopesOf(alibi_slopes, qo_heads, score_cap, q);
   FLASHINFER_CHECK(k.ndim() == 3, ValueError) << "k must be 3-D, got " << k.ndim() << "-D";
   const int64_t kv_heads = hnd ? k.size(0) : k.size(1);
   GroupOf(qo_heads, kv_heads);
@@ -147,6 +151,7 @@ void SingleDecode(TensorView q, TensorView k, TensorView v, TensorView tmp_v, Te
                     0,          1};
   DecodeLaunch launch = LaunchOf(q, out, lse_ptr, tmp_v, tmp_lse, kv_heads, score_scale, score_cap,
                                  rope_rcp_scale, rope_rcp_theta);
+  launch.alibi_slopes = slopes;
   launch.grid_work = num_chunks;
   launch.chunk_tokens = chunk_tokens;
   launch.window_left = window_left;
@@ -166,7 +171,7 @@ int64_t BlocksPerSM(int64_t group) {
 
 tvm::ffi::String DTypeOfModule() { return kDTypeName; }
 int64_t HeadDimOfModule() { return kHeadDim; }
-bool RopeOfModule() { return kRope; }
+tvm::ffi::String PosEncodingOfModule() { return kPosEncodingName; }
 
 }  // namespace
 
@@ -175,4 +180,4 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(single_decode, SingleDecode);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(blocks_per_sm, BlocksPerSM);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(head_dim, HeadDimOfModule);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(rope, RopeOfModule);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(pos_encoding, PosEncodingOfModule);

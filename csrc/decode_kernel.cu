@@ -25,6 +25,7 @@ cudaError_t decode_launch(const DecodeKV& kv, const DecodeLaunch& l, cudaStream_
   p.num_qo_heads = l.num_qo_heads;
   p.scores = {l.score_scale, l.score_cap};
   p.rope = {l.rope_rcp_scale, std::log2(l.rope_rcp_theta)};
+  p.alibi_slopes = l.alibi_slopes;
   const fd::WorkList work{l.plan,        l.work_capacity, l.chunk_tokens,
                           l.window_left, l.single_len,    l.grid_work > 1};
   fc::MergeSchedule merge{};
@@ -36,10 +37,10 @@ cudaError_t decode_launch(const DecodeKV& kv, const DecodeLaunch& l, cudaStream_
     merge = {nullptr, nullptr, nullptr, l.grid_work};
   }
   const int64_t merge_positions = l.plan ? l.grid_merge : (l.grid_work > 1 ? 1 : 0);
-  return fd::Decode<DType, kHeadDim, kRope>(p, work, l.grid_work, l.num_kv_heads, merge, merge_positions,
-                                     l.pdl, stream);
+  return fd::Decode<DType, kHeadDim, kPosEncoding>(p, work, l.grid_work, l.num_kv_heads, merge,
+                                                   merge_positions, l.pdl, stream);
 }
 
 cudaError_t decode_blocks_per_sm(int group, int* blocks) {
-  return fd::DecodeBlocksPerSM<DType, kHeadDim, kRope>(group, blocks);
+  return fd::DecodeBlocksPerSM<DType, kHeadDim, kPosEncoding>(group, blocks);
 }

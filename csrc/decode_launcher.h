@@ -35,6 +35,7 @@ struct DecodeLaunch {
   float score_scale, score_cap;
   // RoPE (modules built with kRope; others ignore them): 1 / rope_scale, 1 / rope_theta
   float rope_rcp_scale, rope_rcp_theta;
+  const float* alibi_slopes;  // ALiBi builds: [num_qo_heads], log2 units
   const int32_t* plan;
   int64_t work_capacity, merge_capacity, grid_work, grid_merge;
   int64_t chunk_tokens, window_left, single_len;

@@ -85,11 +85,12 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
                   int64_t work_capacity, int64_t merge_capacity, int64_t tmp_capacity,
                   int64_t grid_work, int64_t grid_merge, bool causal, int64_t window_left,
                   double score_scale, double score_cap, double rope_rcp_scale,
-                  double rope_rcp_theta, bool enable_pdl) {
+                  double rope_rcp_theta, Optional<TensorView> alibi_slopes, bool enable_pdl) {
   CheckRope(rope_rcp_scale, rope_rcp_theta);
   CheckHeads(q, "q", 3, -1, -1);
   const int64_t total_q = q.size(0), qo_heads = q.size(1);
   CheckHeads(out, "out", 3, total_q, qo_heads);
+  const float* slopes = AlibiSlopesOf(alibi_slopes, qo_heads, score_cap, q);
   const bool paged = k.ndim() == 4;
   FLASHINFER_CHECK(k.ndim() == 3 || paged, ValueError)
       << "k must be 4-D (paged) or 3-D (ragged), got " << k.ndim() << "-D";
@@ -118,6 +119,7 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
   PrefillLaunch l = LaunchOf(q, k, v, ks, vs, out, LseOf(lse, total_q, qo_heads, q), tmp_v, tmp_lse,
                              kv_heads, causal, window_left, score_scale, score_cap, rope_rcp_scale,
                              rope_rcp_theta, enable_pdl);
+  l.alibi_slopes = slopes;
   l.qo_indptr = IndexArray(qo_indptr, "qo_indptr", batch + 1, q);
   l.kv_indptr = IndexArray(kv_indptr, "kv_indptr", batch + 1, q);
   l.num_pages = 1;
@@ -154,11 +156,12 @@ void SinglePrefill(TensorView q, TensorView k, TensorView v, Optional<TensorView
                    TensorView tmp_v, TensorView tmp_lse, TensorView out, Optional<TensorView> lse,
                    bool hnd, bool causal, int64_t window_left, int64_t chunk_tokens,
                    int64_t num_chunks, double score_scale, double score_cap, double rope_rcp_scale,
-                   double rope_rcp_theta, bool enable_pdl) {
+                   double rope_rcp_theta, Optional<TensorView> alibi_slopes, bool enable_pdl) {
   CheckRope(rope_rcp_scale, rope_rcp_theta);
   CheckHeads(q, "q", 3, -1, -1);
   const int64_t qo_len = q.size(0), qo_heads = q.size(1);
   CheckHeads(out, "out", 3, qo_len, qo_heads);
+  const float* slopes = AlibiSlopesOf(alibi_slopes, qo_heads, score_cap, q);
   FLASHINFER_CHECK(k.ndim() == 3, ValueError) << "k must be 3-D, got " << k.ndim() << "-D";
   const int64_t kv_heads = hnd ? k.size(0) : k.size(1);
   const int64_t group = CheckGroup(qo_heads, kv_heads);
@@ -180,6 +183,7 @@ void SinglePrefill(TensorView q, TensorView k, TensorView v, Optional<TensorView
                              kv_heads, causal, window_left, score_scale, score_cap, rope_rcp_scale,
                              rope_rcp_theta, enable_pdl);
   l.mask = mask;
+  l.alibi_slopes = slopes;
   CheckDevices(q, {{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"}, {&out, "out"}});
   l.page_size = std::max<int64_t>(kv_len, 1);
   l.num_pages = 1;
@@ -200,7 +204,7 @@ int64_t BlocksPerSM() {
 
 int64_t TileRows() { return prefill_tile_rows(); }
 tvm::ffi::String DTypeOfModule() { return kDTypeName; }
-bool RopeOfModule() { return kRope; }
+tvm::ffi::String PosEncodingOfModule() { return kPosEncodingName; }
 int64_t HeadDimOfModule() { return kHeadDim; }
 
 }  // namespace
@@ -211,4 +215,4 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(blocks_per_sm, BlocksPerSM);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(tile_rows, TileRows);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(head_dim, HeadDimOfModule);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(rope, RopeOfModule);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(pos_encoding, PosEncodingOfModule);

@@ -39,6 +39,7 @@ cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
   p.single_qo_len = l.single_qo_len;
   p.single_kv_len = l.single_kv_len;
   p.rope = {l.rope_rcp_scale, std::log2(l.rope_rcp_theta)};
+  p.alibi_slopes = l.alibi_slopes;
   const fp::WorkList work{l.plan, l.work_capacity, l.chunk_tokens, l.single_chunks};
   fc::MergeSchedule merge{};
   int64_t merge_positions = 0;
@@ -51,12 +52,12 @@ cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
     merge = {nullptr, nullptr, nullptr, l.single_chunks};
     merge_positions = l.single_qo_len;
   }
-  return fp::Prefill<DType, Tiling, kRope>(p, work, l.grid_work, l.num_kv_heads, merge,
+  return fp::Prefill<DType, Tiling, kPosEncoding>(p, work, l.grid_work, l.num_kv_heads, merge,
                                                   merge_positions, l.pdl, stream);
 }
 
 cudaError_t prefill_blocks_per_sm(int* blocks) {
-  return fp::PrefillBlocksPerSM<DType, Tiling, kRope>(blocks);
+  return fp::PrefillBlocksPerSM<DType, Tiling, kPosEncoding>(blocks);
 }
 
 int prefill_tile_rows() { return fp::kTileRows; }

@@ -33,6 +33,7 @@ struct PrefillLaunch {
   float score_scale, score_cap;
   // RoPE (modules built with kRope; others ignore them): 1 / rope_scale, 1 / rope_theta
   float rope_rcp_scale, rope_rcp_theta;
+  const float* alibi_slopes;  // ALiBi builds: [num_qo_heads], log2 units
   bool causal;
   int64_t window_left;
   int64_t single_qo_len, single_kv_len;

@@ -8,10 +8,13 @@ import math
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from . import checks
+from .alibi import alibi_slopes_log2
 from .custom_op import is_symbolic
 from .jit.dtypes import dtype_info
+from .jit.pos_encoding import POS_ENCODINGS
 
 DTYPES = (torch.float16, torch.bfloat16)
 INDEX = (torch.int32, torch.int64)
@@ -90,18 +93,34 @@ def check_window(window_left: Any) -> int:
     return checks.check_int("window_left", window_left, -1)
 
 
-POS_ENCODING_MODES = ("NONE", "ROPE_LLAMA")
-
-
-def check_pos_encoding(mode: Any) -> bool:
-    """Whether ``pos_encoding_mode`` asks for RoPE inside attention ("ROPE_LLAMA"; "NONE":
-    q and k are used as given). ALiBi is not implemented."""
-    if mode not in POS_ENCODING_MODES:
+def check_pos_encoding(mode: Any) -> str:
+    """``pos_encoding_mode``: "NONE" (q and k used as given), "ROPE_LLAMA" (RoPE inside
+    attention) or "ALIBI" (each score biased by its head's slope times the key's distance to
+    the query), each its own build of the kernels."""
+    if mode not in POS_ENCODINGS:
         raise ValueError(
             f"pos_encoding_mode {mode!r} is not supported; use one of "
-            f"{', '.join(map(repr, POS_ENCODING_MODES))}"
+            f"{', '.join(map(repr, POS_ENCODINGS))}"
         )
-    return mode == "ROPE_LLAMA"
+    return mode
+
+
+def check_alibi_cap(pos_encoding: str, cap: float | None) -> None:
+    """ALiBi with a logits soft cap is refused: the reference's kernels scale such scores by
+    sm_scale twice, which no caller means."""
+    if pos_encoding == "ALIBI" and cap:
+        raise ValueError("pos_encoding_mode 'ALIBI' does not combine with logits_soft_cap")
+
+
+def alibi_slopes_for(pos_encoding: str, num_qo_heads: int, like: torch.Tensor) -> Any:
+    """The slopes an ALiBi launch on ``like``'s device passes
+    (:func:`flashinfer.alibi.alibi_slopes_log2`; a placeholder while tracing with fake
+    tensors, never cached); None for the other encodings."""
+    if pos_encoding != "ALIBI":
+        return None
+    if is_fake(like) or like.is_meta:
+        return torch.empty(num_qo_heads, dtype=torch.float32, device=like.device)
+    return alibi_slopes_log2(num_qo_heads, like.device)
 
 
 def check_rope(rope_scale: Any, rope_theta: Any) -> None:

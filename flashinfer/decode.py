@@ -5,8 +5,9 @@ and ``k_scale`` when given); with ``logits_soft_cap = c > 0`` the score becomes
 ``c * tanh(score / c)``. With ``window_left = w >= 0`` a request attends to its last
 ``w + 1`` keys only. ``pos_encoding_mode="ROPE_LLAMA"`` rotates q (at the request's last
 position) and each key (at its index in the request) inside the kernel, as the reference
-does (``rope_scale``/``rope_theta``, defaults 1 and 1e4). The output is multiplied by
-``v_scale`` when given. ``lse`` is the log-sum-exp of the scores in **base 2**
+does (``rope_scale``/``rope_theta``, defaults 1 and 1e4); ``"ALIBI"`` adds the query head's
+ALiBi slope times the key's index (:mod:`flashinfer.alibi`) to its score. The output is
+multiplied by ``v_scale`` when given. ``lse`` is the log-sum-exp of the scores in **base 2**
 (``log2(sum(exp(score)))``), as in the reference library, so states merge with theirs (see
 :mod:`flashinfer.cascade`). q, KV and the output share one dtype: float16 or bfloat16;
 head_dim 64, 128 or 256; ``num_qo_heads`` a multiple of ``num_kv_heads`` (GQA). Long
@@ -40,7 +41,9 @@ from .attention_args import (
     INDEX,
     INT_WORKSPACE_BYTES,
     WorkspaceOwner,
+    alibi_slopes_for,
     apply_v_scale,
+    check_alibi_cap,
     check_dtype_name,
     check_heads,
     check_optional_number,
@@ -94,19 +97,19 @@ _LEGACY_PLAN_ARGS = (
 
 
 @functools.cache
-def get_decode_module(dtype: Any, head_dim: int, rope: bool = False):  # noqa: ANN201
-    """The decode module (a tvm_ffi.Module) for ``dtype`` x ``head_dim``, its RoPE build with
-    ``rope``, compiled on first use."""
-    return gen_decode_module(dtype, head_dim, rope).build_and_load()
+def get_decode_module(dtype: Any, head_dim: int, pos_encoding: str = "NONE"):  # noqa: ANN201
+    """The decode module (a tvm_ffi.Module) for ``dtype`` x ``head_dim``, built for
+    ``pos_encoding`` (a pos_encoding_mode), compiled on first use."""
+    return gen_decode_module(dtype, head_dim, pos_encoding).build_and_load()
 
 
 @functools.cache
 def _max_ctas(
-    dtype: torch.dtype, head_dim: int, group: int, device: torch.device, rope: bool = False
+    dtype: torch.dtype, head_dim: int, group: int, device: torch.device, pos_encoding: str = "NONE"
 ) -> int:
     """CTAs of the decode kernel the device holds at once for this group size."""
     with torch.cuda.device(device):
-        per_sm = get_decode_module(dtype, head_dim, rope).blocks_per_sm(group)
+        per_sm = get_decode_module(dtype, head_dim, pos_encoding).blocks_per_sm(group)
     return get_device_sm_count(device) * max(1, int(per_sm))
 
 
@@ -145,7 +148,7 @@ def single_decode_with_kv_cache(
     ``return_lse``. ``use_tensor_cores=True`` runs a single prefill of one query token, as
     the reference does."""
     hnd = checks.check_kv_layout(kv_layout)
-    rope = check_pos_encoding(pos_encoding_mode)
+    pos_encoding = check_pos_encoding(pos_encoding_mode)
     checks.check_bool("use_tensor_cores", use_tensor_cores)
     checks.check_tensor("q", q)
     checks.check_ndim("q", q, 2, "[num_qo_heads, head_dim]")
@@ -164,6 +167,7 @@ def single_decode_with_kv_cache(
         raise ValueError(f"k has head_dim {k.shape[2]}, q has {head_dim}")
     (prefill._check_heads if use_tensor_cores else _check_heads)(num_qo_heads, kv_heads, head_dim)
     scale, cap = score_params(head_dim, sm_scale, logits_soft_cap, q_scale, k_scale)
+    check_alibi_cap(pos_encoding, cap)
     v_scale = check_optional_number("v_scale", v_scale)
     rope_rcp_scale, rope_rcp_theta = rope_params(rope_scale, rope_theta)
     window_left = check_window(window_left)
@@ -198,7 +202,19 @@ def single_decode_with_kv_cache(
     out = torch.empty((num_qo_heads, head_dim), dtype=q.dtype, device=q.device)
     lse = torch.empty(num_qo_heads, dtype=torch.float32, device=q.device) if return_lse else None
     _single_decode_op(
-        q, k, v, out, lse, hnd, window_left, scale, cap, rope, rope_rcp_scale, rope_rcp_theta
+        q,
+        k,
+        v,
+        out,
+        lse,
+        hnd,
+        window_left,
+        scale,
+        cap,
+        pos_encoding,
+        rope_rcp_scale,
+        rope_rcp_theta,
+        alibi_slopes_for(pos_encoding, num_qo_heads, q),
     )
     apply_v_scale(out, v_scale)
     return (out, lse) if return_lse else out
@@ -215,9 +231,10 @@ def _single_decode_op(
     window_left: int,
     score_scale: float,
     score_cap: float,
-    rope: bool,
+    pos_encoding: str,
     rope_rcp_scale: float,
     rope_rcp_theta: float,
+    alibi_slopes: torch.Tensor | None,
 ) -> None:
     """single_decode_with_kv_cache's launch. The split of the KV across the device and the
     scratch for its partial states are decided here, where the device is known."""
@@ -225,7 +242,7 @@ def _single_decode_op(
     kv_heads, kv_len = (k.shape[0], k.shape[1]) if hnd else (k.shape[1], k.shape[0])
     group = num_qo_heads // kv_heads
     schedule = plan_decode_schedule(
-        [kv_len], kv_heads, _max_ctas(q.dtype, head_dim, group, q.device, rope), window_left
+        [kv_len], kv_heads, _max_ctas(q.dtype, head_dim, group, q.device, pos_encoding), window_left
     )
     chunks = schedule.num_work
     rows = chunks if chunks > 1 else 0
@@ -233,7 +250,7 @@ def _single_decode_op(
         max(rows * num_qo_heads * head_dim, 1), dtype=torch.float32, device=q.device
     )
     tmp_lse = torch.empty(max(rows * num_qo_heads, 1), dtype=torch.float32, device=q.device)
-    get_decode_module(q.dtype, head_dim, rope).single_decode(
+    get_decode_module(q.dtype, head_dim, pos_encoding).single_decode(
         q,
         k,
         v,
@@ -249,6 +266,7 @@ def _single_decode_op(
         score_cap,
         rope_rcp_scale,
         rope_rcp_theta,
+        alibi_slopes,
         resolve_enable_pdl(None, q.device),
     )
 
@@ -275,14 +293,15 @@ def _batch_decode_op(
     window_left: int,
     score_scale: float,
     score_cap: float,
-    rope: bool,
+    pos_encoding: str,
     rope_rcp_scale: float,
     rope_rcp_theta: float,
+    alibi_slopes: torch.Tensor | None,
     enable_pdl: bool | None,
 ) -> None:
     """BatchDecodeWithPagedKVCacheWrapper.run()'s launch, on the planned schedule (``plan``,
     in the int workspace) and scratch (``tmp_v``/``tmp_lse``, in the float workspace)."""
-    get_decode_module(q.dtype, q.shape[-1], rope).batch_decode(
+    get_decode_module(q.dtype, q.shape[-1], pos_encoding).batch_decode(
         q,
         k_cache,
         v_cache,
@@ -305,6 +324,7 @@ def _batch_decode_op(
         score_cap,
         rope_rcp_scale,
         rope_rcp_theta,
+        alibi_slopes,
         resolve_enable_pdl(enable_pdl, q.device),
     )
 
@@ -629,9 +649,10 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         check_heads = _check_heads if self._prefill is None else prefill._check_heads
         group = check_heads(num_qo_heads, num_kv_heads, checks.check_int("head_dim", head_dim, 1))
         checks.check_int("page_size", page_size, 1)
-        rope = check_pos_encoding(pos_encoding_mode)
+        pos_encoding = check_pos_encoding(pos_encoding_mode)
         window_left = check_window(window_left)
         cap = check_score_args(sm_scale, logits_soft_cap)[1]
+        check_alibi_cap(pos_encoding, cap)
         check_rope(rope_scale, rope_theta)
         checks.check_bool("non_blocking", non_blocking)
         checks.check_bool("disable_split_kv", disable_split_kv)
@@ -717,15 +738,18 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
                 window_left,
                 fixed_split_size,
                 disable_split_kv,
-                rope,
+                pos_encoding,
             )
             self._set_page_table(indptr, indices, last_page_len, non_blocking, copy_buffers)
             self._upload(words, plan.plan_words)
             # compiled here, not in a run() a CUDA graph may be capturing; a fake workspace
             # (tracing without a GPU) needs no module
-            self._cached_module = (
-                None if is_symbolic(self._workspace) else get_decode_module(dtype, head_dim, rope)
-            )
+            if not is_symbolic(self._workspace):
+                self._cached_module = get_decode_module(dtype, head_dim, pos_encoding)
+                # made here, not in a run() a CUDA graph may be capturing
+                alibi_slopes_for(pos_encoding, num_qo_heads, self._workspace)
+            else:
+                self._cached_module = None
         else:
             wrapper = self._prefill_on_workspaces()
             opts = prefill._Options(
@@ -776,7 +800,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         window_left: int,
         fixed_split_size: int | None,
         disable_split_kv: bool,
-        rope: bool,
+        pos_encoding: str,
     ) -> tuple[_Plan, list[int]]:
         """The CUDA-core plan record and the schedule's words; raises (changing nothing) when
         a workspace is too small."""
@@ -786,7 +810,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         schedule = plan_decode_schedule(
             lengths,
             num_kv_heads,
-            1 if fake else _max_ctas(dtype, head_dim, group, self.device, rope),
+            1 if fake else _max_ctas(dtype, head_dim, group, self.device, pos_encoding),
             window_left,
             fixed_chunk=None if fixed_split_size is None else fixed_split_size * page_size,
             allow_split=not disable_split_kv,
@@ -931,7 +955,8 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         )
         v_scale = check_optional_number("v_scale", v_scale)
         window = check_window(self._window_left)
-        rope = check_pos_encoding(self._pos_encoding_mode)
+        pos_encoding = check_pos_encoding(self._pos_encoding_mode)
+        check_alibi_cap(pos_encoding, cap)
         rope_rcp_scale, rope_rcp_theta = rope_params(self._rope_scale, self._rope_theta)
         checks.check_cuda("q", q, like=self._workspace)
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -965,9 +990,10 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             window,
             scale,
             cap,
-            rope,
+            pos_encoding,
             rope_rcp_scale,
             rope_rcp_theta,
+            alibi_slopes_for(pos_encoding, plan.num_qo_heads, q),
             enable_pdl,
         )
         apply_v_scale(out, v_scale)
@@ -1090,9 +1116,9 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         rope_scale: Any,
         rope_theta: Any,
     ) -> None:
-        check_pos_encoding(pos_encoding_mode)
         check_window(window_left)
-        check_score_args(sm_scale, logits_soft_cap)
+        cap = check_score_args(sm_scale, logits_soft_cap)[1]
+        check_alibi_cap(check_pos_encoding(pos_encoding_mode), cap)
         check_rope(rope_scale, rope_theta)
         self._set_score_params(
             pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta

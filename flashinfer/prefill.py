@@ -36,7 +36,9 @@ from .attention_args import (
     INDEX,
     INT_WORKSPACE_BYTES,
     WorkspaceOwner,
+    alibi_slopes_for,
     apply_v_scale,
+    check_alibi_cap,
     check_dtype_name,
     check_heads,
     check_optional_number,
@@ -84,17 +86,19 @@ _MASK_DTYPES = (
 
 
 @functools.cache
-def get_prefill_module(dtype: Any, head_dim: int, rope: bool = False):  # noqa: ANN201
-    """The prefill module (a tvm_ffi.Module) for ``dtype`` x ``head_dim``, with RoPE in the
-    kernel or not, compiled on first use."""
-    return gen_prefill_module(dtype, head_dim, rope=rope).build_and_load()
+def get_prefill_module(dtype: Any, head_dim: int, pos_encoding: str = "NONE"):  # noqa: ANN201
+    """The prefill module (a tvm_ffi.Module) for ``dtype`` x ``head_dim``, built for
+    ``pos_encoding`` (a pos_encoding_mode), compiled on first use."""
+    return gen_prefill_module(dtype, head_dim, pos_encoding=pos_encoding).build_and_load()
 
 
 @functools.cache
-def _max_ctas(dtype: torch.dtype, head_dim: int, device: torch.device, rope: bool = False) -> int:
+def _max_ctas(
+    dtype: torch.dtype, head_dim: int, device: torch.device, pos_encoding: str = "NONE"
+) -> int:
     """CTAs of the prefill kernel the device holds at once."""
     with torch.cuda.device(device):
-        per_sm = get_prefill_module(dtype, head_dim, rope).blocks_per_sm()
+        per_sm = get_prefill_module(dtype, head_dim, pos_encoding).blocks_per_sm()
     return get_device_sm_count(device) * max(1, int(per_sm))
 
 
@@ -238,7 +242,7 @@ def single_prefill_with_kv_cache(
     num_qo_heads]`` (base 2) with ``return_lse``. The KV of a short query is split across
     the GPU and merged, so one long prompt still fills it."""
     hnd = checks.check_kv_layout(kv_layout)
-    rope = check_pos_encoding(pos_encoding_mode)
+    pos_encoding = check_pos_encoding(pos_encoding_mode)
     _check_fp16_qk_reduction(use_fp16_qk_reduction)
     _check_backend(backend)
     for name, value in (("scale_q", scale_q), ("scale_k", scale_k), ("scale_v", scale_v)):
@@ -277,6 +281,7 @@ def single_prefill_with_kv_cache(
     if kv_len >= _INT32_LIMIT:
         raise ValueError(f"k holds {kv_len} tokens; at most 2^31 - 1")
     scale, cap = score_params(head_dim, sm_scale, logits_soft_cap, None, k_scale)
+    check_alibi_cap(pos_encoding, cap)
     v_scale = check_optional_number("v_scale", v_scale)
     rope_rcp_scale, rope_rcp_theta = rope_params(rope_scale, rope_theta)
     window_left = check_window(window_left)
@@ -318,9 +323,10 @@ def single_prefill_with_kv_cache(
             window_left,
             scale,
             cap,
-            rope,
+            pos_encoding,
             rope_rcp_scale,
             rope_rcp_theta,
+            alibi_slopes_for(pos_encoding, num_qo_heads, q),
         )
         apply_v_scale(out, v_scale)
     return (out, lse) if return_lse else out
@@ -339,9 +345,10 @@ def _single_prefill_op(
     window_left: int,
     score_scale: float,
     score_cap: float,
-    rope: bool,
+    pos_encoding: str,
     rope_rcp_scale: float,
     rope_rcp_theta: float,
+    alibi_slopes: torch.Tensor | None,
 ) -> None:
     """single_prefill_with_kv_cache's launch. The split of the KV across the device and the
     scratch for its partial states are decided here, where the device is known."""
@@ -352,14 +359,14 @@ def _single_prefill_op(
         kv_len,
         num_qo_heads // num_kv_heads,
         num_kv_heads,
-        _max_ctas(q.dtype, head_dim, q.device, rope),
+        _max_ctas(q.dtype, head_dim, q.device, pos_encoding),
     )
     rows = qo_len * chunks if chunks > 1 else 0
     tmp_v = torch.empty(
         max(rows * num_qo_heads * head_dim, 1), dtype=torch.float32, device=q.device
     )
     tmp_lse = torch.empty(max(rows * num_qo_heads, 1), dtype=torch.float32, device=q.device)
-    get_prefill_module(q.dtype, head_dim, rope).single_prefill(
+    get_prefill_module(q.dtype, head_dim, pos_encoding).single_prefill(
         q,
         k,
         v,
@@ -377,6 +384,7 @@ def _single_prefill_op(
         score_cap,
         rope_rcp_scale,
         rope_rcp_theta,
+        alibi_slopes,
         resolve_enable_pdl(None, q.device),
     )
 
@@ -407,15 +415,16 @@ def _batch_prefill_op(
     window_left: int,
     score_scale: float,
     score_cap: float,
-    rope: bool,
+    pos_encoding: str,
     rope_rcp_scale: float,
     rope_rcp_theta: float,
+    alibi_slopes: torch.Tensor | None,
     enable_pdl: bool | None,
 ) -> None:
     """The batch prefill wrappers' run() launch (paged: ``kv_indices`` and
     ``kv_last_page_len`` given; ragged: None), on the planned schedule (``plan``, in the int
     workspace) and scratch (``tmp_v``/``tmp_lse``, in the float workspace)."""
-    get_prefill_module(q.dtype, q.shape[-1], rope).batch_prefill(
+    get_prefill_module(q.dtype, q.shape[-1], pos_encoding).batch_prefill(
         q,
         k,
         v,
@@ -442,6 +451,7 @@ def _batch_prefill_op(
         score_cap,
         rope_rcp_scale,
         rope_rcp_theta,
+        alibi_slopes,
         resolve_enable_pdl(enable_pdl, q.device),
     )
 
@@ -534,6 +544,7 @@ def _check_options(
     check_pos_encoding(pos_encoding_mode)
     _check_fp16_qk_reduction(use_fp16_qk_reduction)
     sm_scale, cap = check_score_args(sm_scale, logits_soft_cap)
+    check_alibi_cap(pos_encoding_mode, cap)
     window_left = check_window(window_left)
     check_rope(rope_scale, rope_theta)
     dtype = _plan_dtype(q_data_type, kv_data_type, o_data_type)
@@ -765,8 +776,9 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         unless the split was fixed."""
         # fake buffers (tracing without a GPU) have no device to fill: no split
         fake = is_symbolic(self._workspace)
-        rope = opts.pos_encoding_mode == "ROPE_LLAMA"
-        max_ctas = 1 if fake else _max_ctas(opts.dtype, opts.head_dim, self.device, rope)
+        max_ctas = (
+            1 if fake else _max_ctas(opts.dtype, opts.head_dim, self.device, opts.pos_encoding_mode)
+        )
         fixed = None if opts.fixed_split_size is None else opts.fixed_split_size * page_size
 
         def schedule(allow_split: bool) -> PrefillSchedule:
@@ -888,13 +900,13 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         self._upload(words, plan.plan_words)
         # compiled here, not in a run() a CUDA graph may be capturing; a fake workspace
         # (tracing without a GPU) needs no module
-        self._cached_module = (
-            None
-            if is_symbolic(workspace)
-            else get_prefill_module(
-                opts.dtype, opts.head_dim, opts.pos_encoding_mode == "ROPE_LLAMA"
+        if is_symbolic(workspace):
+            self._cached_module = None
+        else:
+            self._cached_module = get_prefill_module(
+                opts.dtype, opts.head_dim, opts.pos_encoding_mode
             )
-        )
+            alibi_slopes_for(opts.pos_encoding_mode, opts.num_qo_heads, workspace)
         self._plan_info = plan
         if self._backend == "auto":
             self._backend = "fa2"  # the reference resolves it in plan() too
@@ -949,10 +961,10 @@ class _BatchPrefillWrapper(WorkspaceOwner):
     ) -> None:
         """forward()'s parameters replace the planned ones, as in the reference."""
         checks.check_bool("causal", causal)
-        check_pos_encoding(pos_encoding_mode)
         _check_fp16_qk_reduction(use_fp16_qk_reduction)
         check_window(window_left)
-        check_score_args(sm_scale, logits_soft_cap)
+        cap = check_score_args(sm_scale, logits_soft_cap)[1]
+        check_alibi_cap(check_pos_encoding(pos_encoding_mode), cap)
         check_rope(rope_scale, rope_theta)
         self._set_score_params(
             causal,
@@ -1011,7 +1023,8 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         v_scale = check_optional_number("v_scale", v_scale)
         window = check_window(window_left)
         causal = checks.check_bool("causal", causal)
-        rope = check_pos_encoding(pos_encoding_mode)
+        pos_encoding = check_pos_encoding(pos_encoding_mode)
+        check_alibi_cap(pos_encoding, cap)
         rope_rcp_scale, rope_rcp_theta = rope_params(rope_scale, rope_theta)
         checks.check_cuda("q", q, like=self._workspace)
         for name, t in kv:
@@ -1061,9 +1074,10 @@ class _BatchPrefillWrapper(WorkspaceOwner):
                 window,
                 scale,
                 cap,
-                rope,
+                pos_encoding,
                 rope_rcp_scale,
                 rope_rcp_theta,
+                alibi_slopes_for(pos_encoding, plan.num_qo_heads, q),
                 enable_pdl,
             )
         apply_v_scale(out, v_scale)

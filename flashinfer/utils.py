@@ -9,6 +9,8 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 import torch
 
+from .alibi import get_alibi_slopes as get_alibi_slopes  # (the reference's home of it)
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 # The reference's table: target -> (compute capability major, minor or None for any minor

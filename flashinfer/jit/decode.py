@@ -7,6 +7,7 @@ from typing import Any
 
 from .core import JitSpec, gen_jit_spec
 from .dtypes import dtype_info, gen_dtype_module
+from .pos_encoding import SCORE_ARGS, pos_encoding_suffix
 from .registry import register_op
 from .render import PendingRender
 
@@ -14,9 +15,8 @@ HEAD_DIMS = (64, 128, 256)
 DTYPES = ("float16", "bfloat16")
 
 
-def decode_uri(dtype: Any, head_dim: int, rope: bool = False) -> str:
-    base = f"decode_{dtype_info(dtype).short}_hd{head_dim}"
-    return f"{base}_rope" if rope else base
+def decode_uri(dtype: Any, head_dim: int, pos_encoding: str = "NONE") -> str:
+    return f"decode_{dtype_info(dtype).short}_hd{head_dim}{pos_encoding_suffix(pos_encoding)}"
 
 
 # The binding functions' parameters, in order (the debug printer names arguments by them;
@@ -40,11 +40,7 @@ BATCH_DECODE_ARGS = (
     "grid_work",
     "grid_merge",
     "window_left",
-    "score_scale",
-    "score_cap",
-    "rope_rcp_scale",
-    "rope_rcp_theta",
-    "enable_pdl",
+    *SCORE_ARGS,
 )
 SINGLE_DECODE_ARGS = (
     "q",
@@ -58,23 +54,20 @@ SINGLE_DECODE_ARGS = (
     "window_left",
     "chunk_tokens",
     "num_chunks",
-    "score_scale",
-    "score_cap",
-    "rope_rcp_scale",
-    "rope_rcp_theta",
-    "enable_pdl",
+    *SCORE_ARGS,
 )
 
 
-def gen_decode_module(dtype: Any, head_dim: int, rope: bool = False) -> JitSpec:
+def gen_decode_module(dtype: Any, head_dim: int, pos_encoding: str = "NONE") -> JitSpec:
     """The spec of the decode module for ``dtype`` x ``head_dim`` (its config rendered when
-    planned); ``rope``: q and k rotated in the kernel (``pos_encoding_mode="ROPE_LLAMA"``)."""
+    planned), built for ``pos_encoding`` (a ``pos_encoding_mode``: "NONE", "ROPE_LLAMA", which
+    rotates q and k in the kernel, or "ALIBI")."""
     info = dtype_info(dtype)
     if info.bits != 16:
         raise TypeError(f"decode supports float16 and bfloat16, not {info.name}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-    uri = decode_uri(dtype, head_dim, rope)
+    uri = decode_uri(dtype, head_dim, pos_encoding)
     config = PendingRender.of(
         "attention_config.jinja",
         uri,
@@ -85,7 +78,7 @@ def gen_decode_module(dtype: Any, head_dim: int, rope: bool = False) -> JitSpec:
         dlpack_code=info.dlpack_code,
         bits=info.bits,
         head_dim=head_dim,
-        rope=rope,
+        pos_encoding=pos_encoding,
     )
     return gen_jit_spec(
         uri,
@@ -96,7 +89,7 @@ def gen_decode_module(dtype: Any, head_dim: int, rope: bool = False) -> JitSpec:
             "batch_decode": BATCH_DECODE_ARGS,
             "single_decode": SINGLE_DECODE_ARGS,
             "blocks_per_sm": ("group",),
-            "rope": (),
+            "pos_encoding": (),
         },
     )
 

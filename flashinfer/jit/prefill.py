@@ -10,6 +10,7 @@ from typing import Any
 from ..config import TILING_NAME, config
 from .core import JitSpec, gen_jit_spec
 from .dtypes import dtype_info
+from .pos_encoding import SCORE_ARGS, pos_encoding_suffix
 from .registry import register_op
 from .render import PendingRender
 
@@ -145,13 +146,14 @@ def prefill_tiling(head_dim: int) -> PrefillTiling:
 
 
 def prefill_uri(
-    dtype: Any, head_dim: int, tiling: PrefillTiling | None = None, rope: bool = False
+    dtype: Any, head_dim: int, tiling: PrefillTiling | None = None, pos_encoding: str = "NONE"
 ) -> str:
-    """The module's name; a tiling other than the default, and RoPE, are part of it."""
+    """The module's name; a tiling other than the default, and a position encoding, are part
+    of it."""
     base = f"prefill_{dtype_info(dtype).short}_hd{head_dim}"
     if tiling is not None and tiling != DEFAULT_TILINGS[head_dim]:
         base = f"{base}_{tiling.name}"
-    return f"{base}_rope" if rope else base
+    return base + pos_encoding_suffix(pos_encoding)
 
 
 # The binding functions' parameters, in order (the debug printer names arguments by them;
@@ -179,11 +181,7 @@ BATCH_PREFILL_ARGS = (
     "grid_merge",
     "causal",
     "window_left",
-    "score_scale",
-    "score_cap",
-    "rope_rcp_scale",
-    "rope_rcp_theta",
-    "enable_pdl",
+    *SCORE_ARGS,
 )
 SINGLE_PREFILL_ARGS = (
     "q",
@@ -199,20 +197,17 @@ SINGLE_PREFILL_ARGS = (
     "window_left",
     "chunk_tokens",
     "num_chunks",
-    "score_scale",
-    "score_cap",
-    "rope_rcp_scale",
-    "rope_rcp_theta",
-    "enable_pdl",
+    *SCORE_ARGS,
 )
 
 
 def gen_prefill_module(
-    dtype: Any, head_dim: int, tiling: PrefillTiling | None = None, rope: bool = False
+    dtype: Any, head_dim: int, tiling: PrefillTiling | None = None, pos_encoding: str = "NONE"
 ) -> JitSpec:
     """The spec of the prefill module for ``dtype`` x ``head_dim`` (its attention config
-    rendered when planned), with ``tiling`` or :func:`prefill_tiling`'s; ``rope``: queries
-    and keys rotated in the kernel (``pos_encoding_mode="ROPE_LLAMA"``)."""
+    rendered when planned), with ``tiling`` or :func:`prefill_tiling`'s, built for
+    ``pos_encoding`` (a ``pos_encoding_mode``: "NONE", "ROPE_LLAMA", which rotates queries and
+    keys in the kernel, or "ALIBI")."""
     info = dtype_info(dtype)
     if info.bits != 16:
         raise TypeError(f"prefill supports float16 and bfloat16, not {info.name}")
@@ -222,7 +217,7 @@ def gen_prefill_module(
         tiling = prefill_tiling(head_dim)
     else:
         tiling.check(head_dim)
-    uri = prefill_uri(dtype, head_dim, tiling, rope)
+    uri = prefill_uri(dtype, head_dim, tiling, pos_encoding)
     config = PendingRender.of(
         "attention_config.jinja",
         uri,
@@ -237,7 +232,7 @@ def gen_prefill_module(
         prefill_tile_kv=tiling.tile_kv,
         prefill_ctas=tiling.ctas,
         prefill_overlap=tiling.overlap,
-        rope=rope,
+        pos_encoding=pos_encoding,
     )
     return gen_jit_spec(
         uri,
@@ -249,7 +244,7 @@ def gen_prefill_module(
             "single_prefill": SINGLE_PREFILL_ARGS,
             "blocks_per_sm": (),
             "tile_rows": (),
-            "rope": (),
+            "pos_encoding": (),
         },
     )
 

@@ -341,6 +341,7 @@ def attention(
     soft_cap: float | None = None,
     mask: torch.Tensor | None = None,
     rope: tuple[float, float] | None = None,
+    alibi: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One request's attention in float64: q ``[qo_len, Hq, D]``, k/v ``[kv_len, Hk, D]``;
     qo head h reads kv head ``h // (Hq // Hk)``. Returns (out ``[qo_len, Hq, D]``, lse
@@ -348,7 +349,10 @@ def attention(
 
     ``rope = (rope_scale, rope_theta)``: pos_encoding_mode "ROPE_LLAMA", query i rotated at
     position ``i + kv_len - qo_len`` and key j at ``j`` (halves paired, not interleaved), the
-    rotated values rounded to the inputs' dtype as the kernels keep them.
+    rotated values rounded to the inputs' dtype as the kernels keep them. ``alibi``:
+    pos_encoding_mode "ALIBI", head h's slope (:func:`alibi_slopes`) times ``j - i`` added to
+    the scaled score of query i and key j, i the query's index in the request (not aligned
+    bottom-right: the reference's convention, which shifts the LSE, not the output).
 
     Query i sees key j where ``mask[i, j]`` (a custom mask overrides ``causal``), else iff
     ``j <= i + kv_len - qo_len`` when causal (bottom-right aligned); ``window_left >= 0``
@@ -374,6 +378,9 @@ def attention(
         rows = torch.arange(start, min(qo_len, start + step), device=q.device)
         qg = q[rows].double().view(rows.numel(), kv_heads, group, dim)
         scores = torch.einsum("rkgd,lkd->kgrl", qg, kd) * scale  # [Hk, group, rows, kv]
+        if alibi:
+            slopes = alibi_slopes(heads).to(q.device).view(kv_heads, group, 1, 1)
+            scores = scores + slopes * (cols[None, :] - rows[:, None]).double()
         if soft_cap:
             scores = soft_cap * torch.tanh(scores / soft_cap)
         diagonal = rows[:, None] + (kv_len - qo_len)
@@ -393,6 +400,15 @@ def attention(
     return out, lse
 
 
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """ALiBi's slopes (float64), from the paper's definition: for the largest power of two
+    n <= n_heads, 2^(-8/n) to the powers 1..n, then 2^(-4/n) to the odd powers for the rest."""
+    n = 2 ** math.floor(math.log2(n_heads))
+    first = (2.0 ** (-8.0 / n)) ** torch.arange(1, n + 1, dtype=torch.float64)
+    rest = (2.0 ** (-4.0 / n)) ** torch.arange(1, 1 + 2 * (n_heads - n), 2, dtype=torch.float64)
+    return torch.cat([first, rest])
+
+
 def _rotated(x: torch.Tensor, positions: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
     """x rotated (Llama RoPE) at ``positions``, angles in float32 as the kernels form them,
     rounded back to x's dtype."""
@@ -408,12 +424,20 @@ def decode_attention(
     soft_cap: float | None = None,
     window_left: int = -1,
     rope: tuple[float, float] | None = None,
+    alibi: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step: :func:`attention` of q ``[Hq, D]`` (one query token, at position
-    ``kv_len - 1`` under ``rope``) over k, v ``[kv_len, Hk, D]``; returns (out ``[Hq, D]``,
-    base-2 lse ``[Hq]``)."""
+    ``kv_len - 1`` under ``rope``, index 0 under ``alibi``) over k, v ``[kv_len, Hk, D]``;
+    returns (out ``[Hq, D]``, base-2 lse ``[Hq]``)."""
     out, lse = attention(
-        q[None], k, v, sm_scale=sm_scale, window_left=window_left, soft_cap=soft_cap, rope=rope
+        q[None],
+        k,
+        v,
+        sm_scale=sm_scale,
+        window_left=window_left,
+        soft_cap=soft_cap,
+        rope=rope,
+        alibi=alibi,
     )
     return out[0], lse[0]
 

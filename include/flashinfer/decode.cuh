@@ -32,10 +32,11 @@
 // max, sum and weighted V, in log2 units). At the end the tz groups' states merge through
 // shared memory, in order.
 //
-// RoPE (pos_encoding_mode "ROPE_LLAMA", the kRope kernels): the query is rotated in registers
-// at the request's last position (length - 1), each K tile in shared memory after it lands
-// (attention_rope.cuh), every token at its index in the request, between the tile's barrier
-// and one more, so the dot products read rotated rows.
+// Position encodings (pos_encoding.h), one kernel build each. RoPE: the query is rotated in
+// registers at the request's last position (length - 1), each K tile in shared memory after it
+// lands (attention_rope.cuh), every token at its index in the request, between the tile's
+// barrier and one more, so the dot products read rotated rows. ALiBi: a token's score gains
+// its query head's slope times the token's index in the request (the query's index is 0).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -49,6 +50,7 @@
 #include "flashinfer/fast_math.cuh"
 #include "flashinfer/kv_table.cuh"
 #include "flashinfer/pdl.cuh"
+#include "flashinfer/pos_encoding.h"
 #include "flashinfer/ptx.cuh"
 #include "flashinfer/schedule.cuh"
 #include "flashinfer/vec.cuh"
@@ -126,7 +128,8 @@ struct DecodeParams {
   float* tmp_lse;  // [tmp rows, qo_heads]
   int64_t num_qo_heads;
   Scores scores;
-  Rope rope;  // read only by the kRope kernels
+  Rope rope;                  // read only by the RoPE kernels
+  const float* alibi_slopes;  // [num_qo_heads], log2 units; read by the ALiBi kernels
 };
 
 template <int kHeadDim>
@@ -223,8 +226,8 @@ __device__ __forceinline__ void add_scaled(float* acc, float4 lo, float4 hi, flo
 // items, kv heads). Each thread folds kHeads query heads (ty * kHeads + h of the group) over
 // the same K/V vectors, so a vector's shared-memory read and conversion to float serve
 // kHeads heads. Dynamic shared memory: SharedBytes. Blocks of up to 256 threads get up to
-// 128 registers a thread, larger ones 64. kRope: q and k are rotated (see the top).
-template <typename T, int kHeadDim, int kHeads, int kMaxThreads, bool kRope>
+// 128 registers a thread, larger ones 64. kPos: the position encoding (see the top).
+template <typename T, int kHeadDim, int kHeads, int kMaxThreads, PosEncoding kPos>
 __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
     DecodeKernel(DecodeParams<T> p, WorkList work) {
   using Tile = Tiling<kHeadDim>;
@@ -255,7 +258,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
     const Vec<T, kVec> qv = *reinterpret_cast<const Vec<T, kVec>*>(row + tx * kVec);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) q[h][j] = to_float(qv.data[j]) * p.scores.scale;
-    if constexpr (kRope) {
+    if constexpr (kPos == PosEncoding::kRopeLlama) {
       // lane tx ^ half holds the partner dims (the other half of the row): read them too
       constexpr int kHalf = kBdx / 2;
       const Vec<T, kVec> pv = *reinterpret_cast<const Vec<T, kVec>*>(row + (tx ^ kHalf) * kVec);
@@ -270,6 +273,12 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
       }
     }
   }
+
+  // ALiBi: the slope of each of this thread's heads (log2 units, as the scores)
+  float slope[kHeads];
+#pragma unroll
+  for (int h = 0; h < kHeads; ++h)
+    slope[h] = kPos == PosEncoding::kAlibi ? p.alibi_slopes[head0 + h] : 0.f;
 
   // Tile j: its K rows at stage j % kStages, its V rows right after; its tokens' offsets in
   // slot j % kSlots. Thread tid < kTile owns token tid of every tile's page-table lookup.
@@ -322,7 +331,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
     __syncthreads();  // tile i has landed; every thread is done with tile i - 1's stage
     if (i + kStages - 1 < tiles) issue(i + kStages - 1);
     cp_async_commit();
-    if constexpr (kRope) {
+    if constexpr (kPos == PosEncoding::kRopeLlama) {
       const int64_t first = item.start + static_cast<int64_t>(i) * kTile;
       rotate_rows<kHeadDim>(k_tile(i), p.rope, kTile, tid, threads,
                             [&](int r) { return static_cast<float>(first + r); });
@@ -330,6 +339,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
     }
 
     // this thread's rows of tile i: tokens tz, tz + bdz, ... (per_lane of them)
+    const int64_t first_token = item.start + static_cast<int64_t>(i) * kTile + tz;
     const T* const kt = k_tile(i) + tz * kHeadDim + tx * kVec;
     const T* const vt = kt + kTile * kHeadDim;
     const TokenOffsets* const off = slot(i) + tz;
@@ -360,7 +370,10 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
         float m_new = m[h];
 #pragma unroll
         for (int b = 0; b < kBatch; ++b) {
-          const float x = p.scores.cap > 0.f ? p.scores.cap * tanh_approx(s[h][b]) : s[h][b];
+          float x = p.scores.cap > 0.f ? p.scores.cap * tanh_approx(s[h][b]) : s[h][b];
+          if constexpr (kPos == PosEncoding::kAlibi) {
+            x = fmaf(slope[h], static_cast<float>(first_token + (u0 + b) * bdz), x);
+          }
           s[h][b] = off[(u0 + b) * bdz].k >= 0 ? x : -INFINITY;
           m_new = fmaxf(m_new, s[h][b]);
         }
@@ -565,7 +578,7 @@ constexpr int kSmallBlock = 256;  // the most threads of the 128-register kernel
 
 // The kernel and launch shape for a group size: two query heads a thread for an even group
 // whose block stays small (every even group up to 32 at head_dim 128), else one.
-template <typename T, int kHeadDim, bool kRope>
+template <typename T, int kHeadDim, PosEncoding kPos>
 cudaError_t PrepareDecodeKernel(int group, DecodeKernelFn<T>* kernel, dim3* block, size_t* smem) {
   using Tile = Tiling<kHeadDim>;
   const bool paired = group % 2 == 0 && Tile::kBdx * group / 2 <= kSmallBlock;
@@ -579,24 +592,24 @@ cudaError_t PrepareDecodeKernel(int group, DecodeKernelFn<T>* kernel, dim3* bloc
   }
   const int bytes = static_cast<int>(*smem);
   if (paired) {
-    *kernel = DecodeKernel<T, kHeadDim, 2, kSmallBlock, kRope>;
-    return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 2, kSmallBlock, kRope>>(bytes);
+    *kernel = DecodeKernel<T, kHeadDim, 2, kSmallBlock, kPos>;
+    return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 2, kSmallBlock, kPos>>(bytes);
   }
   if (threads <= kSmallBlock) {
-    *kernel = DecodeKernel<T, kHeadDim, 1, kSmallBlock, kRope>;
-    return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 1, kSmallBlock, kRope>>(bytes);
+    *kernel = DecodeKernel<T, kHeadDim, 1, kSmallBlock, kPos>;
+    return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 1, kSmallBlock, kPos>>(bytes);
   }
-  *kernel = DecodeKernel<T, kHeadDim, 1, 1024, kRope>;
-  return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 1, 1024, kRope>>(bytes);
+  *kernel = DecodeKernel<T, kHeadDim, 1, 1024, kPos>;
+  return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 1, 1024, kPos>>(bytes);
 }
 
 // CTAs of DecodeKernel resident per SM for this group size (the scheduler's unit of fill).
-template <typename T, int kHeadDim, bool kRope>
+template <typename T, int kHeadDim, PosEncoding kPos>
 cudaError_t DecodeBlocksPerSM(int group, int* blocks) {
   DecodeKernelFn<T> kernel;
   dim3 block;
   size_t smem;
-  cudaError_t err = PrepareDecodeKernel<T, kHeadDim, kRope>(group, &kernel, &block, &smem);
+  cudaError_t err = PrepareDecodeKernel<T, kHeadDim, kPos>(group, &kernel, &block, &smem);
   if (err != cudaSuccess) return err;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       blocks, kernel, static_cast<int>(block.x * block.y * block.z), smem);
@@ -605,7 +618,7 @@ cudaError_t DecodeBlocksPerSM(int group, int* blocks) {
 // Launches the decode kernel over `grid_work` work items, then (when merge_positions > 0)
 // the merge of split requests' tmp rows into the output. `pdl`: both launch with
 // programmatic dependent launch (see pdl.cuh).
-template <typename T, int kHeadDim, bool kRope>
+template <typename T, int kHeadDim, PosEncoding kPos>
 cudaError_t Decode(const DecodeParams<T>& p, const WorkList& work, int64_t grid_work,
                    int64_t num_kv_heads, const cascade::MergeSchedule& merge,
                    int64_t merge_positions, bool pdl, cudaStream_t stream) {
@@ -614,7 +627,7 @@ cudaError_t Decode(const DecodeParams<T>& p, const WorkList& work, int64_t grid_
   DecodeKernelFn<T> kernel;
   dim3 block;
   size_t smem;
-  cudaError_t err = PrepareDecodeKernel<T, kHeadDim, kRope>(group, &kernel, &block, &smem);
+  cudaError_t err = PrepareDecodeKernel<T, kHeadDim, kPos>(group, &kernel, &block, &smem);
   if (err != cudaSuccess) return err;
   err = launch_kernel(kernel,
                       dim3(static_cast<unsigned>(grid_work), static_cast<unsigned>(num_kv_heads)),

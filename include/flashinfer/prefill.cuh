@@ -41,6 +41,7 @@
 #include "flashinfer/kv_table.cuh"
 #include "flashinfer/mma.cuh"
 #include "flashinfer/pdl.cuh"
+#include "flashinfer/pos_encoding.h"
 #include "flashinfer/prefill_mask.h"
 #include "flashinfer/attention_rope.cuh"
 #include "flashinfer/ptx.cuh"
@@ -143,7 +144,8 @@ struct PrefillParams {
   // >= 0: token t sees key j only if j >= t + kv_len - qo_len - window_left
   int64_t window_left;
   int64_t single_qo_len, single_kv_len;
-  Rope rope;  // read only by the kernels built with RoPE (attention_rope.cuh)
+  Rope rope;                  // read only by the kernels built with RoPE (attention_rope.cuh)
+  const float* alibi_slopes;  // [num_qo_heads], log2 units; read by the ALiBi kernels
 };
 
 // Batch mode: plan points at the packed schedule (schedule.cuh) on the device, its work
@@ -218,9 +220,10 @@ __device__ __forceinline__ void query_span(const PrefillParams<T>& p, int reques
 }
 
 // (the minimum CTAs per SM is always named: without one, ptxas may cap registers on its own
-// for occupancy and spill, as it did for 64:m2kv16 at 128). kRope: queries and keys are
-// rotated (Llama RoPE, attention_rope.cuh) in shared memory before any warp reads them.
-template <typename T, typename Tl, bool kRope>
+// for occupancy and spill, as it did for 64:m2kv16 at 128). kPos (pos_encoding.h): RoPE
+// rotates queries and keys (attention_rope.cuh) in shared memory before any warp reads them;
+// ALiBi adds each row's slope times (key index - query index) to the scores of every tile.
+template <typename T, typename Tl, PosEncoding kPos>
 __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     PrefillKernel(PrefillParams<T> p, WorkList w) {
   constexpr int kHeadDim = Tl::kHeadDim, kMTiles = Tl::kMTiles, kThreads = Tl::kThreads;
@@ -402,8 +405,9 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   };
   auto rotate_k = [&](int stage, int tile, const TileBounds& cta) {
     const int64_t kv0 = cta.lo + int64_t{tile} * kTileKV;
-    rotate_swizzled_rows<kHeadDim, kTileKV, kThreads>(sk + stage * Tl::kKVElems, p.rope, thread_index(),
-                                             [&](int r) { return static_cast<float>(kv0 + r); });
+    rotate_swizzled_rows<kHeadDim, kTileKV, kThreads>(
+        sk + stage * Tl::kKVElems, p.rope, thread_index(),
+        [&](int r) { return static_cast<float>(kv0 + r); });
   };
   // Prologue: tile 0 (kOverlap: its K), in a commit group of its own.
   const TokenRows first_rows = locate(0, bounds, entry_ahead(0, bounds));
@@ -421,6 +425,23 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
 #pragma unroll
     for (int i = 0; i < kDimTiles; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
     m[mt][0] = m[mt][1] = -INFINITY;
+  }
+  // ALiBi: row (mt, h) of this lane gains slope * key - slope * query (its token's index) in
+  // the raw q.k units the scores are in until the softmax scales them (p.scale: no soft cap).
+  float slope[kMTiles][2], row_bias[kMTiles][2];
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      slope[mt][h] = row_bias[mt][h] = 0.f;
+      if constexpr (kPos == PosEncoding::kAlibi) {
+        const int packed =
+            row0 + thread_index() / 32 * Tl::kWarpRows + thread_index() % 32 / 4 + mt * 16 + 8 * h;
+        const int t = by_group.quotient(packed);
+        slope[mt][h] = p.alibi_slopes[kv_head * group + (packed - t * group)] / p.scale;
+        row_bias[mt][h] = -slope[mt][h] * static_cast<float>(t);
+      }
+    }
   }
   __syncthreads();  // shared_bounds, warp_keys
 
@@ -501,6 +522,23 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             if (!((visible[e / 2] >> (i * 8 + e % 2)) & 1)) s[mt][i][e] = -INFINITY;
+          }
+        }
+      }
+    }
+    if constexpr (kPos == PosEncoding::kAlibi) {
+      // (a masked score stays -inf) The bias of column c: slope * (kv0 + c) - slope * query.
+      const float col0 = static_cast<float>(kv0 + 2 * (lane % 4));
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        float base[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) base[h] = fmaf(slope[mt][h], col0, row_bias[mt][h]);
+#pragma unroll
+        for (int i = 0; i < kScoreTiles; ++i) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[mt][i][e] += fmaf(slope[mt][e / 2], static_cast<float>(i * 8 + e % 2), base[e / 2]);
           }
         }
       }
@@ -639,7 +677,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     // tile and its end, the compiler would keep the count read after the barrier through
     // the math, and head_dim 128 m2kv64, at 255 registers, spills it)
     const volatile int* const num_tiles_now = &shared_bounds->num_tiles;
-    if (kRope) {
+    if (kPos == PosEncoding::kRopeLlama) {
       cp_async_wait<0>();  // Q (and tile 0) have landed
       __syncthreads();
       rotate_q();  // published by the loop's first barrier
@@ -653,7 +691,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       load_kv(it + 1, at, it + 1, at, true);  // (past the last tile: zeros no one reads)
       cp_async_commit();
       const int stage = it % Tl::kStages;
-      if (kRope) {
+      if (kPos == PosEncoding::kRopeLlama) {
         rotate_k(stage, it, cta);
         __syncthreads();
       }
@@ -689,7 +727,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     cp_async_commit();
     cp_async_wait<1>();  // K of tile 0 has landed
     __syncthreads();
-    if (kRope) {
+    if (kPos == PosEncoding::kRopeLlama) {
       rotate_q();
       rotate_k(0, 0, bounds);
       __syncthreads();
@@ -706,7 +744,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       load_kv(it + 2, in.k, it + 1, in.v, true);
       cp_async_commit();
       const int stage = it % Tl::kStages, next_stage = (it + 1) % Tl::kStages;
-      if (kRope) {
+      if (kPos == PosEncoding::kRopeLlama) {
         rotate_k(next_stage, it + 1, cta);  // (past the last tile: zeros, rotated to zeros)
         __syncthreads();
       }
@@ -782,7 +820,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
 
 // Raising the kernel's dynamic shared memory limit happens once per device and never again,
 // so launches captured in a CUDA graph (after a warm-up run) make no attribute calls.
-template <typename T, typename Tl, bool kRope>
+template <typename T, typename Tl, PosEncoding kPos>
 cudaError_t PreparePrefillKernel() {
   constexpr int kMaxDevices = 64;
   static std::atomic<bool> configured[kMaxDevices] = {};
@@ -791,32 +829,32 @@ cudaError_t PreparePrefillKernel() {
   if (err != cudaSuccess) return err;
   if (device < kMaxDevices && configured[device].load()) return cudaSuccess;
   err =
-      cudaFuncSetAttribute(PrefillKernel<T, Tl, kRope>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      cudaFuncSetAttribute(PrefillKernel<T, Tl, kPos>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(Tl::kSharedBytes));
   if (err == cudaSuccess && device < kMaxDevices) configured[device].store(true);
   return err;
 }
 
 // CTAs of PrefillKernel resident per SM (the scheduler's unit of fill).
-template <typename T, typename Tl, bool kRope>
+template <typename T, typename Tl, PosEncoding kPos>
 cudaError_t PrefillBlocksPerSM(int* blocks) {
-  cudaError_t err = PreparePrefillKernel<T, Tl, kRope>();
+  cudaError_t err = PreparePrefillKernel<T, Tl, kPos>();
   if (err != cudaSuccess) return err;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, PrefillKernel<T, Tl, kRope>,
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, PrefillKernel<T, Tl, kPos>,
                                                        Tl::kThreads, Tl::kSharedBytes);
 }
 
 // Launches the prefill kernel over `grid_work` work items, then (when merge_positions > 0)
 // the merge of split requests' tmp rows into the output. `pdl`: both launch with
 // programmatic dependent launch (see pdl.cuh).
-template <typename T, typename Tl, bool kRope>
+template <typename T, typename Tl, PosEncoding kPos>
 cudaError_t Prefill(const PrefillParams<T>& p, const WorkList& work, int64_t grid_work,
                     int64_t num_kv_heads, const cascade::MergeSchedule& merge,
                     int64_t merge_positions, bool pdl, cudaStream_t stream) {
   if (grid_work == 0 || num_kv_heads == 0) return cudaSuccess;
-  cudaError_t err = PreparePrefillKernel<T, Tl, kRope>();
+  cudaError_t err = PreparePrefillKernel<T, Tl, kPos>();
   if (err != cudaSuccess) return err;
-  err = launch_kernel(PrefillKernel<T, Tl, kRope>,
+  err = launch_kernel(PrefillKernel<T, Tl, kPos>,
                       dim3(static_cast<unsigned>(grid_work), static_cast<unsigned>(num_kv_heads)),
                       dim3(Tl::kThreads), Tl::kSharedBytes, stream, pdl, p, work);
   if (err != cudaSuccess || merge_positions == 0) return err;

@@ -19,6 +19,7 @@ import flashinfer
 from flashinfer.attention_args import score_params
 from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper as Wrapper
 from flashinfer.decode import fast_decode_plan
+from flashinfer.jit.decode import BATCH_DECODE_ARGS
 from tests.ops.test_decode import CpuPlan, cpu_plan  # noqa: F401 - the fixture
 
 from .signature import assert_signature
@@ -190,31 +191,9 @@ def test_split_options_reach_the_schedule(cpu_plan: CpuPlan) -> None:
 
 
 def _launch_args(launch: tuple) -> dict:
-    names = (
-        "q",
-        "k_cache",
-        "v_cache",
-        "indptr",
-        "indices",
-        "last_page_len",
-        "plan",
-        "tmp_v",
-        "tmp_lse",
-        "out",
-        "lse",
-        "hnd",
-        "work_capacity",
-        "merge_capacity",
-        "tmp_capacity",
-        "grid_work",
-        "grid_merge",
-        "window_left",
-        "scale",
-        "cap",
-        "enable_pdl",
-    )
-    assert len(launch) == len(names)
-    return dict(zip(names, launch))
+    """A recorded batch_decode launch by the binding's argument names."""
+    assert len(launch) == len(BATCH_DECODE_ARGS)
+    return dict(zip(BATCH_DECODE_ARGS, launch))
 
 
 def test_every_cache_form_and_run_keyword(cpu_plan: CpuPlan) -> None:
@@ -228,25 +207,27 @@ def test_every_cache_form_and_run_keyword(cpu_plan: CpuPlan) -> None:
         assert out.shape == q.shape and bool((out == 1).all())
     launch = _launch_args(cpu_plan.launches[-1])
     assert launch["k_cache"].shape == (5, 16, 2, 128) and not launch["hnd"]
-    assert launch["scale"] == pytest.approx(0.5 * LOG2E) and launch["cap"] == 0.0
-    assert launch["indptr"] is w._paged_kv_indptr_buf and launch["window_left"] == -1
+    assert launch["score_scale"] == pytest.approx(0.5 * LOG2E) and launch["score_cap"] == 0.0
+    assert launch["kv_indptr"] is w._paged_kv_indptr_buf and launch["window_left"] == -1
 
     out, lse = w.run(
         q, (k, v), q_scale=2.0, k_scale=3.0, v_scale=0.25, return_lse=True, enable_pdl=False
     )
     launch = _launch_args(cpu_plan.launches[-1])
-    assert launch["scale"] == pytest.approx(0.5 * 6.0 * LOG2E) and launch["enable_pdl"] is False
+    assert (
+        launch["score_scale"] == pytest.approx(0.5 * 6.0 * LOG2E) and launch["enable_pdl"] is False
+    )
     assert bool((out == 0.25).all()) and lse.shape == (2, 8) and lse.dtype == torch.float32
     out, lse = w.run_return_lse(q, (k, v))
     assert lse is _launch_args(cpu_plan.launches[-1])["lse"]
 
     w._sm_scale = 0.125  # engines set planned parameters directly; run() reads them
     w.run(q, (k, v), window_left=-1)
-    assert _launch_args(cpu_plan.launches[-1])["scale"] == pytest.approx(0.125 * LOG2E)
+    assert _launch_args(cpu_plan.launches[-1])["score_scale"] == pytest.approx(0.125 * LOG2E)
     w.forward(q, (k, v), sm_scale=0.3, logits_soft_cap=20.0, window_left=7)
     launch = _launch_args(cpu_plan.launches[-1])
-    assert launch["scale"] == pytest.approx(0.3 / 20.0)
-    assert launch["cap"] == pytest.approx(20.0 * LOG2E) and launch["window_left"] == 7
+    assert launch["score_scale"] == pytest.approx(0.3 / 20.0)
+    assert launch["score_cap"] == pytest.approx(20.0 * LOG2E) and launch["window_left"] == 7
     out, lse = w.forward_return_lse(q, torch.stack([k, v], dim=1))
     assert lse.shape == (2, 8) and w._window_left == -1
     w.end_forward()
@@ -361,7 +342,7 @@ def test_cuda_graph_plan_copies_into_the_fixed_buffers(cpu_plan: CpuPlan) -> Non
     assert len(cpu_plan.uploads[-1]) == len(first)  # fixed capacities: a fixed plan size
     w.run(_bf16(2, 8, 128), _cache())
     launch = _launch_args(cpu_plan.launches[-1])
-    assert launch["indptr"] is buffers[0] and launch["indices"] is buffers[1]
+    assert launch["kv_indptr"] is buffers[0] and launch["kv_indices"] is buffers[1]
     assert launch["grid_work"] == launch["work_capacity"]
 
 

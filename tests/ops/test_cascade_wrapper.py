@@ -243,7 +243,7 @@ def cpu_attention(cpu_prefill, monkeypatch: pytest.MonkeyPatch) -> CpuAttention:
     compute."""
     record = CpuAttention()
     monkeypatch.setattr(
-        prefill_api, "get_prefill_module", lambda dtype, head_dim, rope=False: record
+        prefill_api, "get_prefill_module", lambda dtype, head_dim, pos_encoding="NONE": record
     )
     monkeypatch.setattr(cascade_api, "get_cascade_module", lambda dtype: record)
     return record
@@ -353,7 +353,12 @@ PLAN_BAD = [  # found before any level is planned
         TypeError,
         dict(paged_kv_last_page_len=_LAST[1]),
     ),
-    ("pos_encoding_mode 'ALIBI' is not supported", ValueError, dict(pos_encoding_mode="ALIBI")),
+    ("pos_encoding_mode 'XPOS' is not supported", ValueError, dict(pos_encoding_mode="XPOS")),
+    (
+        "pos_encoding_mode 'ALIBI' does not combine with logits_soft_cap",
+        ValueError,
+        dict(pos_encoding_mode="ALIBI", logits_soft_cap=30.0),
+    ),
     ("use_fp16_qk_reduction=True is not supported", ValueError, dict(use_fp16_qk_reduction=True)),
     ("head_dim must be one of 64, 128, 256, got 96", ValueError, dict(head_dim=96)),
     (

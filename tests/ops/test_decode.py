@@ -22,6 +22,7 @@ from flashinfer.decode_schedule import (
     plan_length,
 )
 from flashinfer.jit.decode import DTYPES, HEAD_DIMS, gen_cascade_module, gen_decode_module
+from flashinfer.jit.pos_encoding import POS_ENCODINGS
 from flashinfer.testing.reference import decode_attention as reference_decode
 from tests.conftest import run_python
 from tests.ops.test_norm import build_with_ptxas_report
@@ -158,7 +159,12 @@ def _bf16(*shape: int) -> torch.Tensor:
 
 SINGLE_BAD = [
     ("kv_layout must be 'NHD' or 'HND'", ValueError, dict(kv_layout="NDH")),
-    ("pos_encoding_mode 'ALIBI' is not supported", ValueError, dict(pos_encoding_mode="ALIBI")),
+    ("pos_encoding_mode 'XPOS' is not supported", ValueError, dict(pos_encoding_mode="XPOS")),
+    (
+        "pos_encoding_mode 'ALIBI' does not combine with logits_soft_cap",
+        ValueError,
+        dict(pos_encoding_mode="ALIBI", logits_soft_cap=30.0),
+    ),
     ("q must be 2-D", ValueError, dict(q=_bf16(1, 8, 128))),
     (
         "q has dtype torch.float32; supported: float16, bfloat16",
@@ -216,10 +222,12 @@ class CpuPlan:
     def __init__(self) -> None:
         self.uploads: list[list[int]] = []
         self.launches: list[tuple] = []
-        self.modules: list[tuple] = []  # (dtype, head_dim, rope) of each module asked for
+        self.modules: list[tuple] = []  # (dtype, head_dim, pos_encoding) of each module asked for
 
-    def get_decode_module(self, dtype: torch.dtype, head_dim: int, rope: bool = False) -> CpuPlan:
-        self.modules.append((dtype, head_dim, rope))
+    def get_decode_module(
+        self, dtype: torch.dtype, head_dim: int, pos_encoding: str = "NONE"
+    ) -> CpuPlan:
+        self.modules.append((dtype, head_dim, pos_encoding))
         return self
 
     def batch_decode(self, *args) -> None:  # noqa: ANN002
@@ -292,7 +300,12 @@ PLAN_BAD = [
         dict(kv_data_type="float16"),
     ),
     ("window_left must be an int", TypeError, dict(window_left=1.5)),
-    ("pos_encoding_mode 'ALIBI' is not supported", ValueError, dict(pos_encoding_mode="ALIBI")),
+    ("pos_encoding_mode 'XPOS' is not supported", ValueError, dict(pos_encoding_mode="XPOS")),
+    (
+        "pos_encoding_mode 'ALIBI' does not combine with logits_soft_cap",
+        ValueError,
+        dict(pos_encoding_mode="ALIBI", logits_soft_cap=30.0),
+    ),
     ("rope_scale must be > 0.0", ValueError, dict(pos_encoding_mode="ROPE_LLAMA", rope_scale=0)),
 ]
 
@@ -369,17 +382,17 @@ def test_rope_llama_runs_the_rope_build_with_its_parameters(cpu_plan) -> None:
         return dict(zip(names, cpu_plan.launches[-1]))
 
     wrapper.plan(**_plan_args(pos_encoding_mode="ROPE_LLAMA", rope_scale=4.0, rope_theta=5e5))
-    assert cpu_plan.modules[-1] == (torch.bfloat16, 128, True)
+    assert cpu_plan.modules[-1] == (torch.bfloat16, 128, "ROPE_LLAMA")
     wrapper.run(_bf16(2, 8, 128), cache)
-    assert cpu_plan.modules[-1] == (torch.bfloat16, 128, True)
+    assert cpu_plan.modules[-1] == (torch.bfloat16, 128, "ROPE_LLAMA")
     assert last_launch()["rope_rcp_scale"] == 0.25
     assert last_launch()["rope_rcp_theta"] == pytest.approx(2e-6)
     wrapper.plan(**_plan_args())
     wrapper.run(_bf16(2, 8, 128), cache)
-    assert cpu_plan.modules[-1] == (torch.bfloat16, 128, False)
+    assert cpu_plan.modules[-1] == (torch.bfloat16, 128, "NONE")
     assert (last_launch()["rope_rcp_scale"], last_launch()["rope_rcp_theta"]) == (1.0, 1e-4)
     wrapper.forward(_bf16(2, 8, 128), cache, pos_encoding_mode="ROPE_LLAMA", rope_theta=1e6)
-    assert cpu_plan.modules[-1] == (torch.bfloat16, 128, True)
+    assert cpu_plan.modules[-1] == (torch.bfloat16, 128, "ROPE_LLAMA")
     assert last_launch()["rope_rcp_theta"] == pytest.approx(1e-6)
 
 
@@ -507,13 +520,13 @@ def test_decode_and_cascade_bindings_check_too() -> None:
     """The representative specialization (bf16, head_dim 128) compiles for 9.0a; its
     binding re-checks with Python exceptions."""
     module = decode_api.get_decode_module(torch.bfloat16, 128)
-    assert (module.dtype(), module.head_dim(), module.rope()) == ("bfloat16", 128, False)
+    assert (module.dtype(), module.head_dim(), module.pos_encoding()) == ("bfloat16", 128, "NONE")
     q, k, out = _bf16(8, 128), _bf16(10, 2, 128), _bf16(8, 128)
     tmp = torch.empty(1)
 
-    def single(q=q, k=k, chunk=10, chunks=1, rope=(1.0, 1e-4)):  # noqa: ANN001, ANN202
+    def single(q=q, k=k, chunk=10, chunks=1, rope=(1.0, 1e-4), slopes=None):  # noqa: ANN001, ANN202
         return module.single_decode(
-            q, k, k, tmp, tmp, out, None, False, -1, chunk, chunks, 1.0, 0.0, *rope, False
+            q, k, k, tmp, tmp, out, None, False, -1, chunk, chunks, 1.0, 0.0, *rope, slopes, False
         )
 
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):
@@ -521,6 +534,8 @@ def test_decode_and_cascade_bindings_check_too() -> None:
     for rope in ((0.0, 1e-4), (1.0, math.inf), (-1.0, 1e-4)):
         with pytest.raises(ValueError, match="rope_rcp_scale and rope_rcp_theta must be pos"):
             single(rope=rope)
+    with pytest.raises(ValueError, match="alibi_slopes given to a module built for pos_encoding"):
+        single(slopes=torch.ones(8))
     with pytest.raises(ValueError, match="q has head_dim 64, this module is for 128"):
         single(q=_bf16(8, 64))
     with pytest.raises(ValueError, match="k's strides must be multiples of 8"):
@@ -537,6 +552,32 @@ def test_decode_and_cascade_bindings_check_too() -> None:
         cascade.merge_state(v, s, v, s, v, s, None, False)
     with pytest.raises(ValueError, match="v_a and s_a must be contiguous"):
         cascade.merge_state(_bf16(4, 64, 2).transpose(1, 2), s, v, s, v, s, None, False)
+
+
+def test_alibi_binding_checks_its_slopes() -> None:
+    """The ALiBi build's binding needs float32 slopes for every query head, and refuses a soft
+    cap, before any launch."""
+    module = decode_api.get_decode_module(torch.bfloat16, 128, "ALIBI")
+    assert module.pos_encoding() == "ALIBI"
+    q, k, out, tmp = _bf16(8, 128), _bf16(10, 2, 128), _bf16(8, 128), torch.empty(1)
+
+    def single(slopes=None, cap=0.0):  # noqa: ANN001, ANN202
+        return module.single_decode(
+            q, k, k, tmp, tmp, out, None, False, -1, 10, 1, 1.0, cap, 1.0, 1e-4, slopes, False
+        )
+
+    with pytest.raises(ValueError, match="this ALiBi module needs alibi_slopes"):
+        single()
+    with pytest.raises(ValueError, match="ALiBi does not combine with a logits soft cap"):
+        single(torch.ones(8), cap=1.0)
+    with pytest.raises(TypeError, match="alibi_slopes has dtype float16"):
+        single(torch.ones(8, dtype=torch.float16))
+    with pytest.raises(ValueError, match="alibi_slopes must be 1-D and contiguous with at least 8"):
+        single(torch.ones(7))
+    with pytest.raises(ValueError, match="alibi_slopes must be 1-D and contiguous"):
+        single(torch.ones(16)[::2])
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        single(torch.ones(8))  # the slopes pass
 
 
 @pytest.mark.compile_matrix
@@ -558,28 +599,30 @@ SPILL_CASES = [
     pytest.param(
         d,
         h,
-        rope,
+        pos,
         marks=[] if (d, h) == ("bfloat16", 128) else [pytest.mark.compile_matrix],
-        id=f"{d}-{h}{'-rope' if rope else ''}",
+        id=f"{d}-{h}-{pos}",
     )
     for d in DTYPES
     for h in HEAD_DIMS
-    for rope in (False, True)
+    for pos in POS_ENCODINGS
 ]
 
 
-@pytest.mark.parametrize("dtype,head_dim,rope", SPILL_CASES)
+@pytest.mark.parametrize("dtype,head_dim,pos_encoding", SPILL_CASES)
 def test_decode_kernels_do_not_spill(
-    dtype: str, head_dim: int, rope: bool, monkeypatch: pytest.MonkeyPatch
+    dtype: str, head_dim: int, pos_encoding: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every decode kernel variant (one or two heads a thread, 128- and 64-register blocks)
-    and the chunk merge keep their state in registers, in the plain and the RoPE build (a
+    and the chunk merge keep their state in registers, in every position encoding's build (a
     module of its own, named so): a spill would put local-memory traffic into a kernel whose
     speed is its HBM stream."""
-    spec = gen_decode_module(dtype, head_dim, rope)
-    assert spec.name.endswith("_rope") == rope
+    spec = gen_decode_module(dtype, head_dim, pos_encoding)
+    assert (
+        spec.name == f"decode_{spec.name.split('_')[1]}_hd{head_dim}{POS_ENCODINGS[pos_encoding]}"
+    )
     module = build_with_ptxas_report(spec, monkeypatch)
-    assert module.head_dim() == head_dim and module.rope() is rope
+    assert module.head_dim() == head_dim and module.pos_encoding() == pos_encoding
 
 
 # -- GPU: numerics ------------------------------------------------------------------------------
@@ -745,15 +788,16 @@ def check_decoded(
     window: int = -1,
     tensor_cores: bool = False,
     rope: tuple[float, float] | None = None,
+    alibi: bool = False,
 ) -> None:
     """Each request's output and LSE against the float64 reference (``rope``: (rope_scale,
-    rope_theta) of pos_encoding_mode "ROPE_LLAMA"); a request without keys gives zeros and
-    -inf."""
+    rope_theta) of pos_encoding_mode "ROPE_LLAMA"; ``alibi``: "ALIBI"); a request without keys
+    gives zeros and -inf."""
     for b, (k, v) in enumerate(zip(ks, vs)):
         if k.shape[0] == 0:
             assert (out[b] == 0).all() and (lse[b] == -math.inf).all(), b
             continue
-        want, want_lse = reference_decode(q[b], k, v, scale, cap, window, rope)
+        want, want_lse = reference_decode(q[b], k, v, scale, cap, window, rope, alibi)
         torch.testing.assert_close(
             out[b].double(), want, **tolerance(q.dtype, tensor_cores), msg=f"{b}"
         )
@@ -836,13 +880,36 @@ def test_batch_decode_matches_the_reference(
     )
 
 
-# pos_encoding_mode "ROPE_LLAMA": (rope_scale, rope_theta, logits_soft_cap, window_left) of
-# each run; None: the reference's defaults (1, 1e4)
-ROPE_VARIANTS = ((None, None, None, -1), (2.0, 5e5, 30.0, -1), (None, 1e6, None, 40))
+# Each run's plan() arguments besides pos_encoding_mode, by mode: RoPE with the defaults, with
+# another scale, theta and a soft cap, and windowed; ALiBi plain, with a custom sm_scale, and
+# windowed (a soft cap does not combine with it)
+POS_VARIANTS = {
+    "ROPE_LLAMA": (
+        {},
+        dict(rope_scale=2.0, rope_theta=5e5, logits_soft_cap=30.0),
+        dict(rope_theta=1e6, window_left=40),
+    ),
+    "ALIBI": ({}, dict(sm_scale=0.05), dict(window_left=40)),
+}
 
 
-def check_rope_decode(
+def _reference_args(head_dim: int, pos_encoding: str, options: dict) -> dict:
+    """check_decoded's arguments for a run with plan() ``options`` in ``pos_encoding``."""
+    rope = None
+    if pos_encoding == "ROPE_LLAMA":
+        rope = (options.get("rope_scale") or 1.0, options.get("rope_theta") or 1e4)
+    return dict(
+        scale=options.get("sm_scale") or head_dim**-0.5,
+        cap=options.get("logits_soft_cap"),
+        window=options.get("window_left", -1),
+        rope=rope,
+        alibi=pos_encoding == "ALIBI",
+    )
+
+
+def check_position_encoding_decode(
     device: str,
+    pos_encoding: str,
     lens: list[int],
     qo_heads: int,
     kv_heads: int,
@@ -852,10 +919,11 @@ def check_rope_decode(
     dtype: torch.dtype,
     use_tensor_cores: bool = False,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """BatchDecodeWithPagedKVCacheWrapper with pos_encoding_mode "ROPE_LLAMA" (the query at
-    its request's last position, each key at its index, also inside a window) against the
-    reference, in each of ROPE_VARIANTS, into NaN-poisoned out and lse; then single decode
-    of the longest request. Returns each variant's (out, lse)."""
+    """BatchDecodeWithPagedKVCacheWrapper with ``pos_encoding`` ("ROPE_LLAMA": the query at
+    its request's last position, each key at its index; "ALIBI": the slope times the key's
+    index; also inside a window) against the reference, in each of its POS_VARIANTS, into
+    NaN-poisoned out and lse; then single decode of the longest request. Returns each
+    variant's (out, lse)."""
     q, ks, vs, cache, table = paged_decode_batch(
         device, lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype, seed=sum(lens) + 1
     )
@@ -863,48 +931,47 @@ def check_rope_decode(
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
         workspace, kv_layout=layout, use_tensor_cores=use_tensor_cores
     )
-    scale = head_dim**-0.5
     results = []
-    for rope_scale, rope_theta, cap, window in ROPE_VARIANTS:
+    for options in POS_VARIANTS[pos_encoding]:
         wrapper.plan(
             *table,
             qo_heads,
             kv_heads,
             head_dim,
             page_size,
-            pos_encoding_mode="ROPE_LLAMA",
+            pos_encoding_mode=pos_encoding,
             q_data_type=dtype,
-            logits_soft_cap=cap,
-            window_left=window,
-            rope_scale=rope_scale,
-            rope_theta=rope_theta,
+            **options,
         )
         out = torch.full_like(q, math.nan)
         lse = torch.full(q.shape[:2], math.nan, device=device)
         wrapper.run(q, cache, out=out, lse=lse)
-        rope = (rope_scale or 1.0, rope_theta or 1e4)
-        check_decoded(out, lse, q, ks, vs, scale, cap, window, use_tensor_cores, rope)
+        want = _reference_args(head_dim, pos_encoding, options)
+        check_decoded(out, lse, q, ks, vs, tensor_cores=use_tensor_cores, **want)
         results.append((out, lse))
     b = max(range(len(lens)), key=lens.__getitem__)
     k, v = ks[b], vs[b]
     if layout == "HND":
         k, v = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
+    options = POS_VARIANTS[pos_encoding][1]
     out, lse = flashinfer.single_decode_with_kv_cache(
         q[b],
         k,
         v,
         kv_layout=layout,
-        pos_encoding_mode="ROPE_LLAMA",
+        pos_encoding_mode=pos_encoding,
         use_tensor_cores=use_tensor_cores,
-        rope_theta=5e5,
         return_lse=True,
+        **options,
     )
-    want = dict(tensor_cores=use_tensor_cores, rope=(1.0, 5e5))
-    check_decoded(out[None], lse[None], q[b : b + 1], [ks[b]], [vs[b]], scale, **want)
+    want = _reference_args(head_dim, pos_encoding, options)
+    check_decoded(
+        out[None], lse[None], q[b : b + 1], [ks[b]], [vs[b]], tensor_cores=use_tensor_cores, **want
+    )
     return results
 
 
-ROPE_CASES = [  # (lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype)
+POS_CASES = [  # (lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype)
     ([1, 17, 300, 4096, 0], 32, 8, 128, 16, "NHD", torch.bfloat16),
     ([5, 129, 33001], 8, 8, 64, 1, "HND", torch.float16),
     ([7, 100, 2000], 16, 2, 256, 64, "NHD", torch.bfloat16),
@@ -914,16 +981,17 @@ ROPE_CASES = [  # (lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("lens,qo_heads,kv_heads,head_dim,page_size,layout,dtype", ROPE_CASES)
-def test_batch_decode_rope_llama_matches_the_reference_and_tensor_cores(
-    lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype
+@pytest.mark.parametrize("pos_encoding", ["ROPE_LLAMA", "ALIBI"])
+@pytest.mark.parametrize("lens,qo_heads,kv_heads,head_dim,page_size,layout,dtype", POS_CASES)
+def test_batch_decode_position_encodings_match_the_reference_and_tensor_cores(
+    pos_encoding, lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype
 ) -> None:
-    """RoPE inside the CUDA-core decode kernel against the reference, up to 128k positions
-    (a group of 35: the 1024-thread kernel), and against tensor-core decode on the same
-    data."""
-    args = ("cuda", lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype)
-    cuda_cores = check_rope_decode(*args)
-    tensor_cores = check_rope_decode(*args, use_tensor_cores=True)
+    """RoPE and ALiBi inside the CUDA-core decode kernel against the reference, up to 128k
+    positions (a group of 35: the 1024-thread kernel), and against tensor-core decode on the
+    same data."""
+    args = ("cuda", pos_encoding, lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype)
+    cuda_cores = check_position_encoding_decode(*args)
+    tensor_cores = check_position_encoding_decode(*args, use_tensor_cores=True)
     for (out, lse), (out_tc, lse_tc) in zip(cuda_cores, tensor_cores):
         torch.testing.assert_close(out, out_tc, **tolerance(dtype, True))
         torch.testing.assert_close(lse, lse_tc, **lse_tolerance(True))

@@ -23,10 +23,10 @@ from flashinfer.jit.decode import gen_decode_module
 from tests.emu.module import EmulatedModule, on_cpu_tensors
 from tests.ops.test_decode import (
     DECODE_VARIANTS,
-    ROPE_VARIANTS,
+    POS_VARIANTS,
     check_batch_decode,
     check_decoded,
-    check_rope_decode,
+    check_position_encoding_decode,
     check_single_decode,
     check_split_chunks_with_unscored_pages,
     paged_decode_batch,
@@ -43,30 +43,31 @@ OUTPUTS = {  # each launch's outputs and partial-state scratch, NaN-filled befor
 
 @functools.cache
 def _module(
-    dtype: torch.dtype, head_dim: int, land_at_issue: bool, reverse: bool, rope: bool
+    dtype: torch.dtype, head_dim: int, land_at_issue: bool, reverse: bool, pos_encoding: str
 ) -> EmulatedModule:
-    return EmulatedModule(gen_decode_module(dtype, head_dim, rope), OUTPUTS, land_at_issue, reverse)
+    spec = gen_decode_module(dtype, head_dim, pos_encoding)
+    return EmulatedModule(spec, OUTPUTS, land_at_issue, reverse)
 
 
 @pytest.fixture
 def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedModule]]:
-    """emulate(dtype, head_dim, land_at_issue=False, reverse=False, rope=False): the wrappers'
-    decode module is then the emulated build (with that schedule; ``rope``: the RoPE build,
-    which the wrappers must then ask for), on CPU tensors; plan() uploads its schedule for
-    real."""
+    """emulate(dtype, head_dim, land_at_issue=False, reverse=False, pos_encoding="NONE"): the
+    wrappers' decode module is then the emulated build (with that schedule, for that position
+    encoding, which the wrappers must then ask for), on CPU tensors; plan() uploads its
+    schedule for real."""
 
     def install(
         dtype: torch.dtype,
         head_dim: int,
         land_at_issue: bool = False,
         reverse: bool = False,
-        rope: bool = False,
+        pos_encoding: str = "NONE",
     ) -> EmulatedModule:
-        module = _module(dtype, head_dim, land_at_issue, reverse, rope)
+        module = _module(dtype, head_dim, land_at_issue, reverse, pos_encoding)
         module.launches.clear()
 
-        def get_decode_module(d: torch.dtype, h: int, with_rope: bool = False) -> EmulatedModule:
-            assert with_rope == rope, "the wrapper asked for the other RoPE build"
+        def get_decode_module(d: torch.dtype, h: int, asked: str = "NONE") -> EmulatedModule:
+            assert asked == pos_encoding, f"the wrapper asked for the {asked} build"
             return module
 
         monkeypatch.setattr(decode_api, "get_decode_module", get_decode_module)
@@ -188,34 +189,47 @@ def test_single_decode_matches_the_reference(
         assert module.launches[0]["num_chunks"] > 1  # split and merged
 
 
-# (qo_heads, kv_heads, head_dim, page_size, layout, dtype, reverse): two heads a thread at
-# head_dim 64 and 128, one head a thread at 256, a group of 33 (the 1024-thread kernel)
-ROPE_CASES = [
-    (8, 2, 128, 16, "NHD", torch.bfloat16, True),
-    (8, 4, 64, 3, "HND", torch.float16, False),
-    (3, 1, 256, 16, "NHD", torch.bfloat16, True),
-    (33, 1, 64, 16, "HND", torch.bfloat16, False),
+# (pos_encoding, qo_heads, kv_heads, head_dim, page_size, layout, dtype, reverse): two heads a
+# thread at head_dim 64 and 128, one head a thread at 256, a group of 33 (the 1024-thread kernel)
+POS_CASES = [
+    ("ROPE_LLAMA", 8, 2, 128, 16, "NHD", torch.bfloat16, True),
+    ("ROPE_LLAMA", 8, 4, 64, 3, "HND", torch.float16, False),
+    ("ROPE_LLAMA", 3, 1, 256, 16, "NHD", torch.bfloat16, True),
+    ("ROPE_LLAMA", 33, 1, 64, 16, "HND", torch.bfloat16, False),
+    ("ALIBI", 8, 2, 128, 16, "HND", torch.bfloat16, False),
+    ("ALIBI", 3, 1, 256, 5, "NHD", torch.float16, True),
+    ("ALIBI", 33, 1, 64, 16, "NHD", torch.bfloat16, True),
 ]
 
 
 @pytest.mark.parametrize(
-    "qo_heads,kv_heads,head_dim,page_size,layout,dtype,reverse",
-    ROPE_CASES,
-    ids=[f"{c[0]}x{c[1]}-hd{c[2]}-{'reverse' if c[6] else 'forward'}" for c in ROPE_CASES],
+    "pos_encoding,qo_heads,kv_heads,head_dim,page_size,layout,dtype,reverse",
+    POS_CASES,
+    ids=[f"{c[0]}-{c[1]}x{c[2]}-hd{c[3]}-{'reverse' if c[7] else 'forward'}" for c in POS_CASES],
 )
-def test_rope_inside_decode(
-    emulate, monkeypatch, qo_heads, kv_heads, head_dim, page_size, layout, dtype, reverse
+def test_position_encoding_inside_decode(
+    emulate,
+    monkeypatch,
+    pos_encoding,
+    qo_heads,
+    kv_heads,
+    head_dim,
+    page_size,
+    layout,
+    dtype,
+    reverse,
 ) -> None:
-    """pos_encoding_mode="ROPE_LLAMA" in the CUDA-core kernel: the query rotated at its
-    request's last position, each K tile after it lands at its tokens' indices (also past a
-    window's start and in the second chunk of a split request: a GPU of 32 CTAs splits the
-    300 keys), then single decode (tests/ops/test_decode.py's check)."""
-    module = emulate(dtype, head_dim, reverse=reverse, rope=True)
+    """pos_encoding_mode in the CUDA-core kernel. "ROPE_LLAMA": the query rotated at its
+    request's last position, each K tile after it lands at its tokens' indices; "ALIBI": each
+    score gains its head's slope times the key's index (each thread's own heads' slopes);
+    both also past a window's start and in the second chunk of a split request (a GPU of 32
+    CTAs splits the 300 keys), then single decode (tests/ops/test_decode.py's check)."""
+    module = emulate(dtype, head_dim, reverse=reverse, pos_encoding=pos_encoding)
     monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: 32)
-    check_rope_decode(
-        "cpu", [0, 1, 300, 45], qo_heads, kv_heads, head_dim, page_size, layout, dtype
-    )
+    lens = [0, 1, 300, 45]
+    args = (pos_encoding, lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype)
+    check_position_encoding_decode("cpu", *args)
     batch_launches = [launch for launch in module.launches if "plan" in launch]
-    assert len(batch_launches) == len(ROPE_VARIANTS)
+    assert len(batch_launches) == len(POS_VARIANTS[pos_encoding])
     assert batch_launches[0]["grid_merge"] > 0  # the 300 keys ran as two chunks
     assert module.launches[-1]["num_chunks"] == 2  # and in single decode

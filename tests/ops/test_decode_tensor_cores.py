@@ -176,7 +176,12 @@ PLAN_BAD = [
         dict(last_page_len=_i32([17, 1])),
     ),
     ("logits_soft_cap must be >= 0.0", ValueError, dict(logits_soft_cap=-1.0)),
-    ("pos_encoding_mode 'ALIBI' is not supported", ValueError, dict(pos_encoding_mode="ALIBI")),
+    ("pos_encoding_mode 'XPOS' is not supported", ValueError, dict(pos_encoding_mode="XPOS")),
+    (
+        "pos_encoding_mode 'ALIBI' does not combine with logits_soft_cap",
+        ValueError,
+        dict(pos_encoding_mode="ALIBI", logits_soft_cap=30.0),
+    ),
     ("fixed_split_size must be >= 1", ValueError, dict(fixed_split_size=0)),
 ]
 

@@ -60,17 +60,17 @@ def cpu_kernels() -> contextlib.AbstractContextManager[None]:
 class CpuPrefill:
     """plan()/run() on the CPU: a fixed GPU size, uploads recorded instead of copied, and a
     stand-in prefill module that records each launch (by argument name) and fills ``out``
-    with ones, and which build (RoPE or not) each launch asked for."""
+    with ones, and which build (its position encoding) each launch asked for."""
 
     def __init__(self) -> None:
         self.uploads: list[list[int]] = []
         self.launches: list[dict] = []
-        self.rope: list[bool] = []
+        self.builds: list[str] = []
 
     def get_prefill_module(
-        self, dtype: torch.dtype, head_dim: int, rope: bool = False
+        self, dtype: torch.dtype, head_dim: int, pos_encoding: str = "NONE"
     ) -> CpuPrefill:
-        self.rope.append(rope)
+        self.builds.append(pos_encoding)
         return self
 
     def batch_prefill(self, *args) -> None:  # noqa: ANN002
@@ -122,7 +122,12 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
 
 SINGLE_BAD = [
     ("kv_layout must be 'NHD' or 'HND'", ValueError, dict(kv_layout="NDH")),
-    ("pos_encoding_mode 'ALIBI' is not supported", ValueError, dict(pos_encoding_mode="ALIBI")),
+    ("pos_encoding_mode 'XPOS' is not supported", ValueError, dict(pos_encoding_mode="XPOS")),
+    (
+        "pos_encoding_mode 'ALIBI' does not combine with logits_soft_cap",
+        ValueError,
+        dict(pos_encoding_mode="ALIBI", logits_soft_cap=30.0),
+    ),
     ("use_fp16_qk_reduction=True is not supported", ValueError, dict(use_fp16_qk_reduction=True)),
     ("use_fp16_qk_reduction must be a bool", TypeError, dict(use_fp16_qk_reduction=0)),
     ("backend 'fa3' is not available", ValueError, dict(backend="fa3")),
@@ -387,7 +392,12 @@ COMMON_PLAN_BAD = [
     ("head_dim must be one of 64, 128, 256, got 80", ValueError, dict(head_dim_qk=80)),
     ("head_dim_vo \\(64\\) must equal head_dim_qk \\(128\\)", ValueError, dict(head_dim_vo=64)),
     ("causal must be a bool", TypeError, dict(causal=1)),
-    ("pos_encoding_mode 'ALIBI' is not supported", ValueError, dict(pos_encoding_mode="ALIBI")),
+    ("pos_encoding_mode 'XPOS' is not supported", ValueError, dict(pos_encoding_mode="XPOS")),
+    (
+        "pos_encoding_mode 'ALIBI' does not combine with logits_soft_cap",
+        ValueError,
+        dict(pos_encoding_mode="ALIBI", logits_soft_cap=30.0),
+    ),
     ("use_fp16_qk_reduction=True is not supported", ValueError, dict(use_fp16_qk_reduction=True)),
     ("sm_scale must be > 0.0", ValueError, dict(sm_scale=-1.0)),
     ("logits_soft_cap must be >= 0.0", ValueError, dict(logits_soft_cap=-1.0)),
@@ -1013,12 +1023,19 @@ def test_forward_overrides_the_planned_parameters(cpu_prefill: CpuPrefill) -> No
     assert lse.shape == (5, 8) and w._causal is False and w._window_left == -1
     with pytest.raises(ValueError, match="use_fp16_qk_reduction=True is not supported"):
         w.forward(q, cache, use_fp16_qk_reduction=True)
-    with pytest.raises(ValueError, match="pos_encoding_mode 'ALIBI' is not supported"):
-        w.forward_return_lse(q, cache, pos_encoding_mode="ALIBI")
+    with pytest.raises(ValueError, match="pos_encoding_mode 'ALIBI' does not combine with"):
+        w.forward_return_lse(q, cache, pos_encoding_mode="ALIBI", logits_soft_cap=5.0)
     w.forward(q, cache, pos_encoding_mode="ROPE_LLAMA", rope_scale=4.0, rope_theta=5e5)
     launch = cpu_prefill.launches[-1]
-    assert cpu_prefill.rope[-1] is True and w._pos_encoding_mode == "ROPE_LLAMA"
+    assert cpu_prefill.builds[-1] == "ROPE_LLAMA" and w._pos_encoding_mode == "ROPE_LLAMA"
     assert (launch["rope_rcp_scale"], launch["rope_rcp_theta"]) == (0.25, pytest.approx(2e-6))
+    assert launch["alibi_slopes"] is None
+    w.forward(q, cache, pos_encoding_mode="ALIBI")
+    launch = cpu_prefill.launches[-1]
+    assert cpu_prefill.builds[-1] == "ALIBI" and w._pos_encoding_mode == "ALIBI"
+    # the slopes of 8 heads (the reference's), in log2 units
+    slopes = [2.0 ** (-(i + 1)) * LOG2E for i in range(8)]
+    assert launch["alibi_slopes"].tolist() == pytest.approx(slopes, rel=1e-6)
     w.end_forward()
 
     r = BatchPrefillWithRaggedKVCacheWrapper(_workspace())
@@ -1190,10 +1207,11 @@ def test_prefill_binding_checks_too() -> None:
     target; its binding refuses bad arguments with Python exceptions before any launch."""
     module = prefill_api.get_prefill_module(torch.bfloat16, 128)
     assert (module.dtype(), module.head_dim(), module.tile_rows()) == ("bfloat16", 128, TILE_ROWS)
+    assert module.pos_encoding() == "NONE"
     q, k, out = _bf16_cpu(8, 4, 128), _bf16_cpu(10, 2, 128), _bf16_cpu(8, 4, 128)
     tmp = torch.empty(1)
 
-    def single(q=q, k=k, out=out, mask=None, chunks=1, window=-1, rope=1.0):  # noqa: ANN001, ANN202
+    def single(q=q, k=k, out=out, mask=None, chunks=1, window=-1, rope=1.0, slopes=None):  # noqa: ANN001, ANN202
         return module.single_prefill(
             q,
             k,
@@ -1212,11 +1230,14 @@ def test_prefill_binding_checks_too() -> None:
             0.0,
             rope,
             1e-4,
+            slopes,
             False,
         )
 
     with pytest.raises(ValueError, match="q must be a CUDA tensor"):
         single()
+    with pytest.raises(ValueError, match="alibi_slopes given to a module built for pos_encoding"):
+        single(slopes=torch.ones(4))
     with pytest.raises(ValueError, match="q has head_dim 64, this module is for 128"):
         single(q=_bf16_cpu(8, 4, 64))
     with pytest.raises(ValueError, match="num_qo_heads \\(3\\) must be a positive multiple"):
@@ -1268,6 +1289,7 @@ def test_prefill_binding_checks_too() -> None:
             0.0,
             1.0,
             1e-4,
+            None,
             False,
         )
 
@@ -1393,7 +1415,7 @@ def test_prefill_kernels_do_not_spill(dtype, head_dim, tiling, monkeypatch) -> N
     assert (module.head_dim(), module.dtype(), module.tile_rows()) == (head_dim, dtype, TILE_ROWS)
 
 
-# RoPE builds: the defaults, and the GPU tests' other tilings (tests/ops/test_prefill_gpu.py)
+# RoPE and ALiBi builds: the defaults, and the GPU tests' other tilings (test_prefill_gpu.py)
 ROPE_TILINGS = [(d, DEFAULT_TILINGS[d]) for d in HEAD_DIMS] + [
     (64, PrefillTiling(2, 32)),
     (128, PrefillTiling(2, 32)),
@@ -1402,29 +1424,32 @@ ROPE_TILINGS = [(d, DEFAULT_TILINGS[d]) for d in HEAD_DIMS] + [
 
 
 @pytest.mark.parametrize(
-    "dtype,head_dim,tiling",
+    "dtype,head_dim,tiling,pos_encoding",
     [
         pytest.param(
             dtype,
             head_dim,
             tiling,
+            pos_encoding,
             marks=[]
             if (dtype, head_dim, tiling) == ("bfloat16", 128, DEFAULT_TILINGS[128])
             else [pytest.mark.compile_matrix],
-            id=f"{dtype}-{head_dim}-{tiling.name}",
+            id=f"{dtype}-{head_dim}-{tiling.name}-{pos_encoding}",
         )
         for dtype in ("float16", "bfloat16")
         for head_dim, tiling in ROPE_TILINGS
+        for pos_encoding in ("ROPE_LLAMA", "ALIBI")
     ],
 )
-def test_rope_prefill_kernels_do_not_spill(dtype, head_dim, tiling, monkeypatch) -> None:
-    """The builds that rotate q and k in shared memory (pos_encoding_mode="ROPE_LLAMA") keep
-    their state in registers too; they are modules of their own, named so."""
+def test_position_encoding_prefill_kernels_do_not_spill(
+    dtype, head_dim, tiling, pos_encoding, monkeypatch
+) -> None:
+    """The builds that rotate q and k in shared memory (pos_encoding_mode="ROPE_LLAMA") or
+    add ALiBi's biases to the scores keep their state in registers too; they are modules of
+    their own, named so."""
     monkeypatch.delenv("FLASHINFER_PREFILL_TILING", raising=False)
-    spec = gen_prefill_module(dtype, head_dim, tiling, rope=True)
-    assert (
-        spec.name.endswith("_rope")
-        and spec.name != gen_prefill_module(dtype, head_dim, tiling).name
-    )
+    spec = gen_prefill_module(dtype, head_dim, tiling, pos_encoding)
+    suffix = {"ROPE_LLAMA": "_rope", "ALIBI": "_alibi"}[pos_encoding]
+    assert spec.name == gen_prefill_module(dtype, head_dim, tiling).name + suffix
     module = build_with_ptxas_report(spec, monkeypatch)
-    assert module.rope() is True and module.head_dim() == head_dim
+    assert module.pos_encoding() == pos_encoding and module.head_dim() == head_dim

@@ -62,19 +62,18 @@ def _module(
     tiling: PrefillTiling,
     land_at_issue: bool,
     reverse: bool,
-    rope: bool,
+    pos_encoding: str,
 ) -> EmulatedModule:
-    return EmulatedModule(
-        gen_prefill_module(dtype, head_dim, tiling, rope), OUTPUTS, land_at_issue, reverse
-    )
+    spec = gen_prefill_module(dtype, head_dim, tiling, pos_encoding)
+    return EmulatedModule(spec, OUTPUTS, land_at_issue, reverse)
 
 
 @pytest.fixture
 def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedModule]]:
     """emulate(dtype, head_dim, tiling=default, land_at_issue=False, reverse=False,
-    rope=False): the wrappers' prefill module is then the emulated build (with that
-    schedule, see tests/emu/engine.py; ``rope``: the build that rotates q and k, which the
-    wrappers must then ask for), on CPU tensors; plan() uploads its schedule for real."""
+    pos_encoding="NONE"): the wrappers' prefill module is then the emulated build (with that
+    schedule, see tests/emu/engine.py, for that position encoding, which the wrappers must
+    then ask for), on CPU tensors; plan() uploads its schedule for real."""
 
     def install(
         dtype: torch.dtype,
@@ -82,14 +81,14 @@ def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedM
         tiling: PrefillTiling | None = None,
         land_at_issue: bool = False,
         reverse: bool = False,
-        rope: bool = False,
+        pos_encoding: str = "NONE",
     ) -> EmulatedModule:
         tiling = tiling or DEFAULT_TILINGS[head_dim]
-        module = _module(dtype, head_dim, tiling, land_at_issue, reverse, rope)
+        module = _module(dtype, head_dim, tiling, land_at_issue, reverse, pos_encoding)
         module.launches.clear()
 
-        def get_prefill_module(d: torch.dtype, h: int, with_rope: bool = False) -> EmulatedModule:
-            assert with_rope == rope, "the wrapper asked for the other RoPE build"
+        def get_prefill_module(d: torch.dtype, h: int, asked: str = "NONE") -> EmulatedModule:
+            assert asked == pos_encoding, f"the wrapper asked for the {asked} build"
             return module
 
         monkeypatch.setattr(prefill_api, "get_prefill_module", get_prefill_module)
@@ -105,13 +104,20 @@ def _workspace() -> torch.Tensor:
     return torch.empty(16 << 20, dtype=torch.uint8)
 
 
+def _position_encoding(options: dict[str, Any]) -> dict[str, Any]:
+    """The reference's arguments for the options' pos_encoding_mode."""
+    mode = options.get("pos_encoding_mode", "NONE")
+    if mode == "ROPE_LLAMA":
+        return dict(rope=(options.get("rope_scale") or 1.0, options.get("rope_theta") or 1e4))
+    return dict(alibi=True) if mode == "ALIBI" else {}
+
+
 def _single(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> None:
     out, lse = prefill_api.single_prefill_with_kv_cache(q, k, v, return_lse=True, **options)
     reference = {k: v for k, v in options.items() if k in ("causal", "window_left", "sm_scale")}
     if "logits_soft_cap" in options:
         reference["soft_cap"] = options["logits_soft_cap"]
-    if options.get("pos_encoding_mode") == "ROPE_LLAMA":
-        reference["rope"] = (options.get("rope_scale") or 1.0, options.get("rope_theta") or 1e4)
+    reference.update(_position_encoding(options))
     _check(out, lse, reference_attention(q, k, v, **reference))
 
 
@@ -147,8 +153,7 @@ def _paged(
         window_left=options.get("window_left", -1),
         soft_cap=options.get("logits_soft_cap"),
     )
-    if options.get("pos_encoding_mode") == "ROPE_LLAMA":
-        reference["rope"] = (options.get("rope_scale") or 1.0, options.get("rope_theta") or 1e4)
+    reference.update(_position_encoding(options))
     _check(out, lse, _expected_batch(q, qo_lens, ks, vs, **reference))
 
 
@@ -406,7 +411,7 @@ def test_rope_inside_attention(
     positions running on across KV chunks), in the overlapped and the plain loop: a causal
     single prefill with fewer queries than keys, then a batch over shuffled pages whose long
     request is split over CTAs, with another rope_scale and rope_theta."""
-    module = emulate(torch.bfloat16, head_dim, tiling, reverse=reverse, rope=True)
+    module = emulate(torch.bfloat16, head_dim, tiling, reverse=reverse, pos_encoding="ROPE_LLAMA")
     torch.manual_seed(head_dim + tiling.tile_kv)
     q = _randn(70, 8, head_dim, dtype=torch.bfloat16, device="cpu")
     k, v = (_randn(200, 2, head_dim, dtype=torch.bfloat16, device="cpu") for _ in range(2))
@@ -416,25 +421,60 @@ def test_rope_inside_attention(
     assert module.launches[-1]["grid_merge"] > 0  # the 700 keys ran as several chunks
 
 
-def test_rope_tensor_core_decode(emulate) -> None:
-    """Tensor-core decode with RoPE: each request's one query rotated at its last position."""
-    emulate(torch.bfloat16, 128, reverse=True, rope=True)
+@pytest.mark.parametrize(
+    "options,layout",
+    [
+        (dict(pos_encoding_mode="ROPE_LLAMA", rope_theta=1e6), "HND"),
+        (dict(pos_encoding_mode="ALIBI"), "NHD"),
+    ],
+    ids=["ROPE_LLAMA", "ALIBI"],
+)
+def test_position_encoding_tensor_core_decode(emulate, options: dict, layout: str) -> None:
+    """Tensor-core decode with RoPE (each request's one query rotated at its last position)
+    and ALiBi (the query is index 0, as in the CUDA-core kernel and the reference's decode)."""
+    emulate(torch.bfloat16, 128, reverse=True, pos_encoding=options["pos_encoding_mode"])
     torch.manual_seed(23)
     kv_lens, heads, page_size = [1, 40, 0, 300], (8, 2), 16
     qo_lens = [1] * len(kv_lens)
     q, ks, vs = _batch_data(qo_lens, kv_lens, *heads, 128, torch.bfloat16, device="cpu")
-    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, "HND", seed=3)
-    wrapper = BatchDecodeWithPagedKVCacheWrapper(_workspace(), "HND", use_tensor_cores=True)
+    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, layout, seed=3)
+    wrapper = BatchDecodeWithPagedKVCacheWrapper(_workspace(), layout, use_tensor_cores=True)
     wrapper.plan(
-        indptr,
-        indices,
-        last,
-        *heads,
-        128,
-        page_size,
-        pos_encoding_mode="ROPE_LLAMA",
-        rope_theta=1e6,
-        q_data_type=torch.bfloat16,
+        indptr, indices, last, *heads, 128, page_size, q_data_type=torch.bfloat16, **options
     )
     out, lse = wrapper.run(q, cache, return_lse=True)
-    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, rope=(1.0, 1e6)))
+    want = _expected_batch(q, qo_lens, ks, vs, **_position_encoding(options))
+    _check(out, lse, want)
+
+
+# (head_dim, tiling, reverse): the defaults, a plain and an overlapped m2 loop
+ALIBI_TILINGS = [
+    (128, DEFAULT_TILINGS[128], True),
+    (64, PrefillTiling(2, 32), False),
+    (256, DEFAULT_TILINGS[256], True),
+    (128, PrefillTiling(2, 32, overlap=True), False),
+]
+
+
+@pytest.mark.parametrize(
+    "head_dim,tiling,reverse",
+    ALIBI_TILINGS,
+    ids=[f"hd{d}-{t.name}-{'reverse' if r else 'forward'}" for d, t, r in ALIBI_TILINGS],
+)
+def test_alibi_inside_attention(
+    emulate, head_dim: int, tiling: PrefillTiling, reverse: bool
+) -> None:
+    """pos_encoding_mode="ALIBI": each score gains its head's slope times (key index - query
+    index), the query's index in its request as the reference counts it (so the LSE is the
+    reference's): a causal single prefill with fewer queries than keys (GQA 4: each row of a
+    tile its own head's slope), one that is not causal with a custom sm_scale, then a batch
+    over shuffled pages whose long request is split over CTAs, windowed."""
+    module = emulate(torch.bfloat16, head_dim, tiling, reverse=reverse, pos_encoding="ALIBI")
+    torch.manual_seed(head_dim + tiling.tile_kv + 1)
+    q = _randn(70, 8, head_dim, dtype=torch.bfloat16, device="cpu")
+    k, v = (_randn(200, 2, head_dim, dtype=torch.bfloat16, device="cpu") for _ in range(2))
+    _single(q, k, v, causal=True, pos_encoding_mode="ALIBI")
+    _single(q[:9], k, v, sm_scale=0.05, pos_encoding_mode="ALIBI")
+    options = dict(causal=True, window_left=300, pos_encoding_mode="ALIBI")
+    _paged([3, 1], [700, 65], (4, 2), head_dim, 16, "NHD", **options)
+    assert module.launches[-1]["grid_merge"] > 0  # the 700 keys ran as several chunks

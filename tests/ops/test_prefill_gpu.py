@@ -35,11 +35,11 @@ def prefill(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     if request.param == "other":
         from flashinfer.jit.prefill import PrefillTiling, gen_prefill_module
 
-        def get_prefill_module(dtype: Any, head_dim: int, rope: bool = False) -> Any:
-            key = (dtype, head_dim, rope)
+        def get_prefill_module(dtype: Any, head_dim: int, pos_encoding: str = "NONE") -> Any:
+            key = (dtype, head_dim, pos_encoding)
             if key not in _other_modules:
                 tiling = PrefillTiling(*OTHER_TILINGS[head_dim])
-                spec = gen_prefill_module(dtype, head_dim, tiling, rope)
+                spec = gen_prefill_module(dtype, head_dim, tiling, pos_encoding)
                 _other_modules[key] = spec.build_and_load()
             return _other_modules[key]
 
@@ -623,10 +623,11 @@ def test_every_tiling_masks_and_skips_as_the_reference(
     tile_kv = tiling.tile_kv
     built: dict[Any, Any] = {}
 
-    def get_prefill_module(dtype: Any, dim: int, rope: bool = False) -> Any:
-        if (dtype, rope) not in built:
-            built[dtype, rope] = gen_prefill_module(dtype, dim, tiling, rope).build_and_load()
-        return built[dtype, rope]
+    def get_prefill_module(dtype: Any, dim: int, pos_encoding: str = "NONE") -> Any:
+        if (dtype, pos_encoding) not in built:
+            spec = gen_prefill_module(dtype, dim, tiling, pos_encoding)
+            built[dtype, pos_encoding] = spec.build_and_load()
+        return built[dtype, pos_encoding]
 
     monkeypatch.setattr(module, "get_prefill_module", get_prefill_module)
     dtype, qo_heads, kv_heads, page_size, window = torch.bfloat16, 6, 2, 7, 40
@@ -858,7 +859,7 @@ def test_cuda_graph_replay_after_replanning(prefill, kind: str) -> None:
         torch.testing.assert_close(out[:rows].double(), want[0], **_tolerance(dtype))
 
 
-# -- RoPE inside attention -------------------------------------------------------------------------
+# -- RoPE and ALiBi inside attention ---------------------------------------------------------------
 
 ROPE_CASES = [  # (qo_len, kv_len, qo_heads, kv_heads, head_dim, layout, dtype, rope_scale, theta)
     (1, 777, 32, 8, 128, "HND", torch.bfloat16, None, None),
@@ -899,12 +900,53 @@ def test_single_prefill_rope_llama(
         _check(out, lse, reference_attention(q, k, v, causal=causal, rope=rope))
 
 
+ALIBI_CASES = [  # (qo_len, kv_len, qo_heads, kv_heads, head_dim, layout, dtype, sm_scale)
+    (1, 777, 32, 8, 128, "HND", torch.bfloat16, None),
+    (63, 200, 12, 4, 64, "NHD", torch.float16, 0.05),  # 12 heads: the slopes past 8
+    (517, 2049, 16, 4, 256, "HND", torch.float16, None),
+    (1000, 1000, 32, 8, 128, "NHD", torch.bfloat16, None),
+    (128, 16384, 8, 2, 128, "NHD", torch.bfloat16, 0.2),  # biases past 16k
+]
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    "qo_len,kv_len,qo_heads,kv_heads,head_dim,layout,dtype,sm_scale", ALIBI_CASES
+)
+def test_single_prefill_alibi(
+    prefill, qo_len, kv_len, qo_heads, kv_heads, head_dim, layout, dtype, sm_scale
+) -> None:
+    """pos_encoding_mode="ALIBI": each score gains its head's slope times (key index - query
+    index), query indices counted from the request's first query as the reference does (the
+    LSE is the reference's); causal and not."""
+    torch.manual_seed(kv_len + head_dim + 1)
+    q = _randn(qo_len, qo_heads, head_dim, dtype=dtype)
+    k = _randn(kv_len, kv_heads, head_dim, dtype=dtype)
+    v = _randn(kv_len, kv_heads, head_dim, dtype=dtype)
+    for causal in (False, True):
+        out, lse = prefill.single_prefill_with_kv_cache(
+            q,
+            _to_layout(k, layout),
+            _to_layout(v, layout),
+            causal=causal,
+            kv_layout=layout,
+            pos_encoding_mode="ALIBI",
+            sm_scale=sm_scale,
+            return_lse=True,
+        )
+        want = reference_attention(q, k, v, causal=causal, sm_scale=sm_scale, alibi=True)
+        _check(out, lse, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pos_encoding", ["ROPE_LLAMA", "ALIBI"])
 @pytest.mark.parametrize("head_dim,layout", [(64, "HND"), (128, "NHD"), (256, "NHD")])
-def test_batch_prefill_rope_llama_agrees_with_single_prefill(prefill, head_dim, layout) -> None:
+def test_batch_prefill_position_encodings_agree_with_single_prefill(
+    prefill, pos_encoding, head_dim, layout
+) -> None:
     """The reference library's own check: each request of a paged batch (pages of 5, one
-    long request split over CTAs) against single prefill of its rows with RoPE, and both
-    against the float64 reference."""
+    long request split over CTAs) against single prefill of its rows with RoPE or ALiBi,
+    and both against the float64 reference."""
     torch.manual_seed(head_dim)
     dtype, qo_heads, kv_heads, page_size = torch.float16, 8, 2, 5
     qo_lens, kv_lens = [37, 1, 17, 3], [97, 54, 17, 6000]
@@ -921,14 +963,15 @@ def test_batch_prefill_rope_llama_agrees_with_single_prefill(prefill, head_dim, 
         head_dim,
         page_size,
         causal=True,
-        pos_encoding_mode="ROPE_LLAMA",
+        pos_encoding_mode=pos_encoding,
         q_data_type=dtype,
     )
     out, lse = wrapper.run(q, cache, return_lse=True)
-    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, causal=True, rope=(1.0, 1e4)))
+    encoding = dict(rope=(1.0, 1e4)) if pos_encoding == "ROPE_LLAMA" else dict(alibi=True)
+    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, causal=True, **encoding))
     for b, start in enumerate(itertools.accumulate([0, *qo_lens[:-1]])):
         rows = slice(start, start + qo_lens[b])
         single = prefill.single_prefill_with_kv_cache(
-            q[rows], ks[b], vs[b], causal=True, pos_encoding_mode="ROPE_LLAMA"
+            q[rows], ks[b], vs[b], causal=True, pos_encoding_mode=pos_encoding
         )
         torch.testing.assert_close(out[rows], single, **_tolerance(dtype))
