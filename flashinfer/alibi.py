@@ -15,6 +15,8 @@ def get_alibi_slopes(n_heads: int) -> torch.Tensor:
     """The ALiBi slope of each of ``n_heads`` heads (float32): a geometric sequence
     ``2^(-8 (i + 1) / n)`` over the largest power of two ``n <= n_heads``, then the odd
     terms of the sequence for ``2n`` for the heads past it."""
+    if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
+        raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
     n = 1 << (n_heads.bit_length() - 1)
     slopes = [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
     slopes += [2.0 ** (-4.0 * (2 * i + 1) / n) for i in range(n_heads - n)]

@@ -742,14 +742,13 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             )
             self._set_page_table(indptr, indices, last_page_len, non_blocking, copy_buffers)
             self._upload(words, plan.plan_words)
-            # compiled here, not in a run() a CUDA graph may be capturing; a fake workspace
-            # (tracing without a GPU) needs no module
-            if not is_symbolic(self._workspace):
-                self._cached_module = get_decode_module(dtype, head_dim, pos_encoding)
-                # made here, not in a run() a CUDA graph may be capturing
-                alibi_slopes_for(pos_encoding, num_qo_heads, self._workspace)
-            else:
+            # the module compiled and ALiBi's slopes made here, not in a run() a CUDA graph
+            # may be capturing; a fake workspace (tracing without a GPU) needs neither
+            if is_symbolic(self._workspace):
                 self._cached_module = None
+            else:
+                self._cached_module = get_decode_module(dtype, head_dim, pos_encoding)
+                alibi_slopes_for(pos_encoding, num_qo_heads, self._workspace)
         else:
             wrapper = self._prefill_on_workspaces()
             opts = prefill._Options(

@@ -898,8 +898,8 @@ class _BatchPrefillWrapper(WorkspaceOwner):
                 setattr(self, name, to_device(t, workspace, non_blocking))
             self._custom_mask_buf, self._mask_indptr_buf = mask_arrays or (None, None)
         self._upload(words, plan.plan_words)
-        # compiled here, not in a run() a CUDA graph may be capturing; a fake workspace
-        # (tracing without a GPU) needs no module
+        # the module compiled and ALiBi's slopes made here, not in a run() a CUDA graph may
+        # be capturing; a fake workspace (tracing without a GPU) needs neither
         if is_symbolic(workspace):
             self._cached_module = None
         else:
