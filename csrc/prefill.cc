@@ -3,7 +3,6 @@
 #include <tvm/ffi/optional.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <limits>
 

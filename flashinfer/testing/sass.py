@@ -1,6 +1,7 @@
 """The machine code (SASS) of compiled CUDA objects, read without a GPU: ``cuobjdump -sass``
 (from the nvidia-cuda-cuobjdump and -nvdisasm wheels, or a CUDA toolkit) split per kernel,
-and the static shape of a kernel's loops, by opcode. The SASS tests assert facts with it;
+each kernel's registers, stack and local memory, and the static shape of a kernel's loops,
+by opcode. The SASS tests assert facts with it;
 ``benchmarks/sass_loops.py`` compares inner loops (ours, a peer's) where no GPU can time them.
 """
 
@@ -18,12 +19,14 @@ __all__ = [
     "Block",
     "Instruction",
     "Loop",
+    "Resources",
     "Span",
     "blocks",
     "cuobjdump_sass",
     "find_cuda_tool",
     "instructions",
     "loops",
+    "resource_usage",
     "sass_by_kernel",
 ]
 
@@ -69,6 +72,38 @@ def cuobjdump_sass(obj: Path, arch: str | None = None) -> str:
     env = dict(os.environ, NVDISASM_PATH=str(nvdisasm.parent))
     command = [str(cuobjdump), "-sass", *(["-arch", arch] if arch else []), str(obj)]
     return subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a kernel's code reserves per thread (bytes, but registers) and per CTA (static
+    shared memory): a spill shows as stack and local memory."""
+
+    registers: int
+    stack: int
+    local: int
+    shared: int
+
+
+_USAGE = re.compile(
+    r"^\s*Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", re.M
+)
+
+
+def resource_usage(obj: Path) -> list[tuple[str, Resources]]:
+    """``cuobjdump --dump-resource-usage`` of an object or shared library: (mangled kernel
+    name, its resources) for each kernel of each architecture's code. It reads the code
+    itself, so a library linked from cached objects reports what a fresh build would.
+    FileNotFoundError names the wheel when cuobjdump is missing."""
+    cuobjdump = find_cuda_tool("cuobjdump")
+    if cuobjdump is None:
+        raise FileNotFoundError("cuobjdump is needed: pip install nvidia-cuda-cuobjdump")
+    command = [str(cuobjdump), "--dump-resource-usage", str(obj)]
+    text = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return [
+        (name, Resources(int(reg), int(stack), int(local), int(shared)))
+        for name, reg, stack, shared, local in _USAGE.findall(text)
+    ]
 
 
 def sass_by_kernel(text: str) -> dict[str, str]:
