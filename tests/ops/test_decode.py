@@ -370,10 +370,10 @@ def test_plan_uploads_the_schedule_and_run_checks_against_it(cpu_plan) -> None:
     assert cpu_plan.launches == []
 
 
-def test_rope_llama_runs_the_rope_build_with_its_parameters(cpu_plan) -> None:
+def test_position_encodings_run_their_builds_with_their_parameters(cpu_plan) -> None:
     """pos_encoding_mode="ROPE_LLAMA" (plan's, or forward()'s override) asks for the RoPE
     build of the module and passes 1 / rope_scale and 1 / rope_theta (defaults 1 and 1e4);
-    "NONE" the plain build."""
+    "NONE" the plain build; "ALIBI" the ALiBi build, with the slopes."""
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
     cache = (_bf16(5, 16, 2, 128), _bf16(5, 16, 2, 128))
     names = gen_decode_module(torch.bfloat16, 128).function_args["batch_decode"]
@@ -394,6 +394,12 @@ def test_rope_llama_runs_the_rope_build_with_its_parameters(cpu_plan) -> None:
     wrapper.forward(_bf16(2, 8, 128), cache, pos_encoding_mode="ROPE_LLAMA", rope_theta=1e6)
     assert cpu_plan.modules[-1] == (torch.bfloat16, 128, "ROPE_LLAMA")
     assert last_launch()["rope_rcp_theta"] == pytest.approx(1e-6)
+    assert last_launch()["alibi_slopes"] is None
+    wrapper.forward(_bf16(2, 8, 128), cache, pos_encoding_mode="ALIBI")
+    assert cpu_plan.modules[-1] == (torch.bfloat16, 128, "ALIBI")
+    # the slopes of 8 heads (the reference's), in log2 units
+    slopes = [2.0 ** (-(i + 1)) / math.log(2) for i in range(8)]
+    assert last_launch()["alibi_slopes"].tolist() == pytest.approx(slopes, rel=1e-6)
 
 
 def test_cuda_graph_mode_needs_fixed_buffers_and_fixes_the_batch(cpu_plan) -> None:
