@@ -1,6 +1,7 @@
 // Argument checks shared by the attention modules' binding TUs (decode.cc, prefill.cc):
 // q/out, KV caches, float32 buffers, LSE, index arrays, RoPE and ALiBi parameters. Include after
-// attention_config.h (kDTypeCode, kDTypeBits, kHeadDim). Host compiler, tvm-ffi.
+// attention_config.h (kDTypeCode, kDTypeBits, kKVDTypeCode, kKVDTypeBits, kHeadDim). Host
+// compiler, tvm-ffi.
 #pragma once
 
 #include <tvm/ffi/optional.h>
@@ -46,13 +47,14 @@ struct Strides {
   int64_t page, slot, head;
 };
 
-// A cache tensor: paged [pages, page_size, Hk, D] / [pages, Hk, page_size, D] (rank 4) or
-// contiguous [len, Hk, D] / [Hk, len, D] (rank 3, one page).
+// A cache tensor of the module's KV dtype: paged [pages, page_size, Hk, D] / [pages, Hk,
+// page_size, D] (rank 4) or contiguous [len, Hk, D] / [Hk, len, D] (rank 3, one page).
 inline Strides CacheOf(const TensorView& t, const char* name, int rank, bool hnd, int64_t kv_heads,
                        int64_t* page_size) {
   FLASHINFER_CHECK(t.ndim() == rank, ValueError)
       << name << " must be " << rank << "-D, got " << t.ndim() << "-D";
-  CheckDType(t, name, kDTypeCode, kDTypeBits);
+  CheckDType(t, name, kKVDTypeCode, kKVDTypeBits);
+  constexpr int64_t kCopyElems = 128 / kKVDTypeBits;  // elements of 16 bytes
   FLASHINFER_CHECK(t.size(rank - 1) == kHeadDim && t.stride(rank - 1) == 1, ValueError)
       << name << " must end in a contiguous head_dim of " << kHeadDim;
   const int base = rank - 3;  // 1 for paged caches
@@ -60,8 +62,8 @@ inline Strides CacheOf(const TensorView& t, const char* name, int rank, bool hnd
   FLASHINFER_CHECK(t.size(head_dim_index) == kv_heads, ValueError)
       << name << " has " << t.size(head_dim_index) << " kv heads, expected " << kv_heads;
   for (int i = 0; i < rank - 1; ++i) {
-    FLASHINFER_CHECK(t.size(i) <= 1 || t.stride(i) % kVec == 0, ValueError)
-        << name << "'s strides must be multiples of 8 elements (16 bytes)";
+    FLASHINFER_CHECK(t.size(i) <= 1 || t.stride(i) % kCopyElems == 0, ValueError)
+        << name << "'s strides must be multiples of " << kCopyElems << " elements (16 bytes)";
   }
   FLASHINFER_CHECK(Aligned(t), ValueError) << name << " must be 16-byte aligned";
   *page_size = t.size(slot_dim);

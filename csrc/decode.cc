@@ -170,6 +170,7 @@ int64_t BlocksPerSM(int64_t group) {
 }
 
 tvm::ffi::String DTypeOfModule() { return kDTypeName; }
+tvm::ffi::String KVDTypeOfModule() { return kKVDTypeName; }
 int64_t HeadDimOfModule() { return kHeadDim; }
 tvm::ffi::String PosEncodingOfModule() { return kPosEncodingName; }
 
@@ -179,5 +180,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_decode, BatchDecode);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(single_decode, SingleDecode);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(blocks_per_sm, BlocksPerSM);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(kv_dtype, KVDTypeOfModule);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(head_dim, HeadDimOfModule);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(pos_encoding, PosEncodingOfModule);

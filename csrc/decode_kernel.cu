@@ -9,12 +9,12 @@ namespace fd = flashinfer::decode;
 namespace fc = flashinfer::cascade;
 
 cudaError_t decode_launch(const DecodeKV& kv, const DecodeLaunch& l, cudaStream_t stream) {
-  fd::DecodeParams<DType> p;
+  fd::DecodeParams<DType, DTypeKV> p;
   p.q = static_cast<const DType*>(l.q);
   p.q_batch_stride = l.q_batch_stride;
   p.q_head_stride = l.q_head_stride;
-  p.k = {static_cast<const DType*>(kv.k), kv.k_page_stride, kv.k_slot_stride, kv.k_head_stride};
-  p.v = {static_cast<const DType*>(kv.v), kv.v_page_stride, kv.v_slot_stride, kv.v_head_stride};
+  p.k = {static_cast<const DTypeKV*>(kv.k), kv.k_page_stride, kv.k_slot_stride, kv.k_head_stride};
+  p.v = {static_cast<const DTypeKV*>(kv.v), kv.v_page_stride, kv.v_slot_stride, kv.v_head_stride};
   p.pages = {kv.indices, kv.indptr, kv.last_page_len, kv.page_size, kv.num_indices, kv.num_pages};
   p.out = static_cast<DType*>(l.out);
   p.out_batch_stride = l.out_batch_stride;
@@ -37,10 +37,10 @@ cudaError_t decode_launch(const DecodeKV& kv, const DecodeLaunch& l, cudaStream_
     merge = {nullptr, nullptr, nullptr, l.grid_work};
   }
   const int64_t merge_positions = l.plan ? l.grid_merge : (l.grid_work > 1 ? 1 : 0);
-  return fd::Decode<DType, kHeadDim, kPosEncoding>(p, work, l.grid_work, l.num_kv_heads, merge,
-                                                   merge_positions, l.pdl, stream);
+  return fd::Decode<DType, DTypeKV, kHeadDim, kPosEncoding>(p, work, l.grid_work, l.num_kv_heads,
+                                                            merge, merge_positions, l.pdl, stream);
 }
 
 cudaError_t decode_blocks_per_sm(int group, int* blocks) {
-  return fd::DecodeBlocksPerSM<DType, kHeadDim, kPosEncoding>(group, blocks);
+  return fd::DecodeBlocksPerSM<DType, DTypeKV, kHeadDim, kPosEncoding>(group, blocks);
 }

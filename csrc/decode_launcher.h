@@ -8,7 +8,7 @@
 // The KV cache: token t of request b lives in page indices[indptr[b] + t / page_size],
 // slot t % page_size; request b holds (pages - 1) * page_size + last_page_len[b] tokens. A
 // contiguous cache has indices == nullptr and one page. Strides in elements, all multiples
-// of 8.
+// of 16 bytes.
 struct DecodeKV {
   const void* k;
   const void* v;
@@ -42,6 +42,6 @@ struct DecodeLaunch {
   bool pdl;
 };
 
-// q, caches and out are the module's DType; head_dim is the module's kHeadDim.
+// q and out are the module's DType, the caches its DTypeKV; head_dim is the module's kHeadDim.
 cudaError_t decode_launch(const DecodeKV& kv, const DecodeLaunch& launch, cudaStream_t stream);
 cudaError_t decode_blocks_per_sm(int group, int* blocks);

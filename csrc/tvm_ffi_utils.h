@@ -38,6 +38,10 @@ inline std::string DTypeName(DLDataType dt) {
       break;
     case kDLBool:
       return "bool";
+    case kDLFloat8_e4m3fn:
+      return "float8_e4m3fn";
+    case kDLFloat8_e5m2:
+      return "float8_e5m2";
     default:
       base = "code" + std::to_string(dt.code) + "_";
       break;

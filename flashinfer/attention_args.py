@@ -61,6 +61,49 @@ def check_dtype_name(name: str, value: Any) -> torch.dtype:
     return value
 
 
+# KV cache dtypes besides q's: the CUDA-core decode kernel reads them (the tensor-core
+# kernels do not)
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8_KV_REFUSAL = (
+    "an fp8 KV cache is read by the CUDA-core decode kernel only "
+    "(BatchDecodeWithPagedKVCacheWrapper with use_tensor_cores=False, "
+    "single_decode_with_kv_cache); this kernel takes a cache of q's dtype"
+)
+
+
+def check_kv_dtype(name: str, value: Any, q_dtype: torch.dtype, fp8: bool) -> torch.dtype:
+    """The KV cache dtype ``name`` gives (None: q's): q's dtype, or with ``fp8`` (the kernel
+    reads fp8 caches) one of FP8_KV_DTYPES."""
+    if value is None:
+        return q_dtype
+    if isinstance(value, str):
+        named = getattr(torch, value.removeprefix("torch."), None)
+        value = named if named in FP8_KV_DTYPES else value
+    if value in FP8_KV_DTYPES:
+        if not fp8:
+            raise ValueError(f"{name} is {value}: {FP8_KV_REFUSAL}")
+        return value
+    try:
+        dtype = check_dtype_name(name, value)
+    except TypeError:
+        dtype = None
+    if dtype == q_dtype:
+        return dtype
+    supported = ", ".join(map(str, (q_dtype, *(FP8_KV_DTYPES if fp8 else ()))))
+    if dtype is None:
+        raise TypeError(f"{name} {value!r} is not a supported dtype; supported: {supported}")
+    raise TypeError(f"{name} {dtype} differs from q_data_type {q_dtype}; supported: {supported}")
+
+
+def check_out_dtype(value: Any, q_dtype: torch.dtype) -> None:
+    """``o_data_type`` (None: q's) must be q's dtype: the output takes it."""
+    dtype = None if value is None else check_dtype_name("o_data_type", value)
+    if dtype not in (None, q_dtype):
+        raise TypeError(
+            f"o_data_type {dtype} differs from q_data_type {q_dtype}; the output takes q's dtype"
+        )
+
+
 def check_optional_number(
     name: str, value: Any, low: float | None = None, low_open: bool = False
 ) -> float | None:

@@ -9,12 +9,13 @@ does (``rope_scale``/``rope_theta``, defaults 1 and 1e4); ``"ALIBI"`` adds the q
 ALiBi slope times the key's index (:mod:`flashinfer.alibi`) to its score. The output is
 multiplied by ``v_scale`` when given. ``lse`` is the log-sum-exp of the scores in **base 2**
 (``log2(sum(exp(score)))``), as in the reference library, so states merge with theirs (see
-:mod:`flashinfer.cascade`). q, KV and the output share one dtype: float16 or bfloat16;
-head_dim 64, 128 or 256; ``num_qo_heads`` a multiple of ``num_kv_heads`` (GQA). Long
-requests are split across the GPU and merged (see :mod:`flashinfer.decode_schedule`). With
-``use_tensor_cores=True`` decode runs on the prefill kernel instead (see
-:mod:`flashinfer.prefill`): each request is one query token, and the tile's rows hold its GQA
-group, which pays off for large groups.
+:mod:`flashinfer.cascade`). q and the output share one dtype, float16 or bfloat16; the KV
+cache is q's dtype or, on the CUDA-core kernel, fp8 (``float8_e4m3fn``, ``float8_e5m2``: the
+kernel widens it, ``k_scale``/``v_scale`` dequantize as above); head_dim 64, 128 or 256;
+``num_qo_heads`` a multiple of ``num_kv_heads`` (GQA). Long requests are split across the
+GPU and merged (see :mod:`flashinfer.decode_schedule`). With ``use_tensor_cores=True`` decode
+runs on the prefill kernel instead (see :mod:`flashinfer.prefill`): each request is one query
+token, and the tile's rows hold its GQA group, which pays off for large groups.
 
 Each launch is a torch custom op (``torch.ops.flashinfer.single_decode_with_kv_cache``,
 ``batch_decode_with_paged_kv_cache``; see docs/compile.md): the APIs check and allocate in
@@ -38,6 +39,7 @@ from .api_logging import flashinfer_api
 from .attention_args import (
     BACKENDS,
     DTYPES,
+    FP8_KV_DTYPES,
     INDEX,
     INT_WORKSPACE_BYTES,
     WorkspaceOwner,
@@ -46,7 +48,9 @@ from .attention_args import (
     check_alibi_cap,
     check_dtype_name,
     check_heads,
+    check_kv_dtype,
     check_optional_number,
+    check_out_dtype,
     check_output,
     check_pos_encoding,
     check_rope,
@@ -66,7 +70,7 @@ from .decode_schedule import (
     pack_schedule,
     plan_decode_schedule,
 )
-from .jit.decode import HEAD_DIMS, gen_decode_module
+from .jit.decode import HEAD_DIMS, check_rope_cache, gen_decode_module
 from .paged_kv import check_paged_kv_cache
 from .pdl import resolve_enable_pdl
 from .trace.templates import attention as _trace
@@ -97,19 +101,27 @@ _LEGACY_PLAN_ARGS = (
 
 
 @functools.cache
-def get_decode_module(dtype: Any, head_dim: int, pos_encoding: str = "NONE"):  # noqa: ANN201
+def get_decode_module(  # noqa: ANN201
+    dtype: Any, head_dim: int, pos_encoding: str = "NONE", kv_dtype: Any = None
+):
     """The decode module (a tvm_ffi.Module) for ``dtype`` x ``head_dim``, built for
-    ``pos_encoding`` (a pos_encoding_mode), compiled on first use."""
-    return gen_decode_module(dtype, head_dim, pos_encoding).build_and_load()
+    ``pos_encoding`` (a pos_encoding_mode) and a KV cache of ``kv_dtype`` (None: ``dtype``),
+    compiled on first use."""
+    return gen_decode_module(dtype, head_dim, pos_encoding, kv_dtype).build_and_load()
 
 
 @functools.cache
 def _max_ctas(
-    dtype: torch.dtype, head_dim: int, group: int, device: torch.device, pos_encoding: str = "NONE"
+    dtype: torch.dtype,
+    head_dim: int,
+    group: int,
+    device: torch.device,
+    pos_encoding: str,
+    kv_dtype: torch.dtype,
 ) -> int:
     """CTAs of the decode kernel the device holds at once for this group size."""
     with torch.cuda.device(device):
-        per_sm = get_decode_module(dtype, head_dim, pos_encoding).blocks_per_sm(group)
+        per_sm = get_decode_module(dtype, head_dim, pos_encoding, kv_dtype).blocks_per_sm(group)
     return get_device_sm_count(device) * max(1, int(per_sm))
 
 
@@ -157,8 +169,13 @@ def single_decode_with_kv_cache(
     for name, t in (("k", k), ("v", v)):
         checks.check_tensor(name, t)
         checks.check_ndim(name, t, 3, f"{layout} ({kv_layout})")
-        checks.check_same_dtype(name, t, "q", q)
+        if t.dtype in FP8_KV_DTYPES:
+            check_kv_dtype(name, t.dtype, q.dtype, fp8=not use_tensor_cores)
+        else:
+            checks.check_same_dtype(name, t, "q", q)
         checks.check_last_dim_contiguous(name, t)
+    checks.check_same_dtype("v", v, "k", k)
+    check_rope_cache(k.dtype, pos_encoding)
     if v.shape != k.shape:
         raise ValueError(f"v has shape {tuple(v.shape)}, k has {tuple(k.shape)}")
     kv_heads, kv_len = (k.shape[0], k.shape[1]) if hnd else (k.shape[1], k.shape[0])
@@ -242,7 +259,10 @@ def _single_decode_op(
     kv_heads, kv_len = (k.shape[0], k.shape[1]) if hnd else (k.shape[1], k.shape[0])
     group = num_qo_heads // kv_heads
     schedule = plan_decode_schedule(
-        [kv_len], kv_heads, _max_ctas(q.dtype, head_dim, group, q.device, pos_encoding), window_left
+        [kv_len],
+        kv_heads,
+        _max_ctas(q.dtype, head_dim, group, q.device, pos_encoding, k.dtype),
+        window_left,
     )
     chunks = schedule.num_work
     rows = chunks if chunks > 1 else 0
@@ -250,7 +270,7 @@ def _single_decode_op(
         max(rows * num_qo_heads * head_dim, 1), dtype=torch.float32, device=q.device
     )
     tmp_lse = torch.empty(max(rows * num_qo_heads, 1), dtype=torch.float32, device=q.device)
-    get_decode_module(q.dtype, head_dim, pos_encoding).single_decode(
+    get_decode_module(q.dtype, head_dim, pos_encoding, k.dtype).single_decode(
         q,
         k,
         v,
@@ -301,7 +321,7 @@ def _batch_decode_op(
 ) -> None:
     """BatchDecodeWithPagedKVCacheWrapper.run()'s launch, on the planned schedule (``plan``,
     in the int workspace) and scratch (``tmp_v``/``tmp_lse``, in the float workspace)."""
-    get_decode_module(q.dtype, q.shape[-1], pos_encoding).batch_decode(
+    get_decode_module(q.dtype, q.shape[-1], pos_encoding, k_cache.dtype).batch_decode(
         q,
         k_cache,
         v_cache,
@@ -339,6 +359,7 @@ class _Plan:
     head_dim: int
     page_size: int
     dtype: torch.dtype
+    kv_dtype: torch.dtype
     schedule: DecodeSchedule
     work_capacity: int
     merge_capacity: int
@@ -491,6 +512,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
                 f"batch={plan.batch}, heads={plan.num_qo_heads}/{plan.num_kv_heads}, "
                 f"head_dim={plan.head_dim}, page_size={plan.page_size}, "
                 f"dtype={str(plan.dtype).removeprefix('torch.')}, "
+                f"kv_dtype={str(self._cached_kv_data_type).removeprefix('torch.')}, "
                 f"work_items={plan.schedule.num_work}"
             )
         )
@@ -675,13 +697,9 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             q_data_type = data_type if q_data_type in (None, "float16") else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type
         dtype = check_dtype_name("q_data_type", "float16" if q_data_type is None else q_data_type)
-        for name, value in (("kv_data_type", kv_data_type), ("o_data_type", o_data_type)):
-            other = None if value is None else check_dtype_name(name, value)
-            if other is not None and other != dtype:
-                raise TypeError(
-                    f"{name} {other} differs from q_data_type {dtype}; q, the KV "
-                    "cache and the output share one dtype here"
-                )
+        kv_dtype = check_kv_dtype("kv_data_type", kv_data_type, dtype, fp8=self._prefill is None)
+        check_out_dtype(o_data_type, dtype)
+        check_rope_cache(kv_dtype, pos_encoding)
         if self._use_cuda_graph:
             if batch != self._fixed_batch_size:
                 raise ValueError(
@@ -730,6 +748,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             plan, words = self._build(
                 lengths,
                 dtype,
+                kv_dtype,
                 group,
                 num_qo_heads,
                 num_kv_heads,
@@ -747,7 +766,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             if is_symbolic(self._workspace):
                 self._cached_module = None
             else:
-                self._cached_module = get_decode_module(dtype, head_dim, pos_encoding)
+                self._cached_module = get_decode_module(dtype, head_dim, pos_encoding, kv_dtype)
                 alibi_slopes_for(pos_encoding, num_qo_heads, self._workspace)
         else:
             wrapper = self._prefill_on_workspaces()
@@ -782,7 +801,8 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         self._batch_size = batch
         self._num_qo_heads = num_qo_heads
         self._num_kv_heads = num_kv_heads
-        self._cached_q_data_type = self._cached_kv_data_type = self._cached_o_data_type = dtype
+        self._cached_q_data_type = self._cached_o_data_type = dtype
+        self._cached_kv_data_type = kv_dtype
         self._q_len_per_req = q_len
         if self._use_cuda_graph:
             self._graph_q_len = q_len
@@ -791,6 +811,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         self,
         lengths: list[int],
         dtype: torch.dtype,
+        kv_dtype: torch.dtype,
         group: int,
         num_qo_heads: int,
         num_kv_heads: int,
@@ -809,7 +830,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         schedule = plan_decode_schedule(
             lengths,
             num_kv_heads,
-            1 if fake else _max_ctas(dtype, head_dim, group, self.device, pos_encoding),
+            1 if fake else _max_ctas(dtype, head_dim, group, self.device, pos_encoding, kv_dtype),
             window_left,
             fixed_chunk=None if fixed_split_size is None else fixed_split_size * page_size,
             allow_split=not disable_split_kv,
@@ -838,6 +859,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             head_dim=head_dim,
             page_size=page_size,
             dtype=dtype,
+            kv_dtype=kv_dtype,
             schedule=schedule,
             work_capacity=work_cap,
             merge_capacity=merge_cap,
@@ -947,7 +969,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             plan.num_kv_heads,
             plan.page_size,
             plan.head_dim,
-            plan.dtype,
+            plan.kv_dtype,
         )
         scale, cap = score_params(
             plan.head_dim, self._sm_scale, self._logits_soft_cap, q_scale, k_scale

@@ -41,7 +41,9 @@ from .attention_args import (
     check_alibi_cap,
     check_dtype_name,
     check_heads,
+    check_kv_dtype,
     check_optional_number,
+    check_out_dtype,
     check_output,
     check_pos_encoding,
     check_rope,
@@ -157,13 +159,8 @@ def _check_head_dim_vo(head_dim_vo: Any, head_dim_qk: int) -> None:
 def _plan_dtype(q_data_type: Any, kv_data_type: Any, o_data_type: Any) -> torch.dtype:
     """The one dtype of q, the KV and the output."""
     dtype = check_dtype_name("q_data_type", q_data_type)
-    for name, value in (("kv_data_type", kv_data_type), ("o_data_type", o_data_type)):
-        other = None if value is None else check_dtype_name(name, value)
-        if other is not None and other != dtype:
-            raise TypeError(
-                f"{name} {other} differs from q_data_type {dtype}; q, the KV and "
-                "the output share one dtype here"
-            )
+    check_kv_dtype("kv_data_type", kv_data_type, dtype, fp8=False)
+    check_out_dtype(o_data_type, dtype)
     return dtype
 
 

@@ -1,22 +1,57 @@
-"""JIT specs of the decode module (one per dtype and head_dim) and of the cascade module
-(one per dtype)."""
+"""JIT specs of the decode module (one per dtype, head_dim, position encoding and KV cache
+dtype) and of the cascade module (one per dtype)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from .core import JitSpec, gen_jit_spec
-from .dtypes import dtype_info, gen_dtype_module
+from .dtypes import DTypeInfo, dtype_info, fp8_info, gen_dtype_module
 from .pos_encoding import SCORE_ARGS, pos_encoding_suffix
 from .registry import register_op
 from .render import PendingRender
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("float16", "bfloat16")
+KV_FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")  # KV caches besides q's own dtype
 
 
-def decode_uri(dtype: Any, head_dim: int, pos_encoding: str = "NONE") -> str:
-    return f"decode_{dtype_info(dtype).short}_hd{head_dim}{pos_encoding_suffix(pos_encoding)}"
+def kv_dtype_info(dtype: Any, kv_dtype: Any) -> DTypeInfo:
+    """The KV cache's dtype: q's (``kv_dtype`` None or equal) or an fp8 type."""
+    if kv_dtype is None:
+        return dtype_info(dtype)
+    try:
+        return fp8_info(kv_dtype)
+    except TypeError:
+        pass
+    q = dtype_info(dtype)
+    try:
+        info = dtype_info(kv_dtype)
+    except TypeError:
+        info = None
+    if info != q:
+        raise TypeError(
+            f"unsupported KV cache dtype {kv_dtype!r} for q of {q.name}: the cache is q's "
+            f"dtype or one of {', '.join(KV_FP8_DTYPES)}"
+        )
+    return info
+
+
+def check_rope_cache(kv_dtype: Any, pos_encoding: str) -> None:
+    """RoPE rotates keys in shared memory in the cache's type: refused for fp8, which would
+    round the rotated keys."""
+    name = str(kv_dtype).removeprefix("torch.")
+    if pos_encoding == "ROPE_LLAMA" and name in KV_FP8_DTYPES:
+        raise ValueError(
+            f'pos_encoding_mode="ROPE_LLAMA" needs a 16-bit KV cache, not {name}: the kernel '
+            "would round the rotated keys to fp8; apply RoPE before quantizing the cache"
+        )
+
+
+def decode_uri(dtype: Any, head_dim: int, pos_encoding: str = "NONE", kv_dtype: Any = None) -> str:
+    q, kv = dtype_info(dtype), kv_dtype_info(dtype, kv_dtype)
+    kv_part = "" if kv == q else f"_kv{kv.short}"
+    return f"decode_{q.short}_hd{head_dim}{kv_part}{pos_encoding_suffix(pos_encoding)}"
 
 
 # The binding functions' parameters, in order (the debug printer names arguments by them;
@@ -58,16 +93,21 @@ SINGLE_DECODE_ARGS = (
 )
 
 
-def gen_decode_module(dtype: Any, head_dim: int, pos_encoding: str = "NONE") -> JitSpec:
-    """The spec of the decode module for ``dtype`` x ``head_dim`` (its config rendered when
-    planned), built for ``pos_encoding`` (a ``pos_encoding_mode``: "NONE", "ROPE_LLAMA", which
-    rotates q and k in the kernel, or "ALIBI")."""
+def gen_decode_module(
+    dtype: Any, head_dim: int, pos_encoding: str = "NONE", kv_dtype: Any = None
+) -> JitSpec:
+    """The spec of the decode module for ``dtype`` (q and the output) x ``head_dim`` (its
+    config rendered when planned), built for ``pos_encoding`` (a ``pos_encoding_mode``:
+    "NONE", "ROPE_LLAMA", which rotates q and k in the kernel, or "ALIBI") and a KV cache of
+    ``kv_dtype`` (None: ``dtype``; or float8_e4m3fn, float8_e5m2)."""
     info = dtype_info(dtype)
     if info.bits != 16:
         raise TypeError(f"decode supports float16 and bfloat16, not {info.name}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
-    uri = decode_uri(dtype, head_dim, pos_encoding)
+    kv = kv_dtype_info(dtype, kv_dtype)
+    check_rope_cache(kv.name, pos_encoding)
+    uri = decode_uri(dtype, head_dim, pos_encoding, kv_dtype)
     config = PendingRender.of(
         "attention_config.jinja",
         uri,
@@ -77,6 +117,10 @@ def gen_decode_module(dtype: Any, head_dim: int, pos_encoding: str = "NONE") -> 
         cuda_type=info.cuda_type,
         dlpack_code=info.dlpack_code,
         bits=info.bits,
+        kv_dtype_name=kv.name,
+        kv_cuda_type=kv.cuda_type,
+        kv_dlpack_code=kv.dlpack_code,
+        kv_bits=kv.bits,
         head_dim=head_dim,
         pos_encoding=pos_encoding,
     )
@@ -90,6 +134,7 @@ def gen_decode_module(dtype: Any, head_dim: int, pos_encoding: str = "NONE") -> 
             "single_decode": SINGLE_DECODE_ARGS,
             "blocks_per_sm": ("group",),
             "pos_encoding": (),
+            "kv_dtype": (),
         },
     )
 

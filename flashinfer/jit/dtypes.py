@@ -13,7 +13,7 @@ class DTypeInfo:
     short: str  # used in module URIs: norm_dtype_bf16
     name: str  # torch's name: bfloat16
     cuda_type: str  # the C++ type in kernel TUs
-    dlpack_code: int  # kDLFloat = 2, kDLBfloat = 4
+    dlpack_code: int  # kDLFloat = 2, kDLBfloat = 4, kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12
     bits: int
 
 
@@ -22,18 +22,39 @@ _TABLE = (
     DTypeInfo("bf16", "bfloat16", "__nv_bfloat16", 4, 16),
     DTypeInfo("f32", "float32", "float", 2, 32),
 )
-_BY_NAME = {key: info for info in _TABLE for key in (info.short, info.name)}
+# storage-only types: an fp8 KV cache (kernels widen it to float where they read it)
+_FP8_TABLE = (
+    DTypeInfo("e4m3", "float8_e4m3fn", "__nv_fp8_e4m3", 10, 8),
+    DTypeInfo("e5m2", "float8_e5m2", "__nv_fp8_e5m2", 12, 8),
+)
+
+
+def _by_name(table: tuple[DTypeInfo, ...]) -> dict[str, DTypeInfo]:
+    return {key: info for info in table for key in (info.short, info.name)}
+
+
+_BY_NAME = _by_name(_TABLE)
 _BY_NAME.update(half=_BY_NAME["float16"], float=_BY_NAME["float32"])
+_FP8_BY_NAME = _by_name(_FP8_TABLE)
+
+
+def _lookup(dtype: Any, by_name: dict[str, DTypeInfo], table: tuple[DTypeInfo, ...]) -> DTypeInfo:
+    key = str(dtype).removeprefix("torch.")
+    try:
+        return by_name[key]
+    except KeyError:
+        supported = ", ".join(info.name for info in table)
+        raise TypeError(f"unsupported dtype {dtype!r}; supported: {supported}") from None
 
 
 def dtype_info(dtype: Any) -> DTypeInfo:
     """Accepts a torch.dtype or a name ("bfloat16", "bf16", "torch.bfloat16")."""
-    key = str(dtype).removeprefix("torch.")
-    try:
-        return _BY_NAME[key]
-    except KeyError:
-        supported = ", ".join(info.name for info in _TABLE)
-        raise TypeError(f"unsupported dtype {dtype!r}; supported: {supported}") from None
+    return _lookup(dtype, _BY_NAME, _TABLE)
+
+
+def fp8_info(dtype: Any) -> DTypeInfo:
+    """An fp8 storage type (float8_e4m3fn, float8_e5m2), as :func:`dtype_info` accepts it."""
+    return _lookup(dtype, _FP8_BY_NAME, _FP8_TABLE)
 
 
 def dtype_config(uri: str, output_name: str, dtype: Any) -> PendingRender:

@@ -32,6 +32,11 @@
 // max, sum and weighted V, in log2 units). At the end the tz groups' states merge through
 // shared memory, in order.
 //
+// An fp8 KV cache (e4m3 or e5m2; q and the output stay 16-bit): tiles hold twice the tokens
+// (the same bytes), rows land as fp8 and widen to float where they are read, two codes an
+// instruction (cvt.f16x2 on sm_89 and later). The caller folds its k_scale into the score
+// scale and its v_scale into the output, as the reference does.
+//
 // Position encodings (pos_encoding.h), one kernel build each. RoPE: the query is rotated in
 // registers at the request's last position (length - 1), each K tile in shared memory after it
 // lands (attention_rope.cuh), every token at its index in the request, between the tile's
@@ -44,6 +49,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "flashinfer/attention_rope.cuh"
 #include "flashinfer/cascade.cuh"
@@ -58,7 +64,7 @@
 namespace flashinfer {
 namespace decode {
 
-constexpr int kVec = 8;  // elements per 16-byte vector (16-bit types)
+constexpr int kVec = 8;  // dims of a row a thread owns: one 16-byte vector of q (16-bit)
 
 // The schedule. Batch mode: plan points at the packed schedule (schedule.cuh) on the device,
 // its work columns request, chunk, num_chunks and tmp_row (-1: write the output directly).
@@ -115,11 +121,12 @@ struct Scores {
   float cap;    // > 0: score = cap * log2e * tanh(scaled q.k), else 0
 };
 
-template <typename T>
+// T: q and the output; TKV: the KV cache (T, or an fp8 type).
+template <typename T, typename TKV>
 struct DecodeParams {
   const T* q;
   int64_t q_batch_stride, q_head_stride;
-  KVCache<T> k, v;
+  KVCache<TKV> k, v;
   PageTable pages;
   T* out;
   int64_t out_batch_stride, out_head_stride;
@@ -132,13 +139,15 @@ struct DecodeParams {
   const float* alibi_slopes;  // [num_qo_heads], log2 units; read by the ALiBi kernels
 };
 
-template <int kHeadDim>
+// kKVBytes: bytes of a KV element (2, or 1 for fp8).
+template <int kHeadDim, int kKVBytes>
 struct Tiling {
   static constexpr int kBdx = kHeadDim / kVec;
-  static constexpr int kTileTokens = 4096 / kHeadDim;
+  static constexpr int kTileTokens = 8192 / (kHeadDim * kKVBytes);  // 8 KiB of K
   static constexpr int kStages = 3;  // tiles in shared memory: two in flight, one being folded
-  // bytes of one stage of K plus V tiles, at 16-bit elements
-  static constexpr int kStageBytes = 2 * kTileTokens * kHeadDim * 2;
+  static constexpr int kStageBytes = 2 * kTileTokens * kHeadDim * kKVBytes;  // K and V tiles
+  static constexpr int kCopyElems = 16 / kKVBytes;  // KV elements of one 16-byte cp.async
+  static constexpr int kRowCopies = kHeadDim / kCopyElems;
   // after the stages: the tokens' offsets, one slot per tile, one slot more than stages
   // (a slot is refilled one ring round ahead, while the tile before it is still folded)
   static constexpr int kOffsetSlots = kStages + 1;
@@ -169,8 +178,8 @@ __device__ __forceinline__ PendingToken fetch_token(const PageTable& pt, int64_t
   return {page, t % size};
 }
 
-template <typename T>
-__device__ __forceinline__ TokenOffsets offsets_of(const DecodeParams<T>& p, PendingToken x,
+template <typename T, typename TKV>
+__device__ __forceinline__ TokenOffsets offsets_of(const DecodeParams<T, TKV>& p, PendingToken x,
                                                    int64_t kv_head) {
   if (x.page < 0 || x.page >= p.pages.num_pages) return {-1, -1};
   return {x.page * p.k.page_stride + x.slot * p.k.slot_stride + kv_head * p.k.head_stride,
@@ -197,16 +206,41 @@ __device__ __forceinline__ float2 widen(uint32_t w, __half) {
   return __half22float2(h);
 }
 
-// The kVec elements at `src` (16-byte aligned, shared memory) as floats.
+// Two fp8 codes of a 16-bit word as floats (code 0 in the low byte).
+template <typename T>
+__device__ __forceinline__ float2 widen_fp8(uint32_t w) {
+  constexpr __nv_fp8_interpretation_t kKind =
+      std::is_same_v<T, __nv_fp8_e5m2> ? __NV_E5M2 : __NV_E4M3;
+  const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w), kKind);
+  __half2 h;
+  memcpy(&h, &raw, sizeof(h));
+  return __half22float2(h);
+}
+
+// The kVec elements at `src` (shared memory, aligned to their kVec-element size) as floats.
 template <typename T>
 __device__ __forceinline__ void load_floats(const T* src, float* f) {
-  const uint4 u = *reinterpret_cast<const uint4*>(src);
-  const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+  if constexpr (sizeof(T) == 2) {
+    const uint4 u = *reinterpret_cast<const uint4*>(src);
+    const uint32_t words[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 x = widen(words[i], T{});
-    f[2 * i] = x.x;
-    f[2 * i + 1] = x.y;
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = widen(words[i], T{});
+      f[2 * i] = x.x;
+      f[2 * i + 1] = x.y;
+    }
+  } else {
+    static_assert(sizeof(T) == 1, "KV elements are 16-bit or fp8");
+    const uint2 u = *reinterpret_cast<const uint2*>(src);
+    const uint32_t words[2] = {u.x, u.y};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float2 lo = widen_fp8<T>(words[i] & 0xffffu), hi = widen_fp8<T>(words[i] >> 16);
+      f[4 * i] = lo.x;
+      f[4 * i + 1] = lo.y;
+      f[4 * i + 2] = hi.x;
+      f[4 * i + 3] = hi.y;
+    }
   }
 }
 
@@ -227,10 +261,12 @@ __device__ __forceinline__ void add_scaled(float* acc, float4 lo, float4 hi, flo
 // the same K/V vectors, so a vector's shared-memory read and conversion to float serve
 // kHeads heads. Dynamic shared memory: SharedBytes. Blocks of up to 256 threads get up to
 // 128 registers a thread, larger ones 64. kPos: the position encoding (see the top).
-template <typename T, int kHeadDim, int kHeads, int kMaxThreads, PosEncoding kPos>
+template <typename T, typename TKV, int kHeadDim, int kHeads, int kMaxThreads, PosEncoding kPos>
 __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
-    DecodeKernel(DecodeParams<T> p, WorkList work) {
-  using Tile = Tiling<kHeadDim>;
+    DecodeKernel(DecodeParams<T, TKV> p, WorkList work) {
+  // RoPE rotates K rows in shared memory, in their own type: fp8 would round them
+  static_assert(kPos != PosEncoding::kRopeLlama || sizeof(TKV) == 2, "RoPE needs a 16-bit cache");
+  using Tile = Tiling<kHeadDim, sizeof(TKV)>;
   constexpr int kBdx = Tile::kBdx, kTile = Tile::kTileTokens, kStages = Tile::kStages;
   constexpr int kSlots = Tile::kOffsetSlots, kBatch = Tile::kBatch;
   uint8_t* const smem = dynamic_shared();
@@ -282,17 +318,17 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
 
   // Tile j: its K rows at stage j % kStages, its V rows right after; its tokens' offsets in
   // slot j % kSlots. Thread tid < kTile owns token tid of every tile's page-table lookup.
-  T* const stages = reinterpret_cast<T*>(smem);
+  TKV* const stages = reinterpret_cast<TKV*>(smem);
   TokenOffsets* const offsets = reinterpret_cast<TokenOffsets*>(smem + kStages * Tile::kStageBytes);
   auto k_tile = [&](int j) { return stages + (j % kStages) * 2 * kTile * kHeadDim; };
   auto slot = [&](int j) { return offsets + (j % kSlots) * kTile; };
   auto token_of = [&](int j) { return item.start + static_cast<int64_t>(j) * kTile + tid; };
   auto issue = [&](int j) {
-    T* const kt = k_tile(j);
-    T* const vt = kt + kTile * kHeadDim;
+    TKV* const kt = k_tile(j);
+    TKV* const vt = kt + kTile * kHeadDim;
     const TokenOffsets* const off = slot(j);
-    for (int c = tid; c < kTile * kBdx; c += threads) {
-      const int token = c / kBdx, col = (c % kBdx) * kVec;
+    for (int c = tid; c < kTile * Tile::kRowCopies; c += threads) {
+      const int token = c / Tile::kRowCopies, col = (c % Tile::kRowCopies) * Tile::kCopyElems;
       const TokenOffsets at = off[token];
       const bool valid = at.k >= 0;  // not scored: zero-fill from a valid dummy address
       cp_async_16(kt + token * kHeadDim + col, p.k.data + (valid ? at.k + col : 0), valid);
@@ -340,8 +376,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
 
     // this thread's rows of tile i: tokens tz, tz + bdz, ... (per_lane of them)
     const int64_t first_token = item.start + static_cast<int64_t>(i) * kTile + tz;
-    const T* const kt = k_tile(i) + tz * kHeadDim + tx * kVec;
-    const T* const vt = kt + kTile * kHeadDim;
+    const TKV* const kt = k_tile(i) + tz * kHeadDim + tx * kVec;
+    const TKV* const vt = kt + kTile * kHeadDim;
     const TokenOffsets* const off = slot(i) + tz;
     for (int u0 = 0; u0 < per_lane; u0 += kBatch) {
       float s[kHeads][kBatch];
@@ -468,9 +504,9 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
 // sums then add up in shared memory, in row order (deterministic).
 constexpr int kMergeThreads = 128;
 
-template <typename T, int kHeadDim>
+template <typename T, typename TKV, int kHeadDim>
 __global__ void __launch_bounds__(kMergeThreads)
-    MergeChunksKernel(DecodeParams<T> p, cascade::MergeSchedule schedule) {
+    MergeChunksKernel(DecodeParams<T, TKV> p, cascade::MergeSchedule schedule) {
   constexpr int kBdx = kHeadDim / kVec, kRows = kMergeThreads / kBdx;
   __shared__ float4 part_o[kRows][2][kBdx];
   __shared__ float part_w[kRows];
@@ -532,21 +568,20 @@ __global__ void __launch_bounds__(kMergeThreads)
 // threads (an odd GQA group may then end in a partial warp: see row_mask). Doubling stops by
 // bdz = 1024 / head_dim (the block then has 128 * rows threads, whole warps), so each tz
 // group folds a multiple of kBatch tokens of a tile, and the block has at least kTileTokens
-// threads (one page-table lookup per token).
-template <int kHeadDim>
+// threads (one page-table lookup per token; 128 at most, fp8 at head_dim 64).
+template <typename Tile>
 inline int TokenLanes(int rows) {
   int bdz = 1;
-  const int row = Tiling<kHeadDim>::kBdx * rows;
-  while (bdz < Tiling<kHeadDim>::kTileTokens && row * bdz * 2 <= 1024 &&
+  const int row = Tile::kBdx * rows;
+  while (bdz < Tile::kTileTokens && row * bdz * 2 <= 1024 &&
          (row * bdz < 128 || (row * bdz) % 32 != 0)) {
     bdz *= 2;
   }
   return bdz;
 }
 
-template <int kHeadDim>
+template <int kHeadDim, typename Tile>
 inline size_t SharedBytes(int group, int bdz) {
-  using Tile = Tiling<kHeadDim>;
   const size_t merge =
       bdz > 1 ? static_cast<size_t>(bdz) * group * (kHeadDim * sizeof(float) + sizeof(float2)) : 0;
   const size_t pipeline =
@@ -554,8 +589,8 @@ inline size_t SharedBytes(int group, int bdz) {
   return merge > pipeline ? merge : pipeline;
 }
 
-template <typename T>
-using DecodeKernelFn = void (*)(DecodeParams<T>, WorkList);
+template <typename T, typename TKV>
+using DecodeKernelFn = void (*)(DecodeParams<T, TKV>, WorkList);
 
 // Raising a kernel's dynamic shared memory limit is done once per size and device and never
 // again at that size, so launches captured in a CUDA graph (after a warm-up run) make no
@@ -578,38 +613,39 @@ constexpr int kSmallBlock = 256;  // the most threads of the 128-register kernel
 
 // The kernel and launch shape for a group size: two query heads a thread for an even group
 // whose block stays small (every even group up to 32 at head_dim 128), else one.
-template <typename T, int kHeadDim, PosEncoding kPos>
-cudaError_t PrepareDecodeKernel(int group, DecodeKernelFn<T>* kernel, dim3* block, size_t* smem) {
-  using Tile = Tiling<kHeadDim>;
+template <typename T, typename TKV, int kHeadDim, PosEncoding kPos>
+cudaError_t PrepareDecodeKernel(int group, DecodeKernelFn<T, TKV>* kernel, dim3* block,
+                                size_t* smem) {
+  using Tile = Tiling<kHeadDim, sizeof(TKV)>;
   const bool paired = group % 2 == 0 && Tile::kBdx * group / 2 <= kSmallBlock;
   const int rows = paired ? group / 2 : group;
-  const int bdz = TokenLanes<kHeadDim>(rows);
+  const int bdz = TokenLanes<Tile>(rows);
   *block = dim3(Tile::kBdx, rows, bdz);
-  *smem = SharedBytes<kHeadDim>(group, bdz);
+  *smem = SharedBytes<kHeadDim, Tile>(group, bdz);
   const int threads = Tile::kBdx * rows * bdz;
   if (threads < Tile::kTileTokens || threads > 1024 || Tile::kTileTokens / bdz % Tile::kBatch) {
     return cudaErrorInvalidConfiguration;
   }
   const int bytes = static_cast<int>(*smem);
   if (paired) {
-    *kernel = DecodeKernel<T, kHeadDim, 2, kSmallBlock, kPos>;
-    return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 2, kSmallBlock, kPos>>(bytes);
+    *kernel = DecodeKernel<T, TKV, kHeadDim, 2, kSmallBlock, kPos>;
+    return RaiseSharedLimit<DecodeKernel<T, TKV, kHeadDim, 2, kSmallBlock, kPos>>(bytes);
   }
   if (threads <= kSmallBlock) {
-    *kernel = DecodeKernel<T, kHeadDim, 1, kSmallBlock, kPos>;
-    return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 1, kSmallBlock, kPos>>(bytes);
+    *kernel = DecodeKernel<T, TKV, kHeadDim, 1, kSmallBlock, kPos>;
+    return RaiseSharedLimit<DecodeKernel<T, TKV, kHeadDim, 1, kSmallBlock, kPos>>(bytes);
   }
-  *kernel = DecodeKernel<T, kHeadDim, 1, 1024, kPos>;
-  return RaiseSharedLimit<DecodeKernel<T, kHeadDim, 1, 1024, kPos>>(bytes);
+  *kernel = DecodeKernel<T, TKV, kHeadDim, 1, 1024, kPos>;
+  return RaiseSharedLimit<DecodeKernel<T, TKV, kHeadDim, 1, 1024, kPos>>(bytes);
 }
 
 // CTAs of DecodeKernel resident per SM for this group size (the scheduler's unit of fill).
-template <typename T, int kHeadDim, PosEncoding kPos>
+template <typename T, typename TKV, int kHeadDim, PosEncoding kPos>
 cudaError_t DecodeBlocksPerSM(int group, int* blocks) {
-  DecodeKernelFn<T> kernel;
+  DecodeKernelFn<T, TKV> kernel;
   dim3 block;
   size_t smem;
-  cudaError_t err = PrepareDecodeKernel<T, kHeadDim, kPos>(group, &kernel, &block, &smem);
+  cudaError_t err = PrepareDecodeKernel<T, TKV, kHeadDim, kPos>(group, &kernel, &block, &smem);
   if (err != cudaSuccess) return err;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       blocks, kernel, static_cast<int>(block.x * block.y * block.z), smem);
@@ -618,23 +654,23 @@ cudaError_t DecodeBlocksPerSM(int group, int* blocks) {
 // Launches the decode kernel over `grid_work` work items, then (when merge_positions > 0)
 // the merge of split requests' tmp rows into the output. `pdl`: both launch with
 // programmatic dependent launch (see pdl.cuh).
-template <typename T, int kHeadDim, PosEncoding kPos>
-cudaError_t Decode(const DecodeParams<T>& p, const WorkList& work, int64_t grid_work,
+template <typename T, typename TKV, int kHeadDim, PosEncoding kPos>
+cudaError_t Decode(const DecodeParams<T, TKV>& p, const WorkList& work, int64_t grid_work,
                    int64_t num_kv_heads, const cascade::MergeSchedule& merge,
                    int64_t merge_positions, bool pdl, cudaStream_t stream) {
   if (grid_work == 0 || num_kv_heads == 0) return cudaSuccess;
   const int group = static_cast<int>(p.num_qo_heads / num_kv_heads);
-  DecodeKernelFn<T> kernel;
+  DecodeKernelFn<T, TKV> kernel;
   dim3 block;
   size_t smem;
-  cudaError_t err = PrepareDecodeKernel<T, kHeadDim, kPos>(group, &kernel, &block, &smem);
+  cudaError_t err = PrepareDecodeKernel<T, TKV, kHeadDim, kPos>(group, &kernel, &block, &smem);
   if (err != cudaSuccess) return err;
   err = launch_kernel(kernel,
                       dim3(static_cast<unsigned>(grid_work), static_cast<unsigned>(num_kv_heads)),
                       block, smem, stream, pdl, p, work);
   if (err != cudaSuccess || merge_positions == 0) return err;
   return launch_kernel(
-      MergeChunksKernel<T, kHeadDim>,
+      MergeChunksKernel<T, TKV, kHeadDim>,
       dim3(static_cast<unsigned>(merge_positions), static_cast<unsigned>(p.num_qo_heads)),
       dim3(kMergeThreads), 0, stream, pdl, p, merge);
 }

@@ -157,9 +157,10 @@ PLAN_BAD = [
         dict(o_data_type=torch.float16),
     ),
     (
-        "kv_data_type 'float8_e4m3fn' is not a supported dtype",
+        "kv_data_type torch.float32 is not a supported dtype; supported: torch.bfloat16, "
+        "torch.float8_e4m3fn, torch.float8_e5m2",
         TypeError,
-        dict(kv_data_type="float8_e4m3fn"),
+        dict(kv_data_type=torch.float32),
     ),
     ("fixed_split_size must be >= 1", ValueError, dict(fixed_split_size=0)),
     ("disable_split_kv must be a bool", TypeError, dict(disable_split_kv=None)),

@@ -17,3 +17,14 @@ extern "C" void emu_convert(int kind, const float* in, void* out, size_t n) {
     }
   }
 }
+
+// Every fp8 code (0..255, as pairs) to half bits: kind 0 e4m3, 1 e5m2.
+extern "C" void emu_widen_fp8(int kind, uint16_t* out) {
+  for (unsigned code = 0; code < 256; code += 2) {
+    const __half2_raw h =
+        __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(code | (code + 1) << 8),
+                                   kind == 0 ? __NV_E4M3 : __NV_E5M2);
+    out[code] = h.x;
+    out[code + 1] = h.y;
+  }
+}

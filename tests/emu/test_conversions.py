@@ -2,7 +2,8 @@
 cuda_fp8.h stand-ins) against torch's casts, which round to nearest even as the GPU's
 ``cvt.rn`` does: a stride through every float32 bit pattern (both signs, every exponent,
 subnormals, infinities, NaNs), and every tie between adjacent values of the target format
-with its float32 neighbours, where rounding direction is decided."""
+with its float32 neighbours, where rounding direction is decided. The widening of fp8 pairs
+to half (an fp8 KV cache's loads) is checked on every code."""
 
 from __future__ import annotations
 
@@ -70,3 +71,15 @@ def test_conversions_round_as_torch_does(name: str) -> None:
         f"{int(wrong.sum())} of {x.numel()} differ, e.g. {x[wrong][:5].tolist()}: "
         f"{got[wrong][:5].float().tolist()} != {want[wrong][:5].float().tolist()}"
     )
+
+
+@pytest.mark.parametrize("kind,dtype", [(0, torch.float8_e4m3fn), (1, torch.float8_e5m2)])
+def test_fp8_pairs_widen_to_half_exactly(kind: int, dtype: torch.dtype) -> None:
+    out = torch.empty(256, dtype=torch.float16)
+    _library().emu_widen_fp8(ctypes.c_int(kind), ctypes.c_void_p(out.data_ptr()))
+    want = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(dtype).float()
+    got = out.float()
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan], want[~nan])
+    assert torch.equal(got.signbit()[~nan], want.signbit()[~nan])  # -0 stays -0

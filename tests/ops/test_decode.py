@@ -21,7 +21,13 @@ from flashinfer.decode_schedule import (
     plan_decode_schedule,
     plan_length,
 )
-from flashinfer.jit.decode import DTYPES, HEAD_DIMS, gen_cascade_module, gen_decode_module
+from flashinfer.jit.decode import (
+    DTYPES,
+    HEAD_DIMS,
+    KV_FP8_DTYPES,
+    gen_cascade_module,
+    gen_decode_module,
+)
 from flashinfer.jit.pos_encoding import POS_ENCODINGS
 from flashinfer.testing.reference import decode_attention as reference_decode
 from tests.conftest import run_python
@@ -222,12 +228,19 @@ class CpuPlan:
     def __init__(self) -> None:
         self.uploads: list[list[int]] = []
         self.launches: list[tuple] = []
-        self.modules: list[tuple] = []  # (dtype, head_dim, pos_encoding) of each module asked for
+        # (dtype, head_dim, pos_encoding) of each module asked for, and its KV dtype
+        self.modules: list[tuple] = []
+        self.kv_dtypes: list[torch.dtype | None] = []
 
     def get_decode_module(
-        self, dtype: torch.dtype, head_dim: int, pos_encoding: str = "NONE"
+        self,
+        dtype: torch.dtype,
+        head_dim: int,
+        pos_encoding: str = "NONE",
+        kv_dtype: torch.dtype | None = None,
     ) -> CpuPlan:
         self.modules.append((dtype, head_dim, pos_encoding))
+        self.kv_dtypes.append(kv_dtype)
         return self
 
     def batch_decode(self, *args) -> None:  # noqa: ANN002
@@ -307,6 +320,17 @@ PLAN_BAD = [
         dict(pos_encoding_mode="ALIBI", logits_soft_cap=30.0),
     ),
     ("rope_scale must be > 0.0", ValueError, dict(pos_encoding_mode="ROPE_LLAMA", rope_scale=0)),
+    (
+        'pos_encoding_mode="ROPE_LLAMA" needs a 16-bit KV cache, not float8_e5m2',
+        ValueError,
+        dict(pos_encoding_mode="ROPE_LLAMA", kv_data_type="float8_e5m2"),
+    ),
+    ("kv_data_type 'int8' is not a supported dtype", TypeError, dict(kv_data_type="int8")),
+    (
+        "o_data_type torch.float8_e4m3fn is not|o_data_type 'float8_e4m3fn' is not",
+        TypeError,
+        dict(o_data_type="float8_e4m3fn"),
+    ),
 ]
 
 
@@ -400,6 +424,55 @@ def test_position_encodings_run_their_builds_with_their_parameters(cpu_plan) -> 
     # the slopes of 8 heads (the reference's), in log2 units
     slopes = [2.0 ** (-(i + 1)) / math.log(2) for i in range(8)]
     assert last_launch()["alibi_slopes"].tolist() == pytest.approx(slopes, rel=1e-6)
+
+
+def test_fp8_cache_runs_its_build_and_is_checked_against_the_plan(cpu_plan) -> None:
+    """kv_data_type="float8_e4m3fn" (a dtype or its name) asks for the fp8-cache build, and
+    run() takes only a cache of that dtype; k_scale folds into the score scale and v_scale
+    scales the output, as for any cache. A cache of q's dtype asks for the plain build."""
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(1 << 20, dtype=torch.uint8))
+    fp8 = torch.float8_e4m3fn
+    cache = (_bf16(5, 16, 2, 128).to(fp8), _bf16(5, 16, 2, 128).to(fp8))
+    names = gen_decode_module(torch.bfloat16, 128).function_args["batch_decode"]
+    for kv_data_type in ("float8_e4m3fn", fp8):
+        wrapper.plan(**_plan_args(kv_data_type=kv_data_type))
+        assert cpu_plan.kv_dtypes[-1] == fp8 and wrapper._cached_kv_data_type == fp8
+        assert "kv_dtype=float8_e4m3fn" in repr(wrapper)
+        out = wrapper.run(_bf16(2, 8, 128), cache, k_scale=0.5, v_scale=3.0)
+        assert cpu_plan.kv_dtypes[-1] == fp8
+        launch = dict(zip(names, cpu_plan.launches[-1]))
+        assert launch["score_scale"] == pytest.approx(0.5 * 128**-0.5 * math.log2(math.e))
+        assert torch.equal(out, torch.full_like(out, 3.0))  # the stand-in writes ones
+    with pytest.raises(TypeError, match=r"paged_kv_cache\[0\] has dtype torch.bfloat16; plan"):
+        wrapper.run(_bf16(2, 8, 128), (_bf16(5, 16, 2, 128), _bf16(5, 16, 2, 128)))
+    with pytest.raises(TypeError, match="has dtype torch.float8_e5m2; plan\\(\\) was for "):
+        wrapper.run(_bf16(2, 8, 128), tuple(c.view(torch.float8_e5m2) for c in cache))
+    wrapper.plan(**_plan_args(kv_data_type="bfloat16"))
+    wrapper.run(_bf16(2, 8, 128), (_bf16(5, 16, 2, 128), _bf16(5, 16, 2, 128)))
+    assert cpu_plan.kv_dtypes[-1] == torch.bfloat16
+
+
+def test_fp8_cache_is_refused_where_no_kernel_reads_it(cpu_plan) -> None:
+    """The tensor-core kernels (tensor-core decode, prefill, cascade) take a cache of q's
+    dtype: an fp8 one is refused by name, before any launch."""
+    fp8 = torch.float8_e4m3fn
+    workspace = torch.empty(1 << 20, dtype=torch.uint8)
+    tensor_cores = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, use_tensor_cores=True)
+    refusal = "kv_data_type is torch.float8_e4m3fn: an fp8 KV cache is read by the CUDA-core"
+    with pytest.raises(ValueError, match=refusal):
+        tensor_cores.plan(**_plan_args(kv_data_type=fp8))
+    prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace)
+    with pytest.raises(ValueError, match=refusal):
+        args = _plan_args(kv_data_type="float8_e4m3fn")
+        table = (args.pop("indptr"), args.pop("indices"), args.pop("last_page_len"))
+        prefill.plan(_i32([0, 1, 2]), *table, head_dim_qk=args.pop("head_dim"), **args)
+    q, k = _bf16(8, 128), _bf16(10, 2, 128).to(fp8)
+    with pytest.raises(ValueError, match="k is torch.float8_e4m3fn: an fp8 KV cache is read"):
+        flashinfer.single_decode_with_kv_cache(q, k, k, use_tensor_cores=True)
+    with pytest.raises(TypeError, match="v has dtype torch.float8_e5m2, but k has"):
+        flashinfer.single_decode_with_kv_cache(q, k, k.view(torch.float8_e5m2))
+    with pytest.raises(ValueError, match="needs a 16-bit KV cache, not float8_e4m3fn"):
+        flashinfer.single_decode_with_kv_cache(q, k, k, pos_encoding_mode="ROPE_LLAMA")
 
 
 def test_cuda_graph_mode_needs_fixed_buffers_and_fixes_the_batch(cpu_plan) -> None:
@@ -560,6 +633,29 @@ def test_decode_and_cascade_bindings_check_too() -> None:
         cascade.merge_state(_bf16(4, 64, 2).transpose(1, 2), s, v, s, v, s, None, False)
 
 
+def test_fp8_cache_binding_checks_its_dtype_and_strides() -> None:
+    """The fp8-cache build (bf16 q, e4m3 cache) takes caches of its KV dtype only, with
+    strides of whole 16-byte vectors (16 fp8 elements), and q of its own dtype."""
+    fp8 = torch.float8_e4m3fn
+    module = decode_api.get_decode_module(torch.bfloat16, 128, "NONE", fp8)
+    assert (module.dtype(), module.kv_dtype()) == ("bfloat16", "float8_e4m3fn")
+    q, out, tmp = _bf16(8, 128), _bf16(8, 128), torch.empty(1)
+
+    def single(q=q, k=_bf16(10, 2, 128).to(fp8)):  # noqa: ANN001, ANN202
+        return module.single_decode(
+            q, k, k, tmp, tmp, out, None, False, -1, 10, 1, 1.0, 0.0, 1.0, 1e-4, None, False
+        )
+
+    with pytest.raises(TypeError, match="k has dtype bfloat16, expected float8_e4m3fn"):
+        single(k=_bf16(10, 2, 128))
+    with pytest.raises(TypeError, match="q has dtype float8_e4m3fn, expected bfloat16"):
+        single(q=q.to(fp8))
+    with pytest.raises(ValueError, match="k's strides must be multiples of 16 elements"):
+        single(k=_bf16(10, 2, 136).to(fp8)[..., :128])
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        single(k=_bf16(10, 2, 144).to(fp8)[..., :128])  # the cache passes
+
+
 def test_alibi_binding_checks_its_slopes() -> None:
     """The ALiBi build's binding needs float32 slopes for every query head, and refuses a soft
     cap, before any launch."""
@@ -600,33 +696,52 @@ def test_every_cascade_specialization_compiles(dtype: str) -> None:
     assert gen_cascade_module(dtype).build_and_load().dtype() == dtype
 
 
-# the representative specialization always; the others with --compile-matrix
+# the representative specializations (16-bit and fp8 caches) always; the others with
+# --compile-matrix
 SPILL_CASES = [
     pytest.param(
         d,
         h,
         pos,
+        None,
         marks=[] if (d, h) == ("bfloat16", 128) else [pytest.mark.compile_matrix],
         id=f"{d}-{h}-{pos}",
     )
     for d in DTYPES
     for h in HEAD_DIMS
     for pos in POS_ENCODINGS
+] + [
+    pytest.param(
+        "bfloat16" if kv == "float8_e4m3fn" else "float16",
+        h,
+        pos,
+        kv,
+        marks=[]
+        if (kv, h, pos) == ("float8_e4m3fn", 128, "NONE")
+        else [pytest.mark.compile_matrix],
+        id=f"{kv}-{h}-{pos}",
+    )
+    for kv in KV_FP8_DTYPES
+    for h in HEAD_DIMS
+    for pos in ("NONE", "ALIBI")
 ]
 
 
-@pytest.mark.parametrize("dtype,head_dim,pos_encoding", SPILL_CASES)
-def test_decode_kernels_do_not_spill(dtype: str, head_dim: int, pos_encoding: str) -> None:
+@pytest.mark.parametrize("dtype,head_dim,pos_encoding,kv_dtype", SPILL_CASES)
+def test_decode_kernels_do_not_spill(
+    dtype: str, head_dim: int, pos_encoding: str, kv_dtype: str | None
+) -> None:
     """Every decode kernel variant (one or two heads a thread, 128- and 64-register blocks)
-    and the chunk merge keep their state in registers, in every position encoding's build (a
-    module of its own, named so): a spill would put local-memory traffic into a kernel whose
-    speed is its HBM stream."""
-    spec = gen_decode_module(dtype, head_dim, pos_encoding)
-    assert (
-        spec.name == f"decode_{spec.name.split('_')[1]}_hd{head_dim}{POS_ENCODINGS[pos_encoding]}"
-    )
+    and the chunk merge keep their state in registers, in every position encoding's and fp8
+    cache's build (a module of its own, named so): a spill would put local-memory traffic
+    into a kernel whose speed is its HBM stream."""
+    spec = gen_decode_module(dtype, head_dim, pos_encoding, kv_dtype)
+    kv_part = f"_kv{kv_dtype.split('_')[1][:4]}" if kv_dtype else ""  # e4m3, e5m2
+    prefix = f"decode_{spec.name.split('_')[1]}_hd{head_dim}{kv_part}"
+    assert spec.name == prefix + POS_ENCODINGS[pos_encoding]
     module = build_without_spills(spec)
     assert module.head_dim() == head_dim and module.pos_encoding() == pos_encoding
+    assert module.kv_dtype() == (kv_dtype or dtype)
 
 
 # -- GPU: numerics ------------------------------------------------------------------------------
@@ -999,6 +1114,102 @@ def test_batch_decode_position_encodings_match_the_reference_and_tensor_cores(
     for (out, lse), (out_tc, lse_tc) in zip(cuda_cores, tensor_cores):
         torch.testing.assert_close(out, out_tc, **tolerance(dtype, True))
         torch.testing.assert_close(lse, lse_tc, **lse_tolerance(True))
+
+
+K_SCALE, V_SCALE = 0.5, 2.0  # an fp8 cache's dequantization scales in the fp8 checks
+
+
+def check_fp8_decode(
+    device: str,
+    kv_dtype: torch.dtype,
+    pos_encoding: str,
+    lens: list[int],
+    qo_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    page_size: int,
+    layout: str,
+    dtype: torch.dtype,
+) -> None:
+    """An fp8 KV cache (plan's ``kv_data_type``) in BatchDecodeWithPagedKVCacheWrapper, in
+    each of DECODE_VARIANTS (ALiBi: those without a soft cap) with k_scale and v_scale, then
+    single decode of the longest request, against the reference on the dequantized keys and
+    values (the fp8 values times the scales), into NaN-poisoned out and lse; the pages no
+    request owns hold fp8 NaN."""
+    torch.manual_seed(sum(lens) + 2)
+    ks16, vs16 = _kv_data(lens, kv_heads, head_dim, dtype, device)
+    ks, vs = [k.to(kv_dtype) for k in ks16], [v.to(kv_dtype) for v in vs16]
+    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, layout, seed=len(lens))
+    q = torch.randn(len(lens), qo_heads, head_dim, dtype=dtype, device=device)
+    k_ref, v_ref = [k.float() * K_SCALE for k in ks], [v.float() * V_SCALE for v in vs]
+    alibi = pos_encoding == "ALIBI"
+    workspace = torch.empty(128 << 20, dtype=torch.uint8, device=device)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout=layout)
+    for sm_scale, cap, window in DECODE_VARIANTS:
+        if alibi and cap:
+            continue
+        wrapper.plan(
+            indptr,
+            indices,
+            last,
+            qo_heads,
+            kv_heads,
+            head_dim,
+            page_size,
+            pos_encoding_mode=pos_encoding,
+            q_data_type=dtype,
+            kv_data_type=kv_dtype,
+            sm_scale=sm_scale,
+            logits_soft_cap=cap,
+            window_left=window,
+        )
+        out = torch.full_like(q, math.nan)
+        lse = torch.full(q.shape[:2], math.nan, device=device)
+        wrapper.run(q, cache, k_scale=K_SCALE, v_scale=V_SCALE, out=out, lse=lse)
+        scale = head_dim**-0.5 if sm_scale is None else sm_scale
+        check_decoded(out, lse, q, k_ref, v_ref, scale, cap, window, alibi=alibi)
+    b = max(range(len(lens)), key=lens.__getitem__)
+    k, v = ks[b], vs[b]
+    if layout == "HND":
+        k, v = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
+    out, lse = flashinfer.single_decode_with_kv_cache(
+        q[b],
+        k,
+        v,
+        kv_layout=layout,
+        pos_encoding_mode=pos_encoding,
+        k_scale=K_SCALE,
+        v_scale=V_SCALE,
+        return_lse=True,
+    )
+    check_decoded(
+        out[None], lse[None], q[b : b + 1], [k_ref[b]], [v_ref[b]], head_dim**-0.5, alibi=alibi
+    )
+
+
+# (kv_dtype, pos_encoding, lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype)
+FP8_CASES = [
+    (torch.float8_e4m3fn, "NONE", [1, 17, 300, 4096, 0], 32, 8, 128, 16, "NHD", torch.bfloat16),
+    (torch.float8_e5m2, "NONE", [5, 129, 33001], 8, 8, 64, 1, "HND", torch.float16),
+    (torch.float8_e4m3fn, "ALIBI", [7, 100, 2000], 16, 2, 256, 64, "NHD", torch.float16),
+    (torch.float8_e4m3fn, "NONE", [131072, 3], 32, 4, 128, 16, "HND", torch.bfloat16),
+    (torch.float8_e5m2, "ALIBI", [900, 40], 35, 1, 64, 16, "NHD", torch.bfloat16),
+    (torch.float8_e4m3fn, "NONE", [1000] * 64, 32, 8, 128, 16, "NHD", torch.bfloat16),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "kv_dtype,pos_encoding,lens,qo_heads,kv_heads,head_dim,page_size,layout,dtype", FP8_CASES
+)
+def test_batch_decode_fp8_cache_matches_the_reference(
+    kv_dtype, pos_encoding, lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype
+) -> None:
+    """e4m3 and e5m2 caches up to 128k tokens, both head counts a thread and the 1024-thread
+    kernel (a group of 35), with and without ALiBi (tests/ops/test_decode.py's check)."""
+    check_fp8_decode(
+        "cuda", kv_dtype, pos_encoding, lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype
+    )
 
 
 @pytest.mark.gpu

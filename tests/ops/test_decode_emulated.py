@@ -4,9 +4,10 @@ block shape (GQA groups folded two heads a thread, one head a thread, odd groups
 partial warp, groups past 256 threads), paged caches with shuffled pages and NaN in every
 slot no request owns, empty and one-token requests, soft cap, window, KV split across CTAs
 and merged by the merge kernel, page ids outside the cache, two wrappers sharing one float
-workspace, single decode, and RoPE inside the kernel (the RoPE build). Some tests land
-cp.async copies when issued, some run a CTA's threads last first (see tests/emu/engine.py).
-The same cases at GPU sizes are in tests/ops/test_decode.py's GPU tests."""
+workspace, single decode, RoPE and ALiBi inside the kernel, and fp8 KV caches (their
+builds). Some tests land cp.async copies when issued, some run a CTA's threads last first
+(see tests/emu/engine.py). The same cases at GPU sizes are in tests/ops/test_decode.py's GPU
+tests."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from tests.ops.test_decode import (
     POS_VARIANTS,
     check_batch_decode,
     check_decoded,
+    check_fp8_decode,
     check_position_encoding_decode,
     check_single_decode,
     check_split_chunks_with_unscored_pages,
@@ -43,18 +45,23 @@ OUTPUTS = {  # each launch's outputs and partial-state scratch, NaN-filled befor
 
 @functools.cache
 def _module(
-    dtype: torch.dtype, head_dim: int, land_at_issue: bool, reverse: bool, pos_encoding: str
+    dtype: torch.dtype,
+    head_dim: int,
+    land_at_issue: bool,
+    reverse: bool,
+    pos_encoding: str,
+    kv_dtype: torch.dtype | None,
 ) -> EmulatedModule:
-    spec = gen_decode_module(dtype, head_dim, pos_encoding)
+    spec = gen_decode_module(dtype, head_dim, pos_encoding, kv_dtype)
     return EmulatedModule(spec, OUTPUTS, land_at_issue, reverse)
 
 
 @pytest.fixture
 def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedModule]]:
-    """emulate(dtype, head_dim, land_at_issue=False, reverse=False, pos_encoding="NONE"): the
-    wrappers' decode module is then the emulated build (with that schedule, for that position
-    encoding, which the wrappers must then ask for), on CPU tensors; plan() uploads its
-    schedule for real."""
+    """emulate(dtype, head_dim, land_at_issue=False, reverse=False, pos_encoding="NONE",
+    kv_dtype=None): the wrappers' decode module is then the emulated build (with that
+    schedule, for that position encoding and KV cache dtype, which the wrappers must then ask
+    for), on CPU tensors; plan() uploads its schedule for real."""
 
     def install(
         dtype: torch.dtype,
@@ -62,12 +69,16 @@ def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedM
         land_at_issue: bool = False,
         reverse: bool = False,
         pos_encoding: str = "NONE",
+        kv_dtype: torch.dtype | None = None,
     ) -> EmulatedModule:
-        module = _module(dtype, head_dim, land_at_issue, reverse, pos_encoding)
+        module = _module(dtype, head_dim, land_at_issue, reverse, pos_encoding, kv_dtype)
         module.launches.clear()
 
-        def get_decode_module(d: torch.dtype, h: int, asked: str = "NONE") -> EmulatedModule:
+        def get_decode_module(
+            d: torch.dtype, h: int, asked: str = "NONE", asked_kv: torch.dtype | None = None
+        ) -> EmulatedModule:
             assert asked == pos_encoding, f"the wrapper asked for the {asked} build"
+            assert asked_kv in (kv_dtype or d, None), f"the wrapper asked for a {asked_kv} cache"
             return module
 
         monkeypatch.setattr(decode_api, "get_decode_module", get_decode_module)
@@ -231,5 +242,48 @@ def test_position_encoding_inside_decode(
     check_position_encoding_decode("cpu", *args)
     batch_launches = [launch for launch in module.launches if "plan" in launch]
     assert len(batch_launches) == len(POS_VARIANTS[pos_encoding])
+    assert batch_launches[0]["grid_merge"] > 0  # the 300 keys ran as two chunks
+    assert module.launches[-1]["num_chunks"] == 2  # and in single decode
+
+
+# (kv_dtype, pos_encoding, qo_heads, kv_heads, head_dim, page_size, layout, dtype, reverse):
+# two heads a thread at head_dim 128, one at 64 (a 128-token fp8 tile, the most a block's
+# page-table lookups cover), the 1024-thread kernel at 64 and 256, ALiBi
+FP8_CASES = [
+    (torch.float8_e4m3fn, "NONE", 8, 2, 128, 16, "NHD", torch.bfloat16, True),
+    (torch.float8_e5m2, "NONE", 3, 1, 64, 5, "HND", torch.float16, False),
+    (torch.float8_e4m3fn, "NONE", 33, 1, 64, 16, "NHD", torch.float16, True),
+    (torch.float8_e5m2, "ALIBI", 6, 2, 256, 1, "HND", torch.bfloat16, True),
+]
+
+
+@pytest.mark.parametrize(
+    "kv_dtype,pos_encoding,qo_heads,kv_heads,head_dim,page_size,layout,dtype,reverse",
+    FP8_CASES,
+    ids=[f"{str(c[0])[12:]}-{c[1]}-{c[2]}x{c[3]}-hd{c[4]}" for c in FP8_CASES],
+)
+def test_fp8_cache_inside_decode(
+    emulate,
+    monkeypatch,
+    kv_dtype,
+    pos_encoding,
+    qo_heads,
+    kv_heads,
+    head_dim,
+    page_size,
+    layout,
+    dtype,
+    reverse,
+) -> None:
+    """An fp8 KV cache: rows land as fp8 (two tiles' worth of tokens in a 16-bit tile's
+    bytes) and widen where they are read; k_scale and v_scale dequantize; NaN in every slot
+    no request owns; a 300-key request split in two chunks (a GPU of 32 CTAs), a window, and
+    single decode (tests/ops/test_decode.py's check)."""
+    module = emulate(dtype, head_dim, reverse=reverse, pos_encoding=pos_encoding, kv_dtype=kv_dtype)
+    monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: 32)
+    lens = [0, 1, 300, 45]
+    args = (pos_encoding, lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype)
+    check_fp8_decode("cpu", kv_dtype, *args)
+    batch_launches = [launch for launch in module.launches if "plan" in launch]
     assert batch_launches[0]["grid_merge"] > 0  # the 300 keys ran as two chunks
     assert module.launches[-1]["num_chunks"] == 2  # and in single decode

@@ -405,10 +405,11 @@ COMMON_PLAN_BAD = [
     ("rope_scale must be > 0.0", ValueError, dict(rope_scale=0.0)),
     ("q_data_type is torch.float32; supported", TypeError, dict(q_data_type=torch.float32)),
     (
-        "kv_data_type 'float8_e4m3fn' is not a supported dtype",
-        TypeError,
+        "kv_data_type is torch.float8_e4m3fn: an fp8 KV cache is read by the CUDA-core decode",
+        ValueError,
         dict(kv_data_type="float8_e4m3fn"),
     ),
+    ("kv_data_type 'int8' is not a supported dtype", TypeError, dict(kv_data_type="int8")),
     (
         "o_data_type torch.float16 differs from q_data_type torch.bfloat16",
         TypeError,

@@ -15,6 +15,9 @@ struct __half {
 struct alignas(4) __half2 {
   __half x, y;
 };
+struct alignas(4) __half2_raw {  // a __half2's bits, low half first
+  unsigned short x, y;
+};
 
 inline __half __float2half_rn(float f) {
   uint32_t x;

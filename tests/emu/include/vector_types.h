@@ -16,6 +16,10 @@ struct alignas(16) float4 {
 };
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
+
 struct alignas(16) uint4 {
   unsigned x, y, z, w;
 };
