@@ -3,4 +3,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$ROOT"
-exec "$VENV/bin/python" -m pytest -q -ra "$@"
+# One worker per core, each test file on one worker (an emulated module builds once per
+# process); the workers share the session's JIT workspace (conftest.py), so an nvcc module
+# builds once, under the workspace's lock.
+exec "$VENV/bin/python" -m pytest -q -ra -n "$(nproc)" --dist loadfile "$@"
