@@ -27,7 +27,9 @@ from .jit.page import gen_page_module
 from .paged_kv import split_combined_cache, unpack_paged_kv_cache
 from .trace.templates import page as _trace
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# fp8 caches take fp8 keys and values (quantized by the caller, as the reference's append
+# takes them): the kernel copies, it does not convert
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
 _INDEX = (torch.int32, torch.int64)
 
 

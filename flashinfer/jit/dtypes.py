@@ -57,10 +57,17 @@ def fp8_info(dtype: Any) -> DTypeInfo:
     return _lookup(dtype, _FP8_BY_NAME, _FP8_TABLE)
 
 
+def storage_info(dtype: Any) -> DTypeInfo:
+    """A type kernels store or copy: :func:`dtype_info`'s, or an fp8 one."""
+    table = _TABLE + _FP8_TABLE
+    return _lookup(dtype, {**_BY_NAME, **_FP8_BY_NAME}, table)
+
+
 def dtype_config(uri: str, output_name: str, dtype: Any) -> PendingRender:
     """The render of csrc/dtype_config.jinja (DType for the kernel TU, DLPack code and width
-    for the binding) into the module's generated dir."""
-    info = dtype_info(dtype)
+    for the binding) into the module's generated dir; ``dtype`` a :func:`storage_info` type
+    (each op's API says which it takes)."""
+    info = storage_info(dtype)
     return PendingRender.of(
         "dtype_config.jinja",
         uri,
@@ -75,7 +82,7 @@ def dtype_config(uri: str, output_name: str, dtype: Any) -> PendingRender:
 
 def dtype_uri(op: str, dtype: Any) -> str:
     """The URI of an op's module specialized by dtype alone: ``norm_dtype_bf16``."""
-    return f"{op}_dtype_{dtype_info(dtype).short}"
+    return f"{op}_dtype_{storage_info(dtype).short}"
 
 
 def gen_dtype_module(

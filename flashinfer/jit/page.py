@@ -32,4 +32,5 @@ def gen_page_module(dtype: Any) -> JitSpec:
     )
 
 
+# fp8 caches (decode reads them) are appended to with fp8 keys: their modules build on first use
 register_op("page", lambda: [gen_page_module(d) for d in ("float16", "bfloat16", "float32")])

@@ -335,6 +335,18 @@ def test_bad_arguments_raise_before_launch(no_launch, message, error, overrides)
         flashinfer.append_paged_kv_cache(**_args(**overrides))
 
 
+def test_fp8_caches_take_fp8_keys_of_their_own_type(no_launch) -> None:
+    """An fp8 cache is appended to with keys and values already in its dtype (the caller
+    quantizes, as with the reference); the kernel copies them."""
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+        key = torch.randn(NNZ, HEADS, DIM).to(fp8)
+        fp8_args = dict(append_key=key, append_value=key, paged_kv_cache=_cache(dtype=fp8))
+        with pytest.raises(ValueError, match="append_key must be a CUDA tensor"):
+            flashinfer.append_paged_kv_cache(**_args(**fp8_args))
+        with pytest.raises(TypeError, match=f"paged_kv_cache has dtype {fp8}, but append_key"):
+            flashinfer.append_paged_kv_cache(**_args(paged_kv_cache=_cache(dtype=fp8)))
+
+
 def test_the_binding_checks_too() -> None:
     module = page_api.get_page_module(torch.float16)
     a = _args()
@@ -359,7 +371,7 @@ def test_the_binding_checks_too() -> None:
 
 # -- GPU -------------------------------------------------------------------------------------
 
-SENTINEL = 1234.0
+SENTINEL = 384.0  # exact in every cache dtype, fp8 included
 
 
 def _gpu_cache(
@@ -409,8 +421,8 @@ def _paged_setup(
     last = torch.tensor([n - (p - 1) * page_size for n, p in zip(new_lens, pages_per)])
     arg, k_view, v_view = _gpu_cache(form, layout, num_pages, page_size, heads, dim, dtype, device)
     nnz = sum(add_lens)
-    key = torch.randn(nnz, heads, dim, dtype=dtype, device=device)
-    value = torch.randn(nnz, heads, dim, dtype=dtype, device=device)
+    key = torch.randn(nnz, heads, dim, device=device).to(dtype)  # (no fp8 randn)
+    value = torch.randn(nnz, heads, dim, device=device).to(dtype)
     append_indptr = torch.tensor(
         [0, *torch.tensor(add_lens).cumsum(0).tolist()], dtype=index_dtype, device=device
     )
@@ -488,7 +500,10 @@ def _expected_slots(s: dict) -> dict[tuple[int, int], int]:
 @pytest.mark.gpu
 @pytest.mark.parametrize("form", ["single", "tuple"])
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2],
+)
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("dim", [128, 36])  # 16-byte vector path, element-wise path
 def test_append_writes_exactly_the_appended_slots(form, layout, dtype, page_size, dim) -> None:

@@ -54,6 +54,8 @@ def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedM
         ("tuple", "NHD", torch.bfloat16, 4, 36),
         ("single_squeezed", "NHD", torch.float16, 1, 64),
         ("tuple_squeezed", "HND", torch.bfloat16, 1, 128),
+        ("tuple", "NHD", torch.float8_e4m3fn, 4, 128),
+        ("single", "HND", torch.float8_e5m2, 16, 36),
     ],
 )
 def test_append_writes_exactly_the_appended_slots(
