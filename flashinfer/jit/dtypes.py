@@ -63,11 +63,9 @@ def storage_info(dtype: Any) -> DTypeInfo:
     return _lookup(dtype, {**_BY_NAME, **_FP8_BY_NAME}, table)
 
 
-def dtype_config(uri: str, output_name: str, dtype: Any) -> PendingRender:
+def dtype_config(uri: str, output_name: str, info: DTypeInfo) -> PendingRender:
     """The render of csrc/dtype_config.jinja (DType for the kernel TU, DLPack code and width
-    for the binding) into the module's generated dir; ``dtype`` a :func:`storage_info` type
-    (each op's API says which it takes)."""
-    info = storage_info(dtype)
+    for the binding) into the module's generated dir."""
     return PendingRender.of(
         "dtype_config.jinja",
         uri,
@@ -86,12 +84,18 @@ def dtype_uri(op: str, dtype: Any) -> str:
 
 
 def gen_dtype_module(
-    op: str, dtype: Any, sources: list[str], function_args: dict[str, tuple[str, ...]]
+    op: str,
+    dtype: Any,
+    sources: list[str],
+    function_args: dict[str, tuple[str, ...]],
+    fp8: bool = False,
 ):  # noqa: ANN201 - JitSpec
-    """The spec of ``op``'s module for ``dtype``: ``<op>_config.h`` rendered from
-    csrc/dtype_config.jinja, and ``sources`` (from csrc/) compiled with it."""
+    """The spec of ``op``'s module for ``dtype`` (:func:`dtype_info`'s types, and with ``fp8``
+    the fp8 ones too): ``<op>_config.h`` rendered from csrc/dtype_config.jinja, and
+    ``sources`` (from csrc/) compiled with it."""
     from .core import gen_jit_spec
 
-    uri = dtype_uri(op, dtype)
-    config = dtype_config(uri, f"{op}_config.h", dtype)
+    info = storage_info(dtype) if fp8 else dtype_info(dtype)
+    uri = dtype_uri(op, info.name)
+    config = dtype_config(uri, f"{op}_config.h", info)
     return gen_jit_spec(uri, sources, generated_sources=[config], function_args=function_args)

@@ -10,7 +10,8 @@ from .registry import register_op
 
 
 def gen_page_module(dtype: Any) -> JitSpec:
-    """The spec of the page module for ``dtype`` (its config rendered when planned)."""
+    """The spec of the page module for caches of ``dtype`` (float16, bfloat16, float32 or
+    fp8; its config rendered when planned)."""
     return gen_dtype_module(
         "page",
         dtype,
@@ -29,6 +30,7 @@ def gen_page_module(dtype: Any) -> JitSpec:
                 "hnd",
             ),
         },
+        fp8=True,
     )
 
 
