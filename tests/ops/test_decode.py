@@ -1026,6 +1026,17 @@ def _reference_args(head_dim: int, pos_encoding: str, options: dict) -> dict:
     )
 
 
+def _longest_request(
+    ks: list[torch.Tensor], vs: list[torch.Tensor], layout: str
+) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """The longest request's index and its keys and values as single decode takes them in
+    ``layout`` (contiguous)."""
+    b = max(range(len(ks)), key=lambda i: ks[i].shape[0])
+    if layout == "HND":
+        return b, ks[b].transpose(0, 1).contiguous(), vs[b].transpose(0, 1).contiguous()
+    return b, ks[b], vs[b]
+
+
 def check_position_encoding_decode(
     device: str,
     pos_encoding: str,
@@ -1068,10 +1079,7 @@ def check_position_encoding_decode(
         want = _reference_args(head_dim, pos_encoding, options)
         check_decoded(out, lse, q, ks, vs, tensor_cores=use_tensor_cores, **want)
         results.append((out, lse))
-    b = max(range(len(lens)), key=lens.__getitem__)
-    k, v = ks[b], vs[b]
-    if layout == "HND":
-        k, v = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
+    b, k, v = _longest_request(ks, vs, layout)
     options = POS_VARIANTS[pos_encoding][1]
     out, lse = flashinfer.single_decode_with_kv_cache(
         q[b],
@@ -1168,10 +1176,7 @@ def check_fp8_decode(
         wrapper.run(q, cache, k_scale=K_SCALE, v_scale=V_SCALE, out=out, lse=lse)
         scale = head_dim**-0.5 if sm_scale is None else sm_scale
         check_decoded(out, lse, q, k_ref, v_ref, scale, cap, window, alibi=alibi)
-    b = max(range(len(lens)), key=lens.__getitem__)
-    k, v = ks[b], vs[b]
-    if layout == "HND":
-        k, v = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
+    b, k, v = _longest_request(ks, vs, layout)
     out, lse = flashinfer.single_decode_with_kv_cache(
         q[b],
         k,
