@@ -106,6 +106,10 @@ _DTYPES = {
     "bf16": torch.bfloat16,
     "float32": torch.float32,
     "fp32": torch.float32,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "e4m3": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+    "e5m2": torch.float8_e5m2,
 }
 
 
@@ -125,6 +129,7 @@ def dtype_arg(*allowed: torch.dtype) -> Callable[[str], torch.dtype]:
 
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def dtype_name(dtype: torch.dtype) -> str:

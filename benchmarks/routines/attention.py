@@ -25,6 +25,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from . import (
+    FP8_DTYPES,
     HALF_DTYPES,
     OURS,
     Backend,
@@ -68,7 +69,14 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
     flag(group, "page_size", type=int, default=16, help="tokens per page of paged caches")
     flag(group, "causal", action="store_true", help="causal mask (bottom-right aligned)")
     flag(group, "q_dtype", "--dtype", type=dtype_arg(*HALF_DTYPES), default=torch.bfloat16)
-    flag(group, "kv_dtype", type=dtype_arg(*HALF_DTYPES), default=None, help="must equal --q_dtype")
+    flag(
+        group,
+        "kv_dtype",
+        type=dtype_arg(*HALF_DTYPES, *FP8_DTYPES),
+        default=None,
+        help="--q_dtype's, or for decode an fp8 type (float8_e4m3fn, float8_e5m2): the "
+        "CUDA-core kernel reads it, the torch backends dequantize it in the timed call",
+    )
     flag(group, "kv_layout", choices=("NHD", "HND"), default="NHD")
     flag(
         group,
@@ -107,8 +115,10 @@ def _validate(args: argparse.Namespace) -> str | None:
         return "--num_qo_heads must be a multiple of --num_kv_heads"
     if args.head_dim_vo != args.head_dim_qk:
         return "--head_dim_vo must equal --head_dim_qk (this library's kernels)"
-    if args.kv_dtype != args.q_dtype:
-        return "--kv_dtype must equal --q_dtype (this library's kernels)"
+    if args.kv_dtype != args.q_dtype and not (
+        args.kv_dtype in FP8_DTYPES and args.routine in _DECODE
+    ):
+        return "--kv_dtype must equal --q_dtype, or be fp8 for decode (this library's kernels)"
     return None
 
 
@@ -182,7 +192,7 @@ def _page_table(
 def _random_cache(args: argparse.Namespace, num_pages: int, device: torch.device) -> _PagedKV:
     hnd = args.kv_layout == "HND"
     page = (args.num_kv_heads, args.page_size) if hnd else (args.page_size, args.num_kv_heads)
-    cache = torch.randn(num_pages, 2, *page, args.head_dim_qk, dtype=args.q_dtype, device=device)
+    cache = torch.randn(num_pages, 2, *page, args.head_dim_qk, device=device).to(args.kv_dtype)
     return _PagedKV(cache, hnd)
 
 
@@ -264,6 +274,8 @@ def _sdpa(
 
     def call() -> torch.Tensor:
         k, v = kv()
+        if k.dtype != q.dtype:  # an fp8 cache: torch attends to it dequantized
+            k, v = k.to(q.dtype), v.to(q.dtype)
         batch, num_kv_heads = k.shape[:2]
         qo = rows // batch
         q_t = q.view(batch, qo, num_qo_heads, dim).transpose(1, 2)
@@ -295,6 +307,18 @@ def _sdpa(
     return Backend(call, lambda out: out.transpose(1, 2).reshape(rows, num_qo_heads, dim))
 
 
+def _fp8_on_tensor_cores(args: argparse.Namespace, name: str) -> Backend | None:
+    """The fa2_tc backend with an fp8 cache: a Backend whose call says it cannot run (the
+    tensor-core kernel takes a cache of q's dtype), else None."""
+    if name != "fa2_tc" or args.kv_dtype not in FP8_DTYPES:
+        return None
+
+    def call() -> torch.Tensor:
+        raise BackendUnavailable("tensor-core decode takes a KV cache of q's dtype, not fp8")
+
+    return Backend(call)
+
+
 def _visible_pairs(qo: int, kv: int, causal: bool) -> int:
     """(query, key) pairs one request scores: all, or below the bottom-right diagonal."""
     return qo * (kv - qo) + qo * (qo + 1) // 2 if causal else qo * kv
@@ -319,12 +343,13 @@ def _case(
         name: (lambda name=name: _sdpa(name, q, kv_len, dense_kv, causal)) for name in _SDPA_KERNELS
     }
     factories.update({name: (lambda name=name: ours(name)) for name in ("fa2", "fa2_tc", "auto")})
-    element = q.element_size()
+    kv_bytes = 2 * kv_tokens * args.num_kv_heads * dim * args.kv_dtype.itemsize
+    kv_name = "" if args.kv_dtype == args.q_dtype else f" kv {dtype_name(args.kv_dtype)}"
     return Case(
         label=f"{label} {qo}/{kv_len} {heads}/{args.num_kv_heads}h d{dim} "
-        f"{'causal ' if causal else ''}{args.kv_layout} {dtype_name(args.q_dtype)}",
+        f"{'causal ' if causal else ''}{args.kv_layout} {dtype_name(args.q_dtype)}{kv_name}",
         backends=build(args.backends, factories),
-        bytes=(2 * q.numel() + 2 * kv_tokens * args.num_kv_heads * dim) * element,
+        bytes=2 * q.numel() * q.element_size() + kv_bytes,
         flops=4 * batch * _visible_pairs(qo, kv_len, causal) * heads * dim,
         reference=lambda: _reference(q, kv_of, batch, causal),
         atol=half_tolerance(args.q_dtype),
@@ -369,6 +394,9 @@ def _paged_case(args: argparse.Namespace, device: torch.device, decode: bool) ->
         from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper
         from flashinfer.prefill import BatchPrefillWithPagedKVCacheWrapper
 
+        unavailable = _fp8_on_tensor_cores(args, name)
+        if unavailable:
+            return unavailable
         workspace[:] = workspace or [_workspace(device)]
         if decode:
             wrapper: Any = BatchDecodeWithPagedKVCacheWrapper(
@@ -495,8 +523,8 @@ def _api_kv(
     batch, kv_len, heads, dim = args.batch_size, args.s_kv, args.num_kv_heads, args.head_dim_qk
     hnd = args.kv_layout == "HND"
     shape = (heads, batch * kv_len, dim) if hnd else (batch * kv_len, heads, dim)
-    k = torch.randn(shape, dtype=args.q_dtype, device=device)
-    v = torch.randn(shape, dtype=args.q_dtype, device=device)
+    k = torch.randn(shape, device=device).to(args.kv_dtype)
+    v = torch.randn(shape, device=device).to(args.kv_dtype)
 
     def per_request(t: torch.Tensor) -> torch.Tensor:
         if hnd:
@@ -554,6 +582,9 @@ def _single_case(args: argparse.Namespace, device: torch.device, decode: bool) -
     causal = args.causal and not decode  # one query token sees every key either way
 
     def ours(name: str) -> Backend:
+        unavailable = _fp8_on_tensor_cores(args, name)
+        if unavailable:
+            return unavailable
         if decode:
             from flashinfer.decode import single_decode_with_kv_cache
 

@@ -282,6 +282,10 @@ def test_generate_repro_command() -> None:
             "--kv_dtype must equal --q_dtype",
         ),
         (
+            ["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--kv_dtype", "e4m3"],
+            "--kv_dtype must equal --q_dtype, or be fp8 for decode",
+        ),
+        (
             ["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--s_qo", "4096"],
             "--s_qo must be <= --s_kv",
         ),
@@ -452,6 +456,8 @@ def test_torch_backends_pass_refcheck_on_cpu(name: str, capsys: pytest.CaptureFi
         ("BatchPrefillWithRaggedKVCacheWrapper", ["--causal", "--kv_layout", "HND"]),
         ("single_prefill_with_kv_cache", ["--causal", "--kv_layout", "HND"]),
         ("BatchDecodeWithPagedKVCacheWrapper", ["--kv_layout", "HND", "--num_kv_heads", "4"]),
+        ("BatchDecodeWithPagedKVCacheWrapper", ["--kv_dtype", "float8_e4m3fn"]),
+        ("single_decode_with_kv_cache", ["--kv_dtype", "e5m2", "--kv_layout", "HND"]),
         ("MultiLevelCascadeAttentionWrapper", ["--causal", "--kv_layout", "HND"]),
         ("apply_rope_pos_ids", ["--interleave"]),
         (
@@ -468,6 +474,24 @@ def test_torch_backends_pass_refcheck_on_cpu(name: str, capsys: pytest.CaptureFi
 def test_torch_backends_pass_refcheck_in_other_forms(name: str, extra: list[str]) -> None:
     args = cli.parse_args([*small_argv(name, ["torch"], *extra), "--refcheck"])
     assert [row["backend"] for row in cli.run_routine(args, CPU, **CPU_RUN)] == ["torch"]
+
+
+def test_an_fp8_cache_skips_tensor_core_decode_and_counts_its_bytes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--kv_dtype e4m3: the fa2_tc backend says it cannot run (the tensor-core kernel takes
+    q's dtype) and the others go on; the case's bytes count one byte a KV element."""
+    name = "BatchDecodeWithPagedKVCacheWrapper"
+    args = cli.parse_args([*small_argv(name, ["fa2_tc", "torch"], "--kv_dtype", "e4m3"), "-v"])
+    rows = cli.run_routine(args, CPU, **CPU_RUN)
+    assert [row["backend"] for row in rows] == ["torch"]
+    out = capsys.readouterr().out
+    assert "fa2_tc backend skipped: tensor-core decode takes a KV cache of q's dtype" in out
+    assert "kv float8_e4m3fn" in rows[0]["case"]
+    fp8 = routines.ROUTINES[name].make_case(args, CPU).bytes
+    half = routines.ROUTINES[name].make_case(cli.parse_args(small_argv(name, ["torch"])), CPU).bytes
+    q_bytes = 2 * args.batch_size * args.num_qo_heads * args.head_dim_qk * 2
+    assert (half - q_bytes) == 2 * (fp8 - q_bytes)
 
 
 def test_attention_flops_count_the_visible_pairs() -> None:
@@ -898,6 +922,7 @@ def fake_gpu_measure(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
         ("bench_family", ["page"], 10),
         ("bench_family", ["activation"], 30),
         ("bench_decode", [], 12),
+        ("bench_decode", ["--kv_dtype", "float8_e5m2"], 12),
         ("bench_sampling", [], 12 + 9),
         ("bench_prefill", [], 2),
         ("bench_prefill", ["--probe"], 5),
