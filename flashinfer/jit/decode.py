@@ -153,4 +153,23 @@ def gen_cascade_module(dtype: Any) -> JitSpec:
 
 
 register_op("decode", lambda: [gen_decode_module(d, h) for d in DTYPES for h in HEAD_DIMS])
+# the builds a cache's dtype or pos_encoding_mode asks for, as ops of their own
+register_op(
+    "decode_fp8",
+    lambda: [
+        gen_decode_module(d, h, "NONE", kv)
+        for d in DTYPES
+        for h in HEAD_DIMS
+        for kv in KV_FP8_DTYPES
+    ],
+)
+register_op(
+    "decode_pos_encoding",
+    lambda: [
+        gen_decode_module(d, h, pos)
+        for d in DTYPES
+        for h in HEAD_DIMS
+        for pos in ("ROPE_LLAMA", "ALIBI")
+    ],
+)
 register_op("cascade", lambda: [gen_cascade_module(d) for d in ("float16", "bfloat16", "float32")])

@@ -250,3 +250,12 @@ def gen_prefill_module(
 
 
 register_op("prefill", lambda: [gen_prefill_module(d, h) for d in DTYPES for h in HEAD_DIMS])
+register_op(
+    "prefill_pos_encoding",
+    lambda: [
+        gen_prefill_module(d, h, None, pos)
+        for d in DTYPES
+        for h in HEAD_DIMS
+        for pos in ("ROPE_LLAMA", "ALIBI")
+    ],
+)

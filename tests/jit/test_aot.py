@@ -130,12 +130,30 @@ def test_registry_and_precompile_errors(capsys: pytest.CaptureFixture[str]) -> N
     assert {"norm", "activation"} <= set(registry.registered_ops())
     with pytest.raises(
         ValueError,
-        match="unknown op.*nope.*registered: activation, cascade, "
-        "decode, norm, norm_quant, page, prefill, rope, sampling",
+        match="unknown op.*nope.*registered: activation, cascade, decode, decode_fp8, "
+        "decode_pos_encoding, norm, norm_quant, page, prefill, prefill_pos_encoding, rope, "
+        "sampling",
     ):
         registry.specs_for(["nope"])
     assert cli(["precompile", "--arch", "9.0a", "--ops", "nope", "--out", "/tmp/x"]) == 1
     assert "unknown op(s) nope" in capsys.readouterr().err
+
+
+def test_fp8_and_position_encoding_builds_are_ops_of_their_own() -> None:
+    """precompile --ops decode_fp8 (decode_pos_encoding, prefill_pos_encoding) names the
+    builds an fp8 cache (a pos_encoding_mode) asks for, one per dtype and head_dim, none of
+    them in the plain op's list."""
+    plain = {spec.name for op in ("decode", "prefill") for spec in registry.specs_for([op])}
+    for op, suffixes in (
+        ("decode_fp8", ("_kve4m3", "_kve5m2")),
+        ("decode_pos_encoding", ("_rope", "_alibi")),
+        ("prefill_pos_encoding", ("_rope", "_alibi")),
+    ):
+        names = [spec.name for spec in registry.specs_for([op])]
+        assert len(set(names)) == len(names) == 2 * 3 * 2, op
+        assert not plain & set(names)
+        for suffix in suffixes:
+            assert sum(name.endswith(suffix) for name in names) == 6, (op, suffix)
 
 
 def test_precompile_skips_modules_that_cannot_target_the_archs(
