@@ -65,9 +65,9 @@ def check_dtype_name(name: str, value: Any) -> torch.dtype:
 # kernels do not)
 FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 FP8_KV_REFUSAL = (
-    "an fp8 KV cache is read by the CUDA-core decode kernel only "
-    "(BatchDecodeWithPagedKVCacheWrapper with use_tensor_cores=False, "
-    "single_decode_with_kv_cache); this kernel takes a cache of q's dtype"
+    "an fp8 KV cache is read by the CUDA-core decode kernel only, one query token a request "
+    "(BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache, with or without "
+    "use_tensor_cores); the tensor-core kernel takes a cache of q's dtype"
 )
 
 

@@ -27,6 +27,7 @@ compiled model traces it without a graph break.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import warnings
 from dataclasses import dataclass
@@ -75,6 +76,8 @@ from .paged_kv import check_paged_kv_cache
 from .pdl import resolve_enable_pdl
 from .trace.templates import attention as _trace
 from .utils import get_device_sm_count
+
+logger = logging.getLogger("flashinfer.decode")
 
 # A bound on resident CTAs per SM (the hardware's), for CUDA-graph buffer capacities.
 _MAX_CTAS_PER_SM = 32
@@ -125,6 +128,16 @@ def _max_ctas(
     return get_device_sm_count(device) * max(1, int(per_sm))
 
 
+@functools.cache
+def _log_fp8_on_cuda_cores(kv_dtype: torch.dtype) -> None:
+    """Once a process and dtype: use_tensor_cores=True planned over an fp8 cache."""
+    logger.info(
+        "use_tensor_cores=True with a %s KV cache: decode runs on the CUDA-core kernel (the "
+        "tensor-core kernel takes a cache of q's dtype)",
+        kv_dtype,
+    )
+
+
 def _check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any) -> int:
     """The GQA group size, after the shared checks and the decode block's limit."""
     group = check_heads(num_qo_heads, num_kv_heads, head_dim, HEAD_DIMS)
@@ -169,13 +182,14 @@ def single_decode_with_kv_cache(
     for name, t in (("k", k), ("v", v)):
         checks.check_tensor(name, t)
         checks.check_ndim(name, t, 3, f"{layout} ({kv_layout})")
-        if t.dtype in FP8_KV_DTYPES:
-            check_kv_dtype(name, t.dtype, q.dtype, fp8=not use_tensor_cores)
-        else:
+        if t.dtype not in FP8_KV_DTYPES:
             checks.check_same_dtype(name, t, "q", q)
         checks.check_last_dim_contiguous(name, t)
     checks.check_same_dtype("v", v, "k", k)
     check_rope_cache(k.dtype, pos_encoding)
+    if use_tensor_cores and k.dtype in FP8_KV_DTYPES:  # as the wrapper does
+        _log_fp8_on_cuda_cores(k.dtype)
+        use_tensor_cores = False
     if v.shape != k.shape:
         raise ValueError(f"v has shape {tuple(v.shape)}, k has {tuple(k.shape)}")
     kv_heads, kv_len = (k.shape[0], k.shape[1]) if hnd else (k.shape[1], k.shape[0])
@@ -453,6 +467,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         self._paged_kv_indices_buf = paged_kv_indices_buffer
         self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
         self._prefill: prefill.BatchPrefillWithPagedKVCacheWrapper | None = None
+        self._cuda_cores = not use_tensor_cores  # the kernel the current plan runs on
         if use_tensor_cores:
             # Its query indptr is fixed (one token per request); the page-table buffers and
             # the int workspace are this wrapper's own.
@@ -697,9 +712,15 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             q_data_type = data_type if q_data_type in (None, "float16") else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type
         dtype = check_dtype_name("q_data_type", "float16" if q_data_type is None else q_data_type)
-        kv_dtype = check_kv_dtype("kv_data_type", kv_data_type, dtype, fp8=self._prefill is None)
+        kv_dtype = check_kv_dtype("kv_data_type", kv_data_type, dtype, fp8=q_len == 1)
         check_out_dtype(o_data_type, dtype)
         check_rope_cache(kv_dtype, pos_encoding)
+        # An fp8 cache runs on the CUDA-core kernel even with use_tensor_cores=True: the
+        # tensor-core kernel takes q's dtype, and the flag only picks the faster kernel.
+        cuda_cores = self._prefill is None or kv_dtype in FP8_KV_DTYPES
+        if cuda_cores and self._prefill is not None:
+            group = _check_heads(num_qo_heads, num_kv_heads, head_dim)
+            _log_fp8_on_cuda_cores(kv_dtype)
         if self._use_cuda_graph:
             if batch != self._fixed_batch_size:
                 raise ValueError(
@@ -744,7 +765,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             )
 
         checks.check_cuda("float_workspace_buffer", self._float_workspace_buffer)
-        if self._prefill is None:
+        if cuda_cores:
             plan, words = self._build(
                 lengths,
                 dtype,
@@ -803,6 +824,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         self._num_kv_heads = num_kv_heads
         self._cached_q_data_type = self._cached_o_data_type = dtype
         self._cached_kv_data_type = kv_dtype
+        self._cuda_cores = cuda_cores
         self._q_len_per_req = q_len
         if self._use_cuda_graph:
             self._graph_q_len = q_len
@@ -959,7 +981,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             raise ValueError(f"q has shape {tuple(q.shape)}; plan() was for {shape}")
         if q.dtype != plan.dtype:
             raise TypeError(f"q has dtype {q.dtype}; plan() was for {plan.dtype}")
-        if self._prefill is not None:
+        if not self._cuda_cores:
             return self._run_tensor_cores(
                 plan, q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse, enable_pdl
             )

@@ -4,6 +4,7 @@ reference, page-order independence and CUDA-graph replay on the GPU."""
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 from typing import Iterator
@@ -32,7 +33,7 @@ from flashinfer.jit.pos_encoding import POS_ENCODINGS
 from flashinfer.testing.reference import decode_attention as reference_decode
 from tests.conftest import run_python
 from tests.ops.test_norm import build_without_spills
-from tests.ops.test_prefill import cpu_kernels
+from tests.ops.test_prefill import cpu_kernels, cpu_prefill  # noqa: F401 - a fixture
 from tests.ops.test_prefill_gpu import _break_page_ids, _kv_data, _on_broken_pages, _paged_kv
 
 # -- the scheduler (pure host code) --------------------------------------------------------------
@@ -247,6 +248,10 @@ class CpuPlan:
         self.launches.append(args)
         args[9].fill_(1.0)  # out
 
+    def single_decode(self, *args) -> None:  # noqa: ANN002
+        self.launches.append(args)
+        args[5].fill_(1.0)  # out
+
 
 @pytest.fixture
 def cpu_plan(monkeypatch: pytest.MonkeyPatch) -> Iterator[CpuPlan]:
@@ -452,23 +457,38 @@ def test_fp8_cache_runs_its_build_and_is_checked_against_the_plan(cpu_plan) -> N
     assert cpu_plan.kv_dtypes[-1] == torch.bfloat16
 
 
-def test_fp8_cache_is_refused_where_no_kernel_reads_it(cpu_plan) -> None:
-    """The tensor-core kernels (tensor-core decode, prefill, cascade) take a cache of q's
-    dtype: an fp8 one is refused by name, before any launch."""
+def test_fp8_cache_runs_on_cuda_cores_and_is_refused_on_tensor_cores(
+    cpu_plan, cpu_prefill, caplog: pytest.LogCaptureFixture
+) -> None:
+    """use_tensor_cores=True with an fp8 cache plans and runs the CUDA-core kernel's fp8
+    build (the flag picks the faster kernel; the tensor-core one takes q's dtype), logged
+    once; a plan of q's dtype goes back to tensor cores. What only the tensor-core kernel
+    runs (q_len_per_req > 1, prefill, cascade) refuses an fp8 cache by name."""
     fp8 = torch.float8_e4m3fn
     workspace = torch.empty(1 << 20, dtype=torch.uint8)
     tensor_cores = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, use_tensor_cores=True)
+    with caplog.at_level(logging.INFO, logger="flashinfer.decode"):
+        tensor_cores.plan(**_plan_args(kv_data_type=fp8))
+    assert "decode runs on the CUDA-core kernel" in caplog.text
+    assert cpu_plan.kv_dtypes[-1] == fp8 and len(cpu_plan.uploads) == 1
+    cache = (_bf16(5, 16, 2, 128).to(fp8), _bf16(5, 16, 2, 128).to(fp8))
+    out = tensor_cores.run(_bf16(2, 8, 128), cache, v_scale=2.0)
+    assert len(cpu_plan.launches) == 1 and torch.equal(out, torch.full_like(out, 2.0))
+    tensor_cores.plan(**_plan_args())
+    assert not tensor_cores._cuda_cores and len(cpu_plan.uploads) == 1
+    assert len(cpu_prefill.uploads) == 1  # the prefill kernel's schedule
     refusal = "kv_data_type is torch.float8_e4m3fn: an fp8 KV cache is read by the CUDA-core"
     with pytest.raises(ValueError, match=refusal):
-        tensor_cores.plan(**_plan_args(kv_data_type=fp8))
+        tensor_cores.plan(**_plan_args(kv_data_type=fp8, q_len_per_req=2))
     prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace)
     with pytest.raises(ValueError, match=refusal):
         args = _plan_args(kv_data_type="float8_e4m3fn")
         table = (args.pop("indptr"), args.pop("indices"), args.pop("last_page_len"))
         prefill.plan(_i32([0, 1, 2]), *table, head_dim_qk=args.pop("head_dim"), **args)
     q, k = _bf16(8, 128), _bf16(10, 2, 128).to(fp8)
-    with pytest.raises(ValueError, match="k is torch.float8_e4m3fn: an fp8 KV cache is read"):
-        flashinfer.single_decode_with_kv_cache(q, k, k, use_tensor_cores=True)
+    out = flashinfer.single_decode_with_kv_cache(q, k, k, use_tensor_cores=True)
+    assert cpu_plan.kv_dtypes[-1] == fp8 and len(cpu_plan.launches) == 2
+    assert torch.equal(out, torch.ones_like(out))
     with pytest.raises(TypeError, match="v has dtype torch.float8_e5m2, but k has"):
         flashinfer.single_decode_with_kv_cache(q, k, k.view(torch.float8_e5m2))
     with pytest.raises(ValueError, match="needs a 16-bit KV cache, not float8_e4m3fn"):
