@@ -1158,12 +1158,13 @@ def check_fp8_decode(
     page_size: int,
     layout: str,
     dtype: torch.dtype,
-) -> None:
+    use_tensor_cores: bool = False,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """An fp8 KV cache (plan's ``kv_data_type``) in BatchDecodeWithPagedKVCacheWrapper, in
     each of DECODE_VARIANTS (ALiBi: those without a soft cap) with k_scale and v_scale, then
     single decode of the longest request, against the reference on the dequantized keys and
     values (the fp8 values times the scales), into NaN-poisoned out and lse; the pages no
-    request owns hold fp8 NaN."""
+    request owns hold fp8 NaN. Returns each run's (out, lse), single decode's last."""
     torch.manual_seed(sum(lens) + 2)
     ks16, vs16 = _kv_data(lens, kv_heads, head_dim, dtype, device)
     ks, vs = [k.to(kv_dtype) for k in ks16], [v.to(kv_dtype) for v in vs16]
@@ -1172,7 +1173,10 @@ def check_fp8_decode(
     k_ref, v_ref = [k.float() * K_SCALE for k in ks], [v.float() * V_SCALE for v in vs]
     alibi = pos_encoding == "ALIBI"
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device=device)
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout=layout)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        workspace, kv_layout=layout, use_tensor_cores=use_tensor_cores
+    )
+    results = []
     for sm_scale, cap, window in DECODE_VARIANTS:
         if alibi and cap:
             continue
@@ -1196,6 +1200,7 @@ def check_fp8_decode(
         wrapper.run(q, cache, k_scale=K_SCALE, v_scale=V_SCALE, out=out, lse=lse)
         scale = head_dim**-0.5 if sm_scale is None else sm_scale
         check_decoded(out, lse, q, k_ref, v_ref, scale, cap, window, alibi=alibi)
+        results.append((out, lse))
     b, k, v = _longest_request(ks, vs, layout)
     out, lse = flashinfer.single_decode_with_kv_cache(
         q[b],
@@ -1203,6 +1208,7 @@ def check_fp8_decode(
         v,
         kv_layout=layout,
         pos_encoding_mode=pos_encoding,
+        use_tensor_cores=use_tensor_cores,
         k_scale=K_SCALE,
         v_scale=V_SCALE,
         return_lse=True,
@@ -1210,6 +1216,7 @@ def check_fp8_decode(
     check_decoded(
         out[None], lse[None], q[b : b + 1], [k_ref[b]], [v_ref[b]], head_dim**-0.5, alibi=alibi
     )
+    return [*results, (out, lse)]
 
 
 # (kv_dtype, pos_encoding, lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype)
@@ -1231,10 +1238,13 @@ def test_batch_decode_fp8_cache_matches_the_reference(
     kv_dtype, pos_encoding, lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype
 ) -> None:
     """e4m3 and e5m2 caches up to 128k tokens, both head counts a thread and the 1024-thread
-    kernel (a group of 35), with and without ALiBi (tests/ops/test_decode.py's check)."""
-    check_fp8_decode(
-        "cuda", kv_dtype, pos_encoding, lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype
-    )
+    kernel (a group of 35), with and without ALiBi; use_tensor_cores=True runs the same kernel
+    (bit for bit)."""
+    args = ("cuda", kv_dtype, pos_encoding, lens, qo_heads, kv_heads, head_dim, page_size)
+    cuda_cores = check_fp8_decode(*args, layout, dtype)
+    tensor_cores = check_fp8_decode(*args, layout, dtype, use_tensor_cores=True)
+    for (out, lse), (out_tc, lse_tc) in zip(cuda_cores, tensor_cores):
+        assert torch.equal(out, out_tc) and torch.equal(lse, lse_tc)
 
 
 @pytest.mark.gpu
