@@ -108,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tensor cores = the same wrapper with use_tensor_cores=True (the prefill kernel, "
             "the GQA group packed into its rows)"
             if not fp8
-            else "tensor cores: not run (that kernel takes a cache of q's dtype)",
+            else "tensor cores: not run (the wrapper runs an fp8 cache on the CUDA-core kernel)",
             "targets (issue 10): >= 80% of copy bandwidth at 64 x 4k and 1 x 32k; >= 3x torch",
             f"command: `python benchmarks/bench_decode.py --kv_dtype {args.kv_dtype}` "
             "(flashinfer_benchmark.py routine BatchDecodeWithPagedKVCacheWrapper)",

@@ -308,13 +308,13 @@ def _sdpa(
 
 
 def _fp8_on_tensor_cores(args: argparse.Namespace, name: str) -> Backend | None:
-    """The fa2_tc backend with an fp8 cache: a Backend whose call says it cannot run (the
-    tensor-core kernel takes a cache of q's dtype), else None."""
+    """The fa2_tc backend with an fp8 cache: a Backend whose call says it is not run (the
+    wrapper runs an fp8 cache on the CUDA-core kernel, which fa2 measures), else None."""
     if name != "fa2_tc" or args.kv_dtype not in FP8_DTYPES:
         return None
 
     def call() -> torch.Tensor:
-        raise BackendUnavailable("tensor-core decode takes a KV cache of q's dtype, not fp8")
+        raise BackendUnavailable("an fp8 cache runs on the CUDA-core kernel (fa2) either way")
 
     return Backend(call)
 

@@ -479,14 +479,15 @@ def test_torch_backends_pass_refcheck_in_other_forms(name: str, extra: list[str]
 def test_an_fp8_cache_skips_tensor_core_decode_and_counts_its_bytes(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """--kv_dtype e4m3: the fa2_tc backend says it cannot run (the tensor-core kernel takes
-    q's dtype) and the others go on; the case's bytes count one byte a KV element."""
+    """--kv_dtype e4m3: the fa2_tc backend is skipped (the wrapper runs an fp8 cache on the
+    CUDA-core kernel, which fa2 measures) and the others go on; the case's bytes count one
+    byte a KV element."""
     name = "BatchDecodeWithPagedKVCacheWrapper"
     args = cli.parse_args([*small_argv(name, ["fa2_tc", "torch"], "--kv_dtype", "e4m3"), "-v"])
     rows = cli.run_routine(args, CPU, **CPU_RUN)
     assert [row["backend"] for row in rows] == ["torch"]
     out = capsys.readouterr().out
-    assert "fa2_tc backend skipped: tensor-core decode takes a KV cache of q's dtype" in out
+    assert "fa2_tc backend skipped: an fp8 cache runs on the CUDA-core kernel (fa2)" in out
     assert "kv float8_e4m3fn" in rows[0]["case"]
     fp8 = routines.ROUTINES[name].make_case(args, CPU).bytes
     half = routines.ROUTINES[name].make_case(cli.parse_args(small_argv(name, ["torch"])), CPU).bytes
