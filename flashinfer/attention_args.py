@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import is_fake
 from . import checks
 from .alibi import alibi_slopes_log2
 from .custom_op import is_symbolic
-from .jit.dtypes import dtype_info
+from .jit.dtypes import FP8_NAMES, dtype_info
 from .jit.pos_encoding import POS_ENCODINGS
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -63,7 +63,7 @@ def check_dtype_name(name: str, value: Any) -> torch.dtype:
 
 # KV cache dtypes besides q's: the CUDA-core decode kernel reads them (the tensor-core
 # kernels do not)
-FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+FP8_KV_DTYPES = tuple(getattr(torch, name) for name in FP8_NAMES)
 FP8_KV_REFUSAL = (
     "an fp8 KV cache is read by the CUDA-core decode kernel only, one query token a request "
     "(BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache, with or without "

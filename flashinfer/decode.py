@@ -467,7 +467,6 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         self._paged_kv_indices_buf = paged_kv_indices_buffer
         self._paged_kv_last_page_len_buf = paged_kv_last_page_len_buffer
         self._prefill: prefill.BatchPrefillWithPagedKVCacheWrapper | None = None
-        self._cuda_cores = not use_tensor_cores  # the kernel the current plan runs on
         if use_tensor_cores:
             # Its query indptr is fixed (one token per request); the page-table buffers and
             # the int workspace are this wrapper's own.
@@ -824,7 +823,6 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         self._num_kv_heads = num_kv_heads
         self._cached_q_data_type = self._cached_o_data_type = dtype
         self._cached_kv_data_type = kv_dtype
-        self._cuda_cores = cuda_cores
         self._q_len_per_req = q_len
         if self._use_cuda_graph:
             self._graph_q_len = q_len
@@ -952,7 +950,8 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         :mod:`flashinfer.paged_kv`). Returns ``out`` shaped like ``q`` (and ``lse`` ``[rows,
         num_qo_heads]``, base 2, with ``return_lse``). ``q_len_per_req`` here is deprecated:
         it must agree with ``q`` and the plan."""
-        plan: _Plan = self._planned(args)
+        # the plan's record says its kernel: _Plan (CUDA cores) or prefill's (tensor cores)
+        plan: _Plan | prefill._Plan = self._planned(args)
         for name, value in (
             ("sinks", sinks),
             ("kv_cache_sf", kv_cache_sf),
@@ -981,7 +980,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             raise ValueError(f"q has shape {tuple(q.shape)}; plan() was for {shape}")
         if q.dtype != plan.dtype:
             raise TypeError(f"q has dtype {q.dtype}; plan() was for {plan.dtype}")
-        if not self._cuda_cores:
+        if not isinstance(plan, _Plan):
             return self._run_tensor_cores(
                 plan, q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse, enable_pdl
             )

@@ -6,30 +6,26 @@ from __future__ import annotations
 from typing import Any
 
 from .core import JitSpec, gen_jit_spec
-from .dtypes import DTypeInfo, dtype_info, fp8_info, gen_dtype_module
+from .dtypes import FP8_NAMES, DTypeInfo, dtype_info, gen_dtype_module, storage_info
 from .pos_encoding import SCORE_ARGS, pos_encoding_suffix
 from .registry import register_op
 from .render import PendingRender
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("float16", "bfloat16")
-KV_FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")  # KV caches besides q's own dtype
+KV_FP8_DTYPES = FP8_NAMES  # KV caches besides q's own dtype
 
 
 def kv_dtype_info(dtype: Any, kv_dtype: Any) -> DTypeInfo:
     """The KV cache's dtype: q's (``kv_dtype`` None or equal) or an fp8 type."""
-    if kv_dtype is None:
-        return dtype_info(dtype)
-    try:
-        return fp8_info(kv_dtype)
-    except TypeError:
-        pass
     q = dtype_info(dtype)
+    if kv_dtype is None:
+        return q
     try:
-        info = dtype_info(kv_dtype)
+        info = storage_info(kv_dtype)
     except TypeError:
         info = None
-    if info != q:
+    if info is None or (info != q and info.name not in KV_FP8_DTYPES):
         raise TypeError(
             f"unsupported KV cache dtype {kv_dtype!r} for q of {q.name}: the cache is q's "
             f"dtype or one of {', '.join(KV_FP8_DTYPES)}"

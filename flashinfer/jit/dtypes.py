@@ -36,6 +36,9 @@ def _by_name(table: tuple[DTypeInfo, ...]) -> dict[str, DTypeInfo]:
 _BY_NAME = _by_name(_TABLE)
 _BY_NAME.update(half=_BY_NAME["float16"], float=_BY_NAME["float32"])
 _FP8_BY_NAME = _by_name(_FP8_TABLE)
+_STORAGE_TABLE = _TABLE + _FP8_TABLE
+_STORAGE_BY_NAME = {**_BY_NAME, **_FP8_BY_NAME}
+FP8_NAMES = tuple(info.name for info in _FP8_TABLE)  # torch's names: float8_e4m3fn, ...
 
 
 def _lookup(dtype: Any, by_name: dict[str, DTypeInfo], table: tuple[DTypeInfo, ...]) -> DTypeInfo:
@@ -52,15 +55,9 @@ def dtype_info(dtype: Any) -> DTypeInfo:
     return _lookup(dtype, _BY_NAME, _TABLE)
 
 
-def fp8_info(dtype: Any) -> DTypeInfo:
-    """An fp8 storage type (float8_e4m3fn, float8_e5m2), as :func:`dtype_info` accepts it."""
-    return _lookup(dtype, _FP8_BY_NAME, _FP8_TABLE)
-
-
 def storage_info(dtype: Any) -> DTypeInfo:
     """A type kernels store or copy: :func:`dtype_info`'s, or an fp8 one."""
-    table = _TABLE + _FP8_TABLE
-    return _lookup(dtype, {**_BY_NAME, **_FP8_BY_NAME}, table)
+    return _lookup(dtype, _STORAGE_BY_NAME, _STORAGE_TABLE)
 
 
 def dtype_config(uri: str, output_name: str, info: DTypeInfo) -> PendingRender:

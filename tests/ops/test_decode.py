@@ -475,7 +475,8 @@ def test_fp8_cache_runs_on_cuda_cores_and_is_refused_on_tensor_cores(
     out = tensor_cores.run(_bf16(2, 8, 128), cache, v_scale=2.0)
     assert len(cpu_plan.launches) == 1 and torch.equal(out, torch.full_like(out, 2.0))
     tensor_cores.plan(**_plan_args())
-    assert not tensor_cores._cuda_cores and len(cpu_plan.uploads) == 1
+    assert not isinstance(tensor_cores._plan_info, decode_api._Plan)  # tensor cores again
+    assert len(cpu_plan.uploads) == 1
     assert len(cpu_prefill.uploads) == 1  # the prefill kernel's schedule
     refusal = "kv_data_type is torch.float8_e4m3fn: an fp8 KV cache is read by the CUDA-core"
     with pytest.raises(ValueError, match=refusal):
