@@ -347,6 +347,23 @@ def test_fp8_caches_take_fp8_keys_of_their_own_type(no_launch) -> None:
             flashinfer.append_paged_kv_cache(**_args(paged_kv_cache=_cache(dtype=fp8)))
 
 
+def test_the_fp8_module_compiles_and_checks_its_dtype() -> None:
+    """The e5m2 page module (nvcc, sm_90a) takes caches and keys of its dtype only."""
+    module = page_api.get_page_module(torch.float8_e5m2)
+    assert module.dtype() == "float8_e5m2"
+    fp8 = dict(append_key=torch.randn(NNZ, HEADS, DIM).to(torch.float8_e5m2))
+    fp8.update(append_value=fp8["append_key"], paged_kv_cache=_cache(dtype=torch.float8_e5m2))
+    a = _args(**fp8)
+    call = [a[n] for n in ("append_key", "append_value", "batch_indices", "positions")]
+    call += [a["paged_kv_cache"][:, 0], a["paged_kv_cache"][:, 1]]
+    call += [a["kv_indices"], a["kv_indptr"], a["kv_last_page_len"], False]
+    with pytest.raises(ValueError, match="append_key must be a CUDA tensor"):
+        module.append_paged_kv_cache(*call)
+    call[0] = call[0].view(torch.float8_e4m3fn)
+    with pytest.raises(TypeError, match="append_key has dtype float8_e4m3fn, expected float8_e5m2"):
+        module.append_paged_kv_cache(*call)
+
+
 def test_the_binding_checks_too() -> None:
     module = page_api.get_page_module(torch.float16)
     a = _args()
