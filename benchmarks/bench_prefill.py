@@ -164,12 +164,15 @@ def kernel_tiling(tiling: PrefillTiling) -> Iterator[None]:
     cache and its CTAs-per-device cache, which plan() reads, swapped out and restored)."""
     api = importlib.import_module("flashinfer.prefill")
     original = api.get_prefill_module
-    built: dict[tuple[Any, int, bool], Any] = {}
+    built: dict[tuple[Any, int, str, Any], Any] = {}
 
-    def get_prefill_module(dtype: Any, head_dim: int, rope: bool = False) -> Any:
-        key = (dtype, head_dim, rope)
+    def get_prefill_module(
+        dtype: Any, head_dim: int, pos_encoding: str = "NONE", kv_dtype: Any = None
+    ) -> Any:
+        key = (dtype, head_dim, pos_encoding, kv_dtype)
         if key not in built:
-            built[key] = gen_prefill_module(dtype, head_dim, tiling, rope).build_and_load()
+            spec = gen_prefill_module(dtype, head_dim, tiling, pos_encoding, kv_dtype)
+            built[key] = spec.build_and_load()
         return built[key]
 
     api.get_prefill_module = get_prefill_module

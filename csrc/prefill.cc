@@ -203,6 +203,7 @@ int64_t BlocksPerSM() {
 
 int64_t TileRows() { return prefill_tile_rows(); }
 tvm::ffi::String DTypeOfModule() { return kDTypeName; }
+tvm::ffi::String KVDTypeOfModule() { return kKVDTypeName; }
 tvm::ffi::String PosEncodingOfModule() { return kPosEncodingName; }
 int64_t HeadDimOfModule() { return kHeadDim; }
 
@@ -213,5 +214,6 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(single_prefill, SinglePrefill);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(blocks_per_sm, BlocksPerSM);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(tile_rows, TileRows);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(kv_dtype, KVDTypeOfModule);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(head_dim, HeadDimOfModule);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(pos_encoding, PosEncodingOfModule);

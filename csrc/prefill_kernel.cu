@@ -11,13 +11,13 @@ using Tiling =
     fp::Tiling<kHeadDim, kPrefillMTiles, kPrefillTileKV, kPrefillMinCTAs, kPrefillOverlap>;
 
 cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
-  fp::PrefillParams<DType> p;
+  fp::PrefillParams<DType, DTypeKV> p;
   p.q = static_cast<const DType*>(l.q);
   p.q_row_stride = l.q_row_stride;
   p.q_head_stride = l.q_head_stride;
   p.qo_indptr = l.qo_indptr;
-  p.k = {static_cast<const DType*>(l.k), l.k_page_stride, l.k_slot_stride, l.k_head_stride};
-  p.v = {static_cast<const DType*>(l.v), l.v_page_stride, l.v_slot_stride, l.v_head_stride};
+  p.k = {static_cast<const DTypeKV*>(l.k), l.k_page_stride, l.k_slot_stride, l.k_head_stride};
+  p.v = {static_cast<const DTypeKV*>(l.v), l.v_page_stride, l.v_slot_stride, l.v_head_stride};
   p.pages = {l.kv_indices, l.kv_indptr,   l.kv_last_page_len,
              l.page_size,  l.num_indices, l.num_pages};
   p.page_div = flashinfer::FastDiv(l.kv_indices ? static_cast<uint32_t>(l.page_size) : 1u);
@@ -52,12 +52,12 @@ cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
     merge = {nullptr, nullptr, nullptr, l.single_chunks};
     merge_positions = l.single_qo_len;
   }
-  return fp::Prefill<DType, Tiling, kPosEncoding>(p, work, l.grid_work, l.num_kv_heads, merge,
-                                                  merge_positions, l.pdl, stream);
+  return fp::Prefill<DType, DTypeKV, Tiling, kPosEncoding>(p, work, l.grid_work, l.num_kv_heads,
+                                                           merge, merge_positions, l.pdl, stream);
 }
 
 cudaError_t prefill_blocks_per_sm(int* blocks) {
-  return fp::PrefillBlocksPerSM<DType, Tiling, kPosEncoding>(blocks);
+  return fp::PrefillBlocksPerSM<DType, DTypeKV, Tiling, kPosEncoding>(blocks);
 }
 
 int prefill_tile_rows() { return fp::kTileRows; }

@@ -43,7 +43,7 @@ struct PrefillLaunch {
   bool pdl;
 };
 
-// q, k, v and out are the module's DType; head_dim is the module's kHeadDim.
+// q and out are the module's DType, k and v its DTypeKV; head_dim is the module's kHeadDim.
 cudaError_t prefill_launch(const PrefillLaunch& launch, cudaStream_t stream);
 cudaError_t prefill_blocks_per_sm(int* blocks);
 int prefill_tile_rows();

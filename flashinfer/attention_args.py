@@ -61,27 +61,18 @@ def check_dtype_name(name: str, value: Any) -> torch.dtype:
     return value
 
 
-# KV cache dtypes besides q's: the CUDA-core decode kernel reads them (the tensor-core
-# kernels do not)
+# KV cache dtypes besides q's (the decode and prefill kernels read them)
 FP8_KV_DTYPES = tuple(getattr(torch, name) for name in FP8_NAMES)
-FP8_KV_REFUSAL = (
-    "an fp8 KV cache is read by the CUDA-core decode kernel only, one query token a request "
-    "(BatchDecodeWithPagedKVCacheWrapper, single_decode_with_kv_cache, with or without "
-    "use_tensor_cores); the tensor-core kernel takes a cache of q's dtype"
-)
 
 
-def check_kv_dtype(name: str, value: Any, q_dtype: torch.dtype, fp8: bool) -> torch.dtype:
-    """The KV cache dtype ``name`` gives (None: q's): q's dtype, or with ``fp8`` (the kernel
-    reads fp8 caches) one of FP8_KV_DTYPES."""
+def check_kv_dtype(name: str, value: Any, q_dtype: torch.dtype) -> torch.dtype:
+    """The KV cache dtype ``name`` gives (None: q's): q's dtype or one of FP8_KV_DTYPES."""
     if value is None:
         return q_dtype
     if isinstance(value, str):
         named = getattr(torch, value.removeprefix("torch."), None)
         value = named if named in FP8_KV_DTYPES else value
     if value in FP8_KV_DTYPES:
-        if not fp8:
-            raise ValueError(f"{name} is {value}: {FP8_KV_REFUSAL}")
         return value
     try:
         dtype = check_dtype_name(name, value)
@@ -89,7 +80,7 @@ def check_kv_dtype(name: str, value: Any, q_dtype: torch.dtype, fp8: bool) -> to
         dtype = None
     if dtype == q_dtype:
         return dtype
-    supported = ", ".join(map(str, (q_dtype, *(FP8_KV_DTYPES if fp8 else ()))))
+    supported = ", ".join(map(str, (q_dtype, *FP8_KV_DTYPES)))
     if dtype is None:
         raise TypeError(f"{name} {value!r} is not a supported dtype; supported: {supported}")
     raise TypeError(f"{name} {dtype} differs from q_data_type {q_dtype}; supported: {supported}")

@@ -10,8 +10,8 @@ ALiBi slope times the key's index (:mod:`flashinfer.alibi`) to its score. The ou
 multiplied by ``v_scale`` when given. ``lse`` is the log-sum-exp of the scores in **base 2**
 (``log2(sum(exp(score)))``), as in the reference library, so states merge with theirs (see
 :mod:`flashinfer.cascade`). q and the output share one dtype, float16 or bfloat16; the KV
-cache is q's dtype or, on the CUDA-core kernel, fp8 (``float8_e4m3fn``, ``float8_e5m2``: the
-kernel widens it, ``k_scale``/``v_scale`` dequantize as above); head_dim 64, 128 or 256;
+cache is q's dtype or fp8 (``float8_e4m3fn``, ``float8_e5m2``: either kernel widens it,
+``k_scale``/``v_scale`` dequantize as above); head_dim 64, 128 or 256;
 ``num_qo_heads`` a multiple of ``num_kv_heads`` (GQA). Long requests are split across the
 GPU and merged (see :mod:`flashinfer.decode_schedule`). With ``use_tensor_cores=True`` decode
 runs on the prefill kernel instead (see :mod:`flashinfer.prefill`): each request is one query
@@ -27,7 +27,6 @@ compiled model traces it without a graph break.
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import warnings
 from dataclasses import dataclass
@@ -77,8 +76,6 @@ from .pdl import resolve_enable_pdl
 from .trace.templates import attention as _trace
 from .utils import get_device_sm_count
 
-logger = logging.getLogger("flashinfer.decode")
-
 # A bound on resident CTAs per SM (the hardware's), for CUDA-graph buffer capacities.
 _MAX_CTAS_PER_SM = 32
 # plan()'s optional arguments after page_size, in the order the reference's deprecated
@@ -126,16 +123,6 @@ def _max_ctas(
     with torch.cuda.device(device):
         per_sm = get_decode_module(dtype, head_dim, pos_encoding, kv_dtype).blocks_per_sm(group)
     return get_device_sm_count(device) * max(1, int(per_sm))
-
-
-@functools.cache
-def _log_fp8_on_cuda_cores(kv_dtype: torch.dtype) -> None:
-    """Once a process and dtype: use_tensor_cores=True planned over an fp8 cache."""
-    logger.info(
-        "use_tensor_cores=True with a %s KV cache: decode runs on the CUDA-core kernel (the "
-        "tensor-core kernel takes a cache of q's dtype)",
-        kv_dtype,
-    )
 
 
 def _check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any) -> int:
@@ -187,9 +174,6 @@ def single_decode_with_kv_cache(
         checks.check_last_dim_contiguous(name, t)
     checks.check_same_dtype("v", v, "k", k)
     check_rope_cache(k.dtype, pos_encoding)
-    if use_tensor_cores and k.dtype in FP8_KV_DTYPES:  # as the wrapper does
-        _log_fp8_on_cuda_cores(k.dtype)
-        use_tensor_cores = False
     if v.shape != k.shape:
         raise ValueError(f"v has shape {tuple(v.shape)}, k has {tuple(k.shape)}")
     kv_heads, kv_len = (k.shape[0], k.shape[1]) if hnd else (k.shape[1], k.shape[0])
@@ -711,15 +695,10 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             q_data_type = data_type if q_data_type in (None, "float16") else q_data_type
             kv_data_type = data_type if kv_data_type is None else kv_data_type
         dtype = check_dtype_name("q_data_type", "float16" if q_data_type is None else q_data_type)
-        kv_dtype = check_kv_dtype("kv_data_type", kv_data_type, dtype, fp8=q_len == 1)
+        kv_dtype = check_kv_dtype("kv_data_type", kv_data_type, dtype)
         check_out_dtype(o_data_type, dtype)
         check_rope_cache(kv_dtype, pos_encoding)
-        # An fp8 cache runs on the CUDA-core kernel even with use_tensor_cores=True: the
-        # tensor-core kernel takes q's dtype, and the flag only picks the faster kernel.
-        cuda_cores = self._prefill is None or kv_dtype in FP8_KV_DTYPES
-        if cuda_cores and self._prefill is not None:
-            group = _check_heads(num_qo_heads, num_kv_heads, head_dim)
-            _log_fp8_on_cuda_cores(kv_dtype)
+        cuda_cores = self._prefill is None
         if self._use_cuda_graph:
             if batch != self._fixed_batch_size:
                 raise ValueError(
@@ -792,6 +771,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             wrapper = self._prefill_on_workspaces()
             opts = prefill._Options(
                 dtype=dtype,
+                kv_dtype=kv_dtype,
                 group=group,
                 num_qo_heads=num_qo_heads,
                 num_kv_heads=num_kv_heads,

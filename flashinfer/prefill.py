@@ -8,8 +8,10 @@ with ``logits_soft_cap = c > 0``; the output is multiplied by ``v_scale``; ``lse
 ``j <= i + kv_len - qo_len`` (aligned to the bottom right, so appended tokens see the whole
 prefix); ``window_left = w >= 0`` also requires ``j >= i + kv_len - qo_len - w``; a custom
 mask (per request ``[qo_len, kv_len]`` booleans, True = attend) replaces the causal mask.
-A query that sees no key gets output 0 and LSE -inf. q, KV and the output share one dtype
-(float16 or bfloat16), head_dim 64, 128 or 256, ``num_qo_heads`` a multiple of
+A query that sees no key gets output 0 and LSE -inf. q and the output share one dtype
+(float16 or bfloat16); the KV is q's dtype or fp8 (``float8_e4m3fn``, ``float8_e5m2``, as
+``kv_data_type`` in plan(): the kernel widens each tile in shared memory, ``k_scale`` and
+``v_scale`` dequantize as above); head_dim 64, 128 or 256, ``num_qo_heads`` a multiple of
 ``num_kv_heads``. Query rows are tiled together with their GQA group and long KV is split
 across the GPU and merged (see :mod:`flashinfer.prefill_schedule`).
 
@@ -33,6 +35,7 @@ from .attention_args import (
     ALIGN,
     BACKENDS,
     DTYPES,
+    FP8_KV_DTYPES,
     INDEX,
     INT_WORKSPACE_BYTES,
     WorkspaceOwner,
@@ -57,6 +60,7 @@ from .attention_args import (
     to_device,
 )
 from .custom_op import is_symbolic, kernel_op
+from .jit.decode import check_rope_cache
 from .jit.prefill import HEAD_DIMS, gen_prefill_module
 from .paged_kv import Part, check_paged_kv_cache
 from .pdl import resolve_enable_pdl
@@ -88,19 +92,26 @@ _MASK_DTYPES = (
 
 
 @functools.cache
-def get_prefill_module(dtype: Any, head_dim: int, pos_encoding: str = "NONE"):  # noqa: ANN201
+def get_prefill_module(  # noqa: ANN201
+    dtype: Any, head_dim: int, pos_encoding: str = "NONE", kv_dtype: Any = None
+):
     """The prefill module (a tvm_ffi.Module) for ``dtype`` x ``head_dim``, built for
-    ``pos_encoding`` (a pos_encoding_mode), compiled on first use."""
-    return gen_prefill_module(dtype, head_dim, pos_encoding=pos_encoding).build_and_load()
+    ``pos_encoding`` (a pos_encoding_mode) and a KV cache of ``kv_dtype`` (None: ``dtype``;
+    or an fp8 type), compiled on first use."""
+    return gen_prefill_module(dtype, head_dim, None, pos_encoding, kv_dtype).build_and_load()
 
 
 @functools.cache
 def _max_ctas(
-    dtype: torch.dtype, head_dim: int, device: torch.device, pos_encoding: str = "NONE"
+    dtype: torch.dtype,
+    head_dim: int,
+    device: torch.device,
+    pos_encoding: str = "NONE",
+    kv_dtype: torch.dtype | None = None,
 ) -> int:
     """CTAs of the prefill kernel the device holds at once."""
     with torch.cuda.device(device):
-        per_sm = get_prefill_module(dtype, head_dim, pos_encoding).blocks_per_sm()
+        per_sm = get_prefill_module(dtype, head_dim, pos_encoding, kv_dtype).blocks_per_sm()
     return get_device_sm_count(device) * max(1, int(per_sm))
 
 
@@ -114,13 +125,14 @@ def _check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any) -> int:
 
 def _check_vectors(name: str, t: torch.Tensor) -> None:
     """The kernel moves 16-byte vectors: the last dim contiguous, every other stride a
-    multiple of 8 elements and the data 16-byte aligned (checked by the binding where the
-    call is traced: fake tensors have no address)."""
+    multiple of 16 bytes (8 elements, 16 of an fp8 cache) and the data 16-byte aligned
+    (checked by the binding where the call is traced: fake tensors have no address)."""
     checks.check_last_dim_contiguous(name, t)
+    vec = 16 // t.element_size()
     for dim in range(t.dim() - 1):
-        if t.shape[dim] > 1 and t.stride(dim) % _VEC:
+        if t.shape[dim] > 1 and t.stride(dim) % vec:
             raise ValueError(
-                f"{name}'s strides must be multiples of {_VEC} elements (16 "
+                f"{name}'s strides must be multiples of {vec} elements (16 "
                 f"bytes), got {tuple(t.stride())}"
             )
     if not is_symbolic(t) and t.data_ptr() % 16:
@@ -156,12 +168,21 @@ def _check_head_dim_vo(head_dim_vo: Any, head_dim_qk: int) -> None:
         )
 
 
-def _plan_dtype(q_data_type: Any, kv_data_type: Any, o_data_type: Any) -> torch.dtype:
-    """The one dtype of q, the KV and the output."""
+def _plan_dtypes(
+    q_data_type: Any, kv_data_type: Any, o_data_type: Any
+) -> tuple[torch.dtype, torch.dtype]:
+    """(q's and the output's dtype, the KV cache's: q's or an fp8 type)."""
     dtype = check_dtype_name("q_data_type", q_data_type)
-    check_kv_dtype("kv_data_type", kv_data_type, dtype, fp8=False)
+    kv_dtype = check_kv_dtype("kv_data_type", kv_data_type, dtype)
     check_out_dtype(o_data_type, dtype)
-    return dtype
+    return dtype, kv_dtype
+
+
+def _check_kv_dtypes(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor) -> None:
+    """k and v share one dtype: q's or an fp8 type."""
+    if k.dtype not in FP8_KV_DTYPES:
+        checks.check_same_dtype("k", k, "q", q)
+    checks.check_same_dtype("v", v, "k", k)
 
 
 def _check_rows(name: str, tokens: int, num_qo_heads: int) -> None:
@@ -246,8 +267,8 @@ def single_prefill_with_kv_cache(
         _refuse(
             name,
             value,
-            "per-head scales come with fp8 inputs, which this library "
-            "does not take (k_scale and v_scale floats work)",
+            "per-head scale tensors are not supported (fp8 k and v take the k_scale and "
+            "v_scale floats)",
         )
     _refuse("kv_cache_sf", kv_cache_sf, "this library has no NVFP4 KV caches")
     checks.check_bool("causal", causal)
@@ -263,7 +284,8 @@ def single_prefill_with_kv_cache(
     for name, t in (("k", k), ("v", v)):
         checks.check_tensor(name, t)
         checks.check_ndim(name, t, 3, f"{layout} ({kv_layout})")
-        checks.check_same_dtype(name, t, "q", q)
+    _check_kv_dtypes(k, v, q)
+    check_rope_cache(k.dtype, pos_encoding)
     qo_len, num_qo_heads, head_dim = q.shape
     if k.shape[2] != head_dim:
         raise ValueError(f"k has head_dim {k.shape[2]}, q has {head_dim}")
@@ -356,14 +378,14 @@ def _single_prefill_op(
         kv_len,
         num_qo_heads // num_kv_heads,
         num_kv_heads,
-        _max_ctas(q.dtype, head_dim, q.device, pos_encoding),
+        _max_ctas(q.dtype, head_dim, q.device, pos_encoding, k.dtype),
     )
     rows = qo_len * chunks if chunks > 1 else 0
     tmp_v = torch.empty(
         max(rows * num_qo_heads * head_dim, 1), dtype=torch.float32, device=q.device
     )
     tmp_lse = torch.empty(max(rows * num_qo_heads, 1), dtype=torch.float32, device=q.device)
-    get_prefill_module(q.dtype, head_dim, pos_encoding).single_prefill(
+    get_prefill_module(q.dtype, head_dim, pos_encoding, k.dtype).single_prefill(
         q,
         k,
         v,
@@ -421,7 +443,7 @@ def _batch_prefill_op(
     """The batch prefill wrappers' run() launch (paged: ``kv_indices`` and
     ``kv_last_page_len`` given; ragged: None), on the planned schedule (``plan``, in the int
     workspace) and scratch (``tmp_v``/``tmp_lse``, in the float workspace)."""
-    get_prefill_module(q.dtype, q.shape[-1], pos_encoding).batch_prefill(
+    get_prefill_module(q.dtype, q.shape[-1], pos_encoding, k.dtype).batch_prefill(
         q,
         k,
         v,
@@ -472,7 +494,8 @@ class _Plan:
     num_kv_heads: int
     head_dim: int
     page_size: int  # 1 for ragged KV
-    dtype: torch.dtype
+    dtype: torch.dtype  # q's and the output's
+    kv_dtype: torch.dtype  # the KV cache's: dtype, or an fp8 type
     has_mask: bool
     schedule: PrefillSchedule
     work_capacity: int
@@ -491,7 +514,8 @@ class _Plan:
 class _Options:
     """plan()'s scalar arguments, validated."""
 
-    dtype: torch.dtype
+    dtype: torch.dtype  # q's and the output's
+    kv_dtype: torch.dtype  # the KV cache's
     group: int
     num_qo_heads: int
     num_kv_heads: int
@@ -544,7 +568,8 @@ def _check_options(
     check_alibi_cap(pos_encoding_mode, cap)
     window_left = check_window(window_left)
     check_rope(rope_scale, rope_theta)
-    dtype = _plan_dtype(q_data_type, kv_data_type, o_data_type)
+    dtype, kv_dtype = _plan_dtypes(q_data_type, kv_data_type, o_data_type)
+    check_rope_cache(kv_dtype, pos_encoding_mode)
     checks.check_bool("non_blocking", non_blocking)
     multi_item = "this library has no multi-item scoring"
     _refuse("prefix_len_ptr", prefix_len_ptr, multi_item)
@@ -561,6 +586,7 @@ def _check_options(
     checks.check_bool("disable_split_kv", disable_split_kv)
     return _Options(
         dtype,
+        kv_dtype,
         group,
         num_qo_heads,
         num_kv_heads,
@@ -774,7 +800,11 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         # fake buffers (tracing without a GPU) have no device to fill: no split
         fake = is_symbolic(self._workspace)
         max_ctas = (
-            1 if fake else _max_ctas(opts.dtype, opts.head_dim, self.device, opts.pos_encoding_mode)
+            1
+            if fake
+            else _max_ctas(
+                opts.dtype, opts.head_dim, self.device, opts.pos_encoding_mode, opts.kv_dtype
+            )
         )
         fixed = None if opts.fixed_split_size is None else opts.fixed_split_size * page_size
 
@@ -842,6 +872,7 @@ class _BatchPrefillWrapper(WorkspaceOwner):
             head_dim=opts.head_dim,
             page_size=page_size,
             dtype=opts.dtype,
+            kv_dtype=opts.kv_dtype,
             has_mask=has_mask,
             schedule=schedule,
             work_capacity=work_cap,
@@ -901,7 +932,7 @@ class _BatchPrefillWrapper(WorkspaceOwner):
             self._cached_module = None
         else:
             self._cached_module = get_prefill_module(
-                opts.dtype, opts.head_dim, opts.pos_encoding_mode
+                opts.dtype, opts.head_dim, opts.pos_encoding_mode, opts.kv_dtype
             )
             alibi_slopes_for(opts.pos_encoding_mode, opts.num_qo_heads, workspace)
         self._plan_info = plan
@@ -921,8 +952,8 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         self._qo_indptr_last = plan.total_q
         self._num_qo_heads = opts.num_qo_heads
         self._num_kv_heads = opts.num_kv_heads
-        self._cached_q_data_type = self._cached_kv_data_type = opts.dtype
-        self._cached_o_data_type = opts.dtype
+        self._cached_q_data_type = self._cached_o_data_type = opts.dtype
+        self._cached_kv_data_type = opts.kv_dtype
 
     def _set_score_params(
         self,
@@ -1022,6 +1053,7 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         causal = checks.check_bool("causal", causal)
         pos_encoding = check_pos_encoding(pos_encoding_mode)
         check_alibi_cap(pos_encoding, cap)
+        check_rope_cache(plan.kv_dtype, pos_encoding)  # (forward() may have set RoPE since)
         rope_rcp_scale, rope_rcp_theta = rope_params(rope_scale, rope_theta)
         checks.check_cuda("q", q, like=self._workspace)
         for name, t in kv:
@@ -1252,8 +1284,8 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         for name, t in (("k", k), ("v", v)):
             checks.check_tensor(name, t)
             checks.check_ndim(name, t, 3, f"{layout} ({self._kv_layout})")
-            if t.dtype != plan.dtype:
-                raise TypeError(f"{name} has dtype {t.dtype}; plan() was for {plan.dtype}")
+            if t.dtype != plan.kv_dtype:
+                raise TypeError(f"{name} has dtype {t.dtype}; plan() was for {plan.kv_dtype}")
             heads, tokens = (t.shape[0], t.shape[1]) if hnd else (t.shape[1], t.shape[0])
             if (heads, t.shape[2]) != (plan.num_kv_heads, plan.head_dim):
                 raise ValueError(
@@ -1678,7 +1710,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
     def _check_cache(self, cache: Any, plan: _Plan) -> tuple[Part, Part]:
         """The key and the value cache as (name, 4-D view) pairs, checked against the plan."""
         parts = check_paged_kv_cache(
-            cache, self._kv_layout, plan.num_kv_heads, plan.page_size, plan.head_dim, plan.dtype
+            cache, self._kv_layout, plan.num_kv_heads, plan.page_size, plan.head_dim, plan.kv_dtype
         )
         for name, t in parts:
             _check_vectors(name, t)

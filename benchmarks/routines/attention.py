@@ -74,8 +74,8 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
         "kv_dtype",
         type=dtype_arg(*HALF_DTYPES, *FP8_DTYPES),
         default=None,
-        help="--q_dtype's, or for decode an fp8 type (float8_e4m3fn, float8_e5m2): the "
-        "CUDA-core kernel reads it, the torch backends dequantize it in the timed call",
+        help="--q_dtype's, or an fp8 type (float8_e4m3fn, float8_e5m2): our kernels read "
+        "it, the torch backends dequantize it in the timed call",
     )
     flag(group, "kv_layout", choices=("NHD", "HND"), default="NHD")
     flag(
@@ -115,10 +115,8 @@ def _validate(args: argparse.Namespace) -> str | None:
         return "--num_qo_heads must be a multiple of --num_kv_heads"
     if args.head_dim_vo != args.head_dim_qk:
         return "--head_dim_vo must equal --head_dim_qk (this library's kernels)"
-    if args.kv_dtype != args.q_dtype and not (
-        args.kv_dtype in FP8_DTYPES and args.routine in _DECODE
-    ):
-        return "--kv_dtype must equal --q_dtype, or be fp8 for decode (this library's kernels)"
+    if args.kv_dtype != args.q_dtype and args.kv_dtype not in FP8_DTYPES:
+        return "--kv_dtype must equal --q_dtype, or be fp8 (this library's kernels)"
     return None
 
 
@@ -307,18 +305,6 @@ def _sdpa(
     return Backend(call, lambda out: out.transpose(1, 2).reshape(rows, num_qo_heads, dim))
 
 
-def _fp8_on_tensor_cores(args: argparse.Namespace, name: str) -> Backend | None:
-    """The fa2_tc backend with an fp8 cache: a Backend whose call says it is not run (the
-    wrapper runs an fp8 cache on the CUDA-core kernel, which fa2 measures), else None."""
-    if name != "fa2_tc" or args.kv_dtype not in FP8_DTYPES:
-        return None
-
-    def call() -> torch.Tensor:
-        raise BackendUnavailable("an fp8 cache runs on the CUDA-core kernel (fa2) either way")
-
-    return Backend(call)
-
-
 def _visible_pairs(qo: int, kv: int, causal: bool) -> int:
     """(query, key) pairs one request scores: all, or below the bottom-right diagonal."""
     return qo * (kv - qo) + qo * (qo + 1) // 2 if causal else qo * kv
@@ -394,9 +380,6 @@ def _paged_case(args: argparse.Namespace, device: torch.device, decode: bool) ->
         from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper
         from flashinfer.prefill import BatchPrefillWithPagedKVCacheWrapper
 
-        unavailable = _fp8_on_tensor_cores(args, name)
-        if unavailable:
-            return unavailable
         workspace[:] = workspace or [_workspace(device)]
         if decode:
             wrapper: Any = BatchDecodeWithPagedKVCacheWrapper(
@@ -582,9 +565,6 @@ def _single_case(args: argparse.Namespace, device: torch.device, decode: bool) -
     causal = args.causal and not decode  # one query token sees every key either way
 
     def ours(name: str) -> Backend:
-        unavailable = _fp8_on_tensor_cores(args, name)
-        if unavailable:
-            return unavailable
         if decode:
             from flashinfer.decode import single_decode_with_kv_cache
 

@@ -1,5 +1,6 @@
-"""JIT specs of the prefill module: one per dtype and head_dim, the tensor-core kernel of
-single, ragged and paged prefill (include/flashinfer/prefill.cuh)."""
+"""JIT specs of the prefill module: one per dtype, head_dim, tiling, position encoding and KV
+cache dtype, the tensor-core kernel of single, ragged and paged prefill
+(include/flashinfer/prefill.cuh)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from ..config import TILING_NAME, config
 from .core import JitSpec, gen_jit_spec
+from .decode import KV_FP8_DTYPES, check_rope_cache, kv_dtype_info
 from .dtypes import dtype_info
 from .pos_encoding import SCORE_ARGS, pos_encoding_suffix
 from .registry import register_op
@@ -32,6 +34,9 @@ MAX_ACCUMULATORS_TWO_CTAS_OVERLAP = 64
 MAX_ACCUMULATORS_OVERLAP = 160
 MAX_ACCUMULATORS_OVERLAP_M2 = 192
 MAX_TILE_KV_OVERLAP_M2 = 32
+# ... and with an fp8 KV cache, whose loop widens the landed tiles besides: head_dim 128 m2kv64
+# and m2kv32p (192) spill 8 and 64 bytes, 256 m1kv32p (160) fits
+MAX_ACCUMULATORS_FP8 = 160
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,9 @@ class PrefillTiling:
         """Threads per CTA: 128 rows in warps of 16 * m_tiles."""
         return 32 * 128 // (16 * self.m_tiles)
 
-    def check(self, head_dim: int) -> None:
-        """Raise ValueError when the kernel cannot take this shape at ``head_dim``."""
+    def check(self, head_dim: int, fp8: bool = False) -> None:
+        """Raise ValueError when the kernel cannot take this shape at ``head_dim`` (``fp8``:
+        over an fp8 KV cache)."""
         accumulators = self.accumulators(head_dim)
         if self.m_tiles not in (1, 2) or self.tile_kv not in (16, 32, 64):
             raise ValueError(f"{self.name}: m_tiles must be 1 or 2 and tile_kv 16, 32 or 64")
@@ -90,10 +96,12 @@ class PrefillTiling:
             limit = MAX_ACCUMULATORS_OVERLAP_M2 if roomy else MAX_ACCUMULATORS_OVERLAP
         else:
             limit = MAX_ACCUMULATORS
+        if fp8:
+            limit = min(limit, MAX_ACCUMULATORS_FP8)
         if accumulators > limit:
             raise ValueError(
                 f"{self.name} at head_dim {head_dim} needs {accumulators} accumulators a "
-                f"lane; at most {limit} fit"
+                f"lane; at most {limit} fit{' with an fp8 KV cache' if fp8 else ''}"
             )
         chunks = self.tile_kv * head_dim // 8  # 16-byte K/V chunks a tile loads
         if chunks % self.threads:
@@ -103,14 +111,15 @@ class PrefillTiling:
             )
 
 
-def accepted_tilings(head_dim: int) -> list[PrefillTiling]:
-    """Every tiling :meth:`PrefillTiling.check` accepts at ``head_dim``."""
+def accepted_tilings(head_dim: int, fp8: bool = False) -> list[PrefillTiling]:
+    """Every tiling :meth:`PrefillTiling.check` accepts at ``head_dim`` (``fp8``: over an fp8
+    KV cache)."""
     accepted = []
     shapes = itertools.product((1, 2), (16, 32, 64), (1, 2), (False, True))
     for m_tiles, tile_kv, ctas, overlap in shapes:
         tiling = PrefillTiling(m_tiles, tile_kv, ctas, overlap)
         try:
-            tiling.check(head_dim)
+            tiling.check(head_dim, fp8)
         except ValueError:
             continue
         accepted.append(tiling)
@@ -128,8 +137,9 @@ DEFAULT_TILINGS = {
 }
 
 
-def prefill_tiling(head_dim: int) -> PrefillTiling:
-    """``head_dim``'s tiling: FLASHINFER_PREFILL_TILING's entry for it, else the default."""
+def prefill_tiling(head_dim: int, fp8: bool = False) -> PrefillTiling:
+    """``head_dim``'s tiling: FLASHINFER_PREFILL_TILING's entry for it, else the default
+    (``fp8``: over an fp8 KV cache)."""
     tiling = DEFAULT_TILINGS[head_dim]
     for entry_dim, *shape in config.prefill_tiling:
         if entry_dim not in HEAD_DIMS:
@@ -139,18 +149,25 @@ def prefill_tiling(head_dim: int) -> PrefillTiling:
         if entry_dim == head_dim:
             tiling = PrefillTiling(*shape)
     try:
-        tiling.check(head_dim)
+        tiling.check(head_dim, fp8)
     except ValueError as err:
         raise ValueError(f"FLASHINFER_PREFILL_TILING: {err}") from None
     return tiling
 
 
 def prefill_uri(
-    dtype: Any, head_dim: int, tiling: PrefillTiling | None = None, pos_encoding: str = "NONE"
+    dtype: Any,
+    head_dim: int,
+    tiling: PrefillTiling | None = None,
+    pos_encoding: str = "NONE",
+    kv_dtype: Any = None,
 ) -> str:
-    """The module's name; a tiling other than the default, and a position encoding, are part
-    of it."""
-    base = f"prefill_{dtype_info(dtype).short}_hd{head_dim}"
+    """The module's name; a tiling other than the default, a position encoding and an fp8 KV
+    cache are part of it."""
+    q, kv = dtype_info(dtype), kv_dtype_info(dtype, kv_dtype)
+    base = f"prefill_{q.short}_hd{head_dim}"
+    if kv != q:
+        base = f"{base}_kv{kv.short}"
     if tiling is not None and tiling != DEFAULT_TILINGS[head_dim]:
         base = f"{base}_{tiling.name}"
     return base + pos_encoding_suffix(pos_encoding)
@@ -202,22 +219,30 @@ SINGLE_PREFILL_ARGS = (
 
 
 def gen_prefill_module(
-    dtype: Any, head_dim: int, tiling: PrefillTiling | None = None, pos_encoding: str = "NONE"
+    dtype: Any,
+    head_dim: int,
+    tiling: PrefillTiling | None = None,
+    pos_encoding: str = "NONE",
+    kv_dtype: Any = None,
 ) -> JitSpec:
-    """The spec of the prefill module for ``dtype`` x ``head_dim`` (its attention config
-    rendered when planned), with ``tiling`` or :func:`prefill_tiling`'s, built for
-    ``pos_encoding`` (a ``pos_encoding_mode``: "NONE", "ROPE_LLAMA", which rotates queries and
-    keys in the kernel, or "ALIBI")."""
+    """The spec of the prefill module for ``dtype`` (q and the output) x ``head_dim`` (its
+    attention config rendered when planned), with ``tiling`` or :func:`prefill_tiling`'s,
+    built for ``pos_encoding`` (a ``pos_encoding_mode``: "NONE", "ROPE_LLAMA", which rotates
+    queries and keys in the kernel, or "ALIBI") and a KV cache of ``kv_dtype`` (None:
+    ``dtype``; or float8_e4m3fn, float8_e5m2, widened to ``dtype`` in shared memory)."""
     info = dtype_info(dtype)
     if info.bits != 16:
         raise TypeError(f"prefill supports float16 and bfloat16, not {info.name}")
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
+    kv = kv_dtype_info(dtype, kv_dtype)
+    check_rope_cache(kv.name, pos_encoding)
+    fp8 = kv.name in KV_FP8_DTYPES
     if tiling is None:
-        tiling = prefill_tiling(head_dim)
+        tiling = prefill_tiling(head_dim, fp8)
     else:
-        tiling.check(head_dim)
-    uri = prefill_uri(dtype, head_dim, tiling, pos_encoding)
+        tiling.check(head_dim, fp8)
+    uri = prefill_uri(dtype, head_dim, tiling, pos_encoding, kv_dtype)
     config = PendingRender.of(
         "attention_config.jinja",
         uri,
@@ -227,6 +252,10 @@ def gen_prefill_module(
         cuda_type=info.cuda_type,
         dlpack_code=info.dlpack_code,
         bits=info.bits,
+        kv_dtype_name=kv.name,
+        kv_cuda_type=kv.cuda_type,
+        kv_dlpack_code=kv.dlpack_code,
+        kv_bits=kv.bits,
         head_dim=head_dim,
         prefill_m_tiles=tiling.m_tiles,
         prefill_tile_kv=tiling.tile_kv,
@@ -245,11 +274,21 @@ def gen_prefill_module(
             "blocks_per_sm": (),
             "tile_rows": (),
             "pos_encoding": (),
+            "kv_dtype": (),
         },
     )
 
 
 register_op("prefill", lambda: [gen_prefill_module(d, h) for d in DTYPES for h in HEAD_DIMS])
+register_op(
+    "prefill_fp8",
+    lambda: [
+        gen_prefill_module(d, h, None, "NONE", kv)
+        for d in DTYPES
+        for h in HEAD_DIMS
+        for kv in KV_FP8_DTYPES
+    ],
+)
 register_op(
     "prefill_pos_encoding",
     lambda: [

@@ -54,6 +54,7 @@
 #include "flashinfer/attention_rope.cuh"
 #include "flashinfer/cascade.cuh"
 #include "flashinfer/fast_math.cuh"
+#include "flashinfer/fp8.cuh"
 #include "flashinfer/kv_table.cuh"
 #include "flashinfer/pdl.cuh"
 #include "flashinfer/pos_encoding.h"
@@ -206,17 +207,6 @@ __device__ __forceinline__ float2 widen(uint32_t w, __half) {
   return __half22float2(h);
 }
 
-// Two fp8 codes of a 16-bit word as floats (code 0 in the low byte).
-template <typename T>
-__device__ __forceinline__ float2 widen_fp8(uint32_t w) {
-  constexpr __nv_fp8_interpretation_t kKind =
-      std::is_same_v<T, __nv_fp8_e5m2> ? __NV_E5M2 : __NV_E4M3;
-  const __half2_raw raw = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w), kKind);
-  __half2 h;
-  memcpy(&h, &raw, sizeof(h));
-  return __half22float2(h);
-}
-
 // The kVec elements at `src` (shared memory, aligned to their kVec-element size) as floats.
 template <typename T>
 __device__ __forceinline__ void load_floats(const T* src, float* f) {
@@ -235,7 +225,8 @@ __device__ __forceinline__ void load_floats(const T* src, float* f) {
     const uint32_t words[2] = {u.x, u.y};
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const float2 lo = widen_fp8<T>(words[i] & 0xffffu), hi = widen_fp8<T>(words[i] >> 16);
+      const float2 lo = fp8x2_to_float2<T>(words[i] & 0xffffu),
+                   hi = fp8x2_to_float2<T>(words[i] >> 16);
       f[4 * i] = lo.x;
       f[4 * i + 1] = lo.y;
       f[4 * i + 2] = hi.x;

@@ -27,6 +27,13 @@
 // outside the cache) mask their scores, each row by one word of visible columns
 // (prefill_mask.h); KV tiles wholly outside the causal or window range are never loaded, and
 // a warp none of whose rows sees a key of a tile skips that tile's math.
+//
+// An fp8 KV cache (e4m3 or e5m2; q and the output stay 16-bit): tiles land as fp8 in a ring of
+// two slots that fills the second K and V stages' bytes, and after a tile's barrier each
+// thread widens some of its 16-byte chunks (exactly: fp8.cuh) into the first stage's swizzled
+// 16-bit rows, which the math reads after one more barrier. The copies stay a tile ahead in
+// the fp8 ring, so one 16-bit stage serves; the shared memory is the 16-bit build's. The caller
+// folds its k_scale into the score scale and its v_scale into the output, as the reference.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,9 +42,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 
 #include "flashinfer/cascade.cuh"
 #include "flashinfer/fast_math.cuh"
+#include "flashinfer/fp8.cuh"
 #include "flashinfer/kv_table.cuh"
 #include "flashinfer/mma.cuh"
 #include "flashinfer/pdl.cuh"
@@ -114,13 +123,14 @@ struct Tiling {
   static constexpr size_t kSharedBytes = kKeysOffset + kWarps * sizeof(KeyRange);
 };
 
-template <typename T>
+// T: q and the output; TKV: the KV cache (T, or an fp8 type).
+template <typename T, typename TKV = T>
 struct PrefillParams {
   const T* q;
   int64_t q_row_stride, q_head_stride;
   // [batch + 1] query row offsets; null: one request of single_qo_len rows (single prefill)
   const int32_t* qo_indptr;
-  KVCache<T> k, v;
+  KVCache<TKV> k, v;
   // Paged: indices, indptr (page offsets) and last_page_len. Ragged: indices null, indptr the
   // token offsets. Single: indptr null too, kv_len = single_kv_len.
   PageTable pages;
@@ -207,9 +217,8 @@ __device__ __forceinline__ uint64_t mask_bits(const uint8_t* mask, int64_t begin
 }
 
 // Where the request's query tokens start and how many it has (clamped to [0, 2^31)).
-template <typename T>
-__device__ __forceinline__ void query_span(const PrefillParams<T>& p, int request, int* q_start,
-                                           int* qo_len) {
+template <typename P>
+__device__ __forceinline__ void query_span(const P& p, int request, int* q_start, int* qo_len) {
   int64_t start = 0, len = p.single_qo_len;
   if (p.qo_indptr) {
     start = p.qo_indptr[request];
@@ -223,9 +232,15 @@ __device__ __forceinline__ void query_span(const PrefillParams<T>& p, int reques
 // for occupancy and spill, as it did for 64:m2kv16 at 128). kPos (pos_encoding.h): RoPE
 // rotates queries and keys (attention_rope.cuh) in shared memory before any warp reads them;
 // ALiBi adds each row's slope times (key index - query index) to the scores of every tile.
-template <typename T, typename Tl, PosEncoding kPos>
+template <typename T, typename TKV, typename Tl, PosEncoding kPos>
 __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
-    PrefillKernel(PrefillParams<T> p, WorkList w) {
+    PrefillKernel(PrefillParams<T, TKV> p, WorkList w) {
+  // (an fp8 cache: see the top)
+  constexpr bool kFp8 = sizeof(TKV) == 1;
+  static_assert(kFp8 || std::is_same_v<T, TKV>, "the KV cache is q's dtype or an fp8 type");
+  // RoPE rotates keys in 16-bit rows the fp8 build widens into; refused on the host all the
+  // same, as decode, which rotates them in the cache's type, must refuse it
+  static_assert(!kFp8 || kPos != PosEncoding::kRopeLlama, "RoPE needs a 16-bit cache");
   constexpr int kHeadDim = Tl::kHeadDim, kMTiles = Tl::kMTiles, kThreads = Tl::kThreads;
   constexpr int kTileKV = Tl::kTileKV, kChunks = Tl::kChunks;
   constexpr int kScoreTiles = kTileKV / 8, kDimTiles = kHeadDim / 8;
@@ -235,6 +250,11 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   T* const sv = sk + Tl::kStages * Tl::kKVElems;
   uint8_t* const unscored = reinterpret_cast<uint8_t*>(sv + Tl::kStages * Tl::kKVElems);
   static_assert(Tl::kStages == 2, "the main loops below are written for two stages");
+  // fp8: the ring's two slots of a tile's fp8 rows (unswizzled) in the second stage's bytes
+  uint8_t* const k_landing = reinterpret_cast<uint8_t*>(sk + Tl::kKVElems);
+  uint8_t* const v_landing = reinterpret_cast<uint8_t*>(sv + Tl::kKVElems);
+  // The 16-bit stage the math reads tile `tile` from (fp8: always the first)
+  auto stage_of = [](int tile) { return kFp8 ? 0 : tile % Tl::kStages; };
   TileBounds* const shared_bounds = reinterpret_cast<TileBounds*>(shared_bytes + Tl::kBoundsOffset);
   KeyRange* const warp_keys = reinterpret_cast<KeyRange*>(shared_bytes + Tl::kKeysOffset);
 
@@ -331,6 +351,10 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   // memory offsets and add compile-time offsets to one row address each.
   constexpr int kTokenThreads = kThreads / kTileKV;
   constexpr int kThreadChunks = kChunks / kTokenThreads;
+  // fp8: a row's 16-byte chunks (16 codes each); the token's thread `part` copies chunks
+  // part + i * kTokenThreads (none when there are fewer chunks than threads)
+  constexpr int kLandChunks = kHeadDim / 16;
+  constexpr int kLandCopies = (kLandChunks + kTokenThreads - 1) / kTokenThreads;
   static_assert(kThreads % kChunks == 0 && kTileRows % kQRowStep == 0 && kThreads % kTileKV == 0 &&
                     kChunks % kTokenThreads == 0,
                 "whole rows per load");
@@ -357,8 +381,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   // Its K and V rows as pointers to the thread's first chunk (an unfilled copy names q's first
   // row, which holds a whole head's row of chunks), given its page-table entry (entry_ahead).
   struct TokenRows {
-    const T* k;
-    const T* v;
+    const TKV* k;
+    const TKV* v;
     bool valid, unscored;
   };
   auto locate = [&](int tile, const TileBounds& cta, int entry) -> TokenRows {
@@ -366,32 +390,68 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     const int page = entry_page(p.pages, entry);
     const bool valid = at.in_range && page >= 0;
     const int64_t slot = slot_of(p.pages, p.page_div, at.position);
-    const int token = thread_index() / kTokenThreads;
+    const int token = thread_index() / kTokenThreads, part = thread_index() % kTokenThreads;
     const int first =
-        TokenChunks<kHeadDim, kTokenThreads>(token, thread_index() % kTokenThreads).first * 8;
-    auto row = [&](const KVCache<T>& cache) {
+        kFp8 ? part * 16 : TokenChunks<kHeadDim, kTokenThreads>(token, part).first * 8;
+    auto row = [&](const KVCache<TKV>& cache) {
       return (valid ? cache.data + page * cache.page_stride + slot * cache.slot_stride +
                           kv_head * cache.head_stride
-                    : p.q) +
+                    : reinterpret_cast<const TKV*>(p.q)) +
              first;
     };
     return {row(p.k), row(p.v), valid, at.in_range && !valid};
   };
   // Copies K of tile k_tile from `k_at` and (with_v) V of tile v_tile from `v_at` into their
-  // stages: the same tile, or (kOverlap) V a tile behind K, whose rows were located with the
-  // K of the loop's previous step.
+  // stages (fp8: their ring slots): the same tile, or (kOverlap) V a tile behind K, whose rows
+  // were located with the K of the loop's previous step.
   auto load_kv = [&](int k_tile, const TokenRows& k_at, int v_tile, const TokenRows& v_at,
                      bool with_v) {
     const unsigned tid = thread_index();
     const int token = tid / kTokenThreads, part = tid % kTokenThreads;
     const TokenChunks<kHeadDim, kTokenThreads> chunks(token, part);
     if (part == 0) unscored[k_tile % Tl::kMaskSlots * kTileKV + token] = k_at.unscored;
+    if constexpr (kFp8) {
+      const int at = token * kHeadDim + part * 16;
+      uint8_t* const k_slot = k_landing + k_tile % 2 * Tl::kKVElems + at;
+      uint8_t* const v_slot = v_landing + v_tile % 2 * Tl::kKVElems + at;
+#pragma unroll
+      for (int i = 0; i < kLandCopies; ++i) {
+        if (kLandChunks % kTokenThreads == 0 || part + i * kTokenThreads < kLandChunks) {
+          const int offset = i * kTokenThreads * 16;
+          cp_async_16(k_slot + offset, k_at.k + offset, k_at.valid);
+          if (with_v) cp_async_16(v_slot + offset, v_at.v + offset, v_at.valid);
+        }
+      }
+      return;
+    }
     T* const k_stage = sk + k_tile % Tl::kStages * Tl::kKVElems;
     T* const v_stage = sv + v_tile % Tl::kStages * Tl::kKVElems;
 #pragma unroll
     for (int i = 0; i < kThreadChunks; ++i) {
       cp_async_16(k_stage + chunks.at(i), k_at.k + chunks.offset(i) * 8, k_at.valid);
       if (with_v) cp_async_16(v_stage + chunks.at(i), v_at.v + chunks.offset(i) * 8, v_at.valid);
+    }
+  };
+  // fp8: widens the tile in ring slot `slot` of `landing` into the 16-bit stage `stage`, the
+  // tile's 16-byte chunks dealt out to the threads in turn (consecutive threads read
+  // consecutive chunks). Called by every thread between two barriers: the first publishes
+  // the landed codes (and frees the stage), the second the widened rows.
+  auto widen = [&](const uint8_t* landing, int slot, T* stage) {
+    if constexpr (kFp8) {
+      constexpr int kTileChunks = kTileKV * kLandChunks;
+#pragma unroll
+      for (int i = 0; i < (kTileChunks + kThreads - 1) / kThreads; ++i) {
+        const int c = thread_index() + i * kThreads;
+        if (kTileChunks % kThreads == 0 || c < kTileChunks) {
+          const uint4 codes =
+              *reinterpret_cast<const uint4*>(landing + slot * Tl::kKVElems + c * 16);
+          uint4 lo, hi;
+          fp8x16_to<T, TKV>(codes, &lo, &hi);
+          const int r = c / kLandChunks, chunk = 2 * (c % kLandChunks);
+          *reinterpret_cast<uint4*>(stage + swizzle<kHeadDim>(r, chunk)) = lo;
+          *reinterpret_cast<uint4*>(stage + swizzle<kHeadDim>(r, chunk + 1)) = hi;
+        }
+      }
     }
   };
   // RoPE: query row r of the tile at its token's position (bottom-right aligned, as the
@@ -690,7 +750,12 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       __syncthreads();     // for every thread; and every warp is done with tile it - 1
       load_kv(it + 1, at, it + 1, at, true);  // (past the last tile: zeros no one reads)
       cp_async_commit();
-      const int stage = it % Tl::kStages;
+      const int stage = stage_of(it);
+      if constexpr (kFp8) {
+        widen(k_landing, it % 2, sk);
+        widen(v_landing, it % 2, sv);
+        __syncthreads();
+      }
       if (kPos == PosEncoding::kRopeLlama) {
         rotate_k(stage, it, cta);
         __syncthreads();
@@ -727,6 +792,10 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     cp_async_commit();
     cp_async_wait<1>();  // K of tile 0 has landed
     __syncthreads();
+    if constexpr (kFp8) {
+      widen(k_landing, 0, sk);
+      __syncthreads();
+    }
     if (kPos == PosEncoding::kRopeLlama) {
       rotate_q();
       rotate_k(0, 0, bounds);
@@ -743,7 +812,12 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       __syncthreads();     // for every thread; and every warp is done with tile it - 1
       load_kv(it + 2, in.k, it + 1, in.v, true);
       cp_async_commit();
-      const int stage = it % Tl::kStages, next_stage = (it + 1) % Tl::kStages;
+      if constexpr (kFp8) {  // K of it + 1 (its slot is the one K of it + 2 did not take)
+        widen(k_landing, (it + 1) % 2, sk);
+        widen(v_landing, it % 2, sv);
+        __syncthreads();
+      }
+      const int stage = stage_of(it), next_stage = stage_of(it + 1);
       if (kPos == PosEncoding::kRopeLlama) {
         rotate_k(next_stage, it + 1, cta);  // (past the last tile: zeros, rotated to zeros)
         __syncthreads();
@@ -820,7 +894,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
 
 // Raising the kernel's dynamic shared memory limit happens once per device and never again,
 // so launches captured in a CUDA graph (after a warm-up run) make no attribute calls.
-template <typename T, typename Tl, PosEncoding kPos>
+template <typename T, typename TKV, typename Tl, PosEncoding kPos>
 cudaError_t PreparePrefillKernel() {
   constexpr int kMaxDevices = 64;
   static std::atomic<bool> configured[kMaxDevices] = {};
@@ -828,33 +902,33 @@ cudaError_t PreparePrefillKernel() {
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device < kMaxDevices && configured[device].load()) return cudaSuccess;
-  err =
-      cudaFuncSetAttribute(PrefillKernel<T, Tl, kPos>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(Tl::kSharedBytes));
+  err = cudaFuncSetAttribute(PrefillKernel<T, TKV, Tl, kPos>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(Tl::kSharedBytes));
   if (err == cudaSuccess && device < kMaxDevices) configured[device].store(true);
   return err;
 }
 
 // CTAs of PrefillKernel resident per SM (the scheduler's unit of fill).
-template <typename T, typename Tl, PosEncoding kPos>
+template <typename T, typename TKV, typename Tl, PosEncoding kPos>
 cudaError_t PrefillBlocksPerSM(int* blocks) {
-  cudaError_t err = PreparePrefillKernel<T, Tl, kPos>();
+  cudaError_t err = PreparePrefillKernel<T, TKV, Tl, kPos>();
   if (err != cudaSuccess) return err;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, PrefillKernel<T, Tl, kPos>,
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, PrefillKernel<T, TKV, Tl, kPos>,
                                                        Tl::kThreads, Tl::kSharedBytes);
 }
 
 // Launches the prefill kernel over `grid_work` work items, then (when merge_positions > 0)
 // the merge of split requests' tmp rows into the output. `pdl`: both launch with
 // programmatic dependent launch (see pdl.cuh).
-template <typename T, typename Tl, PosEncoding kPos>
-cudaError_t Prefill(const PrefillParams<T>& p, const WorkList& work, int64_t grid_work,
+template <typename T, typename TKV, typename Tl, PosEncoding kPos>
+cudaError_t Prefill(const PrefillParams<T, TKV>& p, const WorkList& work, int64_t grid_work,
                     int64_t num_kv_heads, const cascade::MergeSchedule& merge,
                     int64_t merge_positions, bool pdl, cudaStream_t stream) {
   if (grid_work == 0 || num_kv_heads == 0) return cudaSuccess;
-  cudaError_t err = PreparePrefillKernel<T, Tl, kPos>();
+  cudaError_t err = PreparePrefillKernel<T, TKV, Tl, kPos>();
   if (err != cudaSuccess) return err;
-  err = launch_kernel(PrefillKernel<T, Tl, kPos>,
+  err = launch_kernel(PrefillKernel<T, TKV, Tl, kPos>,
                       dim3(static_cast<unsigned>(grid_work), static_cast<unsigned>(num_kv_heads)),
                       dim3(Tl::kThreads), Tl::kSharedBytes, stream, pdl, p, work);
   if (err != cudaSuccess || merge_positions == 0) return err;

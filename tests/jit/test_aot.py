@@ -131,8 +131,8 @@ def test_registry_and_precompile_errors(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(
         ValueError,
         match="unknown op.*nope.*registered: activation, cascade, decode, decode_fp8, "
-        "decode_pos_encoding, norm, norm_quant, page, prefill, prefill_pos_encoding, rope, "
-        "sampling",
+        "decode_pos_encoding, norm, norm_quant, page, prefill, prefill_fp8, "
+        "prefill_pos_encoding, rope, sampling",
     ):
         registry.specs_for(["nope"])
     assert cli(["precompile", "--arch", "9.0a", "--ops", "nope", "--out", "/tmp/x"]) == 1
@@ -140,12 +140,13 @@ def test_registry_and_precompile_errors(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_fp8_and_position_encoding_builds_are_ops_of_their_own() -> None:
-    """precompile --ops decode_fp8 (decode_pos_encoding, prefill_pos_encoding) names the
-    builds an fp8 cache (a pos_encoding_mode) asks for, one per dtype and head_dim, none of
-    them in the plain op's list."""
+    """precompile --ops decode_fp8 (prefill_fp8, decode_pos_encoding, prefill_pos_encoding)
+    names the builds an fp8 cache (a pos_encoding_mode) asks for, one per dtype and head_dim,
+    none of them in the plain op's list."""
     plain = {spec.name for op in ("decode", "prefill") for spec in registry.specs_for([op])}
     for op, suffixes in (
         ("decode_fp8", ("_kve4m3", "_kve5m2")),
+        ("prefill_fp8", ("_kve4m3", "_kve5m2")),
         ("decode_pos_encoding", ("_rope", "_alibi")),
         ("prefill_pos_encoding", ("_rope", "_alibi")),
     ):

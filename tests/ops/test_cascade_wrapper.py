@@ -242,9 +242,7 @@ def cpu_attention(cpu_prefill, monkeypatch: pytest.MonkeyPatch) -> CpuAttention:
     """cpu_prefill's CPU setup (no device checks, recorded uploads) with modules that
     compute."""
     record = CpuAttention()
-    monkeypatch.setattr(
-        prefill_api, "get_prefill_module", lambda dtype, head_dim, pos_encoding="NONE": record
-    )
+    monkeypatch.setattr(prefill_api, "get_prefill_module", lambda dtype, head_dim, *build: record)
     monkeypatch.setattr(cascade_api, "get_cascade_module", lambda dtype: record)
     return record
 

@@ -4,7 +4,6 @@ reference, page-order independence and CUDA-graph replay on the GPU."""
 
 from __future__ import annotations
 
-import logging
 import math
 import random
 from typing import Iterator
@@ -457,38 +456,30 @@ def test_fp8_cache_runs_its_build_and_is_checked_against_the_plan(cpu_plan) -> N
     assert cpu_plan.kv_dtypes[-1] == torch.bfloat16
 
 
-def test_fp8_cache_runs_on_cuda_cores_and_is_refused_on_tensor_cores(
-    cpu_plan, cpu_prefill, caplog: pytest.LogCaptureFixture
-) -> None:
-    """use_tensor_cores=True with an fp8 cache plans and runs the CUDA-core kernel's fp8
-    build (the flag picks the faster kernel; the tensor-core one takes q's dtype), logged
-    once; a plan of q's dtype goes back to tensor cores. What only the tensor-core kernel
-    runs (q_len_per_req > 1, prefill, cascade) refuses an fp8 cache by name."""
+def test_fp8_cache_with_tensor_cores_runs_the_prefill_kernel(cpu_plan, cpu_prefill) -> None:
+    """use_tensor_cores=True with an fp8 cache plans and runs the prefill kernel's fp8 build
+    (as the reference does), for one query token a request or more; single decode too."""
     fp8 = torch.float8_e4m3fn
     workspace = torch.empty(1 << 20, dtype=torch.uint8)
     tensor_cores = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, use_tensor_cores=True)
-    with caplog.at_level(logging.INFO, logger="flashinfer.decode"):
-        tensor_cores.plan(**_plan_args(kv_data_type=fp8))
-    assert "decode runs on the CUDA-core kernel" in caplog.text
-    assert cpu_plan.kv_dtypes[-1] == fp8 and len(cpu_plan.uploads) == 1
+    tensor_cores.plan(**_plan_args(kv_data_type=fp8))
+    assert not isinstance(tensor_cores._plan_info, decode_api._Plan)  # the prefill plan
+    assert cpu_prefill.kv_dtypes[-1] == fp8 and len(cpu_prefill.uploads) == 1
+    assert cpu_plan.uploads == [] and cpu_plan.kv_dtypes == []  # no CUDA-core build
     cache = (_bf16(5, 16, 2, 128).to(fp8), _bf16(5, 16, 2, 128).to(fp8))
     out = tensor_cores.run(_bf16(2, 8, 128), cache, v_scale=2.0)
-    assert len(cpu_plan.launches) == 1 and torch.equal(out, torch.full_like(out, 2.0))
-    tensor_cores.plan(**_plan_args())
-    assert not isinstance(tensor_cores._plan_info, decode_api._Plan)  # tensor cores again
-    assert len(cpu_plan.uploads) == 1
-    assert len(cpu_prefill.uploads) == 1  # the prefill kernel's schedule
-    refusal = "kv_data_type is torch.float8_e4m3fn: an fp8 KV cache is read by the CUDA-core"
-    with pytest.raises(ValueError, match=refusal):
-        tensor_cores.plan(**_plan_args(kv_data_type=fp8, q_len_per_req=2))
-    prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace)
-    with pytest.raises(ValueError, match=refusal):
-        args = _plan_args(kv_data_type="float8_e4m3fn")
-        table = (args.pop("indptr"), args.pop("indices"), args.pop("last_page_len"))
-        prefill.plan(_i32([0, 1, 2]), *table, head_dim_qk=args.pop("head_dim"), **args)
+    launch = cpu_prefill.launches[-1]
+    assert launch["k"].dtype == fp8 and torch.equal(out, torch.full_like(out, 2.0))
+    tensor_cores.plan(**_plan_args(kv_data_type=fp8, q_len_per_req=2))
+    tensor_cores.run(_bf16(4, 8, 128), cache)
+    assert cpu_prefill.launches[-1]["causal"] and tensor_cores._cached_kv_data_type == fp8
+    with pytest.raises(
+        TypeError, match="paged_kv_cache\\[0\\] has dtype torch.bfloat16; plan\\(\\) was for"
+    ):
+        tensor_cores.run(_bf16(4, 8, 128), (_bf16(5, 16, 2, 128), _bf16(5, 16, 2, 128)))
     q, k = _bf16(8, 128), _bf16(10, 2, 128).to(fp8)
     out = flashinfer.single_decode_with_kv_cache(q, k, k, use_tensor_cores=True)
-    assert cpu_plan.kv_dtypes[-1] == fp8 and len(cpu_plan.launches) == 2
+    assert cpu_prefill.launches[-1]["k"].dtype == fp8 and cpu_plan.launches == []
     assert torch.equal(out, torch.ones_like(out))
     with pytest.raises(TypeError, match="v has dtype torch.float8_e5m2, but k has"):
         flashinfer.single_decode_with_kv_cache(q, k, k.view(torch.float8_e5m2))
@@ -1200,7 +1191,7 @@ def check_fp8_decode(
         lse = torch.full(q.shape[:2], math.nan, device=device)
         wrapper.run(q, cache, k_scale=K_SCALE, v_scale=V_SCALE, out=out, lse=lse)
         scale = head_dim**-0.5 if sm_scale is None else sm_scale
-        check_decoded(out, lse, q, k_ref, v_ref, scale, cap, window, alibi=alibi)
+        check_decoded(out, lse, q, k_ref, v_ref, scale, cap, window, use_tensor_cores, alibi=alibi)
         results.append((out, lse))
     b, k, v = _longest_request(ks, vs, layout)
     out, lse = flashinfer.single_decode_with_kv_cache(
@@ -1215,7 +1206,14 @@ def check_fp8_decode(
         return_lse=True,
     )
     check_decoded(
-        out[None], lse[None], q[b : b + 1], [k_ref[b]], [v_ref[b]], head_dim**-0.5, alibi=alibi
+        out[None],
+        lse[None],
+        q[b : b + 1],
+        [k_ref[b]],
+        [v_ref[b]],
+        head_dim**-0.5,
+        tensor_cores=use_tensor_cores,
+        alibi=alibi,
     )
     return [*results, (out, lse)]
 
@@ -1239,13 +1237,11 @@ def test_batch_decode_fp8_cache_matches_the_reference(
     kv_dtype, pos_encoding, lens, qo_heads, kv_heads, head_dim, page_size, layout, dtype
 ) -> None:
     """e4m3 and e5m2 caches up to 128k tokens, both head counts a thread and the 1024-thread
-    kernel (a group of 35), with and without ALiBi; use_tensor_cores=True runs the same kernel
-    (bit for bit)."""
+    kernel (a group of 35), with and without ALiBi; then with use_tensor_cores=True, which
+    runs the prefill kernel's fp8 build, against the same reference."""
     args = ("cuda", kv_dtype, pos_encoding, lens, qo_heads, kv_heads, head_dim, page_size)
-    cuda_cores = check_fp8_decode(*args, layout, dtype)
-    tensor_cores = check_fp8_decode(*args, layout, dtype, use_tensor_cores=True)
-    for (out, lse), (out_tc, lse_tc) in zip(cuda_cores, tensor_cores):
-        assert torch.equal(out, out_tc) and torch.equal(lse, lse_tc)
+    check_fp8_decode(*args, layout, dtype)
+    check_fp8_decode(*args, layout, dtype, use_tensor_cores=True)
 
 
 @pytest.mark.gpu

@@ -287,17 +287,3 @@ def test_fp8_cache_inside_decode(
     batch_launches = [launch for launch in module.launches if "plan" in launch]
     assert batch_launches[0]["grid_merge"] > 0  # the 300 keys ran as two chunks
     assert module.launches[-1]["num_chunks"] == 2  # and in single decode
-
-
-def test_fp8_cache_with_tensor_cores_runs_the_cuda_core_kernel(emulate, monkeypatch) -> None:
-    """use_tensor_cores=True over an fp8 cache runs the same CUDA-core build, bit for bit."""
-    kv_dtype, dtype = torch.float8_e4m3fn, torch.bfloat16
-    module = emulate(dtype, 128, kv_dtype=kv_dtype)
-    monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: 32)
-    args = ("cpu", kv_dtype, "NONE", [0, 1, 300, 45], 8, 2, 128, 16, "NHD", dtype)
-    cuda_cores = check_fp8_decode(*args)
-    launches = len(module.launches)
-    tensor_cores = check_fp8_decode(*args, use_tensor_cores=True)
-    assert len(module.launches) == 2 * launches
-    for (out, lse), (out_tc, lse_tc) in zip(cuda_cores, tensor_cores):
-        assert torch.equal(out, out_tc) and torch.equal(lse, lse_tc)

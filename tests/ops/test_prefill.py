@@ -60,17 +60,23 @@ def cpu_kernels() -> contextlib.AbstractContextManager[None]:
 class CpuPrefill:
     """plan()/run() on the CPU: a fixed GPU size, uploads recorded instead of copied, and a
     stand-in prefill module that records each launch (by argument name) and fills ``out``
-    with ones, and which build (its position encoding) each launch asked for."""
+    with ones, and which build (its position encoding and KV dtype) each launch asked for."""
 
     def __init__(self) -> None:
         self.uploads: list[list[int]] = []
         self.launches: list[dict] = []
         self.builds: list[str] = []
+        self.kv_dtypes: list[torch.dtype | None] = []
 
     def get_prefill_module(
-        self, dtype: torch.dtype, head_dim: int, pos_encoding: str = "NONE"
+        self,
+        dtype: torch.dtype,
+        head_dim: int,
+        pos_encoding: str = "NONE",
+        kv_dtype: torch.dtype | None = None,
     ) -> CpuPrefill:
         self.builds.append(pos_encoding)
+        self.kv_dtypes.append(kv_dtype)
         return self
 
     def batch_prefill(self, *args) -> None:  # noqa: ANN002
@@ -405,9 +411,9 @@ COMMON_PLAN_BAD = [
     ("rope_scale must be > 0.0", ValueError, dict(rope_scale=0.0)),
     ("q_data_type is torch.float32; supported", TypeError, dict(q_data_type=torch.float32)),
     (
-        "kv_data_type is torch.float8_e4m3fn: an fp8 KV cache is read by the CUDA-core decode",
+        'pos_encoding_mode="ROPE_LLAMA" needs a 16-bit KV cache, not float8_e4m3fn',
         ValueError,
-        dict(kv_data_type="float8_e4m3fn"),
+        dict(kv_data_type="float8_e4m3fn", pos_encoding_mode="ROPE_LLAMA"),
     ),
     ("kv_data_type 'int8' is not a supported dtype", TypeError, dict(kv_data_type="int8")),
     (
@@ -1001,6 +1007,66 @@ def test_ragged_run_launch_arguments(cpu_prefill: CpuPrefill) -> None:
     assert lse.shape == (5, 8)
 
 
+def test_fp8_caches_ask_for_their_build_and_are_checked(cpu_prefill: CpuPrefill) -> None:
+    """kv_data_type="float8_e4m3fn" (a dtype or its name) plans the fp8-cache build; run()
+    takes caches of that dtype only, with strides in 16-byte vectors (16 fp8 elements), and
+    refuses RoPE set since by forward(); single prefill takes fp8 k and v of one dtype; the
+    cascade wrapper plans every level with it."""
+    fp8 = torch.float8_e4m3fn
+    w = BatchPrefillWithPagedKVCacheWrapper(_workspace())
+    for kv_data_type in ("float8_e4m3fn", fp8):
+        w.plan(**_with(PAGED, kv_data_type=kv_data_type))
+        assert cpu_prefill.kv_dtypes[-1] == fp8 and w._cached_kv_data_type == fp8
+        assert w._cached_q_data_type == w._cached_o_data_type == torch.bfloat16
+    k, v = (t.to(fp8) for t in _paged_cache())
+    out = w.run(_bf16(5, 8, 128), (k, v), k_scale=0.5, v_scale=2.0)
+    launch = cpu_prefill.launches[-1]
+    assert launch["k"].dtype == launch["v"].dtype == fp8 and bool((out == 2.0).all())
+    assert launch["score_scale"] == pytest.approx(0.5 / math.sqrt(128) * LOG2E)
+    assert cpu_prefill.kv_dtypes[-1] == fp8  # the launch's build too
+    with pytest.raises(
+        TypeError, match="paged_kv_cache\\[0\\] has dtype torch.bfloat16; plan\\(\\) was for"
+    ):
+        w.run(_bf16(5, 8, 128), _paged_cache())
+    with pytest.raises(TypeError, match="has dtype torch.float8_e5m2; plan\\(\\) was for"):
+        w.run(_bf16(5, 8, 128), (k.view(torch.float8_e5m2), v.view(torch.float8_e5m2)))
+    wide = torch.empty(5, 16, 2, 136, dtype=fp8)[..., :128]  # rows 136 elements apart
+    with pytest.raises(ValueError, match="strides must be multiples of 16 elements"):
+        w.run(_bf16(5, 8, 128), (wide, wide))
+    with pytest.raises(ValueError, match="needs a 16-bit KV cache, not float8_e4m3fn"):
+        w.forward(_bf16(5, 8, 128), (k, v), pos_encoding_mode="ROPE_LLAMA")
+
+    ragged = BatchPrefillWithRaggedKVCacheWrapper(_workspace())
+    ragged.plan(**_with(RAGGED, kv_data_type=torch.float8_e5m2))
+    kv = _bf16(37, 2, 128).to(torch.float8_e5m2)
+    ragged.run(_bf16(5, 8, 128), kv, kv)
+    assert cpu_prefill.launches[-1]["k"] is kv
+
+    q, k1 = _bf16(4, 8, 128), _bf16(30, 2, 128).to(fp8)
+    single_prefill_with_kv_cache(q, k1, k1, causal=True)
+    assert cpu_prefill.launches[-1]["k"] is k1 and cpu_prefill.kv_dtypes[-1] == fp8
+    with pytest.raises(TypeError, match="v has dtype torch.float8_e5m2, but k has"):
+        single_prefill_with_kv_cache(q, k1, k1.view(torch.float8_e5m2))
+    with pytest.raises(TypeError, match="k has dtype torch.float16, but q has"):
+        single_prefill_with_kv_cache(q, k1.half(), k1.half())
+    with pytest.raises(ValueError, match="needs a 16-bit KV cache, not float8_e4m3fn"):
+        single_prefill_with_kv_cache(q, k1, k1, pos_encoding_mode="ROPE_LLAMA")
+
+    cascade = cascade_api.MultiLevelCascadeAttentionWrapper(2, _workspace())
+    tables = [PAGED[name] for name in ("qo_indptr", "paged_kv_indptr", "paged_kv_indices")]
+    cascade.plan(
+        *([t, t] for t in tables),
+        [PAGED["paged_kv_last_page_len"]] * 2,
+        8,
+        2,
+        128,
+        16,
+        q_data_type=torch.bfloat16,
+        kv_data_type=fp8,
+    )
+    assert cpu_prefill.kv_dtypes[-2:] == [fp8, fp8]
+
+
 def test_a_batch_without_queries_launches_nothing(cpu_prefill: CpuPrefill) -> None:
     w = BatchPrefillWithRaggedKVCacheWrapper(_workspace())
     w.plan(**_with(RAGGED, qo_indptr=_i32([0, 0, 0])))
@@ -1415,6 +1481,60 @@ def test_prefill_kernels_do_not_spill(dtype, head_dim, tiling, monkeypatch) -> N
     spec = gen_prefill_module(dtype, head_dim, tiling)
     module = build_without_spills(spec)
     assert (module.head_dim(), module.dtype(), module.tile_rows()) == (head_dim, dtype, TILE_ROWS)
+
+
+FP8_SPILL_CASES = [
+    pytest.param(
+        dtype,
+        head_dim,
+        tiling,
+        kv,
+        marks=[]
+        if (dtype, head_dim, tiling, kv) == ("bfloat16", 128, DEFAULT_TILINGS[128], "float8_e4m3fn")
+        else [pytest.mark.compile_matrix],
+        id=f"{dtype}-{head_dim}-{tiling.name}-{kv}",
+    )
+    for kv in ("float8_e4m3fn", "float8_e5m2")
+    for dtype in ("float16", "bfloat16")
+    for head_dim in HEAD_DIMS
+    for tiling in (
+        accepted_tilings(head_dim, fp8=True)
+        if (kv, dtype) == ("float8_e4m3fn", "bfloat16")
+        else [DEFAULT_TILINGS[head_dim]]
+    )
+]
+
+
+@pytest.mark.parametrize("dtype,head_dim,tiling,kv_dtype", FP8_SPILL_CASES)
+def test_fp8_cache_prefill_kernels_do_not_spill(
+    dtype, head_dim, tiling, kv_dtype, monkeypatch
+) -> None:
+    """The fp8-cache builds (a module of their own, named so) widen each landed tile in the
+    loop and still keep their state in registers, on every tiling accepted for fp8."""
+    monkeypatch.delenv("FLASHINFER_PREFILL_TILING", raising=False)
+    spec = gen_prefill_module(dtype, head_dim, tiling, "NONE", kv_dtype)
+    base = gen_prefill_module(dtype, head_dim, tiling).name
+    short = kv_dtype.split("_")[1][:4]  # e4m3, e5m2
+    assert spec.name == base.replace(f"_hd{head_dim}", f"_hd{head_dim}_kv{short}")
+    module = build_without_spills(spec)
+    assert (module.dtype(), module.kv_dtype(), module.head_dim()) == (dtype, kv_dtype, head_dim)
+
+
+def test_fp8_caches_refuse_the_tilings_at_the_register_limit(monkeypatch) -> None:
+    """head_dim 128 m2kv64 and m2kv32p (192 accumulators) spill with the widening: an fp8
+    build refuses them, from the API and from FLASHINFER_PREFILL_TILING alike; RoPE too."""
+    for tiling in (PrefillTiling(2, 64), PrefillTiling(2, 32, 1, True)):
+        assert tiling in accepted_tilings(128) and tiling not in accepted_tilings(128, fp8=True)
+        with pytest.raises(ValueError, match="at most 160 fit with an fp8 KV cache"):
+            gen_prefill_module("bfloat16", 128, tiling, "NONE", "float8_e5m2")
+    monkeypatch.setenv("FLASHINFER_PREFILL_TILING", "128:m2kv64")
+    assert prefill_tiling(128) == PrefillTiling(2, 64)
+    with pytest.raises(ValueError, match="FLASHINFER_PREFILL_TILING: m2kv64 at head_dim 128"):
+        gen_prefill_module("bfloat16", 128, None, "NONE", "float8_e4m3fn")
+    with pytest.raises(ValueError, match='"ROPE_LLAMA" needs a 16-bit KV cache'):
+        gen_prefill_module("float16", 64, None, "ROPE_LLAMA", "float8_e4m3fn")
+    with pytest.raises(TypeError, match="unsupported KV cache dtype"):
+        gen_prefill_module("float16", 64, None, "NONE", "int8")
 
 
 # RoPE and ALiBi builds: the defaults, and the GPU tests' other tilings (test_prefill_gpu.py)

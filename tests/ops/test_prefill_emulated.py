@@ -29,7 +29,7 @@ from flashinfer.jit.prefill import (
 )
 from flashinfer.testing.reference import attention as reference_attention
 from tests.emu.module import EmulatedModule, on_cpu_tensors
-from tests.ops.test_decode import check_batch_decode
+from tests.ops.test_decode import K_SCALE, V_SCALE, check_batch_decode, check_fp8_decode
 from tests.ops.test_prefill_gpu import (
     NAN,
     _batch_data,
@@ -63,17 +63,19 @@ def _module(
     land_at_issue: bool,
     reverse: bool,
     pos_encoding: str,
+    kv_dtype: torch.dtype | None,
 ) -> EmulatedModule:
-    spec = gen_prefill_module(dtype, head_dim, tiling, pos_encoding)
+    spec = gen_prefill_module(dtype, head_dim, tiling, pos_encoding, kv_dtype)
     return EmulatedModule(spec, OUTPUTS, land_at_issue, reverse)
 
 
 @pytest.fixture
 def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedModule]]:
     """emulate(dtype, head_dim, tiling=default, land_at_issue=False, reverse=False,
-    pos_encoding="NONE"): the wrappers' prefill module is then the emulated build (with that
-    schedule, see tests/emu/engine.py, for that position encoding, which the wrappers must
-    then ask for), on CPU tensors; plan() uploads its schedule for real."""
+    pos_encoding="NONE", kv_dtype=None): the wrappers' prefill module is then the emulated
+    build (with that schedule, see tests/emu/engine.py, for that position encoding and KV
+    cache dtype, which the wrappers must then ask for), on CPU tensors; plan() uploads its
+    schedule for real."""
 
     def install(
         dtype: torch.dtype,
@@ -82,13 +84,17 @@ def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedM
         land_at_issue: bool = False,
         reverse: bool = False,
         pos_encoding: str = "NONE",
+        kv_dtype: torch.dtype | None = None,
     ) -> EmulatedModule:
         tiling = tiling or DEFAULT_TILINGS[head_dim]
-        module = _module(dtype, head_dim, tiling, land_at_issue, reverse, pos_encoding)
+        module = _module(dtype, head_dim, tiling, land_at_issue, reverse, pos_encoding, kv_dtype)
         module.launches.clear()
 
-        def get_prefill_module(d: torch.dtype, h: int, asked: str = "NONE") -> EmulatedModule:
+        def get_prefill_module(
+            d: torch.dtype, h: int, asked: str = "NONE", asked_kv: Any = None
+        ) -> EmulatedModule:
             assert asked == pos_encoding, f"the wrapper asked for the {asked} build"
+            assert asked_kv in (kv_dtype or d, None), f"the wrapper asked for a {asked_kv} cache"
             return module
 
         monkeypatch.setattr(prefill_api, "get_prefill_module", get_prefill_module)
@@ -387,6 +393,96 @@ def test_tensor_core_batch_decode_check(emulate) -> None:
     emulate(torch.bfloat16, 128, reverse=True)
     lens, heads = [1, 17, 0, 300, 33], (8, 2)
     check_batch_decode("cpu", lens, *heads, 128, 16, "HND", torch.bfloat16, True, kv_tuple=True)
+
+
+# (kv_dtype, dtype, head_dim, tiling, land_at_issue, reverse): the overlapping defaults at
+# head_dim 128 and 256 (K a tile ahead of V: two tiles widened a step), head_dim 64 m1kv32
+# (a token's 8 threads over its 4 fp8 chunks; a tile's 128 chunks over 256 threads), m2's
+# 128 threads without overlap
+FP8_CASES = [
+    (torch.float8_e4m3fn, torch.bfloat16, 128, DEFAULT_TILINGS[128], False, True),
+    (torch.float8_e5m2, torch.float16, 64, PrefillTiling(1, 32), True, False),
+    (torch.float8_e4m3fn, torch.float16, 256, DEFAULT_TILINGS[256], True, True),
+    (torch.float8_e5m2, torch.bfloat16, 128, PrefillTiling(2, 32), False, False),
+]
+
+
+@pytest.mark.parametrize(
+    "kv_dtype,dtype,head_dim,tiling,land_at_issue,reverse",
+    FP8_CASES,
+    ids=[f"{str(c[0])[12:]}-{str(c[1])[6:]}-hd{c[2]}-{c[3].name}" for c in FP8_CASES],
+)
+def test_fp8_cache_in_prefill(
+    emulate,
+    kv_dtype: torch.dtype,
+    dtype: torch.dtype,
+    head_dim: int,
+    tiling: PrefillTiling,
+    land_at_issue: bool,
+    reverse: bool,
+) -> None:
+    """An fp8 KV cache (plan's kv_data_type): tiles land as fp8 and widen into 16-bit rows in
+    shared memory; k_scale and v_scale dequantize. Paged (shuffled HND pages of 16, fp8 NaN
+    in every slot no request owns; causal), ragged (NHD, a window) and single prefill (a soft
+    cap), into NaN-poisoned outputs, against the float64 reference on the dequantized keys
+    and values."""
+    module = emulate(dtype, head_dim, tiling, land_at_issue, reverse, kv_dtype=kv_dtype)
+    torch.manual_seed(head_dim + tiling.tile_kv)
+    qo_lens, kv_lens, heads = [1, 0, 37, 90], [33, 5, 150, 90], (4, 2)
+    q, ks16, vs16 = _batch_data(qo_lens, kv_lens, *heads, head_dim, dtype, device="cpu")
+    ks, vs = [k.to(kv_dtype) for k in ks16], [v.to(kv_dtype) for v in vs16]
+    k_ref, v_ref = [k.float() * K_SCALE for k in ks], [v.float() * V_SCALE for v in vs]
+    scales = dict(k_scale=K_SCALE, v_scale=V_SCALE)
+
+    cache, indptr, indices, last = _paged_kv(ks, vs, 16, "HND", seed=3)
+    paged = prefill_api.BatchPrefillWithPagedKVCacheWrapper(_workspace(), kv_layout="HND")
+    paged.plan(
+        _indptr(qo_lens),
+        indptr,
+        indices,
+        last,
+        *heads,
+        head_dim,
+        16,
+        causal=True,
+        q_data_type=dtype,
+        kv_data_type=kv_dtype,
+    )
+    out, lse = torch.full_like(q, NAN), torch.full(q.shape[:2], NAN)
+    paged.run(q, cache, out=out, lse=lse, return_lse=True, **scales)
+    _check(out, lse, _expected_batch(q, qo_lens, k_ref, v_ref, causal=True))
+
+    ragged = prefill_api.BatchPrefillWithRaggedKVCacheWrapper(_workspace())
+    ragged.plan(
+        _indptr(qo_lens),
+        _indptr(kv_lens),
+        *heads,
+        head_dim,
+        window_left=40,
+        q_data_type=dtype,
+        kv_data_type=kv_dtype,
+    )
+    out, lse = torch.full_like(q, NAN), torch.full(q.shape[:2], NAN)
+    ragged.run(q, torch.cat(ks), torch.cat(vs), out=out, lse=lse, return_lse=True, **scales)
+    _check(out, lse, _expected_batch(q, qo_lens, k_ref, v_ref, window_left=40))
+
+    q3 = q[sum(qo_lens[:3]) :]
+    out, lse = prefill_api.single_prefill_with_kv_cache(
+        q3, ks[3], vs[3], causal=True, logits_soft_cap=20.0, return_lse=True, **scales
+    )
+    _check(out, lse, reference_attention(q3, k_ref[3], v_ref[3], causal=True, soft_cap=20.0))
+    assert {launch["k"].dtype for launch in module.launches} == {kv_dtype}
+
+
+def test_fp8_cache_in_tensor_core_decode(emulate, monkeypatch) -> None:
+    """use_tensor_cores=True over an fp8 cache runs the fp8 prefill build (as the reference
+    runs its prefill kernel): tests/ops/test_decode.py's fp8 check (scales, NaN in unowned
+    slots, a soft cap, a window, single decode) on it."""
+    kv_dtype, dtype = torch.float8_e4m3fn, torch.bfloat16
+    module = emulate(dtype, 128, kv_dtype=kv_dtype, reverse=True)
+    monkeypatch.setattr(decode_api, "get_decode_module", None)  # the CUDA-core build is not run
+    check_fp8_decode("cpu", kv_dtype, "NONE", [0, 1, 300, 45], 8, 2, 128, 16, "NHD", dtype, True)
+    assert module.launches and {launch["k"].dtype for launch in module.launches} == {kv_dtype}
 
 
 ROPE_TILINGS = [

@@ -24,7 +24,7 @@ LSE_TOLERANCE = dict(atol=1e-2, rtol=1e-3)  # base-2 LSE, float32 from fp16/bf16
 # runs on the default modules and on these, so a tiling is known correct before a benchmark
 # makes it the default.
 OTHER_TILINGS = {64: (2, 32), 128: (2, 32), 256: (1, 32)}
-_other_modules: dict[tuple[Any, int, bool], Any] = {}
+_other_modules: dict[tuple[Any, int, str, Any], Any] = {}
 
 
 @pytest.fixture(params=["default", "other"], ids=["default-tiling", "other-tiling"])
@@ -35,11 +35,13 @@ def prefill(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     if request.param == "other":
         from flashinfer.jit.prefill import PrefillTiling, gen_prefill_module
 
-        def get_prefill_module(dtype: Any, head_dim: int, pos_encoding: str = "NONE") -> Any:
-            key = (dtype, head_dim, pos_encoding)
+        def get_prefill_module(
+            dtype: Any, head_dim: int, pos_encoding: str = "NONE", kv_dtype: Any = None
+        ) -> Any:
+            key = (dtype, head_dim, pos_encoding, kv_dtype)
             if key not in _other_modules:
                 tiling = PrefillTiling(*OTHER_TILINGS[head_dim])
-                spec = gen_prefill_module(dtype, head_dim, tiling, pos_encoding)
+                spec = gen_prefill_module(dtype, head_dim, tiling, pos_encoding, kv_dtype)
                 _other_modules[key] = spec.build_and_load()
             return _other_modules[key]
 
@@ -623,11 +625,14 @@ def test_every_tiling_masks_and_skips_as_the_reference(
     tile_kv = tiling.tile_kv
     built: dict[Any, Any] = {}
 
-    def get_prefill_module(dtype: Any, dim: int, pos_encoding: str = "NONE") -> Any:
-        if (dtype, pos_encoding) not in built:
-            spec = gen_prefill_module(dtype, dim, tiling, pos_encoding)
-            built[dtype, pos_encoding] = spec.build_and_load()
-        return built[dtype, pos_encoding]
+    def get_prefill_module(
+        dtype: Any, dim: int, pos_encoding: str = "NONE", kv_dtype: Any = None
+    ) -> Any:
+        key = (dtype, pos_encoding, kv_dtype)
+        if key not in built:
+            spec = gen_prefill_module(dtype, dim, tiling, pos_encoding, kv_dtype)
+            built[key] = spec.build_and_load()
+        return built[key]
 
     monkeypatch.setattr(module, "get_prefill_module", get_prefill_module)
     dtype, qo_heads, kv_heads, page_size, window = torch.bfloat16, 6, 2, 7, 40
@@ -975,3 +980,101 @@ def test_batch_prefill_position_encodings_agree_with_single_prefill(
             q[rows], ks[b], vs[b], causal=True, pos_encoding_mode=pos_encoding
         )
         torch.testing.assert_close(out[rows], single, **_tolerance(dtype))
+
+
+# (kv_dtype, qo_lens, kv_lens, page_size, qo_heads, kv_heads, head_dim, layout, dtype)
+FP8_CASES = [
+    (
+        torch.float8_e4m3fn,
+        [1, 17, 300, 2048, 0],
+        [33, 500, 4096, 2048, 5],
+        16,
+        32,
+        8,
+        128,
+        "NHD",
+        torch.bfloat16,
+    ),
+    (torch.float8_e5m2, [100, 7, 1000], [100, 3000, 1500], 1, 8, 2, 64, "HND", torch.float16),
+    (torch.float8_e4m3fn, [64, 513], [9000, 513], 16, 16, 4, 256, "NHD", torch.float16),
+    (torch.float8_e5m2, [2048] * 4, [2048] * 4, 16, 32, 8, 128, "HND", torch.bfloat16),
+]
+K_SCALE, V_SCALE = 0.5, 2.0  # the fp8 cache's dequantization scales
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "kv_dtype,qo_lens,kv_lens,page_size,qo_heads,kv_heads,head_dim,layout,dtype",
+    FP8_CASES,
+    ids=[f"{str(c[0])[12:]}-hd{c[6]}-{c[7]}-page{c[3]}" for c in FP8_CASES],
+)
+def test_fp8_cache_prefill_matches_the_reference(
+    prefill, kv_dtype, qo_lens, kv_lens, page_size, qo_heads, kv_heads, head_dim, layout, dtype
+) -> None:
+    """An fp8 KV cache (plan's kv_data_type, k_scale and v_scale) in paged prefill (shuffled
+    pages, fp8 NaN in every slot no request owns) in each of BATCH_VARIANTS, ragged prefill
+    (causal) and single prefill of the longest request, into NaN-poisoned outputs, against
+    the float64 reference on the dequantized keys and values."""
+    torch.manual_seed(sum(kv_lens) + head_dim)
+    q, ks16, vs16 = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype)
+    ks, vs = [k.to(kv_dtype) for k in ks16], [v.to(kv_dtype) for v in vs16]
+    k_ref, v_ref = [k.float() * K_SCALE for k in ks], [v.float() * V_SCALE for v in vs]
+    scales = dict(k_scale=K_SCALE, v_scale=V_SCALE)
+    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, layout, seed=len(qo_lens))
+    paged = prefill.BatchPrefillWithPagedKVCacheWrapper(_workspace(), kv_layout=layout)
+    for causal, sm_scale, cap, window in BATCH_VARIANTS:
+        paged.plan(
+            _indptr(qo_lens),
+            indptr,
+            indices,
+            last,
+            qo_heads,
+            kv_heads,
+            head_dim,
+            page_size,
+            causal=causal,
+            sm_scale=sm_scale,
+            logits_soft_cap=cap,
+            window_left=window,
+            q_data_type=dtype,
+            kv_data_type=kv_dtype,
+        )
+        out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
+        paged.run(q, cache, out=out, lse=lse, return_lse=True, **scales)
+        options = dict(causal=causal, window_left=window, soft_cap=cap, sm_scale=sm_scale)
+        _check(out, lse, _expected_batch(q, qo_lens, k_ref, v_ref, **options))
+
+    hnd = layout == "HND"
+
+    def in_layout(t: torch.Tensor) -> torch.Tensor:  # [tokens, Hk, D] as the layout has it
+        return t.transpose(0, 1).contiguous() if hnd else t
+
+    ragged = prefill.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), kv_layout=layout)
+    ragged.plan(
+        _indptr(qo_lens),
+        _indptr(kv_lens),
+        qo_heads,
+        kv_heads,
+        head_dim,
+        causal=True,
+        q_data_type=dtype,
+        kv_data_type=kv_dtype,
+    )
+    out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
+    ragged_k, ragged_v = in_layout(torch.cat(ks)), in_layout(torch.cat(vs))
+    ragged.run(q, ragged_k, ragged_v, out=out, lse=lse, return_lse=True, **scales)
+    _check(out, lse, _expected_batch(q, qo_lens, k_ref, v_ref, causal=True))
+
+    b = max(range(len(kv_lens)), key=kv_lens.__getitem__)
+    start = sum(qo_lens[:b])
+    q_b = q[start : start + qo_lens[b]]
+    out, lse = prefill.single_prefill_with_kv_cache(
+        q_b,
+        in_layout(ks[b]),
+        in_layout(vs[b]),
+        causal=True,
+        kv_layout=layout,
+        return_lse=True,
+        **scales,
+    )
+    _check(out, lse, reference_attention(q_b, k_ref[b], v_ref[b], causal=True))

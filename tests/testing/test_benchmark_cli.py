@@ -279,11 +279,7 @@ def test_generate_repro_command() -> None:
         ),
         (
             ["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--kv_dtype", "float16"],
-            "--kv_dtype must equal --q_dtype",
-        ),
-        (
-            ["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--kv_dtype", "e4m3"],
-            "--kv_dtype must equal --q_dtype, or be fp8 for decode",
+            "--kv_dtype must equal --q_dtype, or be fp8",
         ),
         (
             ["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--s_qo", "4096"],
@@ -458,6 +454,9 @@ def test_torch_backends_pass_refcheck_on_cpu(name: str, capsys: pytest.CaptureFi
         ("BatchDecodeWithPagedKVCacheWrapper", ["--kv_layout", "HND", "--num_kv_heads", "4"]),
         ("BatchDecodeWithPagedKVCacheWrapper", ["--kv_dtype", "float8_e4m3fn"]),
         ("single_decode_with_kv_cache", ["--kv_dtype", "e5m2", "--kv_layout", "HND"]),
+        ("BatchPrefillWithPagedKVCacheWrapper", ["--causal", "--kv_dtype", "e4m3"]),
+        ("BatchPrefillWithRaggedKVCacheWrapper", ["--kv_dtype", "e5m2"]),
+        ("single_prefill_with_kv_cache", ["--causal", "--kv_dtype", "e4m3"]),
         ("MultiLevelCascadeAttentionWrapper", ["--causal", "--kv_layout", "HND"]),
         ("apply_rope_pos_ids", ["--interleave"]),
         (
@@ -476,18 +475,13 @@ def test_torch_backends_pass_refcheck_in_other_forms(name: str, extra: list[str]
     assert [row["backend"] for row in cli.run_routine(args, CPU, **CPU_RUN)] == ["torch"]
 
 
-def test_an_fp8_cache_skips_tensor_core_decode_and_counts_its_bytes(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """--kv_dtype e4m3: the fa2_tc backend is skipped (the wrapper runs an fp8 cache on the
-    CUDA-core kernel, which fa2 measures) and the others go on; the case's bytes count one
-    byte a KV element."""
+def test_an_fp8_cache_counts_one_byte_a_kv_element() -> None:
+    """--kv_dtype e4m3: the case names the cache's dtype and its bytes count one byte a KV
+    element."""
     name = "BatchDecodeWithPagedKVCacheWrapper"
-    args = cli.parse_args([*small_argv(name, ["fa2_tc", "torch"], "--kv_dtype", "e4m3"), "-v"])
+    args = cli.parse_args(small_argv(name, ["torch"], "--kv_dtype", "e4m3"))
     rows = cli.run_routine(args, CPU, **CPU_RUN)
     assert [row["backend"] for row in rows] == ["torch"]
-    out = capsys.readouterr().out
-    assert "fa2_tc backend skipped: an fp8 cache runs on the CUDA-core kernel (fa2)" in out
     assert "kv float8_e4m3fn" in rows[0]["case"]
     fp8 = routines.ROUTINES[name].make_case(args, CPU).bytes
     half = routines.ROUTINES[name].make_case(cli.parse_args(small_argv(name, ["torch"])), CPU).bytes
@@ -841,13 +835,18 @@ def test_bench_prefill_swaps_the_tiling_in_and_out(monkeypatch: pytest.MonkeyPat
     from flashinfer import prefill as api
     from flashinfer.jit.prefill import PrefillTiling
 
-    built: list[tuple[Any, int, PrefillTiling]] = []
+    built: list[tuple[Any, ...]] = []
 
     class Spec:
         def __init__(
-            self, dtype: Any, head_dim: int, tiling: PrefillTiling, rope: bool = False
+            self,
+            dtype: Any,
+            head_dim: int,
+            tiling: PrefillTiling,
+            pos_encoding: str = "NONE",
+            kv_dtype: Any = None,
         ) -> None:
-            built.append((dtype, head_dim, tiling))
+            built.append((dtype, head_dim, tiling, pos_encoding, kv_dtype))
 
         def build_and_load(self) -> str:
             return f"module {built[-1][2].name}"
@@ -858,8 +857,13 @@ def test_bench_prefill_swaps_the_tiling_in_and_out(monkeypatch: pytest.MonkeyPat
     with bench_prefill.kernel_tiling(tiling):
         assert api.get_prefill_module(torch.bfloat16, 128) == "module m2kv32"
         assert api.get_prefill_module(torch.bfloat16, 128) == "module m2kv32"
+        fp8 = torch.float8_e4m3fn
+        assert api.get_prefill_module(torch.bfloat16, 128, "NONE", fp8) == "module m2kv32"
         assert api._max_ctas.cache_info().currsize == 0
-    assert built == [(torch.bfloat16, 128, tiling)]
+    assert built == [
+        (torch.bfloat16, 128, tiling, "NONE", None),
+        (torch.bfloat16, 128, tiling, "NONE", fp8),
+    ]
     assert api.get_prefill_module is original
     names = [t.name for t in bench_prefill.parse_tilings("all", 256)]
     assert names == ["m1kv16", "m1kv16p", "m1kv32", "m1kv32p", "m1kv64"]
