@@ -1,12 +1,13 @@
-"""Prefill attention benchmark (GPU): (a) single_prefill_with_kv_cache over 8192 tokens and
-(b) BatchPrefillWithPagedKVCacheWrapper over 16 requests x 2048 tokens, page 16; both causal,
-32 query / 8 KV heads, head_dim 128 (--head_dim), bf16. Each case is checked against a float64
+"""Prefill attention benchmark (GPU): (a) single_prefill_with_kv_cache over 8192 tokens and (b)
+BatchPrefillWithPagedKVCacheWrapper over 16 requests x 2048 tokens, page 16; both causal, 32
+query / 8 KV heads, head_dim 128 (--head_dim), bf16. Each case is checked against a float64
 torch reference first, then timed next to torch's flash SDPA on the same data in the same run.
-Reports TFLOP/s (a causal mask counts the visible pairs only), the ratio to torch and the
-share of the device's dense bf16 tensor-core peak. Results go to
-benchmarks/results/prefill.md. Without a GPU it says so and exits 0.
-Usage: python benchmarks/bench_prefill.py [--output FILE] [--probe] [--head_dim D]
-[--tilings all|m2kv32,m1kv64c2,...|fastest:FILE]. --probe adds rows that tell the batch
+Reports TFLOP/s (a causal mask counts the visible pairs only), the ratio to torch and the share
+of the device's dense bf16 tensor-core peak. Results go to benchmarks/results/prefill.md;
+``--kv_dtype float8_e4m3fn`` (or e5m2) measures an fp8 KV cache (torch dequantizes it inside its
+timed call) into prefill_<kv_dtype>.md. Without a GPU it says so and exits 0.
+Usage: python benchmarks/bench_prefill.py [--output FILE] [--probe] [--head_dim D] [--kv_dtype
+DTYPE] [--tilings all|m2kv32,m1kv64c2,...|fastest:FILE]. --probe adds rows that tell the batch
 case's costs apart: the same batch over ragged (contiguous) K/V, and over pages of 1 and of 64
 tokens. --tilings runs every case once per kernel tiling (docs/attention.md), in this process,
 and names the fastest (the best geometric mean of the single and batch paged speedups);
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
-from gpu_script import device_facts, measure, script_args, timing_fact
+from gpu_script import RESULTS, device_facts, measure, script_args, timing_fact
 from report import write_report
 
 from flashinfer.jit.prefill import (
@@ -55,7 +56,7 @@ PROBE_CASES = [
 ]
 
 
-def shape_flags(head_dim: int) -> list[str]:
+def shape_flags(head_dim: int, kv_dtype: str = "bfloat16") -> list[str]:
     return [
         "--num_qo_heads",
         "32",
@@ -65,6 +66,8 @@ def shape_flags(head_dim: int) -> list[str]:
         str(head_dim),
         "--q_dtype",
         "bfloat16",
+        "--kv_dtype",
+        kv_dtype,
     ]
 
 
@@ -88,9 +91,15 @@ def dense_bf16_peak(device_name: str) -> float | None:
 
 
 def row(
-    tiling: str, routine: str, flags: Sequence[str], head_dim: int, peak: float | None
+    tiling: str,
+    routine: str,
+    flags: Sequence[str],
+    head_dim: int,
+    peak: float | None,
+    kv_dtype: str = "bfloat16",
 ) -> tuple[str, ...]:
-    result = measure(routine, [*flags, *shape_flags(head_dim)], backends=("fa2", "flash"))
+    all_flags = [*flags, *shape_flags(head_dim, kv_dtype)]
+    result = measure(routine, all_flags, backends=("fa2", "flash"))
     ours, theirs = result["fa2"], result["flash"]
     ours_ms, torch_ms = ours["median_time"], theirs["median_time"]
     return (
@@ -138,11 +147,12 @@ def recorded_fastest(path: Path, head_dim: int) -> str:
     return match.group(1)
 
 
-def parse_tilings(spec: str, head_dim: int) -> list[PrefillTiling]:
-    """``all`` (every tiling the kernel takes at ``head_dim``), names like m2kv32, m1kv64c2, or
-    ``fastest:FILE`` (the one a --tilings table names)."""
+def parse_tilings(spec: str, head_dim: int, fp8: bool = False) -> list[PrefillTiling]:
+    """``all`` (every tiling the kernel takes at ``head_dim``, over an fp8 cache with
+    ``fp8``), names like m2kv32, m1kv64c2, or ``fastest:FILE`` (the one a --tilings table
+    names)."""
     if spec == "all":
-        return accepted_tilings(head_dim)
+        return accepted_tilings(head_dim, fp8)
     if spec.startswith("fastest:"):
         spec = recorded_fastest(Path(spec.removeprefix("fastest:")), head_dim)
     tilings = []
@@ -151,7 +161,7 @@ def parse_tilings(spec: str, head_dim: int) -> list[PrefillTiling]:
         if tiling is None:
             raise SystemExit(f"--tilings: {name!r} is not m<tiles>kv<tokens>[c<ctas>], e.g. m2kv32")
         try:
-            tiling.check(head_dim)
+            tiling.check(head_dim, fp8)
         except ValueError as err:
             raise SystemExit(f"--tilings: {err}") from None
         tilings.append(tiling)
@@ -189,14 +199,15 @@ def rows(
     tilings: list[PrefillTiling] | None,
     head_dim: int,
     peak: float | None,
+    kv_dtype: str = "bfloat16",
 ) -> list[tuple[str, ...]]:
     if tilings is None:
-        name = prefill_tiling(head_dim).name
-        return [row(name, routine, flags, head_dim, peak) for routine, flags in cases]
+        name = prefill_tiling(head_dim, kv_dtype != "bfloat16").name
+        return [row(name, r, flags, head_dim, peak, kv_dtype) for r, flags in cases]
     table = []
     for tiling in tilings:
         with kernel_tiling(tiling):
-            table += [row(tiling.name, r, flags, head_dim, peak) for r, flags in cases]
+            table += [row(tiling.name, r, flags, head_dim, peak, kv_dtype) for r, flags in cases]
     return table
 
 
@@ -205,6 +216,8 @@ def command_flags(args: argparse.Namespace) -> str:
     flags = " --probe" if args.probe else ""
     if args.head_dim != 128:
         flags += f" --head_dim {args.head_dim}"
+    if args.kv_dtype != "bfloat16":
+        flags += f" --kv_dtype {args.kv_dtype}"
     return flags + (f" --tilings {args.tilings}" if args.tilings else "")
 
 
@@ -215,19 +228,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--head_dim", type=int, choices=HEAD_DIMS, default=128)
     parser.add_argument(
+        "--kv_dtype",
+        choices=("bfloat16", "float8_e4m3fn", "float8_e5m2"),
+        default="bfloat16",
+        help="the KV cache's dtype (q and the output stay bf16)",
+    )
+    parser.add_argument(
         "--tilings",
         default=None,
         help="'all', comma-separated names such as m1kv64,m2kv32, or fastest:FILE",
     )
-    args = script_args("bench_prefill.py", "prefill.md", argv=argv, parser=parser)
+    args = script_args("bench_prefill.py", None, argv=argv, parser=parser)
     if args is None:
         return 0
+    fp8 = args.kv_dtype != "bfloat16"
+    output = args.output or RESULTS / ("prefill.md" if not fp8 else f"prefill_{args.kv_dtype}.md")
     head_dim = args.head_dim
-    tilings = None if args.tilings is None else parse_tilings(args.tilings, head_dim)
+    tilings = None if args.tilings is None else parse_tilings(args.tilings, head_dim, fp8)
     cases = CASES + PROBE_CASES if args.probe else CASES
     peak = dense_bf16_peak(torch.cuda.get_device_name())
     if tilings is None:
-        tiling = prefill_tiling(head_dim)
+        tiling = prefill_tiling(head_dim, fp8)
         source = (
             "the default"
             if tiling == DEFAULT_TILINGS[head_dim]
@@ -242,19 +263,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         if peak
         else "no data-sheet peak known for this device: no share"
     )
-    table = rows(cases, tilings, head_dim, peak)
+    table = rows(cases, tilings, head_dim, peak, args.kv_dtype)
     fastest_note = []
     if tilings is not None and len(tilings) > 1:
         name, mean = fastest(table, len(cases))
         fastest_note = [f"{FASTEST_FACT}: {name} at head_dim {head_dim}, x{mean:.2f}"]
+    kv_note = (
+        [f"{args.kv_dtype} KV cache: torch attends to it dequantized to bf16 inside its timed call"]
+        if fp8
+        else []
+    )
     write_report(
-        args.output,
-        "Prefill attention benchmark (GPU)",
+        output,
+        "Prefill attention benchmark (GPU)" + (f", {args.kv_dtype} KV cache" if fp8 else ""),
         [
             *device_facts(),
             f"32 query / 8 KV heads, head_dim {head_dim}, bf16, NHD, causal (bottom-right "
             "aligned); batch: 16 requests of 2048 query and 2048 KV tokens over shuffled "
             "pages of 16",
+            *kv_note,
             f"each case checked against float64 torch first; then {timing_fact(100)}; batch: "
             "plan() once, run() timed",
             "TFLOP/s counts 4 * qo_heads * head_dim per visible (query, key) pair (causal: "

@@ -238,8 +238,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   // (an fp8 cache: see the top)
   constexpr bool kFp8 = sizeof(TKV) == 1;
   static_assert(kFp8 || std::is_same_v<T, TKV>, "the KV cache is q's dtype or an fp8 type");
-  // RoPE rotates keys in 16-bit rows the fp8 build widens into; refused on the host all the
-  // same, as decode, which rotates them in the cache's type, must refuse it
+  // RoPE with an fp8 cache is refused (on the host too), as in decode, whose kernel would
+  // round the rotated keys to the cache's type
   static_assert(!kFp8 || kPos != PosEncoding::kRopeLlama, "RoPE needs a 16-bit cache");
   constexpr int kHeadDim = Tl::kHeadDim, kMTiles = Tl::kMTiles, kThreads = Tl::kThreads;
   constexpr int kTileKV = Tl::kTileKV, kChunks = Tl::kChunks;

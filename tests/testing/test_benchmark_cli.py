@@ -933,6 +933,7 @@ def fake_gpu_measure(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
         ("bench_prefill", ["--probe"], 5),
         ("bench_prefill", ["--tilings", "m1kv64,m2kv32"], 4),
         ("bench_prefill", ["--head_dim", "64", "--tilings", "all"], 2 * 12),
+        ("bench_prefill", ["--kv_dtype", "float8_e4m3fn", "--tilings", "all"], 2 * 11),
     ],
 )
 def test_bench_scripts_write_their_tables(
