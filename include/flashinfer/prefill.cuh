@@ -434,8 +434,11 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   };
   // fp8: widens the tile in ring slot `slot` of `landing` into the 16-bit stage `stage`, the
   // tile's 16-byte chunks dealt out to the threads in turn (consecutive threads read
-  // consecutive chunks). Called by every thread between two barriers: the first publishes
-  // the landed codes (and frees the stage), the second the widened rows.
+  // consecutive chunks). Chunk j of a row widens into 16-bit chunks 2j and 2j + 1; threads
+  // j = 4..7 of every 8 store the odd one first, so that each quarter warp's first (and
+  // second) stores fall in eight different bank groups of the swizzled row. Called by every
+  // thread between two barriers: the first publishes the landed codes (and frees the
+  // stage), the second the widened rows.
   auto widen = [&](const uint8_t* landing, int slot, T* stage) {
     if constexpr (kFp8) {
       constexpr int kTileChunks = kTileKV * kLandChunks;
@@ -447,9 +450,9 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
               *reinterpret_cast<const uint4*>(landing + slot * Tl::kKVElems + c * 16);
           uint4 lo, hi;
           fp8x16_to<T, TKV>(codes, &lo, &hi);
-          const int r = c / kLandChunks, chunk = 2 * (c % kLandChunks);
-          *reinterpret_cast<uint4*>(stage + swizzle<kHeadDim>(r, chunk)) = lo;
-          *reinterpret_cast<uint4*>(stage + swizzle<kHeadDim>(r, chunk + 1)) = hi;
+          const int r = c / kLandChunks, j = c % kLandChunks, odd = j >> 2 & 1;
+          *reinterpret_cast<uint4*>(stage + swizzle<kHeadDim>(r, 2 * j + odd)) = odd ? hi : lo;
+          *reinterpret_cast<uint4*>(stage + swizzle<kHeadDim>(r, 2 * j + 1 - odd)) = odd ? lo : hi;
         }
       }
     }
