@@ -1,12 +1,12 @@
-"""The prefill kernel's own source, run on the CPU by the emulator (tests/emu), through the
-real wrappers and planner, against the float64 reference: every accepted tiling on single,
-ragged (custom mask) and paged (shuffled pages, NaN in every slot no request owns) prefill,
-float16, KV split across CTAs and merged by the cascade kernel, and page ids outside the
-cache. Sizes are small: the emulator runs each CUDA thread as a fiber. cp.async copies land
-when issued in some tests (a stage overwritten while a warp still reads it shows) and when
-waited for in others (a read before its wait shows); some run a CTA's threads last first (a
-shared write read before the barrier that publishes it shows). The same cases at GPU sizes are in
-tests/ops/test_prefill_gpu.py."""
+"""The prefill kernel's own source, run on the CPU by the emulator (tests/emu), through the real
+wrappers and planner, against the float64 reference: every accepted tiling on single, ragged
+(custom mask) and paged (shuffled pages, NaN in every slot no request owns) prefill, float16, KV
+split across CTAs and merged by the cascade kernel, page ids outside the cache, and fp8 KV
+caches (prefill and tensor-core decode). Sizes are small: the emulator runs each CUDA thread as
+a fiber. cp.async copies land when issued in some tests (a stage overwritten while a warp still
+reads it shows) and when waited for in others (a read before its wait shows); some run a CTA's
+threads last first (a shared write read before the barrier that publishes it shows). The same
+cases at GPU sizes are in tests/ops/test_prefill_gpu.py."""
 
 from __future__ import annotations
 
