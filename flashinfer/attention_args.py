@@ -86,6 +86,13 @@ def check_kv_dtype(name: str, value: Any, q_dtype: torch.dtype) -> torch.dtype:
     raise TypeError(f"{name} {dtype} differs from q_data_type {q_dtype}; supported: {supported}")
 
 
+def check_kv_tensor_dtypes(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor) -> None:
+    """k and v share one dtype: q's or one of FP8_KV_DTYPES."""
+    if k.dtype not in FP8_KV_DTYPES:
+        checks.check_same_dtype("k", k, "q", q)
+    checks.check_same_dtype("v", v, "k", k)
+
+
 def check_out_dtype(value: Any, q_dtype: torch.dtype) -> None:
     """``o_data_type`` (None: q's) must be q's dtype: the output takes it."""
     dtype = None if value is None else check_dtype_name("o_data_type", value)

@@ -39,7 +39,6 @@ from .api_logging import flashinfer_api
 from .attention_args import (
     BACKENDS,
     DTYPES,
-    FP8_KV_DTYPES,
     INDEX,
     INT_WORKSPACE_BYTES,
     WorkspaceOwner,
@@ -49,6 +48,7 @@ from .attention_args import (
     check_dtype_name,
     check_heads,
     check_kv_dtype,
+    check_kv_tensor_dtypes,
     check_optional_number,
     check_out_dtype,
     check_output,
@@ -169,10 +169,8 @@ def single_decode_with_kv_cache(
     for name, t in (("k", k), ("v", v)):
         checks.check_tensor(name, t)
         checks.check_ndim(name, t, 3, f"{layout} ({kv_layout})")
-        if t.dtype not in FP8_KV_DTYPES:
-            checks.check_same_dtype(name, t, "q", q)
         checks.check_last_dim_contiguous(name, t)
-    checks.check_same_dtype("v", v, "k", k)
+    check_kv_tensor_dtypes(k, v, q)
     check_rope_cache(k.dtype, pos_encoding)
     if v.shape != k.shape:
         raise ValueError(f"v has shape {tuple(v.shape)}, k has {tuple(k.shape)}")

@@ -35,7 +35,6 @@ from .attention_args import (
     ALIGN,
     BACKENDS,
     DTYPES,
-    FP8_KV_DTYPES,
     INDEX,
     INT_WORKSPACE_BYTES,
     WorkspaceOwner,
@@ -45,6 +44,7 @@ from .attention_args import (
     check_dtype_name,
     check_heads,
     check_kv_dtype,
+    check_kv_tensor_dtypes,
     check_optional_number,
     check_out_dtype,
     check_output,
@@ -178,13 +178,6 @@ def _plan_dtypes(
     return dtype, kv_dtype
 
 
-def _check_kv_dtypes(k: torch.Tensor, v: torch.Tensor, q: torch.Tensor) -> None:
-    """k and v share one dtype: q's or an fp8 type."""
-    if k.dtype not in FP8_KV_DTYPES:
-        checks.check_same_dtype("k", k, "q", q)
-    checks.check_same_dtype("v", v, "k", k)
-
-
 def _check_rows(name: str, tokens: int, num_qo_heads: int) -> None:
     """The kernel packs query rows (tokens x query heads) and positions in 32 bits."""
     if tokens * num_qo_heads >= _INT32_LIMIT:
@@ -284,7 +277,7 @@ def single_prefill_with_kv_cache(
     for name, t in (("k", k), ("v", v)):
         checks.check_tensor(name, t)
         checks.check_ndim(name, t, 3, f"{layout} ({kv_layout})")
-    _check_kv_dtypes(k, v, q)
+    check_kv_tensor_dtypes(k, v, q)
     check_rope_cache(k.dtype, pos_encoding)
     qo_len, num_qo_heads, head_dim = q.shape
     if k.shape[2] != head_dim:
