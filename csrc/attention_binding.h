@@ -23,14 +23,15 @@ inline bool Aligned(const TensorView& t) {
   return reinterpret_cast<uintptr_t>(DataPtr(t)) % 16 == 0;
 }
 
-// A q or out tensor: [rows, heads, head_dim] (rank 3) or [heads, head_dim] (rank 2).
-inline void CheckHeads(const TensorView& t, const char* name, int rank, int64_t rows,
-                       int64_t heads) {
+// A q or out tensor: [rows, heads, head_dim] (rank 3) or [heads, head_dim] (rank 2), head_dim
+// the module's (prefill's out: its kHeadDimVO).
+inline void CheckHeads(const TensorView& t, const char* name, int rank, int64_t rows, int64_t heads,
+                       int64_t head_dim = kHeadDim) {
   FLASHINFER_CHECK(t.ndim() == rank, ValueError)
       << name << " must be " << rank << "-D, got " << t.ndim() << "-D";
   CheckDType(t, name, kDTypeCode, kDTypeBits);
-  FLASHINFER_CHECK(t.size(rank - 1) == kHeadDim, ValueError)
-      << name << " has head_dim " << t.size(rank - 1) << ", this module is for " << kHeadDim;
+  FLASHINFER_CHECK(t.size(rank - 1) == head_dim, ValueError)
+      << name << " has head_dim " << t.size(rank - 1) << ", this module is for " << head_dim;
   FLASHINFER_CHECK(heads < 0 || t.size(rank - 2) == heads, ValueError)
       << name << " has " << t.size(rank - 2) << " heads, expected " << heads;
   FLASHINFER_CHECK(rank == 2 || rows < 0 || t.size(0) == rows, ValueError)
@@ -48,15 +49,16 @@ struct Strides {
 };
 
 // A cache tensor of the module's KV dtype: paged [pages, page_size, Hk, D] / [pages, Hk,
-// page_size, D] (rank 4) or contiguous [len, Hk, D] / [Hk, len, D] (rank 3, one page).
+// page_size, D] (rank 4) or contiguous [len, Hk, D] / [Hk, len, D] (rank 3, one page); D is
+// head_dim (prefill's v: its kHeadDimVO).
 inline Strides CacheOf(const TensorView& t, const char* name, int rank, bool hnd, int64_t kv_heads,
-                       int64_t* page_size) {
+                       int64_t* page_size, int64_t head_dim = kHeadDim) {
   FLASHINFER_CHECK(t.ndim() == rank, ValueError)
       << name << " must be " << rank << "-D, got " << t.ndim() << "-D";
   CheckDType(t, name, kKVDTypeCode, kKVDTypeBits);
   constexpr int64_t kCopyElems = 128 / kKVDTypeBits;  // elements of 16 bytes
-  FLASHINFER_CHECK(t.size(rank - 1) == kHeadDim && t.stride(rank - 1) == 1, ValueError)
-      << name << " must end in a contiguous head_dim of " << kHeadDim;
+  FLASHINFER_CHECK(t.size(rank - 1) == head_dim && t.stride(rank - 1) == 1, ValueError)
+      << name << " must end in a contiguous head_dim of " << head_dim;
   const int base = rank - 3;  // 1 for paged caches
   const int slot_dim = base + (hnd ? 1 : 0), head_dim_index = base + (hnd ? 0 : 1);
   FLASHINFER_CHECK(t.size(head_dim_index) == kv_heads, ValueError)

@@ -88,7 +88,7 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
   CheckRope(rope_rcp_scale, rope_rcp_theta);
   CheckHeads(q, "q", 3, -1, -1);
   const int64_t total_q = q.size(0), qo_heads = q.size(1);
-  CheckHeads(out, "out", 3, total_q, qo_heads);
+  CheckHeads(out, "out", 3, total_q, qo_heads, kHeadDimVO);
   const float* slopes = AlibiSlopesOf(alibi_slopes, qo_heads, score_cap, q);
   const bool paged = k.ndim() == 4;
   FLASHINFER_CHECK(k.ndim() == 3 || paged, ValueError)
@@ -98,7 +98,7 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
   CheckGroup(qo_heads, kv_heads);
   int64_t page_size = 0, v_page_size = 0;
   const Strides ks = CacheOf(k, "k", rank, hnd, kv_heads, &page_size);
-  const Strides vs = CacheOf(v, "v", rank, hnd, kv_heads, &v_page_size);
+  const Strides vs = CacheOf(v, "v", rank, hnd, kv_heads, &v_page_size, kHeadDimVO);
   FLASHINFER_CHECK(page_size == v_page_size && k.size(0) == v.size(0), ValueError)
       << "k and v differ in " << (paged ? "pages or page_size" : "tokens");
   FLASHINFER_CHECK(custom_mask.has_value() == mask_indptr.has_value(), ValueError)
@@ -140,7 +140,7 @@ void BatchPrefill(TensorView q, TensorView k, TensorView v, TensorView qo_indptr
   }
   l.plan = IndexArray(plan, "plan", 4 + 5 * work_capacity + 2 * merge_capacity, q);
   // the plan's tmp rows are < tmp_capacity
-  CheckFloatBuffer(tmp_v, "tmp_v", tmp_capacity * qo_heads * kHeadDim);
+  CheckFloatBuffer(tmp_v, "tmp_v", tmp_capacity * qo_heads * kHeadDimVO);
   CheckFloatBuffer(tmp_lse, "tmp_lse", tmp_capacity * qo_heads);
   CheckDevices(q, {{&k, "k"}, {&v, "v"}, {&tmp_v, "tmp_v"}, {&tmp_lse, "tmp_lse"}, {&out, "out"}});
   l.work_capacity = work_capacity;
@@ -159,14 +159,14 @@ void SinglePrefill(TensorView q, TensorView k, TensorView v, Optional<TensorView
   CheckRope(rope_rcp_scale, rope_rcp_theta);
   CheckHeads(q, "q", 3, -1, -1);
   const int64_t qo_len = q.size(0), qo_heads = q.size(1);
-  CheckHeads(out, "out", 3, qo_len, qo_heads);
+  CheckHeads(out, "out", 3, qo_len, qo_heads, kHeadDimVO);
   const float* slopes = AlibiSlopesOf(alibi_slopes, qo_heads, score_cap, q);
   FLASHINFER_CHECK(k.ndim() == 3, ValueError) << "k must be 3-D, got " << k.ndim() << "-D";
   const int64_t kv_heads = hnd ? k.size(0) : k.size(1);
   const int64_t group = CheckGroup(qo_heads, kv_heads);
   int64_t kv_len = 0, v_len = 0;
   const Strides ks = CacheOf(k, "k", 3, hnd, kv_heads, &kv_len);
-  const Strides vs = CacheOf(v, "v", 3, hnd, kv_heads, &v_len);
+  const Strides vs = CacheOf(v, "v", 3, hnd, kv_heads, &v_len, kHeadDimVO);
   FLASHINFER_CHECK(kv_len == v_len, ValueError) << "k has " << kv_len << " tokens, v " << v_len;
   FLASHINFER_CHECK(window_left >= -1 && chunk_tokens >= 1 && num_chunks >= 1, ValueError)
       << "window_left, chunk_tokens and num_chunks are out of range";
@@ -174,7 +174,7 @@ void SinglePrefill(TensorView q, TensorView k, TensorView v, Optional<TensorView
   FLASHINFER_CHECK(tiles * num_chunks <= std::numeric_limits<int32_t>::max(), ValueError)
       << "qo_len x num_chunks exceeds the grid limit";
   const int64_t tmp_rows = num_chunks > 1 ? qo_len * num_chunks : 0;
-  CheckFloatBuffer(tmp_v, "tmp_v", tmp_rows * qo_heads * kHeadDim);
+  CheckFloatBuffer(tmp_v, "tmp_v", tmp_rows * qo_heads * kHeadDimVO);
   CheckFloatBuffer(tmp_lse, "tmp_lse", tmp_rows * qo_heads);
   const uint8_t* mask = MaskOf(custom_mask, (qo_len * kv_len + 7) / 8, q);
   CheckCuda(q, "q");
@@ -206,6 +206,7 @@ tvm::ffi::String DTypeOfModule() { return kDTypeName; }
 tvm::ffi::String KVDTypeOfModule() { return kKVDTypeName; }
 tvm::ffi::String PosEncodingOfModule() { return kPosEncodingName; }
 int64_t HeadDimOfModule() { return kHeadDim; }
+int64_t HeadDimVOOfModule() { return kHeadDimVO; }
 
 }  // namespace
 
@@ -216,4 +217,5 @@ TVM_FFI_DLL_EXPORT_TYPED_FUNC(tile_rows, TileRows);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(kv_dtype, KVDTypeOfModule);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(head_dim, HeadDimOfModule);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(head_dim_vo, HeadDimVOOfModule);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(pos_encoding, PosEncodingOfModule);

@@ -7,8 +7,8 @@
 
 namespace fp = flashinfer::prefill;
 namespace fc = flashinfer::cascade;
-using Tiling =
-    fp::Tiling<kHeadDim, kPrefillMTiles, kPrefillTileKV, kPrefillMinCTAs, kPrefillOverlap>;
+using Tiling = fp::Tiling<kHeadDim, kPrefillMTiles, kPrefillTileKV, kPrefillMinCTAs,
+                          kPrefillOverlap, kHeadDimVO>;
 
 cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
   fp::PrefillParams<DType, DTypeKV> p;

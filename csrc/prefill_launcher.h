@@ -43,7 +43,8 @@ struct PrefillLaunch {
   bool pdl;
 };
 
-// q and out are the module's DType, k and v its DTypeKV; head_dim is the module's kHeadDim.
+// q and out are the module's DType, k and v its DTypeKV; q and k rows have the module's
+// kHeadDim elements, v and out rows its kHeadDimVO.
 cudaError_t prefill_launch(const PrefillLaunch& launch, cudaStream_t stream);
 cudaError_t prefill_blocks_per_sm(int* blocks);
 int prefill_tile_rows();

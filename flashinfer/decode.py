@@ -70,10 +70,13 @@ from .decode_schedule import (
     pack_schedule,
     plan_decode_schedule,
 )
-from .jit.decode import HEAD_DIMS, check_rope_cache, gen_decode_module
+from .jit.decode import HEAD_DIMS, gen_decode_module
+from .jit.kv_dtype import check_rope_cache
+from .page import get_seq_lens as get_seq_lens  # engines import it from here
 from .paged_kv import check_paged_kv_cache
 from .pdl import resolve_enable_pdl
 from .trace.templates import attention as _trace
+from .utils import _get_range_buf as _get_range_buf  # engines import it from here
 from .utils import get_device_sm_count
 
 # A bound on resident CTAs per SM (the hardware's), for CUDA-graph buffer capacities.
@@ -774,6 +777,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
                 num_qo_heads=num_qo_heads,
                 num_kv_heads=num_kv_heads,
                 head_dim=head_dim,
+                head_dim_vo=head_dim,
                 causal=q_len > 1,  # a request's tokens see the cache up to their own
                 pos_encoding_mode=pos_encoding_mode,
                 window_left=window_left,

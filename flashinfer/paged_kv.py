@@ -80,15 +80,17 @@ def check_paged_kv_cache(
     page_size: int,
     head_dim: int,
     dtype: torch.dtype,
+    head_dim_vo: int | None = None,
 ) -> tuple[Part, Part]:
     """The key and the value cache as :func:`unpack_paged_kv_cache` gives them, checked
     against a plan: pages of ``page_size`` slots of ``num_kv_heads`` heads of ``head_dim``
-    (in ``kv_layout``'s order) and ``dtype``, the last dim contiguous, as many pages of keys
-    as of values."""
+    (the values': ``head_dim_vo``, None for the same; in ``kv_layout``'s order) and
+    ``dtype``, the last dim contiguous, as many pages of keys as of values."""
     parts = unpack_paged_kv_cache(paged_kv_cache, kv_layout)
     slots = (num_kv_heads, page_size) if kv_layout == "HND" else (page_size, num_kv_heads)
-    expected = (*slots, head_dim)
-    for name, t in parts:
+    dims = (head_dim, head_dim if head_dim_vo is None else head_dim_vo)
+    for (name, t), dim in zip(parts, dims):
+        expected = (*slots, dim)
         if tuple(t.shape[1:]) != expected:
             raise ValueError(
                 f"{name} has shape {tuple(t.shape)}; plan() was for pages of "

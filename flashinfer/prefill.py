@@ -11,7 +11,8 @@ mask (per request ``[qo_len, kv_len]`` booleans, True = attend) replaces the cau
 A query that sees no key gets output 0 and LSE -inf. q and the output share one dtype
 (float16 or bfloat16); the KV is q's dtype or fp8 (``float8_e4m3fn``, ``float8_e5m2``, as
 ``kv_data_type`` in plan(): the kernel widens each tile in shared memory, ``k_scale`` and
-``v_scale`` dequantize as above); head_dim 64, 128 or 256, ``num_qo_heads`` a multiple of
+``v_scale`` dequantize as above); head_dim 64, 128 or 256, or q and k of 192 with v and the
+output of 128 (``head_dim_vo``: DeepSeek's MLA prefill), ``num_qo_heads`` a multiple of
 ``num_kv_heads``. Query rows are tiled together with their GQA group and long KV is split
 across the GPU and merged (see :mod:`flashinfer.prefill_schedule`).
 
@@ -60,8 +61,14 @@ from .attention_args import (
     to_device,
 )
 from .custom_op import is_symbolic, kernel_op
-from .jit.decode import check_rope_cache
-from .jit.prefill import HEAD_DIMS, gen_prefill_module
+from .jit.kv_dtype import check_rope_cache
+from .jit.prefill import (
+    HEAD_DIM_PAIRS,
+    HEAD_DIMS,
+    check_head_dims,
+    check_rope_head_dims,
+    gen_prefill_module,
+)
 from .paged_kv import Part, check_paged_kv_cache
 from .pdl import resolve_enable_pdl
 from .prefill_schedule import (
@@ -93,12 +100,18 @@ _MASK_DTYPES = (
 
 @functools.cache
 def get_prefill_module(  # noqa: ANN201
-    dtype: Any, head_dim: int, pos_encoding: str = "NONE", kv_dtype: Any = None
+    dtype: Any,
+    head_dim: int,
+    pos_encoding: str = "NONE",
+    kv_dtype: Any = None,
+    head_dim_vo: int | None = None,
 ):
-    """The prefill module (a tvm_ffi.Module) for ``dtype`` x ``head_dim``, built for
-    ``pos_encoding`` (a pos_encoding_mode) and a KV cache of ``kv_dtype`` (None: ``dtype``;
-    or an fp8 type), compiled on first use."""
-    return gen_prefill_module(dtype, head_dim, None, pos_encoding, kv_dtype).build_and_load()
+    """The prefill module (a tvm_ffi.Module) for ``dtype`` x ``head_dim`` (q and k; v and
+    the output: ``head_dim_vo``, None for the same), built for ``pos_encoding`` (a
+    pos_encoding_mode) and a KV cache of ``kv_dtype`` (None: ``dtype``; or an fp8 type),
+    compiled on first use."""
+    spec = gen_prefill_module(dtype, head_dim, None, pos_encoding, kv_dtype, head_dim_vo)
+    return spec.build_and_load()
 
 
 @functools.cache
@@ -108,19 +121,31 @@ def _max_ctas(
     device: torch.device,
     pos_encoding: str = "NONE",
     kv_dtype: torch.dtype | None = None,
+    head_dim_vo: int | None = None,
 ) -> int:
     """CTAs of the prefill kernel the device holds at once."""
     with torch.cuda.device(device):
-        per_sm = get_prefill_module(dtype, head_dim, pos_encoding, kv_dtype).blocks_per_sm()
+        module = get_prefill_module(dtype, head_dim, pos_encoding, kv_dtype, head_dim_vo)
+        per_sm = module.blocks_per_sm()
     return get_device_sm_count(device) * max(1, int(per_sm))
 
 
 # -- argument checks ---------------------------------------------------------------------------
 
+_HEAD_DIMS_QK = tuple(sorted({qk for qk, _ in HEAD_DIM_PAIRS}))
 
-def _check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any) -> int:
-    """The GQA group size, after the shared checks against prefill's head dims."""
-    return check_heads(num_qo_heads, num_kv_heads, head_dim, HEAD_DIMS)
+
+def _check_heads(
+    num_qo_heads: Any, num_kv_heads: Any, head_dim_qk: Any, head_dim_vo: Any = None
+) -> int:
+    """The GQA group size, after the shared checks against prefill's head dims (q and k:
+    ``head_dim_qk``; v and the output: ``head_dim_vo``, None for the same, as decode and
+    cascade callers have them)."""
+    if head_dim_vo is None:
+        return check_heads(num_qo_heads, num_kv_heads, head_dim_qk, HEAD_DIMS)
+    group = check_heads(num_qo_heads, num_kv_heads, head_dim_qk, _HEAD_DIMS_QK)
+    check_head_dims(head_dim_qk, checks.check_int("head_dim_vo", head_dim_vo, 1))
+    return group
 
 
 def _check_vectors(name: str, t: torch.Tensor) -> None:
@@ -157,14 +182,6 @@ def _check_fp16_qk_reduction(value: Any) -> None:
     if checks.check_bool("use_fp16_qk_reduction", value):
         raise ValueError(
             "use_fp16_qk_reduction=True is not supported: q.k is always accumulated in float32"
-        )
-
-
-def _check_head_dim_vo(head_dim_vo: Any, head_dim_qk: int) -> None:
-    if head_dim_vo is not None and head_dim_vo != head_dim_qk:
-        raise ValueError(
-            f"head_dim_vo ({head_dim_vo}) must equal head_dim_qk ({head_dim_qk}): "
-            "different value and key head dims are not supported"
         )
 
 
@@ -247,11 +264,12 @@ def single_prefill_with_kv_cache(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention of ``q`` ``[qo_len, num_qo_heads, head_dim]`` over ``k``/``v``
     ``[kv_len, num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_len, head_dim]``
-    (HND). ``custom_mask`` is ``[qo_len, kv_len]`` (any shape of that many elements, read
-    row-major); ``packed_custom_mask`` its little-order bits (:func:`flashinfer.packbits`)
-    and wins when both are given. Returns ``out`` like q, and ``lse`` ``[qo_len,
-    num_qo_heads]`` (base 2) with ``return_lse``. The KV of a short query is split across
-    the GPU and merged, so one long prompt still fills it."""
+    (HND); v may have head_dim 128 where q and k have 192. ``custom_mask`` is ``[qo_len,
+    kv_len]`` (any shape of that many elements, read row-major); ``packed_custom_mask`` its
+    little-order bits (:func:`flashinfer.packbits`) and wins when both are given. Returns
+    ``out`` like q with v's head_dim, and ``lse`` ``[qo_len, num_qo_heads]`` (base 2) with
+    ``return_lse``. The KV of a short query is split across the GPU and merged, so one long
+    prompt still fills it."""
     hnd = checks.check_kv_layout(kv_layout)
     pos_encoding = check_pos_encoding(pos_encoding_mode)
     _check_fp16_qk_reduction(use_fp16_qk_reduction)
@@ -280,15 +298,18 @@ def single_prefill_with_kv_cache(
     check_kv_tensor_dtypes(k, v, q)
     check_rope_cache(k.dtype, pos_encoding)
     qo_len, num_qo_heads, head_dim = q.shape
+    head_dim_vo = v.shape[2]
     if k.shape[2] != head_dim:
         raise ValueError(f"k has head_dim {k.shape[2]}, q has {head_dim}")
-    _check_head_dim_vo(v.shape[2], head_dim)
-    if v.shape != k.shape:
+    if v.shape[:2] != k.shape[:2]:
         raise ValueError(f"v has shape {tuple(v.shape)}, k has {tuple(k.shape)}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_vectors(name, t)
     num_kv_heads, kv_len = (k.shape[0], k.shape[1]) if hnd else (k.shape[1], k.shape[0])
-    _check_heads(num_qo_heads, num_kv_heads, head_dim)
+    _check_heads(
+        num_qo_heads, num_kv_heads, head_dim, None if head_dim_vo == head_dim else head_dim_vo
+    )
+    check_rope_head_dims(pos_encoding, head_dim, head_dim_vo)
     _check_rows("q", qo_len, num_qo_heads)
     if kv_len >= _INT32_LIMIT:
         raise ValueError(f"k holds {kv_len} tokens; at most 2^31 - 1")
@@ -314,7 +335,7 @@ def single_prefill_with_kv_cache(
     elif custom_mask is not None:
         checks.check_cuda("custom_mask", custom_mask, like=q)
 
-    out = torch.empty((qo_len, num_qo_heads, head_dim), dtype=q.dtype, device=q.device)
+    out = torch.empty((qo_len, num_qo_heads, head_dim_vo), dtype=q.dtype, device=q.device)
     lse = (
         torch.empty((qo_len, num_qo_heads), dtype=torch.float32, device=q.device)
         if return_lse
@@ -365,20 +386,21 @@ def _single_prefill_op(
     """single_prefill_with_kv_cache's launch. The split of the KV across the device and the
     scratch for its partial states are decided here, where the device is known."""
     qo_len, num_qo_heads, head_dim = q.shape
+    head_dim_vo = v.shape[2]
     num_kv_heads, kv_len = (k.shape[0], k.shape[1]) if hnd else (k.shape[1], k.shape[0])
     chunk, chunks = _single_chunks(
         qo_len,
         kv_len,
         num_qo_heads // num_kv_heads,
         num_kv_heads,
-        _max_ctas(q.dtype, head_dim, q.device, pos_encoding, k.dtype),
+        _max_ctas(q.dtype, head_dim, q.device, pos_encoding, k.dtype, head_dim_vo),
     )
     rows = qo_len * chunks if chunks > 1 else 0
     tmp_v = torch.empty(
-        max(rows * num_qo_heads * head_dim, 1), dtype=torch.float32, device=q.device
+        max(rows * num_qo_heads * head_dim_vo, 1), dtype=torch.float32, device=q.device
     )
     tmp_lse = torch.empty(max(rows * num_qo_heads, 1), dtype=torch.float32, device=q.device)
-    get_prefill_module(q.dtype, head_dim, pos_encoding, k.dtype).single_prefill(
+    get_prefill_module(q.dtype, head_dim, pos_encoding, k.dtype, head_dim_vo).single_prefill(
         q,
         k,
         v,
@@ -436,7 +458,8 @@ def _batch_prefill_op(
     """The batch prefill wrappers' run() launch (paged: ``kv_indices`` and
     ``kv_last_page_len`` given; ragged: None), on the planned schedule (``plan``, in the int
     workspace) and scratch (``tmp_v``/``tmp_lse``, in the float workspace)."""
-    get_prefill_module(q.dtype, q.shape[-1], pos_encoding, k.dtype).batch_prefill(
+    module = get_prefill_module(q.dtype, q.shape[-1], pos_encoding, k.dtype, v.shape[-1])
+    module.batch_prefill(
         q,
         k,
         v,
@@ -485,7 +508,8 @@ class _Plan:
     total_kv: int  # ragged: kv_indptr[-1] (k/v hold at least this many tokens); paged: 0
     num_qo_heads: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int  # q's and k's
+    head_dim_vo: int  # v's and the output's
     page_size: int  # 1 for ragged KV
     dtype: torch.dtype  # q's and the output's
     kv_dtype: torch.dtype  # the KV cache's: dtype, or an fp8 type
@@ -512,7 +536,8 @@ class _Options:
     group: int
     num_qo_heads: int
     num_kv_heads: int
-    head_dim: int
+    head_dim: int  # q's and k's
+    head_dim_vo: int  # v's and the output's
     causal: bool
     pos_encoding_mode: str
     window_left: int
@@ -551,11 +576,12 @@ def _check_options(
 ) -> _Options:
     """The options both wrappers' plan() share, checked in one place."""
     group = _check_heads(
-        num_qo_heads, num_kv_heads, checks.check_int("head_dim_qk", head_dim_qk, 1)
+        num_qo_heads, num_kv_heads, checks.check_int("head_dim_qk", head_dim_qk, 1), head_dim_vo
     )
-    _check_head_dim_vo(head_dim_vo, head_dim_qk)
+    head_dim_vo = head_dim_qk if head_dim_vo is None else head_dim_vo
     checks.check_bool("causal", causal)
     check_pos_encoding(pos_encoding_mode)
+    check_rope_head_dims(pos_encoding_mode, head_dim_qk, head_dim_vo)
     _check_fp16_qk_reduction(use_fp16_qk_reduction)
     sm_scale, cap = check_score_args(sm_scale, logits_soft_cap)
     check_alibi_cap(pos_encoding_mode, cap)
@@ -584,6 +610,7 @@ def _check_options(
         num_qo_heads,
         num_kv_heads,
         head_dim_qk,
+        head_dim_vo,
         causal,
         pos_encoding_mode,
         window_left,
@@ -749,7 +776,9 @@ class _BatchPrefillWrapper(WorkspaceOwner):
             if plan is None
             else (
                 f"batch={plan.batch}, tokens={plan.total_q}, heads={plan.num_qo_heads}/"
-                f"{plan.num_kv_heads}, head_dim={plan.head_dim}, "
+                f"{plan.num_kv_heads}, head_dim={plan.head_dim}"
+                + (f"/{plan.head_dim_vo}" if plan.head_dim_vo != plan.head_dim else "")
+                + ", "
                 f"dtype={str(plan.dtype).removeprefix('torch.')}, "
                 f"work_items={plan.schedule.num_work}"
             )
@@ -796,7 +825,12 @@ class _BatchPrefillWrapper(WorkspaceOwner):
             1
             if fake
             else _max_ctas(
-                opts.dtype, opts.head_dim, self.device, opts.pos_encoding_mode, opts.kv_dtype
+                opts.dtype,
+                opts.head_dim,
+                self.device,
+                opts.pos_encoding_mode,
+                opts.kv_dtype,
+                opts.head_dim_vo,
             )
         )
         fixed = None if opts.fixed_split_size is None else opts.fixed_split_size * page_size
@@ -820,7 +854,7 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         capacity = self._graph_capacity
         if capacity is None:
             unsplit = math.ceil(qo_indptr[-1] * opts.group / TILE_ROWS) + len(kv_lens)
-            row_bytes = 4 * opts.num_qo_heads * (opts.head_dim + 1)  # a tmp row and its LSEs
+            row_bytes = 4 * opts.num_qo_heads * (opts.head_dim_vo + 1)  # a tmp row, its LSEs
             fit = max(0, self._workspace.numel() - 2 * ALIGN) // row_bytes
             capacity = (max(2 * sizes[0], max_ctas, unsplit), qo_indptr[-1], max(sizes[2], fit))
         if any(n > cap for n, cap in zip(sizes, capacity)) and fixed is None:
@@ -853,7 +887,7 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         )
         words = pack_schedule(schedule, work_cap, merge_cap)
         plan_words, tmp_v, tmp_lse = self._split_buffers(
-            len(words), tmp_cap, opts.num_qo_heads, opts.head_dim
+            len(words), tmp_cap, opts.num_qo_heads, opts.head_dim_vo
         )
         graph = self._use_cuda_graph
         plan = _Plan(
@@ -863,6 +897,7 @@ class _BatchPrefillWrapper(WorkspaceOwner):
             num_qo_heads=opts.num_qo_heads,
             num_kv_heads=opts.num_kv_heads,
             head_dim=opts.head_dim,
+            head_dim_vo=opts.head_dim_vo,
             page_size=page_size,
             dtype=opts.dtype,
             kv_dtype=opts.kv_dtype,
@@ -925,7 +960,7 @@ class _BatchPrefillWrapper(WorkspaceOwner):
             self._cached_module = None
         else:
             self._cached_module = get_prefill_module(
-                opts.dtype, opts.head_dim, opts.pos_encoding_mode, opts.kv_dtype
+                opts.dtype, opts.head_dim, opts.pos_encoding_mode, opts.kv_dtype, opts.head_dim_vo
             )
             alibi_slopes_for(opts.pos_encoding_mode, opts.num_qo_heads, workspace)
         self._plan_info = plan
@@ -1046,12 +1081,14 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         causal = checks.check_bool("causal", causal)
         pos_encoding = check_pos_encoding(pos_encoding_mode)
         check_alibi_cap(pos_encoding, cap)
-        check_rope_cache(plan.kv_dtype, pos_encoding)  # (forward() may have set RoPE since)
+        # (forward() may have set RoPE since)
+        check_rope_cache(plan.kv_dtype, pos_encoding)
+        check_rope_head_dims(pos_encoding, plan.head_dim, plan.head_dim_vo)
         rope_rcp_scale, rope_rcp_theta = rope_params(rope_scale, rope_theta)
         checks.check_cuda("q", q, like=self._workspace)
         for name, t in kv:
             checks.check_cuda(name, t, like=q)
-        shape = (plan.total_q, plan.num_qo_heads, plan.head_dim)
+        shape = (plan.total_q, plan.num_qo_heads, plan.head_dim_vo)
         if out is None:
             out = torch.empty(shape, dtype=q.dtype, device=q.device)
         else:
@@ -1256,10 +1293,11 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
         enable_pdl: bool | None = None,
         kv_cache_sf: Any = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """``q`` ``[qo_indptr[-1], num_qo_heads, head_dim]``; ``k``/``v`` ``[kv_indptr[-1],
-        num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_indptr[-1], head_dim]`` (HND).
-        Returns ``out`` (and ``lse`` ``[qo_indptr[-1], num_qo_heads]``, base 2, with
-        ``return_lse``)."""
+        """``q`` ``[qo_indptr[-1], num_qo_heads, head_dim_qk]``; ``k``/``v``
+        ``[kv_indptr[-1], num_kv_heads, head_dim]`` (NHD) or ``[num_kv_heads, kv_indptr[-1],
+        head_dim]`` (HND), head_dim_qk for k and head_dim_vo for v. Returns ``out``
+        ``[qo_indptr[-1], num_qo_heads, head_dim_vo]`` (and ``lse`` ``[qo_indptr[-1],
+        num_qo_heads]``, base 2, with ``return_lse``)."""
         plan: _Plan = self._planned(args)
         _refuse("kv_cache_sf", kv_cache_sf, "this library has no NVFP4 KV caches")
         if check_optional_number("o_scale", o_scale) not in (None, 1.0):
@@ -1274,22 +1312,22 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
             if hnd
             else "[kv_indptr[-1], num_kv_heads, head_dim]"
         )
-        for name, t in (("k", k), ("v", v)):
+        for name, t, head_dim in (("k", k, plan.head_dim), ("v", v, plan.head_dim_vo)):
             checks.check_tensor(name, t)
             checks.check_ndim(name, t, 3, f"{layout} ({self._kv_layout})")
             if t.dtype != plan.kv_dtype:
                 raise TypeError(f"{name} has dtype {t.dtype}; plan() was for {plan.kv_dtype}")
             heads, tokens = (t.shape[0], t.shape[1]) if hnd else (t.shape[1], t.shape[0])
-            if (heads, t.shape[2]) != (plan.num_kv_heads, plan.head_dim):
+            if (heads, t.shape[2]) != (plan.num_kv_heads, head_dim):
                 raise ValueError(
                     f"{name} has shape {tuple(t.shape)}; plan() was for "
-                    f"{plan.num_kv_heads} kv heads of head_dim {plan.head_dim} "
+                    f"{plan.num_kv_heads} kv heads of head_dim {head_dim} "
                     f"({self._kv_layout})"
                 )
             if tokens < plan.total_kv:
                 raise ValueError(f"{name} has {tokens} tokens; kv_indptr[-1] is {plan.total_kv}")
             _check_vectors(name, t)
-        if v.shape != k.shape:
+        if v.shape[:2] != k.shape[:2]:
             raise ValueError(f"v has shape {tuple(v.shape)}, k has {tuple(k.shape)}")
         return self._launch(
             plan,
@@ -1703,7 +1741,13 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
     def _check_cache(self, cache: Any, plan: _Plan) -> tuple[Part, Part]:
         """The key and the value cache as (name, 4-D view) pairs, checked against the plan."""
         parts = check_paged_kv_cache(
-            cache, self._kv_layout, plan.num_kv_heads, plan.page_size, plan.head_dim, plan.kv_dtype
+            cache,
+            self._kv_layout,
+            plan.num_kv_heads,
+            plan.page_size,
+            plan.head_dim,
+            plan.kv_dtype,
+            plan.head_dim_vo,
         )
         for name, t in parts:
             _check_vectors(name, t)

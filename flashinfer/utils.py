@@ -27,6 +27,22 @@ _ARCH_SPECIFIC: dict[str, tuple[int, int | None, tuple[int, int]]] = {
 }
 
 
+_RANGES: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _get_range_buf(seq_len: int, device: torch.device | str) -> torch.Tensor:
+    """``arange(seq_len)`` as int32 on ``device`` (engines build the decode wrappers' qo_indptr
+    from it, as with the reference's): a view of one cached buffer per power-of-two length
+    and device, so repeated calls allocate nothing."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 0:
+        raise ValueError(f"seq_len must be an int >= 0, got {seq_len!r}")
+    length = 1 << max(seq_len - 1, 0).bit_length()
+    key = (length, torch.device(device))
+    if key not in _RANGES:
+        _RANGES[key] = torch.arange(length, dtype=torch.int32, device=key[1])
+    return _RANGES[key][:seq_len]
+
+
 class BackendNotSupportedError(RuntimeError):
     """An API was called with a backend or on a device it does not support."""
 

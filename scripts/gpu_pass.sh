@@ -24,9 +24,13 @@ echo "=== prefill tilings (t=${SECONDS}s)"
 timeout 200 python3 - <<'PY' 2>&1 | grep -v "^\[flashinfer\]" | tail -5
 from concurrent.futures import ThreadPoolExecutor
 
-from flashinfer.jit.prefill import HEAD_DIMS, accepted_tilings, gen_prefill_module
+from flashinfer.jit.prefill import HEAD_DIM_PAIRS, accepted_tilings, gen_prefill_module
 
-specs = [gen_prefill_module("bfloat16", d, t) for d in HEAD_DIMS for t in accepted_tilings(d)]
+specs = [
+    gen_prefill_module("bfloat16", d, t, head_dim_vo=vo)
+    for d, vo in HEAD_DIM_PAIRS
+    for t in accepted_tilings(d, False, vo)
+]
 with ThreadPoolExecutor(8) as pool:
     list(pool.map(lambda spec: spec.build(), specs))
 print(f"{len(specs)} tiling modules built")

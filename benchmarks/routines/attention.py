@@ -41,7 +41,10 @@ from . import (
     register,
 )
 
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 128, 192, 256)  # 192: with --head_dim_vo 128 only (DeepSeek's MLA prefill)
+# the routines whose APIs take a v of another head_dim than q and k (the paged and cascade
+# routines keep one 5-D cache, decode has one head_dim)
+_HEAD_DIM_VO = ("BatchPrefillWithRaggedKVCacheWrapper", "single_prefill_with_kv_cache")
 _WORKSPACE_BYTES = 256 << 20
 _SDPA_KERNELS = {
     "torch": None,
@@ -65,7 +68,14 @@ def _add_arguments(group: argparse._ArgumentGroup) -> None:
     flag(group, "num_qo_heads", type=int, default=32)
     flag(group, "num_kv_heads", type=int, default=8)
     flag(group, "head_dim_qk", "--head-dim", type=int, default=128, choices=HEAD_DIMS)
-    flag(group, "head_dim_vo", type=int, default=None, help="must equal --head_dim_qk")
+    flag(
+        group,
+        "head_dim_vo",
+        type=int,
+        default=None,
+        help="v's and the output's head_dim: --head_dim_qk's, or 128 with --head_dim_qk 192 "
+        "(ragged and single prefill)",
+    )
     flag(group, "page_size", type=int, default=16, help="tokens per page of paged caches")
     flag(group, "causal", action="store_true", help="causal mask (bottom-right aligned)")
     flag(group, "q_dtype", "--dtype", type=dtype_arg(*HALF_DTYPES), default=torch.bfloat16)
@@ -113,8 +123,14 @@ def _validate(args: argparse.Namespace) -> str | None:
         return "--s_qo must be <= --s_kv"
     if args.num_qo_heads % args.num_kv_heads:
         return "--num_qo_heads must be a multiple of --num_kv_heads"
-    if args.head_dim_vo != args.head_dim_qk:
-        return "--head_dim_vo must equal --head_dim_qk (this library's kernels)"
+    if (args.head_dim_qk, args.head_dim_vo) == (192, 128):
+        if args.routine not in _HEAD_DIM_VO:
+            return f"--head_dim_vo 128 with --head_dim_qk 192: only {', '.join(_HEAD_DIM_VO)}"
+    elif args.head_dim_vo != args.head_dim_qk or args.head_dim_qk == 192:
+        return (
+            "--head_dim_vo must equal --head_dim_qk (64, 128, 256), or be 128 with "
+            "--head_dim_qk 192 (this library's kernels)"
+        )
     if args.kv_dtype != args.q_dtype and args.kv_dtype not in FP8_DTYPES:
         return "--kv_dtype must equal --q_dtype, or be fp8 (this library's kernels)"
     return None
@@ -221,13 +237,15 @@ def _reference(
     causal: bool,
 ) -> torch.Tensor:
     """float64 attention of q ``[batch * qo, Hq, D]``, request ``b`` over ``kv_of(b)``
-    (K, V ``[kv, Hk, D]``), one request and a bounded block of query rows at a time so
-    the scores stay near 1 GB whatever the shape."""
+    (K ``[kv, Hk, D]``, V ``[kv, Hk, Dv]``), one request and a bounded block of query rows at
+    a time so the scores stay near 1 GB whatever the shape."""
     rows_total, num_qo_heads, dim = q.shape
     qo = rows_total // batch
-    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    out: torch.Tensor | None = None
     for b in range(batch):
         k, v = (t.double() for t in kv_of(b))
+        if out is None:
+            out = q.new_empty((rows_total, num_qo_heads, v.shape[-1]), dtype=torch.float64)
         kv, num_kv_heads, _ = k.shape
         group = num_qo_heads // num_kv_heads
         rows = q[b * qo : (b + 1) * qo].double().view(qo, num_kv_heads, group, dim)
@@ -242,7 +260,8 @@ def _reference(
             probs = scores.softmax(dim=-1)
             out[b * qo + start : b * qo + start + block.shape[0]] = torch.einsum(
                 "hgqk,khd->qhgd", probs, v
-            ).reshape(block.shape[0], num_qo_heads, dim)
+            ).reshape(block.shape[0], num_qo_heads, v.shape[-1])
+    assert out is not None  # batch >= 1
     return out
 
 
@@ -265,7 +284,7 @@ def _sdpa(
     causal: bool,
 ) -> Backend:
     """A torch backend: SDPA of q ``[batch * qo, Hq, D]`` over ``kv()`` (K, V ``[batch, Hk,
-    kv_len, D]``, gathered inside the timed call when that is what it takes)."""
+    kv_len, D or Dv]``, gathered inside the timed call when that is what it takes)."""
     rows, num_qo_heads, dim = q.shape
     kernel = _SDPA_KERNELS[backend]
     mask: dict[str, Any] = {}
@@ -302,7 +321,7 @@ def _sdpa(
                 f"torch SDPA has no {backend} kernel for this case ({str(err).splitlines()[0]})"
             ) from err
 
-    return Backend(call, lambda out: out.transpose(1, 2).reshape(rows, num_qo_heads, dim))
+    return Backend(call, lambda out: out.transpose(1, 2).reshape(rows, num_qo_heads, -1))
 
 
 def _visible_pairs(qo: int, kv: int, causal: bool) -> int:
@@ -325,18 +344,20 @@ def _case(
     the references through ``kv_of`` and by the torch backends through ``dense_kv``);
     ``kv_tokens``: KV tokens held in memory (read once), for TB/s."""
     batch, qo, heads, dim = args.batch_size, args.s_qo, args.num_qo_heads, args.head_dim_qk
+    dim_vo = args.head_dim_vo
     factories: dict[str, Callable[[], Backend]] = {
         name: (lambda name=name: _sdpa(name, q, kv_len, dense_kv, causal)) for name in _SDPA_KERNELS
     }
     factories.update({name: (lambda name=name: ours(name)) for name in ("fa2", "fa2_tc", "auto")})
-    kv_bytes = 2 * kv_tokens * args.num_kv_heads * dim * args.kv_dtype.itemsize
+    kv_bytes = kv_tokens * args.num_kv_heads * (dim + dim_vo) * args.kv_dtype.itemsize
     kv_name = "" if args.kv_dtype == args.q_dtype else f" kv {dtype_name(args.kv_dtype)}"
+    dims = f"d{dim}" if dim_vo == dim else f"d{dim}/{dim_vo}"
     return Case(
-        label=f"{label} {qo}/{kv_len} {heads}/{args.num_kv_heads}h d{dim} "
+        label=f"{label} {qo}/{kv_len} {heads}/{args.num_kv_heads}h {dims} "
         f"{'causal ' if causal else ''}{args.kv_layout} {dtype_name(args.q_dtype)}{kv_name}",
         backends=build(args.backends, factories),
-        bytes=2 * q.numel() * q.element_size() + kv_bytes,
-        flops=4 * batch * _visible_pairs(qo, kv_len, causal) * heads * dim,
+        bytes=q.numel() // dim * (dim + dim_vo) * q.element_size() + kv_bytes,
+        flops=2 * batch * _visible_pairs(qo, kv_len, causal) * heads * (dim + dim_vo),
         reference=lambda: _reference(q, kv_of, batch, causal),
         atol=half_tolerance(args.q_dtype),
         rtol=half_tolerance(args.q_dtype),
@@ -502,17 +523,21 @@ def _api_kv(
     args: argparse.Namespace, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
     """K and V of ``batch * s_kv`` tokens in the API's layout (NHD ``[tokens, Hk, D]``, HND
-    ``[Hk, tokens, D]``), and the ``[batch, Hk, s_kv, D]`` view of either (no copy)."""
-    batch, kv_len, heads, dim = args.batch_size, args.s_kv, args.num_kv_heads, args.head_dim_qk
+    ``[Hk, tokens, D]``; V's D is --head_dim_vo), and the ``[batch, Hk, s_kv, D]`` view of
+    either (no copy)."""
+    batch, kv_len, heads = args.batch_size, args.s_kv, args.num_kv_heads
     hnd = args.kv_layout == "HND"
-    shape = (heads, batch * kv_len, dim) if hnd else (batch * kv_len, heads, dim)
-    k = torch.randn(shape, device=device).to(args.kv_dtype)
-    v = torch.randn(shape, device=device).to(args.kv_dtype)
+
+    def tensor(dim: int) -> torch.Tensor:
+        shape = (heads, batch * kv_len, dim) if hnd else (batch * kv_len, heads, dim)
+        return torch.randn(shape, device=device).to(args.kv_dtype)
+
+    k, v = tensor(args.head_dim_qk), tensor(args.head_dim_vo)
 
     def per_request(t: torch.Tensor) -> torch.Tensor:
         if hnd:
-            return t.view(heads, batch, kv_len, dim).transpose(0, 1)
-        return t.view(batch, kv_len, heads, dim).transpose(1, 2)
+            return t.view(heads, batch, kv_len, -1).transpose(0, 1)
+        return t.view(batch, kv_len, heads, -1).transpose(1, 2)
 
     return k, v, per_request
 
@@ -536,11 +561,12 @@ def _ragged_case(args: argparse.Namespace, device: torch.device) -> Case:
             args.num_qo_heads,
             args.num_kv_heads,
             args.head_dim_qk,
+            head_dim_vo=args.head_dim_vo,
             causal=args.causal,
             q_data_type=args.q_dtype,
             kv_data_type=args.kv_dtype,
         )
-        out = torch.empty_like(q)
+        out = q.new_empty((*q.shape[:2], args.head_dim_vo))
         return Backend(
             lambda: wrapper.run(q, k, v, out=out, enable_pdl=args.enable_pdl), resolved=OURS
         )

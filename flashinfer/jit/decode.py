@@ -6,42 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from .core import JitSpec, gen_jit_spec
-from .dtypes import FP8_NAMES, DTypeInfo, dtype_info, gen_dtype_module, storage_info
+from .dtypes import dtype_info, gen_dtype_module
+from .kv_dtype import KV_FP8_DTYPES, check_rope_cache, kv_dtype_info
 from .pos_encoding import SCORE_ARGS, pos_encoding_suffix
 from .registry import register_op
 from .render import PendingRender
 
 HEAD_DIMS = (64, 128, 256)
 DTYPES = ("float16", "bfloat16")
-KV_FP8_DTYPES = FP8_NAMES  # KV caches besides q's own dtype
-
-
-def kv_dtype_info(dtype: Any, kv_dtype: Any) -> DTypeInfo:
-    """The KV cache's dtype: q's (``kv_dtype`` None or equal) or an fp8 type."""
-    q = dtype_info(dtype)
-    if kv_dtype is None:
-        return q
-    try:
-        info = storage_info(kv_dtype)
-    except TypeError:
-        info = None
-    if info is None or (info != q and info.name not in KV_FP8_DTYPES):
-        raise TypeError(
-            f"unsupported KV cache dtype {kv_dtype!r} for q of {q.name}: the cache is q's "
-            f"dtype or one of {', '.join(KV_FP8_DTYPES)}"
-        )
-    return info
-
-
-def check_rope_cache(kv_dtype: Any, pos_encoding: str) -> None:
-    """RoPE rotates keys in shared memory in the cache's type: refused for fp8, which would
-    round the rotated keys."""
-    name = str(kv_dtype).removeprefix("torch.")
-    if pos_encoding == "ROPE_LLAMA" and name in KV_FP8_DTYPES:
-        raise ValueError(
-            f'pos_encoding_mode="ROPE_LLAMA" needs a 16-bit KV cache, not {name}: the kernel '
-            "would round the rotated keys to fp8; apply RoPE before quantizing the cache"
-        )
 
 
 def decode_uri(dtype: Any, head_dim: int, pos_encoding: str = "NONE", kv_dtype: Any = None) -> str:

@@ -1,6 +1,6 @@
-"""JIT specs of the prefill module: one per dtype, head_dim, tiling, position encoding and KV
-cache dtype, the tensor-core kernel of single, ragged and paged prefill
-(include/flashinfer/prefill.cuh)."""
+"""JIT specs of the prefill module: one per dtype, head dims (q/K and V/output), tiling,
+position encoding and KV cache dtype, the tensor-core kernel of single, ragged and paged
+prefill (include/flashinfer/prefill.cuh)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,17 @@ from typing import Any
 
 from ..config import TILING_NAME, config
 from .core import JitSpec, gen_jit_spec
-from .decode import KV_FP8_DTYPES, check_rope_cache, kv_dtype_info
 from .dtypes import dtype_info
+from .kv_dtype import KV_FP8_DTYPES, check_rope_cache, kv_dtype_info
 from .pos_encoding import SCORE_ARGS, pos_encoding_suffix
 from .registry import register_op
 from .render import PendingRender
 
 HEAD_DIMS = (64, 128, 256)
+# (head_dim_qk, head_dim_vo) the kernel is built for: the equal ones, and DeepSeek's MLA prefill
+# (q and K rows of 128 dims plus 64 RoPE dims, V and output rows of 128), which serving
+# engines run through the ragged wrapper
+HEAD_DIM_PAIRS = tuple((d, d) for d in HEAD_DIMS) + ((192, 128),)
 DTYPES = ("float16", "bfloat16")
 # float32 O and score accumulators a lane may hold (kMTiles * (head_dim + tile_kv) / 2): past
 # this the kernel's other state no longer fits in 255 registers without spilling (head_dim 128
@@ -30,7 +34,7 @@ MAX_ACCUMULATORS_TWO_CTAS_OVERLAP = 64
 # ... and with two tiles' scores (overlap), whose loop holds more besides (the next tiles' rows
 # and page-table entry): head_dim 256 m1kv32p's 160 fit, m1kv64p's 192 spill; with m_tiles 2
 # and K/V tiles of at most 32 tokens, 192 fit (head_dim 128 m2kv32p), not with 64 (head_dim 64
-# m2kv64p spills 112 bytes)
+# m2kv64p spills 112 bytes), nor with q/K rows longer than V's (192/128 m2kv32p spills 56)
 MAX_ACCUMULATORS_OVERLAP = 160
 MAX_ACCUMULATORS_OVERLAP_M2 = 192
 MAX_TILE_KV_OVERLAP_M2 = 32
@@ -67,21 +71,24 @@ class PrefillTiling:
         ctas = f"c{self.ctas}" if self.ctas != 1 else ""
         return f"m{self.m_tiles}kv{self.tile_kv}{ctas}{'p' if self.overlap else ''}"
 
-    def accumulators(self, head_dim: int) -> int:
-        """float32 accumulators a lane holds at ``head_dim``: O's and one tile's scores, or
-        two tiles' (overlap)."""
+    def accumulators(self, head_dim_vo: int) -> int:
+        """float32 accumulators a lane holds with output rows of ``head_dim_vo``: O's and one
+        tile's scores, or two tiles' (overlap)."""
         score_tiles = 2 if self.overlap else 1
-        return self.m_tiles * (head_dim + score_tiles * self.tile_kv) // 2
+        return self.m_tiles * (head_dim_vo + score_tiles * self.tile_kv) // 2
 
     @property
     def threads(self) -> int:
         """Threads per CTA: 128 rows in warps of 16 * m_tiles."""
         return 32 * 128 // (16 * self.m_tiles)
 
-    def check(self, head_dim: int, fp8: bool = False) -> None:
-        """Raise ValueError when the kernel cannot take this shape at ``head_dim`` (``fp8``:
-        over an fp8 KV cache)."""
-        accumulators = self.accumulators(head_dim)
+    def check(self, head_dim: int, fp8: bool = False, head_dim_vo: int | None = None) -> None:
+        """Raise ValueError when the kernel cannot take this shape at ``head_dim`` (q and K;
+        V and the output: ``head_dim_vo``, None for the same; ``fp8``: over an fp8 KV
+        cache)."""
+        head_dim_vo = head_dim if head_dim_vo is None else head_dim_vo
+        dims = f"head_dim {head_dim}" + (f"/{head_dim_vo}" if head_dim_vo != head_dim else "")
+        accumulators = self.accumulators(head_dim_vo)
         if self.m_tiles not in (1, 2) or self.tile_kv not in (16, 32, 64):
             raise ValueError(f"{self.name}: m_tiles must be 1 or 2 and tile_kv 16, 32 or 64")
         if self.ctas not in (1, 2) or (self.ctas == 2 and self.m_tiles != 1):
@@ -92,7 +99,11 @@ class PrefillTiling:
         if self.ctas == 2:
             limit = MAX_ACCUMULATORS_TWO_CTAS_OVERLAP if self.overlap else MAX_ACCUMULATORS_TWO_CTAS
         elif self.overlap:
-            roomy = self.m_tiles == 2 and self.tile_kv <= MAX_TILE_KV_OVERLAP_M2
+            roomy = (
+                self.m_tiles == 2
+                and self.tile_kv <= MAX_TILE_KV_OVERLAP_M2
+                and head_dim == head_dim_vo
+            )
             limit = MAX_ACCUMULATORS_OVERLAP_M2 if roomy else MAX_ACCUMULATORS_OVERLAP
         else:
             limit = MAX_ACCUMULATORS
@@ -100,26 +111,29 @@ class PrefillTiling:
             limit = min(limit, MAX_ACCUMULATORS_FP8)
         if accumulators > limit:
             raise ValueError(
-                f"{self.name} at head_dim {head_dim} needs {accumulators} accumulators a "
+                f"{self.name} at {dims} needs {accumulators} accumulators a "
                 f"lane; at most {limit} fit{' with an fp8 KV cache' if fp8 else ''}"
             )
-        chunks = self.tile_kv * head_dim // 8  # 16-byte K/V chunks a tile loads
-        if chunks % self.threads:
-            raise ValueError(
-                f"{self.name} at head_dim {head_dim}: {chunks} 16-byte chunks per K/V tile "
-                f"do not split evenly over {self.threads} threads"
-            )
+        for dim in {head_dim, head_dim_vo}:
+            chunks = self.tile_kv * dim // 8  # 16-byte chunks a K (or V) tile loads
+            if chunks % self.threads:
+                raise ValueError(
+                    f"{self.name} at {dims}: {chunks} 16-byte chunks per tile of "
+                    f"{dim}-dim rows do not split evenly over {self.threads} threads"
+                )
 
 
-def accepted_tilings(head_dim: int, fp8: bool = False) -> list[PrefillTiling]:
-    """Every tiling :meth:`PrefillTiling.check` accepts at ``head_dim`` (``fp8``: over an fp8
-    KV cache)."""
+def accepted_tilings(
+    head_dim: int, fp8: bool = False, head_dim_vo: int | None = None
+) -> list[PrefillTiling]:
+    """Every tiling :meth:`PrefillTiling.check` accepts at ``head_dim`` and ``head_dim_vo``
+    (``fp8``: over an fp8 KV cache)."""
     accepted = []
     shapes = itertools.product((1, 2), (16, 32, 64), (1, 2), (False, True))
     for m_tiles, tile_kv, ctas, overlap in shapes:
         tiling = PrefillTiling(m_tiles, tile_kv, ctas, overlap)
         try:
-            tiling.check(head_dim, fp8)
+            tiling.check(head_dim, fp8, head_dim_vo)
         except ValueError:
             continue
         accepted.append(tiling)
@@ -128,28 +142,53 @@ def accepted_tilings(head_dim: int, fp8: bool = False) -> list[PrefillTiling]:
 
 # The kernel's shapes before other tilings existed (head_dim 128's measured on an H100, against
 # 64-row tiles: docs/attention.md), with the softmax overlapping the next tile's scores (not yet
-# measured: the registers it adds leave each the same CTAs per SM); FLASHINFER_PREFILL_TILING
-# overrides them.
+# measured: the registers it adds leave each the same CTAs per SM), by head_dim_qk (192/128
+# holds head_dim 128's accumulators); FLASHINFER_PREFILL_TILING overrides them.
 DEFAULT_TILINGS = {
     64: PrefillTiling(1, 64, overlap=True),
     128: PrefillTiling(1, 64, overlap=True),
+    192: PrefillTiling(1, 64, overlap=True),
     256: PrefillTiling(1, 16, overlap=True),
 }
 
 
-def prefill_tiling(head_dim: int, fp8: bool = False) -> PrefillTiling:
-    """``head_dim``'s tiling: FLASHINFER_PREFILL_TILING's entry for it, else the default
-    (``fp8``: over an fp8 KV cache)."""
+def check_head_dims(head_dim_qk: int, head_dim_vo: int) -> None:
+    """Raise ValueError unless the kernel is built for this (head_dim_qk, head_dim_vo)."""
+    if (head_dim_qk, head_dim_vo) not in HEAD_DIM_PAIRS:
+        raise ValueError(
+            f"head_dim_qk {head_dim_qk} with head_dim_vo {head_dim_vo} is not supported: "
+            f"equal head dims of {HEAD_DIMS}, or 192 with 128"
+        )
+
+
+def check_rope_head_dims(pos_encoding: str, head_dim_qk: int, head_dim_vo: int) -> None:
+    """Raise ValueError for RoPE with different q/K and V head dims: the kernel rotates rows
+    with its CTA's threads each keeping one chunk of a half row, and 192's half rows have 12
+    (MLA prefill callers rotate q and k themselves)."""
+    if pos_encoding == "ROPE_LLAMA" and head_dim_qk != head_dim_vo:
+        raise ValueError(
+            "pos_encoding_mode='ROPE_LLAMA' needs head_dim_vo equal to head_dim_qk, got "
+            f"{head_dim_qk}/{head_dim_vo} (rotate q and k before the call)"
+        )
+
+
+def prefill_tiling(
+    head_dim: int, fp8: bool = False, head_dim_vo: int | None = None
+) -> PrefillTiling:
+    """The tiling of ``head_dim`` (head_dim_qk; ``head_dim_vo`` None for the same):
+    FLASHINFER_PREFILL_TILING's entry for it, else the default (``fp8``: over an fp8 KV
+    cache)."""
     tiling = DEFAULT_TILINGS[head_dim]
     for entry_dim, *shape in config.prefill_tiling:
-        if entry_dim not in HEAD_DIMS:
+        if entry_dim not in DEFAULT_TILINGS:
             raise ValueError(
-                f"FLASHINFER_PREFILL_TILING: head_dim {entry_dim} is not one of {HEAD_DIMS}"
+                f"FLASHINFER_PREFILL_TILING: head_dim {entry_dim} is not one of "
+                f"{tuple(DEFAULT_TILINGS)}"
             )
         if entry_dim == head_dim:
             tiling = PrefillTiling(*shape)
     try:
-        tiling.check(head_dim, fp8)
+        tiling.check(head_dim, fp8, head_dim_vo)
     except ValueError as err:
         raise ValueError(f"FLASHINFER_PREFILL_TILING: {err}") from None
     return tiling
@@ -161,11 +200,14 @@ def prefill_uri(
     tiling: PrefillTiling | None = None,
     pos_encoding: str = "NONE",
     kv_dtype: Any = None,
+    head_dim_vo: int | None = None,
 ) -> str:
-    """The module's name; a tiling other than the default, a position encoding and an fp8 KV
-    cache are part of it."""
+    """The module's name; a head_dim_vo other than head_dim, a tiling other than the default,
+    a position encoding and an fp8 KV cache are part of it."""
     q, kv = dtype_info(dtype), kv_dtype_info(dtype, kv_dtype)
     base = f"prefill_{q.short}_hd{head_dim}"
+    if head_dim_vo is not None and head_dim_vo != head_dim:
+        base = f"{base}_vo{head_dim_vo}"
     if kv != q:
         base = f"{base}_kv{kv.short}"
     if tiling is not None and tiling != DEFAULT_TILINGS[head_dim]:
@@ -224,25 +266,30 @@ def gen_prefill_module(
     tiling: PrefillTiling | None = None,
     pos_encoding: str = "NONE",
     kv_dtype: Any = None,
+    head_dim_vo: int | None = None,
 ) -> JitSpec:
-    """The spec of the prefill module for ``dtype`` (q and the output) x ``head_dim`` (its
-    attention config rendered when planned), with ``tiling`` or :func:`prefill_tiling`'s,
-    built for ``pos_encoding`` (a ``pos_encoding_mode``: "NONE", "ROPE_LLAMA", which rotates
-    queries and keys in the kernel, or "ALIBI") and a KV cache of ``kv_dtype`` (None:
-    ``dtype``; or float8_e4m3fn, float8_e5m2, widened to ``dtype`` in shared memory)."""
+    """The spec of the prefill module for ``dtype`` (q and the output) x ``head_dim`` (q and
+    K; ``head_dim_vo``: V and the output, None for the same; its attention config rendered
+    when planned), with ``tiling`` or :func:`prefill_tiling`'s, built for ``pos_encoding``
+    (a ``pos_encoding_mode``: "NONE", "ROPE_LLAMA", which rotates queries and keys in the
+    kernel, or "ALIBI") and a KV cache of ``kv_dtype`` (None: ``dtype``; or float8_e4m3fn,
+    float8_e5m2, widened to ``dtype`` in shared memory)."""
     info = dtype_info(dtype)
     if info.bits != 16:
         raise TypeError(f"prefill supports float16 and bfloat16, not {info.name}")
-    if head_dim not in HEAD_DIMS:
+    vo = head_dim if head_dim_vo is None else head_dim_vo
+    if vo == head_dim and head_dim not in HEAD_DIMS:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS}, got {head_dim}")
+    check_head_dims(head_dim, vo)
+    check_rope_head_dims(pos_encoding, head_dim, vo)
     kv = kv_dtype_info(dtype, kv_dtype)
     check_rope_cache(kv.name, pos_encoding)
     fp8 = kv.name in KV_FP8_DTYPES
     if tiling is None:
-        tiling = prefill_tiling(head_dim, fp8)
+        tiling = prefill_tiling(head_dim, fp8, vo)
     else:
-        tiling.check(head_dim, fp8)
-    uri = prefill_uri(dtype, head_dim, tiling, pos_encoding, kv_dtype)
+        tiling.check(head_dim, fp8, vo)
+    uri = prefill_uri(dtype, head_dim, tiling, pos_encoding, kv_dtype, vo)
     config = PendingRender.of(
         "attention_config.jinja",
         uri,
@@ -257,6 +304,7 @@ def gen_prefill_module(
         kv_dlpack_code=kv.dlpack_code,
         kv_bits=kv.bits,
         head_dim=head_dim,
+        head_dim_vo=vo,
         prefill_m_tiles=tiling.m_tiles,
         prefill_tile_kv=tiling.tile_kv,
         prefill_ctas=tiling.ctas,
@@ -275,17 +323,23 @@ def gen_prefill_module(
             "tile_rows": (),
             "pos_encoding": (),
             "kv_dtype": (),
+            "head_dim_vo": (),
         },
     )
 
 
-register_op("prefill", lambda: [gen_prefill_module(d, h) for d in DTYPES for h in HEAD_DIMS])
+register_op(
+    "prefill",
+    lambda: [
+        gen_prefill_module(d, qk, head_dim_vo=vo) for d in DTYPES for qk, vo in HEAD_DIM_PAIRS
+    ],
+)
 register_op(
     "prefill_fp8",
     lambda: [
-        gen_prefill_module(d, h, None, "NONE", kv)
+        gen_prefill_module(d, qk, None, "NONE", kv, vo)
         for d in DTYPES
-        for h in HEAD_DIMS
+        for qk, vo in HEAD_DIM_PAIRS
         for kv in KV_FP8_DTYPES
     ],
 )

@@ -343,9 +343,9 @@ def attention(
     rope: tuple[float, float] | None = None,
     alibi: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One request's attention in float64: q ``[qo_len, Hq, D]``, k/v ``[kv_len, Hk, D]``;
-    qo head h reads kv head ``h // (Hq // Hk)``. Returns (out ``[qo_len, Hq, D]``, lse
-    ``[qo_len, Hq]`` in base 2).
+    """One request's attention in float64: q ``[qo_len, Hq, D]``, k ``[kv_len, Hk, D]``, v
+    ``[kv_len, Hk, Dv]`` (Dv may differ from D: MLA prefill); qo head h reads kv head
+    ``h // (Hq // Hk)``. Returns (out ``[qo_len, Hq, Dv]``, lse ``[qo_len, Hq]`` in base 2).
 
     ``rope = (rope_scale, rope_theta)``: pos_encoding_mode "ROPE_LLAMA", query i rotated at
     position ``i + kv_len - qo_len`` and key j at ``j`` (halves paired, not interleaved), the
@@ -361,7 +361,7 @@ def attention(
     -inf. K/V are read through the GQA group (no copies) and query rows go in chunks, so
     the float64 scores stay near 1 GB."""
     qo_len, heads, dim = q.shape
-    kv_len, kv_heads = k.shape[0], k.shape[1]
+    kv_len, kv_heads, dim_vo = k.shape[0], k.shape[1], v.shape[2]
     group = heads // kv_heads
     if rope is not None:
         freq = rope_frequencies(dim, *rope).to(q.device)
@@ -370,7 +370,7 @@ def attention(
         k = _rotated(k, torch.arange(kv_len, device=q.device), freq)
     scale = dim**-0.5 if sm_scale is None else sm_scale
     kd, vd = k.double(), v.double()
-    out = torch.zeros(qo_len, heads, dim, dtype=torch.float64, device=q.device)
+    out = torch.zeros(qo_len, heads, dim_vo, dtype=torch.float64, device=q.device)
     lse = torch.full((qo_len, heads), -math.inf, dtype=torch.float64, device=q.device)
     cols = torch.arange(kv_len, device=q.device)
     step = max(1, (1 << 27) // max(1, heads * kv_len))
@@ -395,7 +395,7 @@ def attention(
         scores = scores.masked_fill(~visible, -math.inf)
         row_lse = torch.logsumexp(scores, dim=-1)  # -inf where no key is visible
         probs = torch.exp(scores - row_lse[..., None]).nan_to_num(0.0)  # such rows: 0
-        out[rows] = torch.einsum("kgrl,lkd->rkgd", probs, vd).reshape(rows.numel(), heads, dim)
+        out[rows] = torch.einsum("kgrl,lkd->rkgd", probs, vd).reshape(rows.numel(), heads, dim_vo)
         lse[rows] = row_lse.permute(2, 0, 1).reshape(rows.numel(), heads) / math.log(2)
     return out, lse
 

@@ -79,29 +79,36 @@ struct TileBounds {
   int64_t mask_bit0;
 };
 
-// A CTA's shape: kMTiles 16-row mma tiles per warp (1 or 2) and kTileKV tokens per K/V tile.
-// A lane holds kMTiles * (kHeadDim + kTileKV) / 2 float32 accumulators (O and the scores):
-// the register file bounds both. kMinCTAs: CTAs per SM the compiler must fit in registers
-// (__launch_bounds__; 1 leaves it up to 255 registers a thread, 2 caps 256-thread CTAs at 128).
-template <int kHeadDim_, int kMTiles_, int kTileKV_, int kMinCTAs_ = 1, bool kOverlap_ = false>
+// A CTA's shape: kMTiles 16-row mma tiles per warp (1 or 2) and kTileKV tokens per K/V tile,
+// for q and K rows of kHeadDim and V and output rows of kHeadDimVO (DeepSeek's MLA prefill:
+// 192 and 128). A lane holds kMTiles * (kHeadDimVO + kTileKV) / 2 float32 accumulators (O and
+// the scores): the register file bounds both. kMinCTAs: CTAs per SM the compiler must fit in
+// registers (__launch_bounds__; 1 leaves it up to 255 registers a thread, 2 caps 256-thread
+// CTAs at 128).
+template <int kHeadDim_, int kMTiles_, int kTileKV_, int kMinCTAs_ = 1, bool kOverlap_ = false,
+          int kHeadDimVO_ = kHeadDim_>
 struct Tiling {
   static constexpr int kHeadDim = kHeadDim_, kMTiles = kMTiles_, kTileKV = kTileKV_;
+  static constexpr int kHeadDimVO = kHeadDimVO_;
   static constexpr int kMinCTAs = kMinCTAs_;
   // The next tile's S = Q K^T overlaps this tile's softmax (the main loop's second form): a
   // lane holds two tiles' scores, kMTiles * kTileKV / 2 registers more.
   static constexpr bool kOverlap = kOverlap_;
   static_assert(kMinCTAs == 1 || kMinCTAs == 2, "one or two CTAs per SM");
-  static_assert(kHeadDim % 64 == 0, "the swizzle needs at least 8 chunks of 16 bytes per row");
+  static_assert(kHeadDim % 64 == 0 && kHeadDimVO % 64 == 0,
+                "the swizzle needs rows of whole groups of 8 chunks of 16 bytes");
+  static_assert(kHeadDimVO <= kHeadDim, "V rows are at most as long as K rows");
   static_assert(kMTiles == 1 || kMTiles == 2, "a warp owns 16 or 32 rows");
   // (one or two 32-token ballots and mask-bit groups cover a tile's tokens)
   static_assert(kTileKV == 16 || kTileKV == 32 || kTileKV == 64, "K/V tiles of 16, 32 or 64");
   static constexpr int kWarpRows = 16 * kMTiles;
   static constexpr int kWarps = kTileRows / kWarpRows;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks per row
-  static_assert(kTileKV * kChunks % kThreads == 0, "every thread loads as many K/V chunks");
+  static constexpr int kChunks = kHeadDim / 8, kVChunks = kHeadDimVO / 8;  // 16-byte chunks a row
+  static_assert(kTileKV * kChunks % kThreads == 0 && kTileKV * kVChunks % kThreads == 0,
+                "every thread loads as many K (and V) chunks");
   static constexpr int kQElems = kTileRows * kHeadDim;
-  static constexpr int kKVElems = kTileKV * kHeadDim;
+  static constexpr int kKElems = kTileKV * kHeadDim, kVElems = kTileKV * kHeadDimVO;
   // K and V stages: the tile computed and the one in flight (kOverlap: K a tile ahead of V)
   static constexpr int kStages = 2;
   // Bytes marking a tile's tokens on pages outside the cache, written with its K: a ring of
@@ -110,12 +117,12 @@ struct Tiling {
   // A warp skips the O rescale of rows whose max did not move (kMaxLag), except in the shape
   // with the most accumulators (head_dim 128 m2kv64: 192 a lane in 255 registers), where the
   // branch around the rescale costs 24 bytes of spills: it rescales every tile.
-  static constexpr bool kLazyRescale = kMTiles * (kHeadDim + kTileKV) / 2 < 192;
+  static constexpr bool kLazyRescale = kMTiles * (kHeadDimVO + kTileKV) / 2 < 192;
   // Q, then kStages stages of K, then kStages of V (16-bit elements), then per mask slot one
   // byte per token: 1 when the token is on a page outside the cache (not scored), then the
   // work item's TileBounds
   static constexpr size_t kBoundsOffset =
-      (kQElems + 2 * kStages * kKVElems) * 2 + kMaskSlots * kTileKV;
+      (kQElems + kStages * (kKElems + kVElems)) * 2 + kMaskSlots * kTileKV;
   static_assert(kBoundsOffset % alignof(TileBounds) == 0, "TileBounds is aligned");
   // then per warp the keys its rows may see (prefill_mask.h's KeyRange)
   static constexpr size_t kKeysOffset = kBoundsOffset + sizeof(TileBounds);
@@ -142,7 +149,7 @@ struct PrefillParams {
   T* out;
   int64_t out_row_stride, out_head_stride;
   float* lse;      // [rows, qo_heads] base-2 LSE, may be null
-  float* tmp_v;    // [tmp rows, qo_heads, head_dim]
+  float* tmp_v;    // [tmp rows, qo_heads, head_dim_vo]
   float* tmp_lse;  // [tmp rows, qo_heads]
   int64_t num_qo_heads, group;
   FastDiv group_div;  // divides by group (set up on the host)
@@ -241,18 +248,23 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   // RoPE with an fp8 cache is refused (on the host too), as in decode, whose kernel would
   // round the rotated keys to the cache's type
   static_assert(!kFp8 || kPos != PosEncoding::kRopeLlama, "RoPE needs a 16-bit cache");
-  constexpr int kHeadDim = Tl::kHeadDim, kMTiles = Tl::kMTiles, kThreads = Tl::kThreads;
-  constexpr int kTileKV = Tl::kTileKV, kChunks = Tl::kChunks;
-  constexpr int kScoreTiles = kTileKV / 8, kDimTiles = kHeadDim / 8;
+  // (each thread rotates one chunk of a half row in every row it takes: the CTA's threads
+  // must be a multiple of the half row's chunks, which 192's 12 are not)
+  static_assert(kPos != PosEncoding::kRopeLlama || Tl::kHeadDim == Tl::kHeadDimVO,
+                "RoPE needs q, K and V rows of one head_dim");
+  constexpr int kHeadDim = Tl::kHeadDim, kHeadDimVO = Tl::kHeadDimVO;
+  constexpr int kMTiles = Tl::kMTiles, kThreads = Tl::kThreads;
+  constexpr int kTileKV = Tl::kTileKV, kChunks = Tl::kChunks, kVChunks = Tl::kVChunks;
+  constexpr int kScoreTiles = kTileKV / 8, kDimTiles = kHeadDimVO / 8;
   uint8_t* const shared_bytes = dynamic_shared();
   T* const sq = reinterpret_cast<T*>(shared_bytes);
   T* const sk = sq + Tl::kQElems;
-  T* const sv = sk + Tl::kStages * Tl::kKVElems;
-  uint8_t* const unscored = reinterpret_cast<uint8_t*>(sv + Tl::kStages * Tl::kKVElems);
+  T* const sv = sk + Tl::kStages * Tl::kKElems;
+  uint8_t* const unscored = reinterpret_cast<uint8_t*>(sv + Tl::kStages * Tl::kVElems);
   static_assert(Tl::kStages == 2, "the main loops below are written for two stages");
   // fp8: the ring's two slots of a tile's fp8 rows (unswizzled) in the second stage's bytes
-  uint8_t* const k_landing = reinterpret_cast<uint8_t*>(sk + Tl::kKVElems);
-  uint8_t* const v_landing = reinterpret_cast<uint8_t*>(sv + Tl::kKVElems);
+  uint8_t* const k_landing = reinterpret_cast<uint8_t*>(sk + Tl::kKElems);
+  uint8_t* const v_landing = reinterpret_cast<uint8_t*>(sv + Tl::kVElems);
   // The 16-bit stage the math reads tile `tile` from (fp8: always the first)
   auto stage_of = [](int tile) { return kFp8 ? 0 : tile % Tl::kStages; };
   TileBounds* const shared_bounds = reinterpret_cast<TileBounds*>(shared_bytes + Tl::kBoundsOffset);
@@ -328,13 +340,14 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     warp_keys[threadIdx.x / 32] = row_keys(shape, row0 + warp_row, Tl::kWarpRows, rows, by_group);
   }
 
-  // Q: this thread's chunk `col` of tile rows first_row + i * kQRowStep (once per CTA);
-  // packed rows past the request's end are zero-filled (their results are never stored).
-  constexpr int kQRowStep = kThreads / kChunks;
-  const int first_row = threadIdx.x / kChunks, col = threadIdx.x % kChunks;
+  // Q: the tile's 16-byte chunks dealt out to the threads in turn, chunk c of the tile being
+  // chunk c % kChunks of row c / kChunks (once per CTA; with 8, 16 or 32 chunks a row, a
+  // thread's chunk column stays the same); packed rows past the request's end are
+  // zero-filled (their results are never stored).
 #pragma unroll
-  for (int i = 0; i < kTileRows / kQRowStep; ++i) {
-    const int r = first_row + i * kQRowStep, packed = row0 + r;
+  for (int i = 0; i < kTileRows * kChunks / kThreads; ++i) {
+    const int c = static_cast<int>(threadIdx.x) + i * kThreads;
+    const int r = c / kChunks, col = c % kChunks, packed = row0 + r;
     const bool valid = packed < rows;
     const int t = by_group.quotient(packed);
     const int64_t head = kv_head * group + (packed - t * group);
@@ -350,13 +363,14 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   // copies by the token's first thread. No branch: K's and V's copies share their shared-
   // memory offsets and add compile-time offsets to one row address each.
   constexpr int kTokenThreads = kThreads / kTileKV;
-  constexpr int kThreadChunks = kChunks / kTokenThreads;
+  constexpr int kThreadChunks = kChunks / kTokenThreads, kVThreadChunks = kVChunks / kTokenThreads;
   // fp8: a row's 16-byte chunks (16 codes each); the token's thread `part` copies chunks
   // part + i * kTokenThreads (none when there are fewer chunks than threads)
-  constexpr int kLandChunks = kHeadDim / 16;
+  constexpr int kLandChunks = kHeadDim / 16, kVLandChunks = kHeadDimVO / 16;
   constexpr int kLandCopies = (kLandChunks + kTokenThreads - 1) / kTokenThreads;
-  static_assert(kThreads % kChunks == 0 && kTileRows % kQRowStep == 0 && kThreads % kTileKV == 0 &&
-                    kChunks % kTokenThreads == 0,
+  constexpr int kVLandCopies = (kVLandChunks + kTokenThreads - 1) / kTokenThreads;
+  static_assert(kTileRows * kChunks % kThreads == 0 && kThreads % kTileKV == 0 &&
+                    kChunks % kTokenThreads == 0 && kVChunks % kTokenThreads == 0,
                 "whole rows per load");
   // This thread's token of tile `tile`: its position (its index in the request, plus the
   // request's offset into a ragged cache) and whether it is one of the tile's tokens.
@@ -379,7 +393,9 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     return page_entry(p.pages, p.page_div, cta.page_base, token_at(tile, cta).position);
   };
   // Its K and V rows as pointers to the thread's first chunk (an unfilled copy names q's first
-  // row, which holds a whole head's row of chunks), given its page-table entry (entry_ahead).
+  // row, which holds a whole head's row of chunks, K's and V's: Tiling has kHeadDimVO <=
+  // kHeadDim), given its page-table entry (entry_ahead). The first chunk is K's and V's
+  // alike (TokenChunks' first depends on the thread only).
   struct TokenRows {
     const TKV* k;
     const TKV* v;
@@ -393,6 +409,9 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     const int token = thread_index() / kTokenThreads, part = thread_index() % kTokenThreads;
     const int first =
         kFp8 ? part * 16 : TokenChunks<kHeadDim, kTokenThreads>(token, part).first * 8;
+    static_assert(
+        TokenChunks<kHeadDim, kTokenThreads>::kRun == TokenChunks<kHeadDimVO, kTokenThreads>::kRun,
+        "K's and V's first chunk of a thread are the same");
     auto row = [&](const KVCache<TKV>& cache) {
       return (valid ? cache.data + page * cache.page_stride + slot * cache.slot_stride +
                           kv_head * cache.head_stride
@@ -408,69 +427,83 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
                      bool with_v) {
     const unsigned tid = thread_index();
     const int token = tid / kTokenThreads, part = tid % kTokenThreads;
-    const TokenChunks<kHeadDim, kTokenThreads> chunks(token, part);
     if (part == 0) unscored[k_tile % Tl::kMaskSlots * kTileKV + token] = k_at.unscored;
+    // (K's and V's copies interleaved, as many of each as their rows have)
     if constexpr (kFp8) {
-      const int at = token * kHeadDim + part * 16;
-      uint8_t* const k_slot = k_landing + k_tile % 2 * Tl::kKVElems + at;
-      uint8_t* const v_slot = v_landing + v_tile % 2 * Tl::kKVElems + at;
+      uint8_t* const k_slot = k_landing + k_tile % 2 * Tl::kKElems + token * kHeadDim + part * 16;
+      uint8_t* const v_slot = v_landing + v_tile % 2 * Tl::kVElems + token * kHeadDimVO + part * 16;
 #pragma unroll
       for (int i = 0; i < kLandCopies; ++i) {
-        if (kLandChunks % kTokenThreads == 0 || part + i * kTokenThreads < kLandChunks) {
-          const int offset = i * kTokenThreads * 16;
+        const int chunk = part + i * kTokenThreads, offset = i * kTokenThreads * 16;
+        if (kLandChunks % kTokenThreads == 0 || chunk < kLandChunks) {
           cp_async_16(k_slot + offset, k_at.k + offset, k_at.valid);
-          if (with_v) cp_async_16(v_slot + offset, v_at.v + offset, v_at.valid);
+        }
+        if (with_v && i < kVLandCopies &&
+            (kVLandChunks % kTokenThreads == 0 || chunk < kVLandChunks)) {
+          cp_async_16(v_slot + offset, v_at.v + offset, v_at.valid);
         }
       }
       return;
     }
-    T* const k_stage = sk + k_tile % Tl::kStages * Tl::kKVElems;
-    T* const v_stage = sv + v_tile % Tl::kStages * Tl::kKVElems;
+    const TokenChunks<kHeadDim, kTokenThreads> chunks(token, part);
+    const TokenChunks<kHeadDimVO, kTokenThreads> v_chunks(token, part);
+    T* const k_stage = sk + k_tile % Tl::kStages * Tl::kKElems;
+    T* const v_stage = sv + v_tile % Tl::kStages * Tl::kVElems;
 #pragma unroll
     for (int i = 0; i < kThreadChunks; ++i) {
       cp_async_16(k_stage + chunks.at(i), k_at.k + chunks.offset(i) * 8, k_at.valid);
-      if (with_v) cp_async_16(v_stage + chunks.at(i), v_at.v + chunks.offset(i) * 8, v_at.valid);
+      if (with_v && i < kVThreadChunks) {
+        cp_async_16(v_stage + v_chunks.at(i), v_at.v + v_chunks.offset(i) * 8, v_at.valid);
+      }
     }
   };
-  // fp8: widens the tile in ring slot `slot` of `landing` into the 16-bit stage `stage`, the
-  // tile's 16-byte chunks dealt out to the threads in turn (consecutive threads read
-  // consecutive chunks). Chunk j of a row widens into 16-bit chunks 2j and 2j + 1; threads
-  // j = 4..7 of every 8 store the odd one first, so that each quarter warp's first (and
-  // second) stores fall in eight different bank groups of the swizzled row. Called by every
-  // thread between two barriers: the first publishes the landed codes (and frees the
-  // stage), the second the widened rows.
-  auto widen = [&](const uint8_t* landing, int slot, T* stage) {
+  // fp8: widens the tile in ring slot `slot` of `landing` into the 16-bit stage `stage`, its
+  // rows of `dim` (a std::integral_constant: kHeadDim for K, kHeadDimVO for V), the tile's
+  // 16-byte chunks dealt out to the threads in turn (consecutive threads read consecutive
+  // chunks). Chunk j of a row widens into 16-bit chunks 2j and 2j + 1; threads j = 4..7 of
+  // every 8 store the odd one first, so that each quarter warp's first (and second) stores
+  // fall in eight different bank groups of the swizzled row. Called by every thread between
+  // two barriers: the first publishes the landed codes (and frees the stage), the second the
+  // widened rows.
+  auto widen = [&](auto dim, const uint8_t* landing, int slot, T* stage) {
     if constexpr (kFp8) {
-      constexpr int kTileChunks = kTileKV * kLandChunks;
+      constexpr int kDim = decltype(dim)::value, kRowChunks = kDim / 16;
+      constexpr int kTileChunks = kTileKV * kRowChunks;
 #pragma unroll
       for (int i = 0; i < (kTileChunks + kThreads - 1) / kThreads; ++i) {
         const int c = thread_index() + i * kThreads;
         if (kTileChunks % kThreads == 0 || c < kTileChunks) {
           const uint4 codes =
-              *reinterpret_cast<const uint4*>(landing + slot * Tl::kKVElems + c * 16);
+              *reinterpret_cast<const uint4*>(landing + slot * kTileKV * kDim + c * 16);
           uint4 lo, hi;
           fp8x16_to<T, TKV>(codes, &lo, &hi);
-          const int r = c / kLandChunks, j = c % kLandChunks, odd = j >> 2 & 1;
-          *reinterpret_cast<uint4*>(stage + swizzle<kHeadDim>(r, 2 * j + odd)) = odd ? hi : lo;
-          *reinterpret_cast<uint4*>(stage + swizzle<kHeadDim>(r, 2 * j + 1 - odd)) = odd ? lo : hi;
+          const int r = c / kRowChunks, j = c % kRowChunks, odd = j >> 2 & 1;
+          *reinterpret_cast<uint4*>(stage + swizzle<kDim>(r, 2 * j + odd)) = odd ? hi : lo;
+          *reinterpret_cast<uint4*>(stage + swizzle<kDim>(r, 2 * j + 1 - odd)) = odd ? lo : hi;
         }
       }
     }
   };
+  const std::integral_constant<int, kHeadDim> k_dim;
+  const std::integral_constant<int, kHeadDimVO> v_dim;
   // RoPE: query row r of the tile at its token's position (bottom-right aligned, as the
   // causal mask), key r of K tile `tile` at its index in the request. Called by every
   // thread between two barriers: the first publishes the landed rows, the second the
-  // rotated ones.
+  // rotated ones. (Instantiated by the RoPE builds only: others may have rows it cannot take.)
   auto rotate_q = [&]() {
-    rotate_swizzled_rows<kHeadDim, kTileRows, kThreads>(sq, p.rope, thread_index(), [&](int r) {
-      return static_cast<float>(by_group.quotient(row0 + r) + delta);
-    });
+    if constexpr (kPos == PosEncoding::kRopeLlama) {
+      rotate_swizzled_rows<kHeadDim, kTileRows, kThreads>(sq, p.rope, thread_index(), [&](int r) {
+        return static_cast<float>(by_group.quotient(row0 + r) + delta);
+      });
+    }
   };
   auto rotate_k = [&](int stage, int tile, const TileBounds& cta) {
-    const int64_t kv0 = cta.lo + int64_t{tile} * kTileKV;
-    rotate_swizzled_rows<kHeadDim, kTileKV, kThreads>(
-        sk + stage * Tl::kKVElems, p.rope, thread_index(),
-        [&](int r) { return static_cast<float>(kv0 + r); });
+    if constexpr (kPos == PosEncoding::kRopeLlama) {
+      const int64_t kv0 = cta.lo + int64_t{tile} * kTileKV;
+      rotate_swizzled_rows<kHeadDim, kTileKV, kThreads>(
+          sk + stage * Tl::kKElems, p.rope, thread_index(),
+          [&](int r) { return static_cast<float>(kv0 + r); });
+    }
   };
   // Prologue: tile 0 (kOverlap: its K), in a commit group of its own.
   const TokenRows first_rows = locate(0, bounds, entry_ahead(0, bounds));
@@ -520,7 +553,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     const LaneRow q = q_lane_row(lane), k = k_lane_row(lane);
     const SwizzledRows<kHeadDim> q_rows(warp_row + q.row, q.half), k_rows(k.row, k.half);
     const uint32_t q_base = mma::smem_address(sq);
-    const uint32_t k_base = mma::smem_address(sk) + stage * Tl::kKVElems * 2;
+    const uint32_t k_base = mma::smem_address(sk) + stage * Tl::kKElems * 2;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -699,8 +732,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     }
     const int lane = thread_index() % 32;
     const LaneRow v = v_lane_row(lane);
-    const SwizzledRows<kHeadDim> v_rows(v.row, v.half);
-    const uint32_t v_base = mma::smem_address(sv) + stage * Tl::kKVElems * 2;
+    const SwizzledRows<kHeadDimVO> v_rows(v.row, v.half);
+    const uint32_t v_base = mma::smem_address(sv) + stage * Tl::kVElems * 2;
 #pragma unroll
     for (int kk = 0; kk < kTileKV / 16; ++kk) {
       uint32_t a[kMTiles][4];
@@ -712,7 +745,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
         a[mt][3] = mma::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
       }
 #pragma unroll
-      for (int n2 = 0; n2 < kHeadDim / 16; ++n2) {
+      for (int n2 = 0; n2 < kHeadDimVO / 16; ++n2) {
         uint32_t b[4];  // dims 0-7 then 8-15 of this step (swizzle.h's v_lane_row)
         mma::ldmatrix_x4_trans(b, v_base + v_rows.at(kk * 16, n2));
 #pragma unroll
@@ -755,8 +788,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       cp_async_commit();
       const int stage = stage_of(it);
       if constexpr (kFp8) {
-        widen(k_landing, it % 2, sk);
-        widen(v_landing, it % 2, sv);
+        widen(k_dim, k_landing, it % 2, sk);
+        widen(v_dim, v_landing, it % 2, sv);
         __syncthreads();
       }
       if (kPos == PosEncoding::kRopeLlama) {
@@ -796,7 +829,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     cp_async_wait<1>();  // K of tile 0 has landed
     __syncthreads();
     if constexpr (kFp8) {
-      widen(k_landing, 0, sk);
+      widen(k_dim, k_landing, 0, sk);
       __syncthreads();
     }
     if (kPos == PosEncoding::kRopeLlama) {
@@ -816,8 +849,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       load_kv(it + 2, in.k, it + 1, in.v, true);
       cp_async_commit();
       if constexpr (kFp8) {  // K of it + 1 (its slot is the one K of it + 2 did not take)
-        widen(k_landing, (it + 1) % 2, sk);
-        widen(v_landing, it % 2, sv);
+        widen(k_dim, k_landing, (it + 1) % 2, sk);
+        widen(v_dim, v_landing, it % 2, sv);
         __syncthreads();
       }
       const int stage = stage_of(it), next_stage = stage_of(it + 1);
@@ -883,7 +916,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
         if (p.lse && lane % 4 == 0) p.lse[(cta.q_start + t) * p.num_qo_heads + head] = lse;
       } else {
         const int64_t row = (cta.tmp_base + t * cta.chunks + cta.chunk) * p.num_qo_heads + head;
-        float* dst = p.tmp_v + row * kHeadDim + dim;
+        float* dst = p.tmp_v + row * kHeadDimVO + dim;
 #pragma unroll
         for (int i = 0; i < kDimTiles; ++i) {
           *reinterpret_cast<float2*>(dst + i * 8) =
@@ -936,9 +969,10 @@ cudaError_t Prefill(const PrefillParams<T, TKV>& p, const WorkList& work, int64_
                       dim3(Tl::kThreads), Tl::kSharedBytes, stream, pdl, p, work);
   if (err != cudaSuccess || merge_positions == 0) return err;
   const int64_t h = p.num_qo_heads;
-  return cascade::MergeStates<float, T>({p.out, p.lse, p.out_row_stride, p.out_head_stride, h, 1},
-                                        {p.tmp_v, p.tmp_lse, h * Tl::kHeadDim, Tl::kHeadDim, h, 1},
-                                        merge, merge_positions, h, Tl::kHeadDim, stream, pdl);
+  return cascade::MergeStates<float, T>(
+      {p.out, p.lse, p.out_row_stride, p.out_head_stride, h, 1},
+      {p.tmp_v, p.tmp_lse, h * Tl::kHeadDimVO, Tl::kHeadDimVO, h, 1}, merge, merge_positions, h,
+      Tl::kHeadDimVO, stream, pdl);
 }
 
 }  // namespace prefill

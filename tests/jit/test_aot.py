@@ -141,20 +141,22 @@ def test_registry_and_precompile_errors(capsys: pytest.CaptureFixture[str]) -> N
 
 def test_fp8_and_position_encoding_builds_are_ops_of_their_own() -> None:
     """precompile --ops decode_fp8 (prefill_fp8, decode_pos_encoding, prefill_pos_encoding)
-    names the builds an fp8 cache (a pos_encoding_mode) asks for, one per dtype and head_dim,
-    none of them in the plain op's list."""
+    names the builds an fp8 cache (a pos_encoding_mode) asks for, one per dtype and head_dim
+    (prefill's fp8 ones also at head_dim 192/128, which takes no RoPE), none of them in the
+    plain op's list; the plain prefill op has the 192/128 builds too."""
     plain = {spec.name for op in ("decode", "prefill") for spec in registry.specs_for([op])}
-    for op, suffixes in (
-        ("decode_fp8", ("_kve4m3", "_kve5m2")),
-        ("prefill_fp8", ("_kve4m3", "_kve5m2")),
-        ("decode_pos_encoding", ("_rope", "_alibi")),
-        ("prefill_pos_encoding", ("_rope", "_alibi")),
+    assert {"prefill_bf16_hd192_vo128", "prefill_f16_hd192_vo128"} <= plain
+    for op, suffixes, head_dims in (
+        ("decode_fp8", ("_kve4m3", "_kve5m2"), 3),
+        ("prefill_fp8", ("_kve4m3", "_kve5m2"), 4),
+        ("decode_pos_encoding", ("_rope", "_alibi"), 3),
+        ("prefill_pos_encoding", ("_rope", "_alibi"), 3),
     ):
         names = [spec.name for spec in registry.specs_for([op])]
-        assert len(set(names)) == len(names) == 2 * 3 * 2, op
+        assert len(set(names)) == len(names) == 2 * head_dims * 2, op
         assert not plain & set(names)
         for suffix in suffixes:
-            assert sum(name.endswith(suffix) for name in names) == 6, (op, suffix)
+            assert sum(name.endswith(suffix) for name in names) == 2 * head_dims, (op, suffix)
 
 
 def test_precompile_skips_modules_that_cannot_target_the_archs(

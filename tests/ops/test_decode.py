@@ -21,13 +21,8 @@ from flashinfer.decode_schedule import (
     plan_decode_schedule,
     plan_length,
 )
-from flashinfer.jit.decode import (
-    DTYPES,
-    HEAD_DIMS,
-    KV_FP8_DTYPES,
-    gen_cascade_module,
-    gen_decode_module,
-)
+from flashinfer.jit.decode import DTYPES, HEAD_DIMS, gen_cascade_module, gen_decode_module
+from flashinfer.jit.kv_dtype import KV_FP8_DTYPES
 from flashinfer.jit.pos_encoding import POS_ENCODINGS
 from flashinfer.testing.reference import decode_attention as reference_decode
 from tests.conftest import run_python

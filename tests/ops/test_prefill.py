@@ -67,6 +67,7 @@ class CpuPrefill:
         self.launches: list[dict] = []
         self.builds: list[str] = []
         self.kv_dtypes: list[torch.dtype | None] = []
+        self.head_dims: list[tuple[int, int | None]] = []
 
     def get_prefill_module(
         self,
@@ -74,9 +75,11 @@ class CpuPrefill:
         head_dim: int,
         pos_encoding: str = "NONE",
         kv_dtype: torch.dtype | None = None,
+        head_dim_vo: int | None = None,
     ) -> CpuPrefill:
         self.builds.append(pos_encoding)
         self.kv_dtypes.append(kv_dtype)
+        self.head_dims.append((head_dim, head_dim_vo))
         return self
 
     def batch_prefill(self, *args) -> None:  # noqa: ANN002
@@ -160,7 +163,32 @@ SINGLE_BAD = [
     ),
     ("v must be 3-D", ValueError, dict(v=_bf16(10, 2, 1, 128))),
     ("k has head_dim 64, q has 128", ValueError, dict(k=_bf16(10, 2, 64))),
-    ("head_dim_vo \\(64\\) must equal head_dim_qk \\(128\\)", ValueError, dict(v=_bf16(10, 2, 64))),
+    (
+        "head_dim_qk 128 with head_dim_vo 64 is not supported: equal head dims of "
+        "\\(64, 128, 256\\), or 192 with 128",
+        ValueError,
+        dict(v=_bf16(10, 2, 64)),
+    ),
+    (
+        "head_dim must be one of 64, 128, 256, got 192",
+        ValueError,
+        dict(q=_bf16(5, 8, 192), k=_bf16(10, 2, 192), v=_bf16(10, 2, 192)),
+    ),
+    (
+        "head_dim_qk 256 with head_dim_vo 128 is not supported",
+        ValueError,
+        dict(q=_bf16(5, 8, 256), k=_bf16(10, 2, 256), v=_bf16(10, 2, 128)),
+    ),
+    (
+        "pos_encoding_mode='ROPE_LLAMA' needs head_dim_vo equal to head_dim_qk, got 192/128",
+        ValueError,
+        dict(
+            q=_bf16(5, 8, 192),
+            k=_bf16(10, 2, 192),
+            v=_bf16(10, 2, 128),
+            pos_encoding_mode="ROPE_LLAMA",
+        ),
+    ),
     ("v has shape \\(11, 2, 128\\), k has \\(10, 2, 128\\)", ValueError, dict(v=_bf16(11, 2, 128))),
     ("k must be contiguous in its last dim", ValueError, dict(k=_bf16(10, 128, 2).transpose(1, 2))),
     (
@@ -396,7 +424,24 @@ COMMON_PLAN_BAD = [
     ("num_kv_heads must be an int", TypeError, dict(num_kv_heads=2.0)),
     ("must be a multiple of num_kv_heads", ValueError, dict(num_kv_heads=3)),
     ("head_dim must be one of 64, 128, 256, got 80", ValueError, dict(head_dim_qk=80)),
-    ("head_dim_vo \\(64\\) must equal head_dim_qk \\(128\\)", ValueError, dict(head_dim_vo=64)),
+    ("head_dim_qk 128 with head_dim_vo 64 is not supported", ValueError, dict(head_dim_vo=64)),
+    ("head_dim must be one of 64, 128, 256, got 192", ValueError, dict(head_dim_qk=192)),
+    (
+        "head_dim_qk 192 with head_dim_vo 192 is not supported",
+        ValueError,
+        dict(head_dim_qk=192, head_dim_vo=192),
+    ),
+    (
+        "head_dim must be one of 64, 128, 192, 256, got 96",
+        ValueError,
+        dict(head_dim_vo=96, head_dim_qk=96),
+    ),
+    ("head_dim_vo must be an int", TypeError, dict(head_dim_qk=192, head_dim_vo=128.0)),
+    (
+        "pos_encoding_mode='ROPE_LLAMA' needs head_dim_vo equal to head_dim_qk, got 192/128",
+        ValueError,
+        dict(head_dim_qk=192, head_dim_vo=128, pos_encoding_mode="ROPE_LLAMA"),
+    ),
     ("causal must be a bool", TypeError, dict(causal=1)),
     ("pos_encoding_mode 'XPOS' is not supported", ValueError, dict(pos_encoding_mode="XPOS")),
     (
@@ -1067,6 +1112,50 @@ def test_fp8_caches_ask_for_their_build_and_are_checked(cpu_prefill: CpuPrefill)
     assert cpu_prefill.kv_dtypes[-2:] == [fp8, fp8]
 
 
+def test_mla_head_dims_plan_run_and_check(cpu_prefill: CpuPrefill) -> None:
+    """head_dim_qk 192 with head_dim_vo 128 (DeepSeek's MLA prefill): plan asks for that
+    build, run takes k of 192 and v of 128 dims and returns (or checks) an output of 128, the
+    scale defaults to 1/sqrt(192), the partial states are 128 wide; a v of 192, an out of
+    192, a 5-D paged cache (one head_dim for k and v) and RoPE set by forward() are refused;
+    single prefill takes v of 128 too."""
+    w = BatchPrefillWithRaggedKVCacheWrapper(_workspace())
+    w.plan(**_with(RAGGED, head_dim_qk=192, head_dim_vo=128, kv_indptr=_i32([0, 1000, 1016])))
+    assert cpu_prefill.head_dims[-1] == (192, 128)
+    assert "head_dim=192/128" in repr(w)
+    plan = w._plan_info
+    assert plan.tmp_v.numel() == plan.tmp_capacity * 8 * 128 > 0
+    q, k, v = _bf16(5, 8, 192), _bf16(1016, 2, 192), _bf16(1016, 2, 128)
+    out, lse = w.run(q, k, v, return_lse=True)
+    assert out.shape == (5, 8, 128) and lse.shape == (5, 8) and bool((out == 1.0).all())
+    launch = cpu_prefill.launches[-1]
+    assert launch["k"] is k and launch["v"] is v and launch["out"] is out
+    assert launch["score_scale"] == pytest.approx(192**-0.5 * LOG2E)
+    assert cpu_prefill.head_dims[-1] == (192, 128)  # the launch's build too
+    given = torch.empty(5, 8, 128, dtype=torch.bfloat16)
+    assert w.run(q, k, v, out=given) is given
+    with pytest.raises(ValueError, match="v has shape \\(1016, 2, 192\\); plan\\(\\) was for 2 kv"):
+        w.run(q, k, _bf16(1016, 2, 192))
+    with pytest.raises(ValueError, match="k has shape \\(1016, 2, 128\\); plan\\(\\) was for"):
+        w.run(q, _bf16(1016, 2, 128), v)
+    with pytest.raises(ValueError, match="out has shape \\(5, 8, 192\\), expected \\(5, 8, 128\\)"):
+        w.run(q, k, v, out=_bf16(5, 8, 192))
+    with pytest.raises(ValueError, match="needs head_dim_vo equal to head_dim_qk, got 192/128"):
+        w.forward(q, k, v, pos_encoding_mode="ROPE_LLAMA")
+
+    paged = BatchPrefillWithPagedKVCacheWrapper(_workspace())
+    paged.plan(**_with(PAGED, head_dim_qk=192, head_dim_vo=128))
+    kc, vc = _bf16(5, 16, 2, 192), _bf16(5, 16, 2, 128)
+    assert paged.run(q, (kc, vc)).shape == (5, 8, 128)
+    assert cpu_prefill.launches[-1]["v"] is vc
+    with pytest.raises(ValueError, match="plan\\(\\) was for pages of \\(16, 2, 128\\)"):
+        paged.run(q, _bf16(5, 2, 16, 2, 192))
+
+    q1, k1, v1 = _bf16(4, 8, 192), _bf16(30, 2, 192), _bf16(30, 2, 128)
+    out = single_prefill_with_kv_cache(q1, k1, v1, causal=True)
+    assert out.shape == (4, 8, 128) and cpu_prefill.head_dims[-1] == (192, 128)
+    assert cpu_prefill.launches[-1]["v"] is v1
+
+
 def test_a_batch_without_queries_launches_nothing(cpu_prefill: CpuPrefill) -> None:
     w = BatchPrefillWithRaggedKVCacheWrapper(_workspace())
     w.plan(**_with(RAGGED, qo_indptr=_i32([0, 0, 0])))
@@ -1408,7 +1497,7 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
     assert explicit.name == "prefill_f16_hd128"
     assert "kPrefillMTiles = 1;" in explicit.renders[0].render().read_text()
     for raw, message in (
-        ("96:m1kv64", "FLASHINFER_PREFILL_TILING: head_dim 96 is not one of"),
+        ("96:m1kv64", "FLASHINFER_PREFILL_TILING: head_dim 96 is not one of \\(64, 128, 192"),
         ("128:m3kv32", "m_tiles must be 1 or 2"),
         ("128:m1kv48", "tile_kv 16, 32 or 64"),
         ("128-m2kv32", "invalid value '128-m2kv32' for FLASHINFER_PREFILL_TILING"),
@@ -1439,8 +1528,74 @@ def test_the_tiling_comes_from_flashinfer_prefill_tiling(monkeypatch: pytest.Mon
         prefill_tiling(256)
     with pytest.raises(ValueError, match="m2kv64 at head_dim 256 needs 320 accumulators"):
         gen_prefill_module("float16", 256, PrefillTiling(2, 64))
-    with pytest.raises(ValueError, match="m1kv16 at head_dim 64: 128 16-byte chunks per K/V"):
+    with pytest.raises(
+        ValueError, match="m1kv16 at head_dim 64: 128 16-byte chunks per tile of 64-dim rows do not"
+    ):
         gen_prefill_module("float16", 64, PrefillTiling(1, 16))
+
+
+def test_mla_prefill_module_checks_its_two_head_dims(monkeypatch) -> None:
+    """The head_dim_qk 192 / head_dim_vo 128 build is a module of its own, which reports both
+    dims; its binding takes q and k of 192, v and out of 128, refusing the others. Other
+    pairs, and RoPE with this one, are refused when the spec is made."""
+    monkeypatch.delenv("FLASHINFER_PREFILL_TILING", raising=False)
+    spec = gen_prefill_module("bfloat16", 192, None, "NONE", None, 128)
+    assert spec.name == "prefill_bf16_hd192_vo128"
+    assert gen_prefill_module("bfloat16", 128, None, "NONE", None, 128).name == "prefill_bf16_hd128"
+    module = prefill_api.get_prefill_module(torch.bfloat16, 192, "NONE", None, 128)
+    assert (module.head_dim(), module.head_dim_vo()) == (192, 128)
+    q, k, v = _bf16_cpu(8, 4, 192), _bf16_cpu(10, 2, 192), _bf16_cpu(10, 2, 128)
+    tmp = torch.empty(1)
+
+    def single(q=q, k=k, v=v, out=_bf16_cpu(8, 4, 128)):  # noqa: ANN001, ANN202
+        return module.single_prefill(
+            q,
+            k,
+            v,
+            None,
+            tmp,
+            tmp,
+            out,
+            None,
+            False,
+            True,
+            -1,
+            10,
+            1,
+            1.0,
+            0.0,
+            1.0,
+            1e-4,
+            None,
+            False,
+        )
+
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        single()
+    with pytest.raises(ValueError, match="out has head_dim 192, this module is for 128"):
+        single(out=_bf16_cpu(8, 4, 192))
+    with pytest.raises(ValueError, match="v must end in a contiguous head_dim of 128"):
+        single(v=_bf16_cpu(10, 2, 192))
+    with pytest.raises(ValueError, match="k must end in a contiguous head_dim of 192"):
+        single(k=_bf16_cpu(10, 2, 128))
+    with pytest.raises(ValueError, match="q has head_dim 128, this module is for 192"):
+        single(q=_bf16_cpu(8, 4, 128))
+    for qk, vo in ((128, 64), (256, 128), (64, 128)):
+        with pytest.raises(ValueError, match=f"head_dim_qk {qk} with head_dim_vo {vo} is not"):
+            gen_prefill_module("bfloat16", qk, None, "NONE", None, vo)
+    with pytest.raises(ValueError, match="head_dim must be one of \\(64, 128, 256\\), got 192"):
+        gen_prefill_module("bfloat16", 192, None, "NONE", None, 192)
+    with pytest.raises(ValueError, match="ROPE_LLAMA' needs head_dim_vo equal to head_dim_qk"):
+        gen_prefill_module("bfloat16", 192, None, "ROPE_LLAMA", None, 128)
+    # the longer q/K rows leave m2kv32p no room for its 192 accumulators (it spills 56 bytes)
+    assert PrefillTiling(2, 32, 1, True) in accepted_tilings(128)
+    assert PrefillTiling(2, 32, 1, True) not in accepted_tilings(192, head_dim_vo=128)
+    with pytest.raises(ValueError, match="m2kv32p at head_dim 192/128 needs 192 accumulators"):
+        gen_prefill_module("bfloat16", 192, PrefillTiling(2, 32, 1, True), "NONE", None, 128)
+    monkeypatch.setenv("FLASHINFER_PREFILL_TILING", "192:m1kv32")
+    assert (
+        gen_prefill_module("float16", 192, head_dim_vo=128).name == "prefill_f16_hd192_vo128_m1kv32"
+    )
 
 
 # Every tiling PrefillTiling.check accepts (FLASHINFER_PREFILL_TILING may select any): head_dim
@@ -1481,6 +1636,33 @@ def test_prefill_kernels_do_not_spill(dtype, head_dim, tiling, monkeypatch) -> N
     spec = gen_prefill_module(dtype, head_dim, tiling)
     module = build_without_spills(spec)
     assert (module.head_dim(), module.dtype(), module.tile_rows()) == (head_dim, dtype, TILE_ROWS)
+
+
+# head_dim_qk 192 / head_dim_vo 128 (q/K and V rows of their own lengths): the default always,
+# every other accepted tiling and the fp8 builds with --compile-matrix
+MLA_SPILL_CASES = [
+    pytest.param(
+        dtype,
+        tiling,
+        kv,
+        marks=[]
+        if (dtype, tiling, kv) == ("bfloat16", DEFAULT_TILINGS[192], None)
+        else [pytest.mark.compile_matrix],
+        id=f"{dtype}-{tiling.name}-{kv}",
+    )
+    for dtype in ("float16", "bfloat16")
+    for kv in (None, "float8_e4m3fn", "float8_e5m2")
+    for tiling in accepted_tilings(192, kv is not None, 128)
+]
+
+
+@pytest.mark.parametrize("dtype,tiling,kv_dtype", MLA_SPILL_CASES)
+def test_mla_prefill_kernels_do_not_spill(dtype, tiling, kv_dtype, monkeypatch) -> None:
+    """The 192/128 builds (a K tile's rows half again as long as V's: more copies a token,
+    a longer S = Q K^T loop) keep their state in registers on every tiling accepted for them."""
+    monkeypatch.delenv("FLASHINFER_PREFILL_TILING", raising=False)
+    module = build_without_spills(gen_prefill_module(dtype, 192, tiling, "NONE", kv_dtype, 128))
+    assert (module.head_dim(), module.head_dim_vo(), module.dtype()) == (192, 128, dtype)
 
 
 FP8_SPILL_CASES = [

@@ -64,18 +64,19 @@ def _module(
     reverse: bool,
     pos_encoding: str,
     kv_dtype: torch.dtype | None,
+    head_dim_vo: int | None,
 ) -> EmulatedModule:
-    spec = gen_prefill_module(dtype, head_dim, tiling, pos_encoding, kv_dtype)
+    spec = gen_prefill_module(dtype, head_dim, tiling, pos_encoding, kv_dtype, head_dim_vo)
     return EmulatedModule(spec, OUTPUTS, land_at_issue, reverse)
 
 
 @pytest.fixture
 def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedModule]]:
     """emulate(dtype, head_dim, tiling=default, land_at_issue=False, reverse=False,
-    pos_encoding="NONE", kv_dtype=None): the wrappers' prefill module is then the emulated
-    build (with that schedule, see tests/emu/engine.py, for that position encoding and KV
-    cache dtype, which the wrappers must then ask for), on CPU tensors; plan() uploads its
-    schedule for real."""
+    pos_encoding="NONE", kv_dtype=None, head_dim_vo=None): the wrappers' prefill module is
+    then the emulated build (with that schedule, see tests/emu/engine.py, for that position
+    encoding, KV cache dtype and V head_dim, which the wrappers must then ask for), on CPU
+    tensors; plan() uploads its schedule for real."""
 
     def install(
         dtype: torch.dtype,
@@ -85,16 +86,24 @@ def emulate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., EmulatedM
         reverse: bool = False,
         pos_encoding: str = "NONE",
         kv_dtype: torch.dtype | None = None,
+        head_dim_vo: int | None = None,
     ) -> EmulatedModule:
         tiling = tiling or DEFAULT_TILINGS[head_dim]
-        module = _module(dtype, head_dim, tiling, land_at_issue, reverse, pos_encoding, kv_dtype)
+        module = _module(
+            dtype, head_dim, tiling, land_at_issue, reverse, pos_encoding, kv_dtype, head_dim_vo
+        )
         module.launches.clear()
 
         def get_prefill_module(
-            d: torch.dtype, h: int, asked: str = "NONE", asked_kv: Any = None
+            d: torch.dtype,
+            h: int,
+            asked: str = "NONE",
+            asked_kv: Any = None,
+            asked_vo: int | None = None,
         ) -> EmulatedModule:
             assert asked == pos_encoding, f"the wrapper asked for the {asked} build"
             assert asked_kv in (kv_dtype or d, None), f"the wrapper asked for a {asked_kv} cache"
+            assert (h, asked_vo or h) == (head_dim, head_dim_vo or head_dim), (h, asked_vo)
             return module
 
         monkeypatch.setattr(prefill_api, "get_prefill_module", get_prefill_module)
@@ -574,3 +583,93 @@ def test_alibi_inside_attention(
     options = dict(causal=True, window_left=300, pos_encoding_mode="ALIBI")
     _paged([3, 1], [700, 65], (4, 2), head_dim, 16, "NHD", **options)
     assert module.launches[-1]["grid_merge"] > 0  # the 700 keys ran as several chunks
+
+
+# (dtype, tiling, kv_dtype, land_at_issue, reverse) at head_dim_qk 192, head_dim_vo 128: the
+# overlapped default, m1's plain loop (a token's 8 threads over K's 24 chunks and V's 16),
+# m2's 128 threads, and an fp8 cache (K's and V's rows widened at their own lengths)
+MLA_CASES = [
+    (torch.bfloat16, DEFAULT_TILINGS[192], None, False, True),
+    (torch.float16, PrefillTiling(1, 32), None, True, False),
+    (torch.bfloat16, PrefillTiling(2, 32), None, False, False),
+    (torch.bfloat16, DEFAULT_TILINGS[192], torch.float8_e4m3fn, True, True),
+]
+
+
+@pytest.mark.parametrize(
+    "dtype,tiling,kv_dtype,land_at_issue,reverse",
+    MLA_CASES,
+    ids=[f"{str(c[0])[6:]}-{c[1].name}-{str(c[2])[6:]}" for c in MLA_CASES],
+)
+def test_mla_head_dims(
+    emulate,
+    dtype: torch.dtype,
+    tiling: PrefillTiling,
+    kv_dtype: torch.dtype | None,
+    land_at_issue: bool,
+    reverse: bool,
+) -> None:
+    """q and k of head_dim 192, v and the output of 128 (DeepSeek's MLA prefill, which
+    engines run through the ragged wrapper with head_dim_vo=128): a causal ragged batch (an
+    empty request, one of 700 keys split in chunks of 256 and merged at 128 dims), the paged
+    wrapper over a (k, v) pair of HND pages with NaN in every slot no request owns, and GQA 2
+    single prefill with a window, into NaN-poisoned outputs against the float64 reference."""
+    module = emulate(dtype, 192, tiling, land_at_issue, reverse, kv_dtype=kv_dtype, head_dim_vo=128)
+    torch.manual_seed(tiling.tile_kv + tiling.m_tiles)
+    qo_lens, kv_lens, heads = [5, 0, 60, 3], [5, 7, 90, 700], (4, 4)
+    q, ks, vs = _batch_data(qo_lens, kv_lens, *heads, 192, dtype, device="cpu", head_dim_vo=128)
+    scales: dict[str, float] = {}
+    k_ref, v_ref = ks, vs
+    if kv_dtype is not None:
+        ks, vs = [k.to(kv_dtype) for k in ks], [v.to(kv_dtype) for v in vs]
+        k_ref, v_ref = [k.float() * K_SCALE for k in ks], [v.float() * V_SCALE for v in vs]
+        scales = dict(k_scale=K_SCALE, v_scale=V_SCALE)
+    kv_data_type = kv_dtype or dtype
+    out_shape = (q.shape[0], heads[0], 128)
+
+    ragged = prefill_api.BatchPrefillWithRaggedKVCacheWrapper(_workspace())
+    ragged.plan(
+        _indptr(qo_lens),
+        _indptr(kv_lens),
+        *heads,
+        192,
+        head_dim_vo=128,
+        causal=True,
+        q_data_type=dtype,
+        kv_data_type=kv_data_type,
+        fixed_split_size=256,
+    )
+    out, lse = torch.full(out_shape, NAN, dtype=dtype), torch.full(q.shape[:2], NAN)
+    ragged.run(q, torch.cat(ks), torch.cat(vs), out=out, lse=lse, return_lse=True, **scales)
+    _check(out, lse, _expected_batch(q, qo_lens, k_ref, v_ref, causal=True))
+    assert module.launches[-1]["grid_merge"] > 0  # the 700 keys ran as several chunks
+    out2 = ragged.run(q, torch.cat(ks), torch.cat(vs), **scales)
+    assert out2.shape == out_shape and torch.equal(out2, out)
+
+    cache, indptr, indices, last = _paged_kv(ks, vs, 16, "HND", seed=5)
+    assert isinstance(cache, tuple)
+    paged = prefill_api.BatchPrefillWithPagedKVCacheWrapper(_workspace(), kv_layout="HND")
+    paged.plan(
+        _indptr(qo_lens),
+        indptr,
+        indices,
+        last,
+        *heads,
+        192,
+        16,
+        head_dim_vo=128,
+        window_left=50,
+        q_data_type=dtype,
+        kv_data_type=kv_data_type,
+    )
+    out, lse = torch.full(out_shape, NAN, dtype=dtype), torch.full(q.shape[:2], NAN)
+    paged.run(q, cache, out=out, lse=lse, return_lse=True, **scales)
+    _check(out, lse, _expected_batch(q, qo_lens, k_ref, v_ref, window_left=50))
+
+    q2 = _randn(70, 8, 192, dtype=dtype, device="cpu")
+    out, lse = prefill_api.single_prefill_with_kv_cache(
+        q2, ks[2][:, :2], vs[2][:, :2], causal=True, window_left=30, return_lse=True, **scales
+    )
+    assert out.shape == (70, 8, 128)
+    want = reference_attention(q2, k_ref[2][:, :2], v_ref[2][:, :2], causal=True, window_left=30)
+    _check(out, lse, want)

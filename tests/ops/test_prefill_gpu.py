@@ -23,8 +23,8 @@ LSE_TOLERANCE = dict(atol=1e-2, rtol=1e-3)  # base-2 LSE, float32 from fp16/bf16
 # The kernel tilings not chosen by default, per head_dim (docs/attention.md): every test
 # runs on the default modules and on these, so a tiling is known correct before a benchmark
 # makes it the default.
-OTHER_TILINGS = {64: (2, 32), 128: (2, 32), 256: (1, 32)}
-_other_modules: dict[tuple[Any, int, str, Any], Any] = {}
+OTHER_TILINGS = {64: (2, 32), 128: (2, 32), 192: (2, 32), 256: (1, 32)}
+_other_modules: dict[tuple[Any, int, str, Any, Any], Any] = {}
 
 
 @pytest.fixture(params=["default", "other"], ids=["default-tiling", "other-tiling"])
@@ -36,12 +36,18 @@ def prefill(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
         from flashinfer.jit.prefill import PrefillTiling, gen_prefill_module
 
         def get_prefill_module(
-            dtype: Any, head_dim: int, pos_encoding: str = "NONE", kv_dtype: Any = None
+            dtype: Any,
+            head_dim: int,
+            pos_encoding: str = "NONE",
+            kv_dtype: Any = None,
+            head_dim_vo: Any = None,
         ) -> Any:
-            key = (dtype, head_dim, pos_encoding, kv_dtype)
+            key = (dtype, head_dim, pos_encoding, kv_dtype, head_dim_vo)
             if key not in _other_modules:
                 tiling = PrefillTiling(*OTHER_TILINGS[head_dim])
-                spec = gen_prefill_module(dtype, head_dim, tiling, pos_encoding, kv_dtype)
+                spec = gen_prefill_module(
+                    dtype, head_dim, tiling, pos_encoding, kv_dtype, head_dim_vo
+                )
                 _other_modules[key] = spec.build_and_load()
             return _other_modules[key]
 
@@ -161,13 +167,17 @@ def _write_pages(
     page_size: int,
     layout: str,
 ) -> None:
-    """NaN everywhere, then request b's token t at slot t % page_size of its page t // page_size."""
-    cache.fill_(NAN)
+    """NaN everywhere, then request b's token t at slot t % page_size of its page t // page_size
+    (``cache`` the 5-D form or a (k, v) pair of 4-D caches)."""
+    parts = (cache[:, 0], cache[:, 1]) if isinstance(cache, torch.Tensor) else cache
+    for part in parts:
+        part.fill_(NAN)
     for b, (k, v) in enumerate(zip(ks, vs)):
-        position = torch.arange(k.shape[0], device=cache.device)
-        pages = indices[indptr[b] : indptr[b + 1]].to(cache.device).long()[position // page_size]
+        position = torch.arange(k.shape[0], device=parts[0].device)
+        pages = indices[indptr[b] : indptr[b + 1]].to(parts[0].device).long()
+        pages = pages[position // page_size]
         slots = position % page_size
-        for part, values in ((cache[:, 0], k), (cache[:, 1], v)):
+        for part, values in zip(parts, (k, v)):
             if layout == "NHD":
                 part[pages, slots] = values
             else:
@@ -176,16 +186,23 @@ def _write_pages(
 
 def _paged_kv(
     ks: list[torch.Tensor], vs: list[torch.Tensor], page_size: int, layout: str, seed: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(5-D cache, indptr, indices, last_page_len) holding ks/vs, with 5 spare pages."""
+) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cache, indptr, indices, last_page_len) holding ks/vs, with 5 spare pages: the 5-D
+    cache, or a (k, v) pair of 4-D ones (each a view of every other page of its own 5-D
+    tensor) when the values' head_dim differs from the keys'."""
     kv_lens = [k.shape[0] for k in ks]
     num_pages = sum(-(-n // page_size) for n in kv_lens) + 5
     indptr, indices, last = _page_table(
         kv_lens, page_size, num_pages, torch.Generator().manual_seed(seed)
     )
-    cache = _new_cache(
-        num_pages, page_size, ks[0].shape[1], ks[0].shape[2], layout, ks[0].dtype, ks[0].device
-    )
+    kv_heads, dims = ks[0].shape[1], (ks[0].shape[2], vs[0].shape[2])
+    args = (ks[0].dtype, ks[0].device)
+    if dims[0] == dims[1]:
+        cache = _new_cache(num_pages, page_size, kv_heads, dims[0], layout, *args)
+    else:
+        cache = tuple(
+            _new_cache(num_pages, page_size, kv_heads, dim, layout, *args)[:, 0] for dim in dims
+        )
     _write_pages(cache, ks, vs, indptr, indices, page_size, layout)
     return cache, indptr, indices, last
 
@@ -212,11 +229,17 @@ def _on_broken_pages(
 
 
 def _kv_data(
-    kv_lens: list[int], kv_heads: int, head_dim: int, dtype: torch.dtype, device: str = "cuda"
+    kv_lens: list[int],
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: str = "cuda",
+    head_dim_vo: int | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Each request's keys and values, [kv_len, Hk, D]."""
+    """Each request's keys [kv_len, Hk, D] and values [kv_len, Hk, head_dim_vo or D]."""
+    dim_vo = head_dim_vo or head_dim
     ks = [_randn(n, kv_heads, head_dim, dtype=dtype, device=device) for n in kv_lens]
-    vs = [_randn(n, kv_heads, head_dim, dtype=dtype, device=device) for n in kv_lens]
+    vs = [_randn(n, kv_heads, dim_vo, dtype=dtype, device=device) for n in kv_lens]
     return ks, vs
 
 
@@ -228,11 +251,12 @@ def _batch_data(
     head_dim: int,
     dtype: torch.dtype,
     device: str = "cuda",
+    head_dim_vo: int | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """q [sum(qo_lens), Hq, D] and each request's keys and values."""
+    """q [sum(qo_lens), Hq, D] and each request's keys and values (of head_dim_vo)."""
     return (
         _randn(sum(qo_lens), qo_heads, head_dim, dtype=dtype, device=device),
-        *_kv_data(kv_lens, kv_heads, head_dim, dtype, device),
+        *_kv_data(kv_lens, kv_heads, head_dim, dtype, device, head_dim_vo),
     )
 
 
@@ -601,22 +625,23 @@ def test_page_entries_looked_up_tiles_ahead(
     )
 
 
-def _accepted_tilings() -> list[tuple[int, str]]:
-    """(head_dim, name) of every tiling PrefillTiling.check accepts."""
-    from flashinfer.jit.prefill import HEAD_DIMS, accepted_tilings
+def _accepted_tilings() -> list[tuple[int, int, str]]:
+    """(head_dim_qk, head_dim_vo, name) of every tiling PrefillTiling.check accepts."""
+    from flashinfer.jit.prefill import HEAD_DIM_PAIRS, accepted_tilings
 
-    return [(d, t.name) for d in HEAD_DIMS for t in accepted_tilings(d)]
+    return [(d, vo, t.name) for d, vo in HEAD_DIM_PAIRS for t in accepted_tilings(d, False, vo)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("head_dim,tiling_name", _accepted_tilings())
+@pytest.mark.parametrize("head_dim,head_dim_vo,tiling_name", _accepted_tilings())
 def test_every_tiling_masks_and_skips_as_the_reference(
-    head_dim: int, tiling_name: str, monkeypatch: pytest.MonkeyPatch
+    head_dim: int, head_dim_vo: int, tiling_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each tiling FLASHINFER_PREFILL_TILING may select, on the paths its shape changes:
-    pages of 7 tokens with out-of-range page ids, a custom mask and a window together, a GQA
-    group of 3 (rows straddling warps), a query longer than its KV and a one-token request;
-    then causal with a soft cap, where warps skip the tiles past their rows' diagonals."""
+    """Each tiling FLASHINFER_PREFILL_TILING may select (head_dim 192 with v of 128 too), on
+    the paths its shape changes: pages of 7 tokens with out-of-range page ids, a custom mask
+    and a window together, a GQA group of 3 (rows straddling warps), a query longer than its
+    KV and a one-token request; then causal with a soft cap, where warps skip the tiles past
+    their rows' diagonals."""
     from flashinfer.jit.prefill import PrefillTiling, gen_prefill_module
 
     module = importlib.import_module("flashinfer.prefill")
@@ -626,11 +651,11 @@ def test_every_tiling_masks_and_skips_as_the_reference(
     built: dict[Any, Any] = {}
 
     def get_prefill_module(
-        dtype: Any, dim: int, pos_encoding: str = "NONE", kv_dtype: Any = None
+        dtype: Any, dim: int, pos_encoding: str = "NONE", kv_dtype: Any = None, vo: Any = None
     ) -> Any:
-        key = (dtype, pos_encoding, kv_dtype)
+        key = (dtype, pos_encoding, kv_dtype, vo)
         if key not in built:
-            spec = gen_prefill_module(dtype, dim, tiling, pos_encoding, kv_dtype)
+            spec = gen_prefill_module(dtype, dim, tiling, pos_encoding, kv_dtype, vo)
             built[key] = spec.build_and_load()
         return built[key]
 
@@ -638,9 +663,12 @@ def test_every_tiling_masks_and_skips_as_the_reference(
     dtype, qo_heads, kv_heads, page_size, window = torch.bfloat16, 6, 2, 7, 40
     qo_lens, kv_lens = [150, 1, 90], [120, 333, 200]
     torch.manual_seed(head_dim + tile_kv)
-    q, ks, vs = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype)
+    q, ks, vs = _batch_data(
+        qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype, "cuda", head_dim_vo
+    )
     cache, indptr, indices, last = _paged_kv(ks, vs, page_size, "HND", seed=tile_kv)
-    bad = {(0, 3): cache.shape[0] + 1, (1, 0): -1, (2, 10): 1 << 29}
+    num_pages = (cache if isinstance(cache, torch.Tensor) else cache[0]).shape[0]
+    bad = {(0, 3): num_pages + 1, (1, 0): -1, (2, 10): 1 << 29}
     _break_page_ids(indices, indptr, bad)
     custom = [torch.rand(m, n, device="cuda") > 0.25 for m, n in zip(qo_lens, kv_lens)]
     masks, causal = [], []
@@ -653,8 +681,11 @@ def test_every_tiling_masks_and_skips_as_the_reference(
     table = (_indptr(qo_lens), indptr, indices, last, qo_heads, kv_heads, head_dim, page_size)
 
     def check(visible: list[torch.Tensor], soft_cap: float | None = None, **options: Any) -> None:
-        wrapper.plan(*table, logits_soft_cap=soft_cap, q_data_type=dtype, **options)
-        out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
+        wrapper.plan(
+            *table, head_dim_vo=head_dim_vo, logits_soft_cap=soft_cap, q_data_type=dtype, **options
+        )
+        out = torch.full((*q.shape[:2], head_dim_vo), NAN, dtype=dtype, device="cuda")
+        lse = torch.full(q.shape[:2], NAN, device="cuda")
         wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
         _check(out, lse, _expected_batch(q, qo_lens, ks, vs, visible, soft_cap=soft_cap))
 
@@ -1068,6 +1099,107 @@ def test_fp8_cache_prefill_matches_the_reference(
     b = max(range(len(kv_lens)), key=kv_lens.__getitem__)
     start = sum(qo_lens[:b])
     q_b = q[start : start + qo_lens[b]]
+    out, lse = prefill.single_prefill_with_kv_cache(
+        q_b,
+        in_layout(ks[b]),
+        in_layout(vs[b]),
+        causal=True,
+        kv_layout=layout,
+        return_lse=True,
+        **scales,
+    )
+    _check(out, lse, reference_attention(q_b, k_ref[b], v_ref[b], causal=True))
+
+
+# -- head_dim_qk 192, head_dim_vo 128 (DeepSeek's MLA prefill) -----------------------------------
+
+MLA_CASES = [  # (qo_lens, kv_lens, qo_heads, kv_heads, layout, dtype, kv_dtype)
+    # engines' shape: as many KV heads as query heads (16: 128 heads over 8 GPUs), a prefix
+    ([1, 300, 2048, 0, 17], [1, 300, 4096, 50, 900], 16, 16, "NHD", torch.bfloat16, None),
+    ([128, 1000], [128, 3000], 8, 8, "HND", torch.float16, None),
+    ([7, 513], [2000, 513], 16, 4, "NHD", torch.bfloat16, None),  # GQA 4
+    ([64, 1, 700], [64, 1500, 700], 16, 16, "HND", torch.bfloat16, torch.float8_e4m3fn),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "qo_lens,kv_lens,qo_heads,kv_heads,layout,dtype,kv_dtype",
+    MLA_CASES,
+    ids=[f"{c[2]}x{c[3]}-{c[4]}-{str(c[5])[6:]}-{str(c[6])[6:]}" for c in MLA_CASES],
+)
+def test_mla_head_dims_match_the_reference(
+    prefill, qo_lens, kv_lens, qo_heads, kv_heads, layout, dtype, kv_dtype
+) -> None:
+    """q and k of head_dim 192, v and the output of 128: the ragged wrapper (as engines run
+    DeepSeek's prefill, head_dim_vo=128) in each of BATCH_VARIANTS, the paged wrapper over a
+    (k, v) pair of caches (shuffled pages of 16, NaN in every slot no request owns, causal)
+    and single prefill of the longest request, into NaN-poisoned outputs [.., 128], against
+    the float64 reference; an fp8 cache with k_scale and v_scale."""
+    torch.manual_seed(sum(kv_lens))
+    q, ks, vs = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, 192, dtype, head_dim_vo=128)
+    scales: dict[str, float] = {}
+    k_ref, v_ref = ks, vs
+    if kv_dtype is not None:
+        ks, vs = [k.to(kv_dtype) for k in ks], [v.to(kv_dtype) for v in vs]
+        k_ref, v_ref = [k.float() * K_SCALE for k in ks], [v.float() * V_SCALE for v in vs]
+        scales = dict(k_scale=K_SCALE, v_scale=V_SCALE)
+    kv_data_type = kv_dtype or dtype
+    out_shape = (q.shape[0], qo_heads, 128)
+    hnd = layout == "HND"
+
+    def in_layout(t: torch.Tensor) -> torch.Tensor:  # [tokens, Hk, D] as the layout has it
+        return t.transpose(0, 1).contiguous() if hnd else t
+
+    ragged = prefill.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), kv_layout=layout)
+    k, v = in_layout(torch.cat(ks)), in_layout(torch.cat(vs))
+    for causal, sm_scale, cap, window in BATCH_VARIANTS:
+        ragged.plan(
+            _indptr(qo_lens).cuda(),
+            _indptr(kv_lens).cuda(),
+            qo_heads,
+            kv_heads,
+            192,
+            head_dim_vo=128,
+            causal=causal,
+            sm_scale=sm_scale,
+            logits_soft_cap=cap,
+            window_left=window,
+            q_data_type=dtype,
+            kv_data_type=kv_data_type,
+        )
+        out = torch.full(out_shape, NAN, dtype=dtype, device="cuda")
+        lse = torch.full(q.shape[:2], NAN, device="cuda")
+        ragged.run(q, k, v, out=out, lse=lse, return_lse=True, **scales)
+        options = dict(causal=causal, window_left=window, soft_cap=cap, sm_scale=sm_scale)
+        _check(out, lse, _expected_batch(q, qo_lens, k_ref, v_ref, **options))
+
+    cache, indptr, indices, last = _paged_kv(ks, vs, 16, layout, seed=len(qo_lens))
+    paged = prefill.BatchPrefillWithPagedKVCacheWrapper(_workspace(), kv_layout=layout)
+    paged.plan(
+        _indptr(qo_lens),
+        indptr,
+        indices,
+        last,
+        qo_heads,
+        kv_heads,
+        192,
+        16,
+        head_dim_vo=128,
+        causal=True,
+        q_data_type=dtype,
+        kv_data_type=kv_data_type,
+    )
+    out = torch.full(out_shape, NAN, dtype=dtype, device="cuda")
+    lse = torch.full(q.shape[:2], NAN, device="cuda")
+    paged.run(q, cache, out=out, lse=lse, return_lse=True, **scales)
+    _check(out, lse, _expected_batch(q, qo_lens, k_ref, v_ref, causal=True))
+    assert paged.run(q, cache, **scales).shape == out_shape
+
+    b = max(range(len(kv_lens)), key=kv_lens.__getitem__)
+    start = sum(qo_lens[:b])
+    q_b = q[start : start + qo_lens[b]]
+    _leave_nan_in_freed_blocks(((qo_lens[b], qo_heads, 128), dtype))
     out, lse = prefill.single_prefill_with_kv_cache(
         q_b,
         in_layout(ks[b]),

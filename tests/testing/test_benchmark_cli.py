@@ -278,6 +278,17 @@ def test_generate_repro_command() -> None:
             "--head_dim_vo must equal --head_dim_qk",
         ),
         (
+            ["--routine", "single_prefill_with_kv_cache", "--head_dim_qk", "192"],
+            "--head_dim_vo must equal --head_dim_qk (64, 128, 256), or be 128 with",
+        ),
+        (
+            [
+                *("--routine", "BatchPrefillWithPagedKVCacheWrapper"),
+                *("--head_dim_qk", "192", "--head_dim_vo", "128"),
+            ],
+            "--head_dim_qk 192: only BatchPrefillWithRaggedKVCacheWrapper, single_prefill",
+        ),
+        (
             ["--routine", "BatchPrefillWithPagedKVCacheWrapper", "--kv_dtype", "float16"],
             "--kv_dtype must equal --q_dtype, or be fp8",
         ),
@@ -457,6 +468,11 @@ def test_torch_backends_pass_refcheck_on_cpu(name: str, capsys: pytest.CaptureFi
         ("BatchPrefillWithPagedKVCacheWrapper", ["--causal", "--kv_dtype", "e4m3"]),
         ("BatchPrefillWithRaggedKVCacheWrapper", ["--kv_dtype", "e5m2"]),
         ("single_prefill_with_kv_cache", ["--causal", "--kv_dtype", "e4m3"]),
+        ("BatchPrefillWithRaggedKVCacheWrapper", ["--head_dim_qk", "192", "--head_dim_vo", "128"]),
+        (
+            "single_prefill_with_kv_cache",
+            ["--causal", "--head_dim_qk", "192", "--head_dim_vo", "128", "--kv_layout", "HND"],
+        ),
         ("MultiLevelCascadeAttentionWrapper", ["--causal", "--kv_layout", "HND"]),
         ("apply_rope_pos_ids", ["--interleave"]),
         (
@@ -501,6 +517,20 @@ def test_attention_flops_count_the_visible_pairs() -> None:
     assert full.flops == 4 * 2 * (3 * 37) * 4 * 64
     assert causal.flops == 4 * 2 * (35 + 36 + 37) * 4 * 64
     assert full.bytes == (2 * 2 * 3 * 4 * 64 + 2 * 2 * 37 * 2 * 64) * 2
+    mla = routines.ROUTINES["BatchPrefillWithRaggedKVCacheWrapper"].make_case(
+        cli.parse_args(
+            small_argv(
+                "BatchPrefillWithRaggedKVCacheWrapper",
+                ["torch"],
+                *("--head_dim_qk", "192", "--head_dim_vo", "128"),
+            )
+        ),
+        CPU,
+    )
+    # q.k over 192 dims, p.v over 128; q and k rows of 192, v and output rows of 128
+    assert mla.flops == 2 * 2 * (3 * 37) * 4 * (192 + 128)
+    assert mla.bytes == (2 * 3 * 4 * (192 + 128) + 2 * 37 * 2 * (192 + 128)) * 2
+    assert "d192/128" in mla.label
 
 
 # -- the flashinfer backends: their calls bind to the APIs ---------------------------------------

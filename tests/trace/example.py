@@ -127,6 +127,10 @@ def examples() -> list[tuple[Callable[..., Any], dict[str, Any]]]:
             flashinfer.BatchPrefillWithRaggedKVCacheWrapper.run,
             dict(q=q, k=t(512, 8, 128), v=t(512, 8, 128)),
         ),
+        (  # DeepSeek's MLA prefill: q and k of head_dim 192, v and the output of 128
+            flashinfer.BatchPrefillWithRaggedKVCacheWrapper.run,
+            dict(q=t(tokens, 16, 192), k=t(512, 16, 192), v=t(512, 16, 128)),
+        ),
         (flashinfer.MultiLevelCascadeAttentionWrapper.run, dict(q=q, paged_kv_cache=cache)),
         (flashinfer.merge_state, state),
         (

@@ -180,6 +180,31 @@ def test_single_paged_cache_tensor_is_split() -> None:
     assert d["inputs"]["v_cache"]["dtype"] == "float16"
 
 
+def test_prefill_definitions_carry_v_and_the_outputs_head_dim() -> None:
+    """head_dim_vo is v's (and the output's) head_dim: 128 under q and k of 192 (MLA
+    prefill), head_dim otherwise; it is left out of the name."""
+    bf16 = dict(dtype=torch.bfloat16)
+    q, k = torch.empty(5, 16, 192, **bf16), torch.empty(40, 16, 192, **bf16)
+    mla = flashinfer.single_prefill_with_kv_cache.fi_trace(
+        q=q, k=k, v=torch.empty(40, 16, 128, **bf16)
+    )
+    assert mla["name"] == "gqa_single_prefill_h16_kv16_d192"
+    assert (mla["axes"]["head_dim"]["value"], mla["axes"]["head_dim_vo"]["value"]) == (192, 128)
+    assert mla["inputs"]["v"]["shape"] == ["kv_len", "num_kv_heads", "head_dim_vo"]
+    assert mla["outputs"]["output"]["shape"] == ["qo_len", "num_qo_heads", "head_dim_vo"]
+    pages = (torch.empty(3, 16, 2, 192, **bf16), torch.empty(3, 16, 2, 128, **bf16))
+    paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper.run.fi_trace(
+        q=torch.empty(5, 8, 192, **bf16), paged_kv_cache=pages
+    )
+    assert paged["axes"]["head_dim_vo"]["value"] == 128
+    assert paged["inputs"]["v_cache"]["shape"][-1] == "head_dim_vo"
+    same = flashinfer.BatchPrefillWithRaggedKVCacheWrapper.run.fi_trace(
+        q=torch.empty(5, 8, 128, **bf16), k=torch.empty(9, 2, 128, **bf16), v=k[:9, :2, :128]
+    )
+    assert same["name"] == "gqa_ragged_h8_kv2_d128"
+    assert same["axes"]["head_dim_vo"]["value"] == same["axes"]["head_dim"]["value"] == 128
+
+
 def test_fi_trace_refuses_untraced_functions() -> None:
     with pytest.raises(ValueError, match="func_or_method"):
         fi_trace(len)

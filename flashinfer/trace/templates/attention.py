@@ -15,6 +15,14 @@ _HEADS = {
     "num_kv_heads": Const(abbrev="kv"),
     "head_dim": Const(abbrev="d"),
 }
+# prefill's v and output rows: head_dim's, or 128 under a head_dim of 192 (MLA prefill, the one
+# unequal pair: left out of the name, which head_dim 192 already tells apart)
+_PREFILL_HEADS = {
+    **_HEADS,
+    "head_dim_vo": Const(
+        abbrev="", description="v's and the output's head_dim: head_dim, or 128 with 192."
+    ),
+}
 _PAGED = ("num_pages", "page_size", "num_kv_heads", "head_dim")
 _PAGED_HND = ("num_pages", "num_kv_heads", "page_size", "head_dim")
 _LSE = "Base-2 log-sum-exp of the scores (returned when return_lse)."
@@ -33,16 +41,18 @@ def _sm_scale(planned: bool) -> Scalar:
     )
 
 
-def _paged_cache() -> dict[str, Tensor]:
+def _paged_cache(v_dim: str = "head_dim") -> dict[str, Tensor]:
+    """The k and v caches of ``paged_kv_cache``; v's rows of ``v_dim``."""
+    v_paged, v_hnd = (*_PAGED[:3], v_dim), (*_PAGED_HND[:3], v_dim)
     return {
         "k_cache": Tensor(_PAGED, param="paged_kv_cache", tuple_idx=0, hnd_dims=_PAGED_HND),
-        "v_cache": Tensor(_PAGED, param="paged_kv_cache", tuple_idx=1, hnd_dims=_PAGED_HND),
+        "v_cache": Tensor(v_paged, param="paged_kv_cache", tuple_idx=1, hnd_dims=v_hnd),
     }
 
 
-def _outputs(rows: str) -> dict[str, Tensor]:
+def _outputs(rows: str, dim: str = "head_dim") -> dict[str, Tensor]:
     return {
-        "output": Tensor((rows, "num_qo_heads", "head_dim"), param="out", dtype_from="q"),
+        "output": Tensor((rows, "num_qo_heads", dim), param="out", dtype_from="q"),
         "lse": Tensor(
             (rows, "num_qo_heads"), param="lse", dtype="float32", optional=True, description=_LSE
         ),
@@ -76,20 +86,21 @@ single_prefill_with_kv_cache_trace = TraceTemplate(
     op_type="gqa_single",
     name_prefix="gqa_single_prefill",
     description="Prefill attention of one request (causal aligned to the bottom right).",
-    axes={"qo_len": Var(), "kv_len": Var(), **_HEADS},
+    axes={"qo_len": Var(), "kv_len": Var(), **_PREFILL_HEADS},
     inputs={
         "q": Tensor(("qo_len", "num_qo_heads", "head_dim")),
         "k": Tensor(
             ("kv_len", "num_kv_heads", "head_dim"), hnd_dims=("num_kv_heads", "kv_len", "head_dim")
         ),
         "v": Tensor(
-            ("kv_len", "num_kv_heads", "head_dim"), hnd_dims=("num_kv_heads", "kv_len", "head_dim")
+            ("kv_len", "num_kv_heads", "head_dim_vo"),
+            hnd_dims=("num_kv_heads", "kv_len", "head_dim_vo"),
         ),
         "causal": Scalar("bool"),
         "sm_scale": _sm_scale(False),
     },
     outputs={
-        "output": Tensor(("qo_len", "num_qo_heads", "head_dim"), dtype_from="q"),
+        "output": Tensor(("qo_len", "num_qo_heads", "head_dim_vo"), dtype_from="q"),
         "lse": Tensor(("qo_len", "num_qo_heads"), dtype="float32", optional=True, description=_LSE),
     },
     tags=("stage:prefill", "status:verified"),
@@ -140,7 +151,7 @@ batch_prefill_paged_run_trace = TraceTemplate(
     "are fixed by plan(). BatchPrefillWithPagedKVCacheWrapper.run().",
     axes={
         "total_q": Var(),
-        **_HEADS,
+        **_PREFILL_HEADS,
         "num_pages": Var(),
         "page_size": Const(abbrev="ps"),
         "batch_size": Var(),
@@ -154,7 +165,7 @@ batch_prefill_paged_run_trace = TraceTemplate(
     ),
     inputs={
         "q": Tensor(("total_q", "num_qo_heads", "head_dim")),
-        **_paged_cache(),
+        **_paged_cache("head_dim_vo"),
         "qo_indptr": _planned(("len_indptr",), "Query offsets per request."),
         "kv_indptr": _planned(("len_indptr",), "Page offsets per request."),
         "kv_indices": _planned(("num_kv_indices",), "Page ids."),
@@ -162,7 +173,7 @@ batch_prefill_paged_run_trace = TraceTemplate(
         "causal": Scalar("bool", optional=True, description="Set by plan(), not run()."),
         "sm_scale": _sm_scale(True),
     },
-    outputs=_outputs("total_q"),
+    outputs=_outputs("total_q", "head_dim_vo"),
     tags=("stage:prefill", "status:verified"),
     reference=ref.batch_paged_attention,
     reference_deps=(ref.attention, ref.paged_rows),
@@ -174,7 +185,13 @@ batch_prefill_ragged_run_trace = TraceTemplate(
     name_prefix="gqa_ragged",
     description="Batched prefill over ragged K/V; qo_indptr, kv_indptr and causal are fixed "
     "by plan(). BatchPrefillWithRaggedKVCacheWrapper.run().",
-    axes={"total_q": Var(), "total_kv": Var(), **_HEADS, "batch_size": Var(), "len_indptr": Var()},
+    axes={
+        "total_q": Var(),
+        "total_kv": Var(),
+        **_PREFILL_HEADS,
+        "batch_size": Var(),
+        "len_indptr": Var(),
+    },
     constraints=(
         "len_indptr == batch_size + 1",
         "total_q == qo_indptr[-1].item()",
@@ -183,13 +200,13 @@ batch_prefill_ragged_run_trace = TraceTemplate(
     inputs={
         "q": Tensor(("total_q", "num_qo_heads", "head_dim")),
         "k": Tensor(("total_kv", "num_kv_heads", "head_dim")),
-        "v": Tensor(("total_kv", "num_kv_heads", "head_dim")),
+        "v": Tensor(("total_kv", "num_kv_heads", "head_dim_vo")),
         "qo_indptr": _planned(("len_indptr",), "Query offsets per request."),
         "kv_indptr": _planned(("len_indptr",), "KV offsets per request."),
         "causal": Scalar("bool", optional=True, description="Set by plan(), not run()."),
         "sm_scale": _sm_scale(True),
     },
-    outputs=_outputs("total_q"),
+    outputs=_outputs("total_q", "head_dim_vo"),
     tags=("stage:prefill", "status:verified"),
     reference=ref.batch_ragged_attention,
     reference_deps=(ref.attention,),
