@@ -29,10 +29,11 @@ from flashinfer.jit.prefill import (
 )
 from flashinfer.testing.reference import attention as reference_attention
 from tests.emu.module import EmulatedModule, on_cpu_tensors
-from tests.ops.test_decode import K_SCALE, V_SCALE, check_batch_decode, check_fp8_decode
+from tests.ops.test_decode import check_batch_decode, check_fp8_decode
 from tests.ops.test_prefill_gpu import (
     NAN,
     _batch_data,
+    _cache_of,
     _check,
     _check_broken_pages,
     _check_out_of_range_page_ids,
@@ -439,9 +440,7 @@ def test_fp8_cache_in_prefill(
     torch.manual_seed(head_dim + tiling.tile_kv)
     qo_lens, kv_lens, heads = [1, 0, 37, 90], [33, 5, 150, 90], (4, 2)
     q, ks16, vs16 = _batch_data(qo_lens, kv_lens, *heads, head_dim, dtype, device="cpu")
-    ks, vs = [k.to(kv_dtype) for k in ks16], [v.to(kv_dtype) for v in vs16]
-    k_ref, v_ref = [k.float() * K_SCALE for k in ks], [v.float() * V_SCALE for v in vs]
-    scales = dict(k_scale=K_SCALE, v_scale=V_SCALE)
+    ks, vs, k_ref, v_ref, scales = _cache_of(ks16, vs16, kv_dtype)
 
     cache, indptr, indices, last = _paged_kv(ks, vs, 16, "HND", seed=3)
     paged = prefill_api.BatchPrefillWithPagedKVCacheWrapper(_workspace(), kv_layout="HND")
@@ -618,12 +617,7 @@ def test_mla_head_dims(
     torch.manual_seed(tiling.tile_kv + tiling.m_tiles)
     qo_lens, kv_lens, heads = [5, 0, 60, 3], [5, 7, 90, 700], (4, 4)
     q, ks, vs = _batch_data(qo_lens, kv_lens, *heads, 192, dtype, device="cpu", head_dim_vo=128)
-    scales: dict[str, float] = {}
-    k_ref, v_ref = ks, vs
-    if kv_dtype is not None:
-        ks, vs = [k.to(kv_dtype) for k in ks], [v.to(kv_dtype) for v in vs]
-        k_ref, v_ref = [k.float() * K_SCALE for k in ks], [v.float() * V_SCALE for v in vs]
-        scales = dict(k_scale=K_SCALE, v_scale=V_SCALE)
+    ks, vs, k_ref, v_ref, scales = _cache_of(ks, vs, kv_dtype)
     kv_data_type = kv_dtype or dtype
     out_shape = (q.shape[0], heads[0], 128)
 

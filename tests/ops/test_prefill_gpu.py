@@ -1033,6 +1033,48 @@ FP8_CASES = [
 K_SCALE, V_SCALE = 0.5, 2.0  # the fp8 cache's dequantization scales
 
 
+def _cache_of(
+    ks: list[torch.Tensor], vs: list[torch.Tensor], kv_dtype: torch.dtype | None
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], list[torch.Tensor], dict]:
+    """(keys, values) as a cache of ``kv_dtype`` holds them (None: as they are; fp8:
+    quantized), as the reference reads them (dequantized by K_SCALE and V_SCALE), and the
+    scales run() takes for them."""
+    if kv_dtype is None:
+        return ks, vs, ks, vs, {}
+    ks, vs = [k.to(kv_dtype) for k in ks], [v.to(kv_dtype) for v in vs]
+    k_ref, v_ref = [k.float() * K_SCALE for k in ks], [v.float() * V_SCALE for v in vs]
+    return ks, vs, k_ref, v_ref, dict(k_scale=K_SCALE, v_scale=V_SCALE)
+
+
+def _check_single_of_the_longest(
+    prefill: ModuleType,
+    q: torch.Tensor,
+    qo_lens: list[int],
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    refs: tuple[list[torch.Tensor], list[torch.Tensor]],
+    layout: str,
+    scales: dict,
+) -> None:
+    """Causal single prefill of the request with the most keys (its keys and values in
+    ``layout``), into NaN-left blocks, against the reference on ``refs``' keys and values."""
+    b = max(range(len(ks)), key=lambda r: ks[r].shape[0])
+    start = sum(qo_lens[:b])
+    q_b = q[start : start + qo_lens[b]]
+
+    _leave_nan_in_freed_blocks(((*q_b.shape[:2], vs[b].shape[2]), q.dtype))
+    out, lse = prefill.single_prefill_with_kv_cache(
+        q_b,
+        _to_layout(ks[b], layout),
+        _to_layout(vs[b], layout),
+        causal=True,
+        kv_layout=layout,
+        return_lse=True,
+        **scales,
+    )
+    _check(out, lse, reference_attention(q_b, refs[0][b], refs[1][b], causal=True))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "kv_dtype,qo_lens,kv_lens,page_size,qo_heads,kv_heads,head_dim,layout,dtype",
@@ -1048,9 +1090,7 @@ def test_fp8_cache_prefill_matches_the_reference(
     the float64 reference on the dequantized keys and values."""
     torch.manual_seed(sum(kv_lens) + head_dim)
     q, ks16, vs16 = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype)
-    ks, vs = [k.to(kv_dtype) for k in ks16], [v.to(kv_dtype) for v in vs16]
-    k_ref, v_ref = [k.float() * K_SCALE for k in ks], [v.float() * V_SCALE for v in vs]
-    scales = dict(k_scale=K_SCALE, v_scale=V_SCALE)
+    ks, vs, k_ref, v_ref, scales = _cache_of(ks16, vs16, kv_dtype)
     cache, indptr, indices, last = _paged_kv(ks, vs, page_size, layout, seed=len(qo_lens))
     paged = prefill.BatchPrefillWithPagedKVCacheWrapper(_workspace(), kv_layout=layout)
     for causal, sm_scale, cap, window in BATCH_VARIANTS:
@@ -1075,11 +1115,6 @@ def test_fp8_cache_prefill_matches_the_reference(
         options = dict(causal=causal, window_left=window, soft_cap=cap, sm_scale=sm_scale)
         _check(out, lse, _expected_batch(q, qo_lens, k_ref, v_ref, **options))
 
-    hnd = layout == "HND"
-
-    def in_layout(t: torch.Tensor) -> torch.Tensor:  # [tokens, Hk, D] as the layout has it
-        return t.transpose(0, 1).contiguous() if hnd else t
-
     ragged = prefill.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), kv_layout=layout)
     ragged.plan(
         _indptr(qo_lens),
@@ -1092,23 +1127,10 @@ def test_fp8_cache_prefill_matches_the_reference(
         kv_data_type=kv_dtype,
     )
     out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
-    ragged_k, ragged_v = in_layout(torch.cat(ks)), in_layout(torch.cat(vs))
+    ragged_k, ragged_v = _to_layout(torch.cat(ks), layout), _to_layout(torch.cat(vs), layout)
     ragged.run(q, ragged_k, ragged_v, out=out, lse=lse, return_lse=True, **scales)
     _check(out, lse, _expected_batch(q, qo_lens, k_ref, v_ref, causal=True))
-
-    b = max(range(len(kv_lens)), key=kv_lens.__getitem__)
-    start = sum(qo_lens[:b])
-    q_b = q[start : start + qo_lens[b]]
-    out, lse = prefill.single_prefill_with_kv_cache(
-        q_b,
-        in_layout(ks[b]),
-        in_layout(vs[b]),
-        causal=True,
-        kv_layout=layout,
-        return_lse=True,
-        **scales,
-    )
-    _check(out, lse, reference_attention(q_b, k_ref[b], v_ref[b], causal=True))
+    _check_single_of_the_longest(prefill, q, qo_lens, ks, vs, (k_ref, v_ref), layout, scales)
 
 
 # -- head_dim_qk 192, head_dim_vo 128 (DeepSeek's MLA prefill) -----------------------------------
@@ -1138,21 +1160,12 @@ def test_mla_head_dims_match_the_reference(
     the float64 reference; an fp8 cache with k_scale and v_scale."""
     torch.manual_seed(sum(kv_lens))
     q, ks, vs = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, 192, dtype, head_dim_vo=128)
-    scales: dict[str, float] = {}
-    k_ref, v_ref = ks, vs
-    if kv_dtype is not None:
-        ks, vs = [k.to(kv_dtype) for k in ks], [v.to(kv_dtype) for v in vs]
-        k_ref, v_ref = [k.float() * K_SCALE for k in ks], [v.float() * V_SCALE for v in vs]
-        scales = dict(k_scale=K_SCALE, v_scale=V_SCALE)
+    ks, vs, k_ref, v_ref, scales = _cache_of(ks, vs, kv_dtype)
     kv_data_type = kv_dtype or dtype
     out_shape = (q.shape[0], qo_heads, 128)
-    hnd = layout == "HND"
-
-    def in_layout(t: torch.Tensor) -> torch.Tensor:  # [tokens, Hk, D] as the layout has it
-        return t.transpose(0, 1).contiguous() if hnd else t
 
     ragged = prefill.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), kv_layout=layout)
-    k, v = in_layout(torch.cat(ks)), in_layout(torch.cat(vs))
+    k, v = _to_layout(torch.cat(ks), layout), _to_layout(torch.cat(vs), layout)
     for causal, sm_scale, cap, window in BATCH_VARIANTS:
         ragged.plan(
             _indptr(qo_lens).cuda(),
@@ -1195,18 +1208,4 @@ def test_mla_head_dims_match_the_reference(
     paged.run(q, cache, out=out, lse=lse, return_lse=True, **scales)
     _check(out, lse, _expected_batch(q, qo_lens, k_ref, v_ref, causal=True))
     assert paged.run(q, cache, **scales).shape == out_shape
-
-    b = max(range(len(kv_lens)), key=kv_lens.__getitem__)
-    start = sum(qo_lens[:b])
-    q_b = q[start : start + qo_lens[b]]
-    _leave_nan_in_freed_blocks(((qo_lens[b], qo_heads, 128), dtype))
-    out, lse = prefill.single_prefill_with_kv_cache(
-        q_b,
-        in_layout(ks[b]),
-        in_layout(vs[b]),
-        causal=True,
-        kv_layout=layout,
-        return_lse=True,
-        **scales,
-    )
-    _check(out, lse, reference_attention(q_b, k_ref[b], v_ref[b], causal=True))
+    _check_single_of_the_longest(prefill, q, qo_lens, ks, vs, (k_ref, v_ref), layout, scales)
