@@ -30,6 +30,7 @@ _API_MODULES: dict[str, tuple[str, ...]] = {
     "decode": (
         "BatchDecodeWithPagedKVCacheWrapper",
         "CUDAGraphBatchDecodeWithPagedKVCacheWrapper",
+        "fast_decode_plan",
         "single_decode_with_kv_cache",
     ),
     "norm": (

@@ -1,7 +1,8 @@
 """The module-level imports of the serving engines' FlashInfer attention backends, which run
 when the engine loads the backend (before any call): vLLM's (vllm/v1/attention/backends/
 flashinfer.py) and SGLang's (sglang/srt/layers/attention/flashinfer_backend.py), as their
-current sources have them; and the helpers they import besides the APIs."""
+current sources have them (and SGLang's earlier form); and the helpers they import besides
+the APIs."""
 
 from __future__ import annotations
 
@@ -21,6 +22,15 @@ from flashinfer import (
 from flashinfer.decode import _get_range_buf
 """,
     "sglang": """
+from flashinfer import (
+    BatchDecodeWithPagedKVCacheWrapper,
+    BatchPrefillWithPagedKVCacheWrapper,
+    BatchPrefillWithRaggedKVCacheWrapper,
+    fast_decode_plan,
+)
+from flashinfer.cascade import merge_state
+""",
+    "sglang-earlier": """
 from flashinfer import (
     BatchDecodeWithPagedKVCacheWrapper,
     BatchPrefillWithPagedKVCacheWrapper,
@@ -53,8 +63,10 @@ def test_get_range_buf_is_a_cached_int32_arange() -> None:
         _get_range_buf(-1, "cpu")
 
 
-def test_decode_reexports_get_seq_lens() -> None:
-    from flashinfer import get_seq_lens
-    from flashinfer.decode import get_seq_lens as from_decode
+def test_decode_helpers_are_the_same_objects_where_engines_find_them() -> None:
+    import flashinfer
+    from flashinfer import decode
 
-    assert from_decode is get_seq_lens
+    assert decode.get_seq_lens is flashinfer.get_seq_lens
+    assert flashinfer.fast_decode_plan is decode.fast_decode_plan
+    assert "fast_decode_plan" in flashinfer.__all__
