@@ -797,8 +797,10 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             wrapper._commit(opts, plan, words, None, tables)
             self._cached_module = wrapper._cached_module
         self._plan_info = plan
+        # (the soft cap as the reference stores it: 0.0 for None; vLLM asserts it equals its
+        # layers' `logits_soft_cap or 0.0` before each decode)
         self._set_score_params(
-            pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
+            pos_encoding_mode, window_left, cap, sm_scale, rope_scale, rope_theta
         )
         self._batch_size = batch
         self._num_qo_heads = num_qo_heads

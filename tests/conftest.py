@@ -33,24 +33,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# The longest test files on a CPU machine (emulated kernels, sanitized builds), longest first:
-# collected first, so that `-n 2 --dist loadfile` hands them out at the start, not to a worker
-# that has run for twenty minutes already (the suite's wall time is the busier worker's).
-LONGEST_FIRST = (
-    "tests/ops/test_prefill_emulated.py",
-    "tests/emu/test_sanitizers.py",
-    "tests/ops/test_decode_emulated.py",
-)
-
-
-def _run_order(item: pytest.Item) -> int:
-    path = Path(str(item.path)).resolve()
-    name = path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else ""
-    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=_run_order)  # stable: each file keeps its own order
     if not config.getoption("--compile-matrix"):
         skip_matrix = pytest.mark.skip(reason="the full compile matrix runs with --compile-matrix")
         for item in items:

@@ -283,6 +283,12 @@ def test_attributes_engines_read(cpu_plan: CpuPlan) -> None:
     w.plan(*TABLE, *SHAPE, q_data_type="bfloat16", sm_scale=0.2, logits_soft_cap=5.0, window_left=9)
     assert (w._sm_scale, w._logits_soft_cap, w._window_left) == (0.2, 5.0, 9)
     assert w._cached_module is cpu_plan
+    # no soft cap is stored as 0.0, as the reference's plan stores it (vLLM asserts
+    # `_logits_soft_cap == (logits_soft_cap or 0.0)` before every decode)
+    w.plan(*TABLE, *SHAPE, logits_soft_cap=None, q_data_type=torch.bfloat16)
+    assert w._logits_soft_cap == 0.0 and isinstance(w._logits_soft_cap, float)
+    fast_decode_plan(w, *TABLE, *SHAPE, q_data_type=torch.bfloat16)
+    assert w._logits_soft_cap == 0.0
     assert torch.equal(w._paged_kv_indptr_buf, TABLE[0])
     assert torch.equal(w._paged_kv_indices_buf, TABLE[1])
     assert torch.equal(w._paged_kv_last_page_len_buf, TABLE[2])
