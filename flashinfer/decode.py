@@ -72,6 +72,7 @@ from .decode_schedule import (
 )
 from .jit.decode import HEAD_DIMS, gen_decode_module
 from .jit.kv_dtype import check_rope_cache
+from .module_plan import ModulePlan, PlanArgs
 from .page import get_seq_lens as get_seq_lens  # engines import it from here
 from .paged_kv import check_paged_kv_cache
 from .pdl import resolve_enable_pdl
@@ -795,7 +796,10 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             # CUDA-graph mode: the constructor's arange is right for one token per request
             tables = {} if self._use_cuda_graph and q_len == 1 else {"_qo_indptr_buf": qo_indptr}
             wrapper._commit(opts, plan, words, None, tables)
-            self._cached_module = wrapper._cached_module
+            module = wrapper._cached_module
+            self._cached_module = None if module is None else ModulePlan(module, self._replan)
+            if self._backend == "auto":
+                self._backend = "fa2"  # the reference resolves it in a tensor-core plan()
         self._plan_info = plan
         # (the soft cap as the reference stores it: 0.0 for None; vLLM asserts it equals its
         # layers' `logits_soft_cap or 0.0` before each decode)
@@ -1149,6 +1153,56 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         self._set_score_params(
             pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
         )
+
+    def _replan(self, args: PlanArgs) -> Any:
+        """``_cached_module.plan(...)`` as engines call the reference's (module_plan.py):
+        the schedule of ``args``' requests, on the page-table buffers as they stand (in
+        CUDA-graph mode the engine has written them), with the score parameters and dtypes of
+        the last plan(); returns the new plan record (engines store it as ``_plan_info``)."""
+        if args.head_dim_qk != args.head_dim_vo:
+            raise ValueError(
+                f"head_dim_qk ({args.head_dim_qk}) and head_dim_vo ({args.head_dim_vo}) differ; "
+                "decode takes one head_dim"
+            )
+        batch = checks.check_int("batch_size", args.batch_size, 1)
+        if args.total_num_rows % batch:
+            raise ValueError(
+                f"total_num_rows ({args.total_num_rows}) is not a multiple of batch_size ({batch})"
+            )
+        q_len = args.total_num_rows // batch
+        if bool(args.causal) != (q_len > 1):
+            raise ValueError(
+                f"causal={args.causal!r} with {q_len} query tokens a request: decode is causal "
+                "exactly when a request has more than one"
+            )
+        self._configure(
+            self._paged_kv_indptr_buf,
+            self._paged_kv_indices_buf,
+            self._paged_kv_last_page_len_buf,
+            args.num_qo_heads,
+            args.num_kv_heads,
+            args.head_dim_qk,
+            args.page_size,
+            pos_encoding_mode=self._pos_encoding_mode,
+            window_left=args.window_left,
+            logits_soft_cap=self._logits_soft_cap,
+            q_data_type=self._cached_q_data_type,
+            kv_data_type=self._cached_kv_data_type,
+            o_data_type=None,
+            data_type=None,
+            sm_scale=self._sm_scale,
+            rope_scale=self._rope_scale,
+            rope_theta=self._rope_theta,
+            non_blocking=True,
+            seq_lens=args.kv_lens,
+            fixed_split_size=args.fixed_split_size,
+            disable_split_kv=args.disable_split_kv,
+            q_len_per_req=q_len,
+            host_indptr=args.kv_indptr,
+            read_last_page_len=False,
+            copy_buffers=False,
+        )
+        return self._plan_info
 
     def _set_score_params(
         self,

@@ -116,7 +116,9 @@ def test_plan_uploads_a_prefill_schedule_of_one_token_per_request(cpu_tc: CpuPre
     assert plan.plan_words.data_ptr() == w._int_workspace_buffer.data_ptr()
     # the attributes engines read, as in CUDA-core mode
     assert (w._sm_scale, w._logits_soft_cap, w._window_left) == (0.2, 5.0, 9)
-    assert w._cached_module is cpu_tc and w._batch_size == 2
+    assert w._cached_module.module is cpu_tc and w._batch_size == 2
+    assert w._cached_module.batch_prefill == cpu_tc.batch_prefill  # the module's functions
+    assert w._backend == "fa2"  # "auto" resolved, as the reference's tensor-core plan() does
     assert w._paged_kv_indptr_buf is TABLE[0] and w._paged_kv_indices_buf is TABLE[1]
     assert w._paged_kv_last_page_len_buf is TABLE[2]
     assert (
@@ -628,6 +630,72 @@ def test_fast_decode_plan_schedules_whole_pages_and_copies_nothing(cpu_tc: CpuPr
     fast_decode_plan(plain, indptr, indices, last, *SHAPE, q_data_type=torch.bfloat16)
     assert cpu_tc.uploads[-1] == _expected_words([32, 16])
     assert plain._paged_kv_indptr_buf is indptr and plain._paged_kv_last_page_len_buf is last
+
+
+def _reference_plan_args(w: BatchDecodeWithPagedKVCacheWrapper, kv_indptr, kv_lens) -> list:  # noqa: ANN001
+    """The arguments vLLM's fast_plan_decode passes the reference's module plan (one query
+    token per request, not causal, no window; with fa2 the split options)."""
+    batch = len(kv_lens)
+    args = [
+        w._float_workspace_buffer,
+        w._int_workspace_buffer,
+        w._pin_memory_int_workspace_buffer,
+        decode_api._get_range_buf(batch + 1, "cpu"),
+        _i32(kv_indptr),
+        _i32(kv_lens),
+        batch,
+        batch,
+        *SHAPE[:2],
+        SHAPE[3],
+        w.is_cuda_graph_enabled,
+        SHAPE[2],
+        SHAPE[2],
+        False,
+        -1,
+    ]
+    return args + ([-1, False, 0] if w._backend == "fa2" else [])
+
+
+def test_the_cached_modules_plan_replans_as_vllm_calls_it(cpu_tc: CpuPrefill) -> None:
+    """vLLM's fast_plan_decode: the first call plans; later ones write the page-table buffers
+    themselves and call ``_cached_module.plan`` with the reference's tensor-core plan
+    arguments, storing what it returns as ``_plan_info``. That re-plans this wrapper from the
+    host indptr and KV lengths given, copies nothing into the buffers, keeps the score
+    parameters, and run() launches on the new schedule."""
+    w = _graph_wrapper(pages=64)
+    w.plan(*TABLE, *SHAPE, q_data_type=torch.bfloat16, sm_scale=0.2, window_left=-1)
+    first = w._plan_info
+    w._paged_kv_indptr_buf.copy_(_i32([0, 63, 64]))
+    w._paged_kv_indices_buf.copy_(torch.arange(64, dtype=torch.int32))
+    w._paged_kv_last_page_len_buf.copy_(_i32([7, 3]))
+    plan_info = w._cached_module.plan(*_reference_plan_args(w, [0, 63, 64], [999, 3]))
+    assert plan_info is w._plan_info and plan_info is not first
+    assert plan_info.schedule == plan_prefill_schedule([0, 1, 2], [999, 3], 4, 2, MAX_CTAS)
+    assert plan_info.work_capacity == first.work_capacity  # the captured grid's
+    assert cpu_tc.uploads[-1][: len(cpu_tc.uploads[0])] != cpu_tc.uploads[0]
+    assert w._paged_kv_indptr_buf.tolist() == [0, 63, 64]  # untouched: the engine's
+    assert w._paged_kv_last_page_len_buf.tolist() == [7, 3]
+    assert (w._sm_scale, w._logits_soft_cap, w._cached_q_data_type) == (0.2, 0.0, torch.bfloat16)
+    w.run(_bf16(2, 8, 128), _cache())
+    launch = cpu_tc.launches[-1]
+    assert launch["plan"] is plan_info.plan_words and launch["grid_work"] == first.grid_work
+    assert launch["score_scale"] == pytest.approx(0.2 * LOG2E)
+
+    short = _reference_plan_args(w, [0, 2, 3], [21, 16])[:16]  # the form without fa2's options
+    assert w._cached_module.plan(*short).schedule == plan_prefill_schedule(
+        [0, 1, 2], [21, 16], 4, 2, MAX_CTAS
+    )
+    args = _reference_plan_args(w, [0, 2, 3], [21, 16])
+    with pytest.raises(TypeError, match="the reference's 16 or 19 positional arguments"):
+        w._cached_module.plan(*args[:15])
+    with pytest.raises(ValueError, match="num_colocated_ctas must be 0, got 2"):
+        w._cached_module.plan(*args[:18], 2)
+    with pytest.raises(ValueError, match="causal=True with 1 query tokens a request"):
+        w._cached_module.plan(*args[:14], True, *args[15:])
+    with pytest.raises(ValueError, match="head_dim_qk \\(128\\) and head_dim_vo \\(64\\) differ"):
+        w._cached_module.plan(*args[:13], 64, *args[14:])
+    with pytest.raises(ValueError, match="seq_lens has 3 elements, expected 2"):  # the buffers'
+        w._cached_module.plan(*_reference_plan_args(w, [0, 1, 2, 3], [5, 6, 7]))
 
 
 # -- single decode ------------------------------------------------------------------------------
