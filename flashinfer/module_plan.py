@@ -49,6 +49,8 @@ class ModulePlan:
         self._replan = replan
 
     def __getattr__(self, name: str) -> Any:
+        if name == "module":  # (not set yet: a copy being built)
+            raise AttributeError(name)
         return getattr(self.module, name)
 
     def plan(self, *args: Any) -> Any:

@@ -936,8 +936,9 @@ def test_large_groups_scales_and_the_5d_cache_form() -> None:
 
 @pytest.mark.gpu
 def test_cuda_graph_replay_after_re_planning_and_rewriting_the_buffers() -> None:
-    """A run() captured under one plan replays correctly after plan(), fast_decode_plan()
-    and a direct rewrite of the page-table buffers with no plan at all."""
+    """A run() captured under one plan replays correctly after plan(), fast_decode_plan(),
+    the module plan vLLM calls (``_cached_module.plan`` with the reference's arguments, after
+    writing the buffers) and a direct rewrite of the page-table buffers with no plan at all."""
     dtype, page_size, qo_heads, kv_heads, head_dim, batch = torch.float16, 16, 32, 4, 128, 3
     num_pages = 3000
     indptr_buf = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")
@@ -996,6 +997,7 @@ def test_cuda_graph_replay_after_re_planning_and_rewriting_the_buffers() -> None
         ([20000, 1, 300], "plan"),
         ([5000, 1, 33], "none"),
         ([17, 20000, 300], "fast"),
+        ([9000, 64, 2], "module"),
         ([100, 100, 100], "plan"),
     )
     for step, (lens, how) in enumerate(steps):
@@ -1019,6 +1021,29 @@ def test_cuda_graph_replay_after_re_planning_and_rewriting_the_buffers() -> None
                     q_data_type=dtype,
                     global_override_indptr_cpu=indptr,
                 )
+            if how == "module":  # vLLM's fast_plan_decode after its first call
+                args = [
+                    w._float_workspace_buffer,
+                    w._int_workspace_buffer,
+                    w._pin_memory_int_workspace_buffer,
+                    decode_api._get_range_buf(batch + 1, "cpu"),
+                    indptr,
+                    torch.tensor(lens, dtype=torch.int32),
+                    batch,
+                    batch,
+                    qo_heads,
+                    kv_heads,
+                    page_size,
+                    True,
+                    head_dim,
+                    head_dim,
+                    False,
+                    -1,
+                    -1,
+                    False,
+                    0,
+                ]
+                w._plan_info = w._cached_module.plan(*args)
         q.copy_(torch.randn_like(q))
         out.fill_(NAN)
         lse.fill_(NAN)
