@@ -421,6 +421,48 @@ BATCH_VARIANTS = [  # (causal, sm_scale, logits_soft_cap, window_left)
 ]
 
 
+def _check_ragged_variants(
+    prefill: ModuleType,
+    q: torch.Tensor,
+    qo_lens: list[int],
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    layout: str,
+    refs: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+    scales: dict | None = None,
+) -> None:
+    """The ragged wrapper over each request's keys and values (in ``layout``; the values'
+    head_dim may differ), planned in each of BATCH_VARIANTS, into NaN-poisoned outputs,
+    against the reference on ``refs``' keys and values (default: ``ks``/``vs``), ``scales``
+    passed to run()."""
+    k_ref, v_ref = refs or (ks, vs)
+    kv_heads, head_dim, head_dim_vo = ks[0].shape[1], q.shape[2], vs[0].shape[2]
+    kv_lens = [t.shape[0] for t in ks]
+    k, v = _to_layout(torch.cat(ks), layout), _to_layout(torch.cat(vs), layout)
+    wrapper = prefill.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), kv_layout=layout)
+    for causal, sm_scale, cap, window in BATCH_VARIANTS:
+        wrapper.plan(
+            _indptr(qo_lens).cuda(),
+            _indptr(kv_lens).cuda(),
+            q.shape[1],
+            kv_heads,
+            head_dim,
+            head_dim_vo=head_dim_vo,
+            causal=causal,
+            sm_scale=sm_scale,
+            logits_soft_cap=cap,
+            window_left=window,
+            q_data_type=q.dtype,
+            kv_data_type=ks[0].dtype,
+        )
+        out = torch.full((*q.shape[:2], head_dim_vo), NAN, dtype=q.dtype, device="cuda")
+        lse = torch.full(q.shape[:2], NAN, device="cuda")
+        got, got_lse = wrapper.run(q, k, v, out=out, lse=lse, return_lse=True, **(scales or {}))
+        assert got is out and got_lse is lse
+        options = dict(causal=causal, window_left=window, soft_cap=cap, sm_scale=sm_scale)
+        _check(out, lse, _expected_batch(q, qo_lens, k_ref, v_ref, **options))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("qo_lens,kv_lens,qo_heads,kv_heads,head_dim,layout,dtype", RAGGED_CASES)
 def test_batch_ragged_prefill_matches_the_reference(
@@ -428,39 +470,7 @@ def test_batch_ragged_prefill_matches_the_reference(
 ) -> None:
     torch.manual_seed(len(qo_lens))
     q, ks, vs = _batch_data(qo_lens, kv_lens, qo_heads, kv_heads, head_dim, dtype)
-    k = _to_layout(torch.cat(ks), layout)
-    v = _to_layout(torch.cat(vs), layout)
-    wrapper = prefill.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), kv_layout=layout)
-    for causal, sm_scale, cap, window in BATCH_VARIANTS:
-        wrapper.plan(
-            _indptr(qo_lens).cuda(),
-            _indptr(kv_lens).cuda(),
-            qo_heads,
-            kv_heads,
-            head_dim,
-            causal=causal,
-            sm_scale=sm_scale,
-            logits_soft_cap=cap,
-            window_left=window,
-            q_data_type=dtype,
-        )
-        out, lse = _nan_like(q), torch.full(q.shape[:2], NAN, device="cuda")
-        got, got_lse = wrapper.run(q, k, v, out=out, lse=lse, return_lse=True)
-        assert got is out and got_lse is lse
-        _check(
-            out,
-            lse,
-            _expected_batch(
-                q,
-                qo_lens,
-                ks,
-                vs,
-                causal=causal,
-                window_left=window,
-                soft_cap=cap,
-                sm_scale=sm_scale,
-            ),
-        )
+    _check_ragged_variants(prefill, q, qo_lens, ks, vs, layout)
 
 
 # -- batch prefill: paged KV ---------------------------------------------------------------------
@@ -1164,28 +1174,7 @@ def test_mla_head_dims_match_the_reference(
     kv_data_type = kv_dtype or dtype
     out_shape = (q.shape[0], qo_heads, 128)
 
-    ragged = prefill.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), kv_layout=layout)
-    k, v = _to_layout(torch.cat(ks), layout), _to_layout(torch.cat(vs), layout)
-    for causal, sm_scale, cap, window in BATCH_VARIANTS:
-        ragged.plan(
-            _indptr(qo_lens).cuda(),
-            _indptr(kv_lens).cuda(),
-            qo_heads,
-            kv_heads,
-            192,
-            head_dim_vo=128,
-            causal=causal,
-            sm_scale=sm_scale,
-            logits_soft_cap=cap,
-            window_left=window,
-            q_data_type=dtype,
-            kv_data_type=kv_data_type,
-        )
-        out = torch.full(out_shape, NAN, dtype=dtype, device="cuda")
-        lse = torch.full(q.shape[:2], NAN, device="cuda")
-        ragged.run(q, k, v, out=out, lse=lse, return_lse=True, **scales)
-        options = dict(causal=causal, window_left=window, soft_cap=cap, sm_scale=sm_scale)
-        _check(out, lse, _expected_batch(q, qo_lens, k_ref, v_ref, **options))
+    _check_ragged_variants(prefill, q, qo_lens, ks, vs, layout, (k_ref, v_ref), scales)
 
     cache, indptr, indices, last = _paged_kv(ks, vs, 16, layout, seed=len(qo_lens))
     paged = prefill.BatchPrefillWithPagedKVCacheWrapper(_workspace(), kv_layout=layout)
