@@ -7,6 +7,7 @@ The kernel APIs are imported on first use (``flashinfer.rmsnorm`` loads
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 import tvm_ffi as _tvm_ffi  # noqa: F401 - loads modules; imported here so first calls stay fast
@@ -86,11 +87,24 @@ __all__ = ["__version__", "flashinfer_api", *sorted(_LAZY)]
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
-    if module is None:
+    if module is not None:
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+    elif _is_submodule(name):
+        # as ``import flashinfer; flashinfer.sampling.top_p_...`` reaches it (vLLM's sampler
+        # does): the reference's __init__ imports every submodule, ours on first use
+        value = importlib.import_module(f".{name}", __name__)
+    else:
         raise AttributeError(f"module 'flashinfer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value  # later lookups skip this function
     return value
+
+
+def _is_submodule(name: str) -> bool:
+    """A module or package of ours (not a data directory, which imports as a namespace)."""
+    if name.startswith("_"):
+        return False
+    spec = importlib.util.find_spec(f"{__name__}.{name}")
+    return spec is not None and spec.origin is not None
 
 
 def __dir__() -> list[str]:

@@ -135,6 +135,11 @@ def check_int(
     return value
 
 
+def is_real_number(value: Any) -> bool:
+    """An int or a float, not a bool (which Python counts as an int)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def check_number(
     name: str,
     value: Any,
@@ -148,7 +153,7 @@ def check_number(
 ) -> float:
     """A real number (bool rejected; NaN, and infinities unless ``allow_inf``, refused) within
     the bounds, each closed unless ``*_open``. ``kind`` as for :func:`check_int`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_real_number(value):
         raise TypeError(f"{name} must be {kind}, got {type(value).__name__}")
     value = float(value)
     if math.isnan(value) and allow_inf:

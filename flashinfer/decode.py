@@ -72,11 +72,20 @@ from .decode_schedule import (
 )
 from .jit.decode import HEAD_DIMS, gen_decode_module
 from .jit.kv_dtype import check_rope_cache
-from .module_plan import ModulePlan, PlanArgs
+from .module_plan import (
+    DecodePlanArgs,
+    ModulePlan,
+    PlanArgs,
+    cuda_core_plan_args,
+    tensor_core_plan_args,
+)
 from .page import get_seq_lens as get_seq_lens  # engines import it from here
 from .paged_kv import check_paged_kv_cache
 from .pdl import resolve_enable_pdl
 from .trace.templates import attention as _trace
+from .trtllm import (  # engines import it from here
+    trtllm_batch_decode_with_kv_cache as trtllm_batch_decode_with_kv_cache,
+)
 from .utils import _get_range_buf as _get_range_buf  # engines import it from here
 from .utils import get_device_sm_count
 
@@ -102,6 +111,19 @@ _LEGACY_PLAN_ARGS = (
     "disable_split_kv",
     "q_len_per_req",
 )
+# The same before the reference added o_data_type, as engines pinned to those releases pass
+# it (vLLM's fast_plan_decode: 10 or 14 of them).
+_LEGACY_PLAN_ARGS_BEFORE_O_DTYPE = tuple(n for n in _LEGACY_PLAN_ARGS if n != "o_data_type")
+
+
+def _legacy_plan_names(args: tuple[Any, ...]) -> tuple[str, ...]:
+    """The positional order ``args`` follow. The older one shows where today's takes no such
+    value: a number where today's has data_type (sm_scale then), or a bool where today's
+    has rope_theta (non_blocking then); either way today's order could not bind them."""
+    older = (len(args) > 6 and checks.is_real_number(args[6])) or (
+        len(args) > 9 and isinstance(args[9], bool)
+    )
+    return _LEGACY_PLAN_ARGS_BEFORE_O_DTYPE if older else _LEGACY_PLAN_ARGS
 
 
 @functools.cache
@@ -537,15 +559,16 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         """Fix the batch: request ``b`` owns pages ``indices[indptr[b]:indptr[b+1]]``, the
         last filled to ``last_page_len[b]`` (in ``[1, page_size]``). Optional arguments are
         keyword-only (see :meth:`_plan_impl`); passing them positionally, in the reference's
-        old order, still works with a DeprecationWarning."""
+        order (or its order before ``o_data_type``), still works with a DeprecationWarning."""
         if deprecated_positional_args:
-            if len(deprecated_positional_args) > len(_LEGACY_PLAN_ARGS):
+            names = _legacy_plan_names(deprecated_positional_args)
+            if len(deprecated_positional_args) > len(names):
                 raise TypeError(
-                    f"plan() takes at most {len(_LEGACY_PLAN_ARGS)} optional "
+                    f"plan() takes at most {len(names)} optional "
                     f"positional arguments after page_size, got "
                     f"{len(deprecated_positional_args)}"
                 )
-            for name, value in zip(_LEGACY_PLAN_ARGS, deprecated_positional_args):
+            for name, value in zip(names, deprecated_positional_args):
                 if name in kwargs:
                     raise TypeError(f"plan() got multiple values for argument {name!r}")
                 kwargs[name] = value
@@ -767,7 +790,11 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             if is_symbolic(self._workspace):
                 self._cached_module = None
             else:
-                self._cached_module = get_decode_module(dtype, head_dim, pos_encoding, kv_dtype)
+                self._cached_module = ModulePlan(
+                    get_decode_module(dtype, head_dim, pos_encoding, kv_dtype),
+                    self._replan_cuda_cores,
+                    cuda_core_plan_args,
+                )
                 alibi_slopes_for(pos_encoding, num_qo_heads, self._workspace)
         else:
             wrapper = self._prefill_on_workspaces()
@@ -797,7 +824,11 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             tables = {} if self._use_cuda_graph and q_len == 1 else {"_qo_indptr_buf": qo_indptr}
             wrapper._commit(opts, plan, words, None, tables)
             module = wrapper._cached_module
-            self._cached_module = None if module is None else ModulePlan(module, self._replan)
+            self._cached_module = (
+                None
+                if module is None
+                else ModulePlan(module, self._replan_tensor_cores, tensor_core_plan_args)
+            )
             if self._backend == "auto":
                 self._backend = "fa2"  # the reference resolves it in a tensor-core plan()
         self._plan_info = plan
@@ -1154,7 +1185,18 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
         )
 
-    def _replan(self, args: PlanArgs) -> Any:
+    def _check_module_plan_batch(self, batch_size: Any, kv_indptr: Any) -> int:
+        """``_cached_module.plan`` re-plans the page-table buffers as they stand: its batch
+        must be theirs."""
+        batch = self._paged_kv_last_page_len_buf.shape[0]
+        if checks.check_int("batch_size", batch_size, 1) != batch:
+            raise ValueError(
+                f"batch_size is {batch_size}, the page-table buffers hold {batch} requests"
+            )
+        checks.check_index_tensor("kv_indptr", kv_indptr, batch + 1, INDEX)
+        return batch
+
+    def _replan_tensor_cores(self, args: PlanArgs) -> Any:
         """``_cached_module.plan(...)`` as engines call the reference's (module_plan.py):
         the schedule of ``args``' requests, on the page-table buffers as they stand (in
         CUDA-graph mode the engine has written them), with the score parameters and dtypes of
@@ -1164,7 +1206,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
                 f"head_dim_qk ({args.head_dim_qk}) and head_dim_vo ({args.head_dim_vo}) differ; "
                 "decode takes one head_dim"
             )
-        batch = checks.check_int("batch_size", args.batch_size, 1)
+        batch = self._check_module_plan_batch(args.batch_size, args.kv_indptr)
         if args.total_num_rows % batch:
             raise ValueError(
                 f"total_num_rows ({args.total_num_rows}) is not a multiple of batch_size ({batch})"
@@ -1175,34 +1217,88 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
                 f"causal={args.causal!r} with {q_len} query tokens a request: decode is causal "
                 "exactly when a request has more than one"
             )
-        self._configure(
-            self._paged_kv_indptr_buf,
-            self._paged_kv_indices_buf,
-            self._paged_kv_last_page_len_buf,
+        if args.uniform_q_len not in (0, q_len):
+            raise ValueError(
+                f"uniform_q_len={args.uniform_q_len!r} with {q_len} query tokens a request: "
+                "it must be 0 or that number"
+            )
+        window_left = self._window_left if args.window_left is None else args.window_left
+        self._replan_buffers(
             args.num_qo_heads,
             args.num_kv_heads,
             args.head_dim_qk,
             args.page_size,
-            pos_encoding_mode=self._pos_encoding_mode,
-            window_left=args.window_left,
+            window_left=window_left,
             logits_soft_cap=self._logits_soft_cap,
             q_data_type=self._cached_q_data_type,
             kv_data_type=self._cached_kv_data_type,
+            seq_lens=args.kv_lens,
+            fixed_split_size=args.fixed_split_size,
+            disable_split_kv=args.disable_split_kv,
+            q_len_per_req=q_len,
+            host_indptr=args.kv_indptr,
+        )
+        return self._plan_info
+
+    def _replan_cuda_cores(self, args: DecodePlanArgs) -> Any:
+        """``_cached_module.plan(...)`` with the reference's CUDA-core decode plan arguments,
+        as engines call it (SGLang's earlier ``fast_decode_plan``, vLLM's before it used
+        tensor cores): the host ``indptr``'s requests on the buffers as they stand, scheduled
+        by whole pages (the kernel reads the real lengths), with the dtypes of the empty
+        tensors given and the last plan()'s other score parameters."""
+        if args.head_dim_qk != args.head_dim_vo:
+            raise ValueError(
+                f"head_dim_qk ({args.head_dim_qk}) and head_dim_vo ({args.head_dim_vo}) differ; "
+                "decode takes one head_dim"
+            )
+        self._check_module_plan_batch(args.batch_size, args.kv_indptr)
+        self._replan_buffers(
+            args.num_qo_heads,
+            args.num_kv_heads,
+            args.head_dim_qk,
+            args.page_size,
+            window_left=args.window_left,
+            logits_soft_cap=args.logits_soft_cap,
+            q_data_type=args.q_data.dtype,
+            kv_data_type=args.kv_data.dtype,
+            seq_lens=None,
+            fixed_split_size=None,
+            disable_split_kv=False,
+            q_len_per_req=1,
+            host_indptr=args.kv_indptr,
+        )
+        return self._plan_info
+
+    def _replan_buffers(
+        self,
+        num_qo_heads: Any,
+        num_kv_heads: Any,
+        head_dim: Any,
+        page_size: Any,
+        **options: Any,
+    ) -> None:
+        """_configure() on the page-table buffers as they stand (no copies into them, no
+        device-to-host copy of last_page_len), keeping the last plan()'s position encoding
+        and scales."""
+        self._configure(
+            self._paged_kv_indptr_buf,
+            self._paged_kv_indices_buf,
+            self._paged_kv_last_page_len_buf,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            pos_encoding_mode=self._pos_encoding_mode,
             o_data_type=None,
             data_type=None,
             sm_scale=self._sm_scale,
             rope_scale=self._rope_scale,
             rope_theta=self._rope_theta,
             non_blocking=True,
-            seq_lens=args.kv_lens,
-            fixed_split_size=args.fixed_split_size,
-            disable_split_kv=args.disable_split_kv,
-            q_len_per_req=q_len,
-            host_indptr=args.kv_indptr,
             read_last_page_len=False,
             copy_buffers=False,
+            **options,
         )
-        return self._plan_info
 
     def _set_score_params(
         self,

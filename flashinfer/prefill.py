@@ -81,6 +81,9 @@ from .prefill_schedule import (
 )
 from .quantization import packbits, segment_packbits
 from .trace.templates import attention as _trace
+from .trtllm import (  # engines import it from here
+    trtllm_batch_context_with_kv_cache as trtllm_batch_context_with_kv_cache,
+)
 from .utils import get_device_sm_count
 
 _VEC = 8  # elements per 16-byte vector: the kernel's unit of every load and store

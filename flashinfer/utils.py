@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable, Mapping, TypeVar
 import torch
 
 from .alibi import get_alibi_slopes as get_alibi_slopes  # (the reference's home of it)
+from .fp4 import FP4Tensor as FP4Tensor  # (the reference's home of it)
 
 F = TypeVar("F", bound=Callable[..., Any])
 

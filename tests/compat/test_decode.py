@@ -148,6 +148,38 @@ def test_plan_accepts_the_deprecated_positional_order(cpu_plan: CpuPlan) -> None
     assert w._cached_q_data_type == torch.bfloat16 and w._window_left == -1
 
 
+# vLLM's fast_plan_decode passes plan()'s options positionally in the order of the release it
+# pins: before o_data_type (vllm-project/vllm at 5314c90d: 10 of them; at 00a817ad: 14, up to
+# disable_split_kv) and after it (its current form: 15).
+BEFORE_O_DTYPE = ("NONE", 40, 30.0, torch.bfloat16, torch.bfloat16, None, 0.2, None, None, True)
+TODAYS_ORDER = ("NONE", 40, 30.0, torch.bfloat16, torch.bfloat16, None, None, 0.2, None, None)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        BEFORE_O_DTYPE,
+        (*BEFORE_O_DTYPE, None, None, 1, False),
+        (*TODAYS_ORDER, True, None, None, 1, False),
+        TODAYS_ORDER[:7],
+    ],
+    ids=["vllm-5314c90d", "vllm-00a817ad", "vllm-current", "todays-7"],
+)
+def test_plan_binds_each_positional_order_vllm_passes(cpu_plan: CpuPlan, options) -> None:
+    w = _wrapper()
+    with pytest.warns(DeprecationWarning, match="positionally is deprecated"):
+        w.plan(*TABLE, *SHAPE, *options)
+    sm_scale = None if len(options) == 7 else 0.2
+    assert (w._window_left, w._logits_soft_cap, w._sm_scale) == (40, 30.0, sm_scale)
+    assert (w._cached_q_data_type, w._cached_kv_data_type) == (torch.bfloat16, torch.bfloat16)
+    w.run(_bf16(2, 8, 128), _cache())
+    launch = _launch_args(cpu_plan.launches[-1])
+    assert launch["window_left"] == 40
+    assert launch["score_scale"] == pytest.approx((sm_scale or 128**-0.5) / 30.0)
+    if len(options) > 10:  # fixed_split_size=1 page: chunks of 16 tokens
+        assert w._plan_info.schedule.chunk_size == 16
+
+
 PLAN_BAD = [
     ("window_right must be 0", ValueError, dict(window_right=5)),
     ("q_len_per_req=2 needs use_tensor_cores=True", ValueError, dict(q_len_per_req=2)),
@@ -282,7 +314,7 @@ def test_attributes_engines_read(cpu_plan: CpuPlan) -> None:
     assert not w.is_cuda_graph_enabled and not w.use_tensor_cores and w._fixed_batch_size == 0
     w.plan(*TABLE, *SHAPE, q_data_type="bfloat16", sm_scale=0.2, logits_soft_cap=5.0, window_left=9)
     assert (w._sm_scale, w._logits_soft_cap, w._window_left) == (0.2, 5.0, 9)
-    assert w._cached_module is cpu_plan
+    assert w._cached_module.module is cpu_plan
     # no soft cap is stored as 0.0, as the reference's plan stores it (vLLM asserts
     # `_logits_soft_cap == (logits_soft_cap or 0.0)` before every decode)
     w.plan(*TABLE, *SHAPE, logits_soft_cap=None, q_data_type=torch.bfloat16)
@@ -378,6 +410,86 @@ def test_fast_decode_plan_reads_only_indptr_and_copies_nothing(cpu_plan: CpuPlan
         fast_decode_plan(plain, *TABLE, *SHAPE, global_override_indptr_cpu=_i32([0, 2]))
     with pytest.raises(TypeError, match="fast_decode_plan needs a BatchDecodeWithPagedKV"):
         fast_decode_plan(object(), *TABLE, *SHAPE)
+
+
+def _decode_plan_args(w: Wrapper, indptr_host, batch, dtype=torch.bfloat16, window=-1, cap=0.0):  # noqa: ANN001
+    """The reference's CUDA-core module plan arguments, as SGLang's earlier fast_decode_plan
+    (and vLLM's at 5314c90d, for a wrapper without tensor cores) pass them."""
+    return [
+        w._float_workspace_buffer,
+        w._int_workspace_buffer,
+        w._pin_memory_int_workspace_buffer,
+        indptr_host,
+        batch,
+        *SHAPE[:2],
+        SHAPE[3],
+        w.is_cuda_graph_enabled,
+        window,
+        cap,
+        SHAPE[2],
+        SHAPE[2],
+        torch.empty(0, dtype=dtype),
+        torch.empty(0, dtype=dtype),
+    ]
+
+
+def test_the_cached_modules_plan_replans_as_sglang_calls_it(cpu_plan: CpuPlan) -> None:
+    """A CUDA-graph wrapper re-planned through ``_cached_module.plan`` after the engine wrote
+    the page-table buffers: the host indptr's requests by whole pages (the kernel reads
+    the real lengths), nothing copied into the buffers, the window and cap given, the
+    last plan()'s sm_scale; run() launches the new plan record it returns."""
+    w = _graph_wrapper()
+    w.plan(*TABLE, *SHAPE, q_data_type=torch.bfloat16, sm_scale=0.2)
+    first = w._plan_info
+    indptr, indices = _i32([0, 3, 4]), _i32([7, 6, 5, 4])
+    w._paged_kv_indptr_buf.copy_(indptr)
+    w._paged_kv_indices_buf[:4].copy_(indices)
+    w._paged_kv_last_page_len_buf.copy_(_i32([2, 9]))
+    plan_info = w._cached_module.plan(*_decode_plan_args(w, indptr, 2, window=20, cap=5.0))
+    assert plan_info is w._plan_info and plan_info is not first
+    words = cpu_plan.uploads[-1]
+    assert w._paged_kv_indptr_buf.tolist() == [0, 3, 4]  # the engine's, untouched
+    assert w._paged_kv_last_page_len_buf.tolist() == [2, 9]
+    assert (w._window_left, w._logits_soft_cap, w._sm_scale) == (20, 5.0, 0.2)
+    w.run(_bf16(2, 8, 128), _cache())
+    launch = _launch_args(cpu_plan.launches[-1])
+    assert launch["plan"] is plan_info.plan_words and launch["window_left"] == 20
+    assert launch["score_scale"] == pytest.approx(0.2 / 5.0)
+    assert launch["kv_last_page_len"] is w._paged_kv_last_page_len_buf
+    full_pages = _graph_wrapper()  # plan() of the same pages, each full
+    full_pages.plan(
+        indptr, indices, _i32([16, 16]), *SHAPE, q_data_type=torch.bfloat16, window_left=20
+    )
+    assert cpu_plan.uploads[-1] == words
+
+    w._cached_module.plan(*_decode_plan_args(w, indptr, 2, dtype=torch.float16))
+    assert cpu_plan.modules[-1][0] == torch.float16 and w._cached_q_data_type == torch.float16
+    args = _decode_plan_args(w, indptr, 2)
+    with pytest.raises(TypeError, match="the reference's 15 positional decode-plan arguments"):
+        w._cached_module.plan(*args[:14])
+    with pytest.raises(TypeError, match="empty_kv_data must be a tensor"):
+        w._cached_module.plan(*args[:14], "bfloat16")
+    with pytest.raises(ValueError, match="batch_size is 3, the page-table buffers hold 2"):
+        w._cached_module.plan(*_decode_plan_args(w, _i32([0, 1, 2, 3]), 3))
+    with pytest.raises(ValueError, match="kv_indptr has 2 elements, expected 3"):
+        w._cached_module.plan(*_decode_plan_args(w, _i32([0, 1]), 2))
+    with pytest.raises(ValueError, match="head_dim_qk \\(128\\) and head_dim_vo \\(64\\) differ"):
+        w._cached_module.plan(*args[:12], 64, *args[13:])
+
+
+def test_the_cached_modules_plan_takes_the_buffers_an_engine_assigned(cpu_plan: CpuPlan) -> None:
+    """Without CUDA graphs SGLang's earlier fast_decode_plan assigns the page-table tensors
+    to the wrapper's buffers, then calls ``_cached_module.plan``: run() reads those."""
+    w = _wrapper()
+    w.plan(*TABLE, *SHAPE, q_data_type=torch.bfloat16)
+    indptr, indices, last = _i32([0, 1, 3]), _i32([2, 3, 4]), _i32([16, 1])
+    w._paged_kv_indptr_buf, w._paged_kv_indices_buf = indptr, indices
+    w._paged_kv_last_page_len_buf = last
+    w._cached_module.plan(*_decode_plan_args(w, indptr, 2))
+    w.run(_bf16(2, 8, 128), _cache())
+    launch = _launch_args(cpu_plan.launches[-1])
+    assert launch["kv_indptr"] is indptr and launch["kv_indices"] is indices
+    assert launch["kv_last_page_len"] is last
 
 
 def test_reset_workspace_buffer_needs_a_new_plan(cpu_plan: CpuPlan) -> None:

@@ -632,9 +632,16 @@ def test_fast_decode_plan_schedules_whole_pages_and_copies_nothing(cpu_tc: CpuPr
     assert plain._paged_kv_indptr_buf is indptr and plain._paged_kv_last_page_len_buf is last
 
 
-def _reference_plan_args(w: BatchDecodeWithPagedKVCacheWrapper, kv_indptr, kv_lens) -> list:  # noqa: ANN001
-    """The arguments vLLM's fast_plan_decode passes the reference's module plan (one query
-    token per request, not causal, no window; with fa2 the split options)."""
+def _reference_plan_args(
+    w: BatchDecodeWithPagedKVCacheWrapper,
+    kv_indptr,
+    kv_lens,
+    arity: int = 20,  # noqa: ANN001
+) -> list:
+    """The arguments engines pass the reference's module plan (one query token per request,
+    not causal), in the form of the reference release they pin: 15 (no window), 16
+    (window_left, unlimited), 18 (fa2's split options), 19 (num_colocated_ctas), 20
+    (uniform_q_len)."""
     batch = len(kv_lens)
     args = [
         w._float_workspace_buffer,
@@ -652,8 +659,12 @@ def _reference_plan_args(w: BatchDecodeWithPagedKVCacheWrapper, kv_indptr, kv_le
         SHAPE[2],
         False,
         -1,
+        -1,
+        False,
+        0,
+        0,
     ]
-    return args + ([-1, False, 0] if w._backend == "fa2" else [])
+    return args[:arity]
 
 
 def test_the_cached_modules_plan_replans_as_vllm_calls_it(cpu_tc: CpuPrefill) -> None:
@@ -681,21 +692,42 @@ def test_the_cached_modules_plan_replans_as_vllm_calls_it(cpu_tc: CpuPrefill) ->
     assert launch["plan"] is plan_info.plan_words and launch["grid_work"] == first.grid_work
     assert launch["score_scale"] == pytest.approx(0.2 * LOG2E)
 
-    short = _reference_plan_args(w, [0, 2, 3], [21, 16])[:16]  # the form without fa2's options
-    assert w._cached_module.plan(*short).schedule == plan_prefill_schedule(
-        [0, 1, 2], [21, 16], 4, 2, MAX_CTAS
-    )
     args = _reference_plan_args(w, [0, 2, 3], [21, 16])
-    with pytest.raises(TypeError, match="the reference's 16 or 19 positional arguments"):
-        w._cached_module.plan(*args[:15])
+    with pytest.raises(TypeError, match="the reference's 15, 16, 18, 19 or 20 positional"):
+        w._cached_module.plan(*args[:17])
     with pytest.raises(ValueError, match="num_colocated_ctas must be 0, got 2"):
         w._cached_module.plan(*args[:18], 2)
+    with pytest.raises(ValueError, match="uniform_q_len=3 with 1 query tokens a request"):
+        w._cached_module.plan(*args[:19], 3)
     with pytest.raises(ValueError, match="causal=True with 1 query tokens a request"):
         w._cached_module.plan(*args[:14], True, *args[15:])
     with pytest.raises(ValueError, match="head_dim_qk \\(128\\) and head_dim_vo \\(64\\) differ"):
         w._cached_module.plan(*args[:13], 64, *args[14:])
-    with pytest.raises(ValueError, match="seq_lens has 3 elements, expected 2"):  # the buffers'
+    with pytest.raises(ValueError, match="batch_size is 3, the page-table buffers hold 2"):
         w._cached_module.plan(*_reference_plan_args(w, [0, 1, 2, 3], [5, 6, 7]))
+    with pytest.raises(ValueError, match="kv_indptr has 4 elements, expected 3"):
+        w._cached_module.plan(*_reference_plan_args(w, [0, 1, 2, 3], [5, 6]))
+    three_lengths = _reference_plan_args(w, [0, 1, 2], [5, 6, 7])
+    three_lengths[6:8] = [2, 2]  # total_num_rows, batch_size
+    with pytest.raises(ValueError, match="seq_lens has 3 elements, expected 2"):
+        w._cached_module.plan(*three_lengths)
+
+
+@pytest.mark.parametrize("arity", [15, 16, 18, 19, 20])
+def test_the_cached_modules_plan_takes_every_form_of_the_reference(cpu_tc, arity) -> None:
+    """Each release's positional form schedules the same requests; the oldest (15, no
+    window_left) keeps the window of the last plan(), which vLLM sets as _window_left."""
+    w = _graph_wrapper(pages=64)
+    w.plan(*TABLE, *SHAPE, q_data_type=torch.bfloat16, window_left=40)
+    args = _reference_plan_args(w, [0, 2, 3], [21, 16], arity)
+    if arity >= 16:
+        args[15] = 40
+    plan_info = w._cached_module.plan(*args)
+    assert plan_info is w._plan_info and w._window_left == 40
+    assert plan_info.schedule == plan_prefill_schedule([0, 1, 2], [21, 16], 4, 2, MAX_CTAS)
+    w.run(_bf16(2, 8, 128), _cache())
+    assert cpu_tc.launches[-1]["plan"] is plan_info.plan_words
+    assert cpu_tc.launches[-1]["window_left"] == 40
 
 
 # -- single decode ------------------------------------------------------------------------------
