@@ -1353,8 +1353,10 @@ def _expected_batch(
 @pytest.mark.gpu
 def test_cuda_graph_replay_after_writing_the_buffers_directly() -> None:
     """An engine writes new page tables into the constructor's buffers and replays, with
-    plan(), with fast_decode_plan (as begin_forward), or with no plan at all: the kernel
-    reads each request's length from the buffers, so all three give correct attention."""
+    plan(), with fast_decode_plan (as begin_forward), with the module plan SGLang's earlier
+    fast_decode_plan calls (``_cached_module.plan`` with the reference's 15 decode-plan
+    arguments), or with no plan at all: the kernel reads each request's length from the
+    buffers, so all four give correct attention."""
     dtype, page_size, qo_heads, kv_heads, head_dim, batch = torch.bfloat16, 16, 32, 8, 128, 3
     num_pages = 4000
     workspace = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
@@ -1390,7 +1392,12 @@ def test_cuda_graph_replay_after_writing_the_buffers_directly() -> None:
         return indptr, ids
 
     for step, (lens, how) in enumerate(
-        (([5000, 1, 33], "none"), ([17, 20000, 300], "fast"), ([100, 100, 100], "plan"))
+        (
+            ([5000, 1, 33], "none"),
+            ([17, 20000, 300], "fast"),
+            ([9000, 64, 2], "module"),
+            ([100, 100, 100], "plan"),
+        )
     ):
         table = write_buffers(lens, step + 1)
         if how == "fast":
@@ -1405,6 +1412,24 @@ def test_cuda_graph_replay_after_writing_the_buffers_directly() -> None:
                 page_size,
                 q_data_type=dtype,
                 global_override_indptr_cpu=table[0],
+            )
+        elif how == "module":
+            wrapper._plan_info = wrapper._cached_module.plan(
+                wrapper._float_workspace_buffer,
+                wrapper._int_workspace_buffer,
+                wrapper._pin_memory_int_workspace_buffer,
+                table[0],
+                batch,
+                qo_heads,
+                kv_heads,
+                page_size,
+                True,
+                -1,
+                0.0,
+                head_dim,
+                head_dim,
+                torch.empty(0, dtype=dtype, device="cuda"),
+                torch.empty(0, dtype=dtype, device="cuda"),
             )
         elif how == "plan":
             wrapper.plan(
