@@ -65,6 +65,7 @@ _API_MODULES: dict[str, tuple[str, ...]] = {
         "apply_rope_with_cos_sin_cache_inplace",
     ),
     "sampling": (
+        "chain_speculative_sampling",
         "min_p_sampling_from_probs",
         "sampling_from_logits",
         "sampling_from_probs",

@@ -64,8 +64,9 @@ Samples = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 
 
 @functools.cache
-def get_sampling_module(dtype: Any):  # noqa: ANN201 - a tvm_ffi.Module
-    """The sampling module for inputs of ``dtype`` (float32 serves probabilities too)."""
+def get_sampling_module(dtype: Any = torch.float32):  # noqa: ANN201 - a tvm_ffi.Module
+    """The sampling module for inputs of ``dtype`` (float32 serves probabilities too; the
+    reference's takes no argument, and engines call it so to build it ahead of use)."""
     return gen_sampling_module(dtype).build_and_load()
 
 
@@ -707,6 +708,28 @@ def top_k_mask_logits(logits: torch.Tensor, top_k: int | torch.Tensor) -> torch.
         logits,
         logits.dtype,
         lambda out, x: _top_k_mask_logits_op(out, x, param.kernel_tensor(), param.top_k()),
+    )
+
+
+def chain_speculative_sampling(
+    draft_probs: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    target_probs: torch.Tensor,
+    maybe_output_accepted_token_num: torch.Tensor | None = None,
+    maybe_output_emitted_draft_token_num: torch.Tensor | None = None,
+    deterministic: bool = True,
+    generator: torch.Generator | None = None,
+    seed: int | torch.Tensor | None = None,
+    offset: int | torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference's rejection sampling of a draft model's token chains: this library has
+    no kernel for it. It exists with the reference's signature because engines import it
+    with the samplers (TensorRT-LLM's speculative decoding does when it loads); a call
+    raises NotImplementedError before it reads anything (so it is no traced or logged API:
+    it launches nothing)."""
+    raise NotImplementedError(
+        "chain_speculative_sampling: this library has no speculative-sampling kernel; "
+        "verify draft tokens with the engine's own rejection sampler"
     )
 
 

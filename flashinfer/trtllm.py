@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from .api_logging import flashinfer_api
 from .utils import BackendNotSupportedError
 
 
@@ -22,7 +21,6 @@ def _refuse(api: str, backend: str, wrapper: str) -> NoReturn:
     )
 
 
-@flashinfer_api
 def trtllm_batch_decode_with_kv_cache(
     query: Any,
     kv_cache: Any,
@@ -60,7 +58,6 @@ def trtllm_batch_decode_with_kv_cache(
     _refuse("trtllm_batch_decode_with_kv_cache", backend, "BatchDecodeWithPagedKVCacheWrapper")
 
 
-@flashinfer_api
 def trtllm_batch_context_with_kv_cache(
     query: Any,
     kv_cache: Any,

@@ -3,7 +3,7 @@ forms engines use, bound and run on the CPU as far as the device check.
 
 Parameter lists as they read in flashinfer-ai/flashinfer flashinfer/sampling.py at commit
 01c897d7075594003c411c0aa5e3befdf0bcae94 (chain_speculative_sampling, a kernel we do not
-ship, is left out).
+ship, binds and refuses).
 """
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ REFERENCE_SIGNATURES = {
     "top_p_renorm_probs": "(probs, top_p, is_deterministic=False)",
     "top_k_renorm_probs": "(probs, top_k, is_deterministic=False)",
     "top_k_mask_logits": "(logits, top_k)",
+    "chain_speculative_sampling": (
+        "(draft_probs, draft_token_ids, target_probs, maybe_output_accepted_token_num=None, "
+        "maybe_output_emitted_draft_token_num=None, deterministic=True, generator=None, "
+        "seed=None, offset=None)"
+    ),
 }
 ALIASES = {"top_p_renorm_prob": "top_p_renorm_probs", "top_k_renorm_prob": "top_k_renorm_probs"}
 
@@ -48,6 +53,40 @@ ALIASES = {"top_p_renorm_prob": "top_p_renorm_probs", "top_k_renorm_prob": "top_
 def test_signature_matches_the_reference(name: str) -> None:
     assert_signature(getattr(sampling, name), REFERENCE_SIGNATURES[name])
     assert getattr(flashinfer, name) is getattr(sampling, name)
+
+
+def test_chain_speculative_sampling_binds_as_tensorrt_llm_calls_it_and_refuses() -> None:
+    """TensorRT-LLM imports it with the samplers; we have no kernel for it."""
+    probs = torch.rand(2, 3, 50)
+    with pytest.raises(NotImplementedError, match="no speculative-sampling kernel"):
+        flashinfer.chain_speculative_sampling(
+            probs,
+            torch.zeros(2, 3, dtype=torch.int32),
+            torch.rand(2, 4, 50),
+            maybe_output_accepted_token_num=torch.zeros(2, dtype=torch.int32),
+            maybe_output_emitted_draft_token_num=torch.zeros(2, dtype=torch.int32),
+            deterministic=True,
+            generator=None,
+            seed=torch.tensor([0]),
+            offset=torch.tensor([0]),
+        )
+
+
+def test_get_sampling_module_takes_no_argument_as_the_reference_s(monkeypatch) -> None:
+    """Engines build it ahead of use with no argument (TensorRT-LLM's sampler warm-up):
+    the float32 module, which serves probabilities and float32 logits."""
+    asked = []
+
+    class Spec:
+        def build_and_load(self) -> str:
+            return "module"
+
+    monkeypatch.setattr(sampling, "gen_sampling_module", lambda d: asked.append(d) or Spec())
+    sampling.get_sampling_module.cache_clear()
+    try:
+        assert sampling.get_sampling_module() == "module" and asked == [torch.float32]
+    finally:
+        sampling.get_sampling_module.cache_clear()
 
 
 @pytest.mark.parametrize("alias,name", sorted(ALIASES.items()))
