@@ -42,7 +42,7 @@ class PlanArgs:
 # The positional forms the reference's plan has taken, as engines pinned to each release
 # pass them: three workspaces and PlanArgs' first 12 fields (15), then window_left (16),
 # fa2's fixed_split_size and disable_split_kv (18), num_colocated_ctas (19), uniform_q_len
-# (20). vLLM has passed 15, 16 and 18 of them.
+# (20). vLLM has passed 15, 18, and 16 or 19 (by its _backend) over its releases.
 _ARITIES = (15, 16, 18, 19, 20)
 _FIELDS = 15  # the end of the fields every form has
 
