@@ -1185,15 +1185,20 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             pos_encoding_mode, window_left, logits_soft_cap, sm_scale, rope_scale, rope_theta
         )
 
-    def _check_module_plan_batch(self, batch_size: Any, kv_indptr: Any) -> int:
-        """``_cached_module.plan`` re-plans the page-table buffers as they stand: its batch
-        must be theirs."""
-        batch = self._paged_kv_last_page_len_buf.shape[0]
-        if checks.check_int("batch_size", batch_size, 1) != batch:
+    def _check_module_plan(self, args: PlanArgs | DecodePlanArgs) -> int:
+        """What both ``_cached_module.plan`` forms need: one head_dim, and the batch of the
+        page-table buffers it re-plans as they stand. Returns that batch size."""
+        if args.head_dim_qk != args.head_dim_vo:
             raise ValueError(
-                f"batch_size is {batch_size}, the page-table buffers hold {batch} requests"
+                f"head_dim_qk ({args.head_dim_qk}) and head_dim_vo ({args.head_dim_vo}) differ; "
+                "decode takes one head_dim"
             )
-        checks.check_index_tensor("kv_indptr", kv_indptr, batch + 1, INDEX)
+        batch = self._paged_kv_last_page_len_buf.shape[0]
+        if checks.check_int("batch_size", args.batch_size, 1) != batch:
+            raise ValueError(
+                f"batch_size is {args.batch_size}, the page-table buffers hold {batch} requests"
+            )
+        checks.check_index_tensor("kv_indptr", args.kv_indptr, batch + 1, INDEX)
         return batch
 
     def _replan_tensor_cores(self, args: PlanArgs) -> Any:
@@ -1201,12 +1206,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         the schedule of ``args``' requests, on the page-table buffers as they stand (in
         CUDA-graph mode the engine has written them), with the score parameters and dtypes of
         the last plan(); returns the new plan record (engines store it as ``_plan_info``)."""
-        if args.head_dim_qk != args.head_dim_vo:
-            raise ValueError(
-                f"head_dim_qk ({args.head_dim_qk}) and head_dim_vo ({args.head_dim_vo}) differ; "
-                "decode takes one head_dim"
-            )
-        batch = self._check_module_plan_batch(args.batch_size, args.kv_indptr)
+        batch = self._check_module_plan(args)
         if args.total_num_rows % batch:
             raise ValueError(
                 f"total_num_rows ({args.total_num_rows}) is not a multiple of batch_size ({batch})"
@@ -1246,12 +1246,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         tensor cores): the host ``indptr``'s requests on the buffers as they stand, scheduled
         by whole pages (the kernel reads the real lengths), with the dtypes of the empty
         tensors given and the last plan()'s other score parameters."""
-        if args.head_dim_qk != args.head_dim_vo:
-            raise ValueError(
-                f"head_dim_qk ({args.head_dim_qk}) and head_dim_vo ({args.head_dim_vo}) differ; "
-                "decode takes one head_dim"
-            )
-        self._check_module_plan_batch(args.batch_size, args.kv_indptr)
+        self._check_module_plan(args)
         self._replan_buffers(
             args.num_qo_heads,
             args.num_kv_heads,
