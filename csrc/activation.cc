@@ -3,6 +3,7 @@
 
 #include "activation_config.h"
 #include "activation_launcher.h"
+#include "ffi_export.h"
 #include "tvm_ffi_utils.h"
 
 using namespace flashinfer_binding;
@@ -51,7 +52,7 @@ tvm::ffi::String DTypeOfModule() { return kDTypeName; }
 
 }  // namespace
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(silu_and_mul, SiluAndMul);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_and_mul, GeluAndMul);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gelu_tanh_and_mul, GeluTanhAndMul);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
+FLASHINFER_EXPORT_FUNC(silu_and_mul, SiluAndMul);
+FLASHINFER_EXPORT_FUNC(gelu_and_mul, GeluAndMul);
+FLASHINFER_EXPORT_FUNC(gelu_tanh_and_mul, GeluTanhAndMul);
+FLASHINFER_EXPORT_FUNC(dtype, DTypeOfModule);

@@ -6,6 +6,7 @@
 
 #include "cascade_config.h"
 #include "cascade_launcher.h"
+#include "ffi_export.h"
 #include "tvm_ffi_utils.h"
 
 using namespace flashinfer_binding;
@@ -118,6 +119,6 @@ tvm::ffi::String DTypeOfModule() { return kDTypeName; }
 
 }  // namespace
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(merge_state, MergeState);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(merge_states, MergeStates);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
+FLASHINFER_EXPORT_FUNC(merge_state, MergeState);
+FLASHINFER_EXPORT_FUNC(merge_states, MergeStates);
+FLASHINFER_EXPORT_FUNC(dtype, DTypeOfModule);

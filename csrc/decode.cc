@@ -8,6 +8,7 @@
 #include "attention_config.h"
 #include "attention_binding.h"
 #include "decode_launcher.h"
+#include "ffi_export.h"
 #include "tvm_ffi_utils.h"
 
 using namespace flashinfer_binding;
@@ -176,10 +177,10 @@ tvm::ffi::String PosEncodingOfModule() { return kPosEncodingName; }
 
 }  // namespace
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_decode, BatchDecode);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(single_decode, SingleDecode);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(blocks_per_sm, BlocksPerSM);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(kv_dtype, KVDTypeOfModule);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(head_dim, HeadDimOfModule);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(pos_encoding, PosEncodingOfModule);
+FLASHINFER_EXPORT_FUNC(batch_decode, BatchDecode);
+FLASHINFER_EXPORT_FUNC(single_decode, SingleDecode);
+FLASHINFER_EXPORT_FUNC(blocks_per_sm, BlocksPerSM);
+FLASHINFER_EXPORT_FUNC(dtype, DTypeOfModule);
+FLASHINFER_EXPORT_FUNC(kv_dtype, KVDTypeOfModule);
+FLASHINFER_EXPORT_FUNC(head_dim, HeadDimOfModule);
+FLASHINFER_EXPORT_FUNC(pos_encoding, PosEncodingOfModule);

@@ -2,6 +2,7 @@
 // calls the launchers from norm_kernel.cu, and exports functions through tvm-ffi.
 #include <tvm/ffi/function.h>
 
+#include "ffi_export.h"
 #include "norm_binding.h"
 #include "norm_config.h"
 #include "norm_launcher.h"
@@ -108,9 +109,9 @@ tvm::ffi::String DTypeOfModule() { return kDTypeName; }
 
 }  // namespace
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm, RMSNorm);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_rmsnorm, GemmaRMSNorm);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm, FusedAddRMSNorm);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(gemma_fused_add_rmsnorm, GemmaFusedAddRMSNorm);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(layernorm, LayerNorm);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
+FLASHINFER_EXPORT_FUNC(rmsnorm, RMSNorm);
+FLASHINFER_EXPORT_FUNC(gemma_rmsnorm, GemmaRMSNorm);
+FLASHINFER_EXPORT_FUNC(fused_add_rmsnorm, FusedAddRMSNorm);
+FLASHINFER_EXPORT_FUNC(gemma_fused_add_rmsnorm, GemmaFusedAddRMSNorm);
+FLASHINFER_EXPORT_FUNC(layernorm, LayerNorm);
+FLASHINFER_EXPORT_FUNC(dtype, DTypeOfModule);

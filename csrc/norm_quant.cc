@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "ffi_export.h"
 #include "norm_binding.h"
 #include "norm_quant_config.h"
 #include "norm_quant_launcher.h"
@@ -101,6 +102,6 @@ tvm::ffi::String DTypeOfModule() { return kDTypeName; }
 
 }  // namespace
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(rmsnorm_quant, RMSNormQuant);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(fused_add_rmsnorm_quant, FusedAddRMSNormQuant);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
+FLASHINFER_EXPORT_FUNC(rmsnorm_quant, RMSNormQuant);
+FLASHINFER_EXPORT_FUNC(fused_add_rmsnorm_quant, FusedAddRMSNormQuant);
+FLASHINFER_EXPORT_FUNC(dtype, DTypeOfModule);

@@ -3,6 +3,7 @@
 
 #include <limits>
 
+#include "ffi_export.h"
 #include "page_config.h"
 #include "page_launcher.h"
 #include "tvm_ffi_utils.h"
@@ -94,5 +95,5 @@ tvm::ffi::String DTypeOfModule() { return kDTypeName; }
 
 }  // namespace
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(append_paged_kv_cache, AppendPagedKVCache);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
+FLASHINFER_EXPORT_FUNC(append_paged_kv_cache, AppendPagedKVCache);
+FLASHINFER_EXPORT_FUNC(dtype, DTypeOfModule);

@@ -8,6 +8,7 @@
 
 #include "attention_config.h"
 #include "attention_binding.h"
+#include "ffi_export.h"
 #include "prefill_launcher.h"
 #include "tvm_ffi_utils.h"
 
@@ -210,12 +211,12 @@ int64_t HeadDimVOOfModule() { return kHeadDimVO; }
 
 }  // namespace
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(batch_prefill, BatchPrefill);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(single_prefill, SinglePrefill);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(blocks_per_sm, BlocksPerSM);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(tile_rows, TileRows);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(kv_dtype, KVDTypeOfModule);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(head_dim, HeadDimOfModule);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(head_dim_vo, HeadDimVOOfModule);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(pos_encoding, PosEncodingOfModule);
+FLASHINFER_EXPORT_FUNC(batch_prefill, BatchPrefill);
+FLASHINFER_EXPORT_FUNC(single_prefill, SinglePrefill);
+FLASHINFER_EXPORT_FUNC(blocks_per_sm, BlocksPerSM);
+FLASHINFER_EXPORT_FUNC(tile_rows, TileRows);
+FLASHINFER_EXPORT_FUNC(dtype, DTypeOfModule);
+FLASHINFER_EXPORT_FUNC(kv_dtype, KVDTypeOfModule);
+FLASHINFER_EXPORT_FUNC(head_dim, HeadDimOfModule);
+FLASHINFER_EXPORT_FUNC(head_dim_vo, HeadDimVOOfModule);
+FLASHINFER_EXPORT_FUNC(pos_encoding, PosEncodingOfModule);

@@ -3,6 +3,7 @@
 
 #include <limits>
 
+#include "ffi_export.h"
 #include "rope_config.h"
 #include "rope_launcher.h"
 #include "tvm_ffi_utils.h"
@@ -134,7 +135,7 @@ tvm::ffi::String DTypeOfModule() { return kDTypeName; }
 
 }  // namespace
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(apply_rope_pos_ids, ApplyRopePosIds);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(apply_llama31_rope_pos_ids, ApplyLlama31RopePosIds);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(apply_rope_cos_sin_cache, ApplyRopeCosSinCache);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
+FLASHINFER_EXPORT_FUNC(apply_rope_pos_ids, ApplyRopePosIds);
+FLASHINFER_EXPORT_FUNC(apply_llama31_rope_pos_ids, ApplyLlama31RopePosIds);
+FLASHINFER_EXPORT_FUNC(apply_rope_cos_sin_cache, ApplyRopeCosSinCache);
+FLASHINFER_EXPORT_FUNC(dtype, DTypeOfModule);

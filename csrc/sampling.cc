@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "ffi_export.h"
 #include "sampling_config.h"
 #include "sampling_launcher.h"
 #include "tvm_ffi_utils.h"
@@ -219,9 +220,9 @@ tvm::ffi::String DTypeOfModule() { return kDTypeName; }
 
 }  // namespace
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(softmax, Softmax);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(sampling_from_probs, SamplingFromProbs);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(sampling_from_logits, SamplingFromLogits);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(renorm_probs, RenormProbs);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(top_k_mask_logits, TopKMaskLogits);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(dtype, DTypeOfModule);
+FLASHINFER_EXPORT_FUNC(softmax, Softmax);
+FLASHINFER_EXPORT_FUNC(sampling_from_probs, SamplingFromProbs);
+FLASHINFER_EXPORT_FUNC(sampling_from_logits, SamplingFromLogits);
+FLASHINFER_EXPORT_FUNC(renorm_probs, RenormProbs);
+FLASHINFER_EXPORT_FUNC(top_k_mask_logits, TopKMaskLogits);
+FLASHINFER_EXPORT_FUNC(dtype, DTypeOfModule);

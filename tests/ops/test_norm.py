@@ -314,6 +314,25 @@ def test_every_norm_function_is_exported_by_the_module() -> None:
         module.layernorm(torch.empty_like(x), x, _x(8), _f32(8), 1e-6, True)
 
 
+def test_exported_functions_convert_and_count_their_arguments() -> None:
+    """csrc/ffi_export.h: each argument converts as tvm-ffi's typed export converts it (an
+    int for a double, a bool, a tensor), a wrong type or count raises TypeError naming the
+    function, the argument and what it got, and return values come back."""
+    module = flashinfer.get_norm_module(torch.float16)
+    assert module.dtype() == "float16"
+    x = _x(2, 8)
+    with pytest.raises(ValueError, match="input must be a CUDA tensor"):  # eps given as an int
+        module.rmsnorm(torch.empty_like(x), x, _x(8), 1, True)
+    with pytest.raises(TypeError, match=r"rmsnorm: argument #1 must be \S*Tensor\S*, got \S*Str"):
+        module.rmsnorm(torch.empty_like(x), "x", _x(8), 1e-6, True)
+    with pytest.raises(TypeError, match=r"rmsnorm: argument #3 must be \S+, got None"):
+        module.rmsnorm(torch.empty_like(x), x, _x(8), None, True)
+    with pytest.raises(TypeError, match=r"rmsnorm takes 5 arguments, got 4"):
+        module.rmsnorm(torch.empty_like(x), x, _x(8), 1e-6)
+    with pytest.raises(TypeError, match=r"dtype takes 0 arguments, got 1"):
+        module.dtype(1)
+
+
 def build_without_spills(spec):  # noqa: ANN001, ANN202
     """Builds ``spec`` and asserts that no kernel of it spills: none has a stack frame or
     local memory (cuobjdump's resource usage of the library, so a kernel object a cache
