@@ -33,8 +33,7 @@ template <typename T>
   return *std::move(value);
 }
 
-[[gnu::noinline]] inline void CheckArgCount(int32_t given, int32_t expected,
-                                            const char* function) {
+[[gnu::noinline]] inline void CheckArgCount(int32_t given, int32_t expected, const char* function) {
   if (given != expected) {
     TVM_FFI_THROW(TypeError) << function << " takes " << expected << " arguments, got " << given;
   }
@@ -61,12 +60,12 @@ void Call(R (*f)(A...), const TVMFFIAny* args, int32_t num_args, TVMFFIAny* resu
 }  // namespace ffi_export
 }  // namespace flashinfer_binding
 
-#define FLASHINFER_EXPORT_FUNC(ExportName, Function)                                        \
-  extern "C" {                                                                             \
-  TVM_FFI_DLL_EXPORT int __tvm_ffi_##ExportName(void*, const TVMFFIAny* args,              \
-                                                int32_t num_args, TVMFFIAny* result) {     \
-    TVM_FFI_SAFE_CALL_BEGIN();                                                             \
-    ::flashinfer_binding::ffi_export::Call(&Function, args, num_args, result, #ExportName); \
-    TVM_FFI_SAFE_CALL_END();                                                               \
-  }                                                                                        \
+#define FLASHINFER_EXPORT_FUNC(ExportName, Function)                                            \
+  extern "C" {                                                                                  \
+  TVM_FFI_DLL_EXPORT int __tvm_ffi_##ExportName(void*, const TVMFFIAny* args, int32_t num_args, \
+                                                TVMFFIAny* result) {                            \
+    TVM_FFI_SAFE_CALL_BEGIN();                                                                  \
+    ::flashinfer_binding::ffi_export::Call(&Function, args, num_args, result, #ExportName);     \
+    TVM_FFI_SAFE_CALL_END();                                                                    \
+  }                                                                                             \
   }
