@@ -7,6 +7,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/setup_env.sh"
 cd "$ROOT"
 "$VENV/bin/ruff" check .
 "$VENV/bin/ruff" format --check .
-git ls-files -z --cached --others --exclude-standard 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cu' 'include/*.h' 'include/*.cuh' \
+git ls-files -z --cached --others --exclude-standard \
+  'csrc/*.h' 'csrc/*.cc' 'csrc/*.cu' 'include/*.h' 'include/*.cuh' \
   | xargs -0 "$VENV/bin/clang-format" --dry-run -Werror
 echo "[lint] ruff, ruff format and clang-format: clean"

@@ -72,6 +72,20 @@ def test_norm_manifest_tracks_headers_per_translation_unit() -> None:
     assert any(dep.endswith("norm_config.h") for dep in manifest.objects[binding_obj])
 
 
+def test_every_binding_tu_exports_through_ffi_export() -> None:
+    """Binding TUs export with FLASHINFER_EXPORT_FUNC (csrc/ffi_export.h): tvm-ffi's typed
+    export inlines each argument's conversion into one function, and the prefill binding's
+    host compile took four times as long with it (docs/jit.md)."""
+    from flashinfer.jit.registry import specs_for
+
+    bindings = {Path(s) for spec in specs_for() for s in spec.sources if Path(s).suffix != ".cu"}
+    assert {b.name for b in bindings} >= {"norm.cc", "prefill.cc", "decode.cc", "sampling.cc"}
+    for binding in bindings:
+        text = binding.read_text()
+        assert "FLASHINFER_EXPORT_FUNC(" in text, binding
+        assert "TVM_FFI_DLL_EXPORT_TYPED_FUNC" not in text, binding
+
+
 def test_binding_checks_raise_python_exceptions_on_the_cpu() -> None:
     module = flashinfer.get_norm_module(torch.bfloat16)
     x = torch.randn(4, 8, dtype=torch.bfloat16)
