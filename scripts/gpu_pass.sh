@@ -1,50 +1,66 @@
 #!/usr/bin/env bash
-# One pass on a lent GPU machine, run through ../shared/gpu/device-run.sh: precompile every
-# module for sm_90a in parallel (and every bfloat16 prefill tiling, which the tiling tests and
-# bench_prefill --tilings build), run the GPU tests of each path given, then each benchmark
-# command (in benchmarks/), within a time budget (a device command may run 10 minutes). The
-# results tables (benchmarks/results/*.md) and the module cache (the AOT layer and the JIT
-# workspace, both under /tmp) come back in $OUT; a later pass that carries .device/cache.tgz
-# skips the builds.
-# Usage: bash scripts/gpu_pass.sh "<test paths>" "<benchmark commands, ;-separated>" [budget_s]
+# One pass on a lent GPU machine, run through ../shared/gpu/device-run.sh: the modules it
+# loads (every registered one and every bfloat16 prefill tiling, for sm_90a) come from the
+# layer scripts/gpu_prebuild.sh carried in .device/ when it matches this tree and loads
+# here, else they are compiled here first; then the GPU tests of each path given, then each
+# benchmark command (in benchmarks/), within a time budget (a device command may run 10
+# minutes), keeping bench_reserve_s of it for the benchmarks. The results tables
+# (benchmarks/results/*.md) and each test path's log come back in $OUT/results.tgz (one
+# file: $OUT returns at most 8). Scratch (the layer, the workspace, the logs) goes under
+# $GPU_PASS_TMP, default /tmp.
+# Usage: bash scripts/gpu_pass.sh "<test paths>" "<benchmark commands, ;-separated>" \
+#          [budget_s] [bench_reserve_s]
 set -u
 OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
+tmp=${GPU_PASS_TMP:-/tmp}
+logs=$tmp/pass-logs
+mkdir -p "$OUT" "$logs"
 budget=${3:-560}
+reserve=${4:-0}
 export FLASHINFER_CUDA_ARCH_LIST=9.0a
-export FLASHINFER_WORKSPACE_BASE=/tmp/fi-ws
+export FLASHINFER_WORKSPACE_BASE=$tmp/fi-ws
 SECONDS=0
-if [ -f .device/cache.tgz ]; then tar xzf .device/cache.tgz -C /tmp && echo "restored the module cache"; fi
-echo "=== precompile"
-timeout 220 python3 -m flashinfer precompile --arch 9.0a --out /tmp/aot >/tmp/precompile.out 2>&1
-echo "precompile rc=$? in ${SECONDS}s"
-tail -5 /tmp/precompile.out
-export FLASHINFER_AOT_DIR=/tmp/aot
-echo "=== prefill tilings (t=${SECONDS}s)"
-timeout 200 python3 - <<'PY' 2>&1 | grep -v "^\[flashinfer\]" | tail -5
-from concurrent.futures import ThreadPoolExecutor
+carried=0
+if [ -f .device/aot.tgz ]; then
+  if [ "$(cat .device/aot.digest 2>/dev/null)" != "$(bash scripts/kernel_digest.sh)" ]; then
+    echo "=== the carried layer was built from other sources: compiling here"
+  elif tar xzf .device/aot.tgz -C "$tmp" && python3 - "$tmp/aot" <<'PY'; then
+import glob
+import sys
 
-from flashinfer.jit.prefill import HEAD_DIM_PAIRS, accepted_tilings, gen_prefill_module
+import torch  # noqa: F401 - loads the CUDA runtime the libraries link
+import tvm_ffi
 
-specs = [
-    gen_prefill_module("bfloat16", d, t, head_dim_vo=vo)
-    for d, vo in HEAD_DIM_PAIRS
-    for t in accepted_tilings(d, False, vo)
-]
-with ThreadPoolExecutor(8) as pool:
-    list(pool.map(lambda spec: spec.build(), specs))
-print(f"{len(specs)} tiling modules built")
+libraries = sorted(glob.glob(f"{sys.argv[1]}/*/*.so"))
+for library in libraries:
+    tvm_ffi.load_module(library)
+print(f"=== the carried layer loads: {len(libraries)} modules")
 PY
+    carried=1
+  else
+    echo "=== the carried layer does not load here: compiling here"
+    rm -rf "$tmp/aot"
+  fi
+fi
+if [ "$carried" = 0 ]; then
+  echo "=== compile (t=${SECONDS}s)"
+  timeout 300 python3 scripts/gpu_modules.py "$tmp/aot" >"$logs/compile.log" 2>&1
+  echo "compile rc=$? in ${SECONDS}s"
+  tail -3 "$logs/compile.log"
+fi
+export FLASHINFER_AOT_DIR=$tmp/aot
 timeout_flag=()
 python3 -c "import pytest_timeout" 2>/dev/null && timeout_flag=(--timeout 90)
 for path in $1; do
-  left=$((budget - SECONDS))
+  left=$((budget - reserve - SECONDS))
   if [ "$left" -lt 30 ]; then echo "=== skip $path (t=${SECONDS}s)"; continue; fi
   echo "=== pytest $path (t=${SECONDS}s)"
+  log=$logs/pytest_$(echo "$path" | tr '/' '_').log
   timeout $((left - 10)) python3 -m pytest -q -m gpu "${timeout_flag[@]}" -rfE -p no:cacheprovider \
-    --show-capture=no --tb=short "$path" 2>&1 | tail -80
+    --show-capture=no --tb=short --durations=10 "$path" >"$log" 2>&1
+  echo "rc=$? (t=${SECONDS}s)"
+  tail -60 "$log"
 done
-tar czf "$OUT/cache.tgz" -C /tmp aot fi-ws 2>/dev/null
 IFS=';' read -ra commands <<<"${2:-}"
 for command in "${commands[@]}"; do
   [ -z "${command// /}" ] && continue
@@ -53,5 +69,6 @@ for command in "${commands[@]}"; do
   echo "=== $command (t=${SECONDS}s)"
   (cd benchmarks && timeout $((left - 15)) bash -c "$command" 2>&1 | tail -40)
 done
-mkdir -p "$OUT/results" && cp benchmarks/results/*.md "$OUT/results/"
-echo "=== done in ${SECONDS}s; results in $OUT/results"
+cp benchmarks/results/*.md "$logs/"
+tar czf "$OUT/results.tgz" -C "$logs" .
+echo "=== done in ${SECONDS}s; results and logs in $OUT/results.tgz"

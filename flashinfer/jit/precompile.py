@@ -33,11 +33,16 @@ class PrecompileResult:
 
 
 def precompile(
-    out_dir: Path, archs: str | Iterable[CudaArch], ops: Iterable[str] | None = None
+    out_dir: Path,
+    archs: str | Iterable[CudaArch],
+    ops: Iterable[str] | None = None,
+    *,
+    extra: Iterable[tuple[str, JitSpec]] = (),
 ) -> PrecompileResult:
     """Build every specialization of ``ops`` for ``archs`` into the layer ``out_dir``. A
     module that supports none of ``archs`` (decode needs sm_80+) is skipped and reported;
-    one that supports some of them is built for those."""
+    one that supports some of them is built for those. ``extra``: (op, spec) pairs of
+    modules no op registers (a prefill tiling that is not a default, say), built along."""
     arch_list = parse_arch_list(archs, "--arch") if isinstance(archs, str) else tuple(archs)
     for arch in arch_list:
         problem = nvcc_arch_problem(arch)
@@ -46,6 +51,10 @@ def precompile(
     names = list(registered_ops()) if ops is None else list(ops)
     specs = specs_for(names)
     op_of = {spec.name: op for op in names for spec in specs_for([op])}
+    for op, spec in extra:
+        if spec.name not in op_of:  # a registered module is built once
+            op_of[spec.name] = op
+            specs.append(spec)
     supported = []
     skipped: dict[str, str] = {}
     for spec in specs:

@@ -328,6 +328,16 @@ def gen_prefill_module(
     )
 
 
+def tiling_specs(dtype: Any = "bfloat16") -> list[JitSpec]:
+    """The module of every accepted tiling at every head_dim pair, for ``dtype``: what the
+    per-tiling GPU tests and ``bench_prefill.py --tilings all`` load (the defaults among them)."""
+    return [
+        gen_prefill_module(dtype, qk, tiling, head_dim_vo=vo)
+        for qk, vo in HEAD_DIM_PAIRS
+        for tiling in accepted_tilings(qk, False, vo)
+    ]
+
+
 register_op(
     "prefill",
     lambda: [

@@ -202,3 +202,33 @@ def test_precompile_skips_modules_that_cannot_target_the_archs(
         == 1
     )
     assert "precompile: no requested module can target 7.5: decode_" in capsys.readouterr().err
+
+
+def test_precompile_builds_extra_specs_along_with_the_ops(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Modules no op registers (every prefill tiling, as scripts/gpu_modules.py builds them)
+    are built in the same run and indexed under the op given; one that an op registers
+    already (a default tiling) is built once."""
+    from flashinfer.jit.prefill import DEFAULT_TILINGS, gen_prefill_module, tiling_specs
+
+    built: list[str] = []
+    monkeypatch.setattr(precompile_module, "run_ninja", lambda *a, **k: None)
+    monkeypatch.setattr(
+        precompile_module, "_publish", lambda out, staging, spec, plan: built.append(spec.name)
+    )
+    indexed: dict[str, str] = {}
+    monkeypatch.setattr(precompile_module, "write_index", lambda out, ops: indexed.update(ops))
+    tilings = tiling_specs()
+    default = gen_prefill_module("bfloat16", 128, DEFAULT_TILINGS[128]).name
+    assert default in {spec.name for spec in tilings}
+    precompile(
+        tmp_path / "layer", "9.0a", ["norm", "prefill"], extra=[("prefill", s) for s in tilings]
+    )
+    assert len(built) == len(set(built))
+    assert set(built) == set(NORM_URIS) | {s.name for s in registry.specs_for(["prefill"])} | {
+        s.name for s in tilings
+    }
+    assert len(tilings) > 30 and default in built
+    assert {indexed[s.name] for s in tilings} == {"prefill"}
+    assert {indexed[u] for u in NORM_URIS} == {"norm"}

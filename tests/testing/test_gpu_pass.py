@@ -1,0 +1,116 @@
+"""scripts/gpu_pass.sh's choice between the layer gpu_prebuild.sh carried and compiling on
+the GPU machine, and scripts/kernel_digest.sh, which that choice rests on. The pass runs in a
+copy of the tree whose scripts/gpu_modules.py only says it ran (the real one compiles every
+module for minutes)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+
+COMPILED = "stub gpu_modules ran"
+
+
+def _digest(root: Path) -> str:
+    done = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "kernel_digest.sh")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """The parts of the project the pass and the digest read, with a stub compile step."""
+    root = tmp_path / "tree"
+    for part in ("include", "csrc", "flashinfer/jit", "benchmarks/results"):
+        shutil.copytree(REPO_ROOT / part, root / part, ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "scripts").mkdir()
+    for script in ("gpu_pass.sh", "kernel_digest.sh"):
+        shutil.copy(REPO_ROOT / "scripts" / script, root / "scripts" / script)
+    (root / "scripts" / "gpu_modules.py").write_text(f"print({COMPILED!r})\n")
+    (root / ".device").mkdir()
+    return root
+
+
+def _carry(root: Path, libraries: dict[str, bytes], digest: str) -> None:
+    layer = root.parent / "built" / "aot"
+    for name, data in libraries.items():
+        (layer / name).mkdir(parents=True)
+        (layer / name / f"{name}.so").write_bytes(data)
+    layer.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(root / ".device" / "aot.tgz", "w:gz") as tar:
+        tar.add(layer, arcname="aot")
+    (root / ".device" / "aot.digest").write_text(digest + "\n")
+
+
+def _pass(root: Path) -> tuple[str, Path]:
+    out = root.parent / "out"
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "GPU_PASS_TMP": str(root.parent / "scratch"),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    done = subprocess.run(
+        ["bash", "scripts/gpu_pass.sh", "", "", "100"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout, out / "results.tgz"
+
+
+def test_the_digest_follows_the_sources_alone(tree: Path) -> None:
+    first = _digest(tree)
+    assert len(first) == 64 and _digest(tree) == first
+    (tree / "flashinfer" / "jit" / "__pycache__").mkdir()
+    (tree / "flashinfer" / "jit" / "__pycache__" / "core.cpython-312.pyc").write_bytes(b"x")
+    assert _digest(tree) == first
+    header = tree / "include" / "flashinfer" / "prefill.cuh"
+    header.write_text(header.read_text() + "\n")
+    assert _digest(tree) != first
+
+
+def test_a_matching_layer_that_loads_is_used(tree: Path) -> None:
+    """Any shared library loads through tvm_ffi.load_module; torch's c10 stands in for one."""
+    import torch
+
+    library = Path(torch.__file__).parent / "lib" / "libc10.so"
+    _carry(tree, {"c10": library.read_bytes()}, _digest(tree))
+    stdout, results = _pass(tree)
+    assert "the carried layer loads: 1 modules" in stdout
+    assert COMPILED not in stdout
+    with tarfile.open(results) as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {p.name for p in (REPO_ROOT / "benchmarks" / "results").glob("*.md")} <= names
+
+
+def test_a_layer_of_other_sources_or_that_does_not_load_is_compiled_again(tree: Path) -> None:
+    _carry(tree, {}, "0" * 64)
+    stdout, _ = _pass(tree)
+    assert "the carried layer was built from other sources" in stdout and COMPILED in stdout
+    shutil.rmtree(tree.parent / "built")
+    _carry(tree, {"broken": b"not an ELF library"}, _digest(tree))
+    stdout, _ = _pass(tree)
+    assert "the carried layer does not load here" in stdout and COMPILED in stdout
+    assert not (tree.parent / "scratch" / "aot").exists()
+
+
+def test_without_a_carried_layer_the_modules_compile_first(tree: Path) -> None:
+    stdout, _ = _pass(tree)
+    assert COMPILED in stdout and "carried layer" not in stdout
