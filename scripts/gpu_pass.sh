@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# One pass on a lent GPU machine, run through ../shared/gpu/device-run.sh: the modules it
-# loads (every registered one and every bfloat16 prefill tiling, for sm_90a) come from the
-# layer scripts/gpu_prebuild.sh carried in .device/ when it matches this tree and loads
-# here, else they are compiled here first; then the GPU tests of each path given, then each
-# benchmark command (in benchmarks/), within a time budget (a device command may run 10
-# minutes), keeping bench_reserve_s of it for the benchmarks. The results tables
-# (benchmarks/results/*.md) and each test path's log come back in $OUT/results.tgz (one
-# file: $OUT returns at most 8). Scratch (the layer, the workspace, the logs) goes under
-# $GPU_PASS_TMP, default /tmp.
+# One pass on a lent GPU machine, run through ../shared/gpu/device-run.sh. The modules it
+# loads (scripts/gpu_modules.py's, for sm_90a) come from the layer scripts/gpu_prebuild.sh
+# carried in .device/ when that matches this tree and loads here, else they are compiled
+# here first. Then the GPU tests, in the order given, one pytest process per path or per
+# comma-joined group of paths (a CUDA error ends only its own process's tests), stopping
+# bench_reserve_s before the budget; then each benchmark command (in benchmarks/) within the
+# budget (a device command may run 10 minutes). The results tables (benchmarks/results/*.md)
+# and each test process's log come back in $OUT/results.tgz (one file: $OUT returns at
+# most 8). Scratch (the layer, the workspace, the logs) goes under $GPU_PASS_TMP (/tmp).
 # Usage: bash scripts/gpu_pass.sh "<test paths>" "<benchmark commands, ;-separated>" \
 #          [budget_s] [bench_reserve_s]
 set -u
@@ -51,13 +51,14 @@ fi
 export FLASHINFER_AOT_DIR=$tmp/aot
 timeout_flag=()
 python3 -c "import pytest_timeout" 2>/dev/null && timeout_flag=(--timeout 90)
-for path in $1; do
+for group in $1; do
   left=$((budget - reserve - SECONDS))
-  if [ "$left" -lt 30 ]; then echo "=== skip $path (t=${SECONDS}s)"; continue; fi
-  echo "=== pytest $path (t=${SECONDS}s)"
-  log=$logs/pytest_$(echo "$path" | tr '/' '_').log
+  if [ "$left" -lt 30 ]; then echo "=== skip $group (t=${SECONDS}s)"; continue; fi
+  echo "=== pytest $group (t=${SECONDS}s)"
+  log=$logs/pytest_$(echo "$group" | tr '/,' '_+').log
+  IFS=',' read -ra paths <<<"$group"
   timeout $((left - 10)) python3 -m pytest -q -m gpu "${timeout_flag[@]}" -rfE -p no:cacheprovider \
-    --show-capture=no --tb=short --durations=10 "$path" >"$log" 2>&1
+    --show-capture=no --tb=short --durations=10 "${paths[@]}" >"$log" 2>&1
   echo "rc=$? (t=${SECONDS}s)"
   tail -60 "$log"
 done

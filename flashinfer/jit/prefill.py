@@ -338,27 +338,34 @@ def tiling_specs(dtype: Any = "bfloat16") -> list[JitSpec]:
     ]
 
 
-register_op(
-    "prefill",
-    lambda: [
-        gen_prefill_module(d, qk, head_dim_vo=vo) for d in DTYPES for qk, vo in HEAD_DIM_PAIRS
-    ],
-)
-register_op(
-    "prefill_fp8",
-    lambda: [
-        gen_prefill_module(d, qk, None, "NONE", kv, vo)
-        for d in DTYPES
-        for qk, vo in HEAD_DIM_PAIRS
-        for kv in KV_FP8_DTYPES
-    ],
-)
-register_op(
-    "prefill_pos_encoding",
-    lambda: [
-        gen_prefill_module(d, h, None, pos)
-        for d in DTYPES
-        for h in HEAD_DIMS
-        for pos in ("ROPE_LLAMA", "ALIBI")
-    ],
-)
+def prefill_variants() -> dict[str, list[dict[str, Any]]]:
+    """Each prefill op's builds, as :func:`gen_prefill_module`'s keyword arguments besides
+    the tiling (each at its default tiling is what the op registers)."""
+    return {
+        "prefill": [
+            {"dtype": d, "head_dim": qk, "head_dim_vo": vo}
+            for d in DTYPES
+            for qk, vo in HEAD_DIM_PAIRS
+        ],
+        "prefill_fp8": [
+            {"dtype": d, "head_dim": qk, "kv_dtype": kv, "head_dim_vo": vo}
+            for d in DTYPES
+            for qk, vo in HEAD_DIM_PAIRS
+            for kv in KV_FP8_DTYPES
+        ],
+        "prefill_pos_encoding": [
+            {"dtype": d, "head_dim": h, "pos_encoding": pos}
+            for d in DTYPES
+            for h in HEAD_DIMS
+            for pos in ("ROPE_LLAMA", "ALIBI")
+        ],
+    }
+
+
+def _registered_specs(op: str) -> list[JitSpec]:
+    return [gen_prefill_module(**kw) for kw in prefill_variants()[op]]
+
+
+register_op("prefill", lambda: _registered_specs("prefill"))
+register_op("prefill_fp8", lambda: _registered_specs("prefill_fp8"))
+register_op("prefill_pos_encoding", lambda: _registered_specs("prefill_pos_encoding"))

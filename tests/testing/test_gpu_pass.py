@@ -55,7 +55,7 @@ def _carry(root: Path, libraries: dict[str, bytes], digest: str) -> None:
     (root / ".device" / "aot.digest").write_text(digest + "\n")
 
 
-def _pass(root: Path) -> tuple[str, Path]:
+def _pass(root: Path, tests: str = "") -> tuple[str, Path]:
     out = root.parent / "out"
     env = {
         **os.environ,
@@ -64,7 +64,7 @@ def _pass(root: Path) -> tuple[str, Path]:
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
     done = subprocess.run(
-        ["bash", "scripts/gpu_pass.sh", "", "", "100"],
+        ["bash", "scripts/gpu_pass.sh", tests, "", "100"],
         cwd=root,
         env=env,
         capture_output=True,
@@ -114,3 +114,22 @@ def test_a_layer_of_other_sources_or_that_does_not_load_is_compiled_again(tree: 
 def test_without_a_carried_layer_the_modules_compile_first(tree: Path) -> None:
     stdout, _ = _pass(tree)
     assert COMPILED in stdout and "carried layer" not in stdout
+
+
+def test_test_paths_run_in_the_order_given_one_process_per_group(tree: Path) -> None:
+    """'b.py,a.py c.py': b then a in one pytest process, then c in another, each its log."""
+    ran = tree / "ran.txt"
+    for name in ("a", "b", "c"):
+        (tree / f"{name}.py").write_text(
+            "import os\nimport pytest\n\n\n@pytest.mark.gpu\n"
+            f"def test_{name}():\n"
+            f"    with open({str(ran)!r}, 'a') as f:\n"
+            f"        f.write('{name}' + str(os.getpid()) + ' ')\n"
+        )
+    stdout, results = _pass(tree, "b.py,a.py c.py")
+    order = ran.read_text().split()
+    assert [entry[0] for entry in order] == ["b", "a", "c"], stdout
+    assert order[0][1:] == order[1][1:] != order[2][1:]  # b and a in one process
+    with tarfile.open(results) as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {"pytest_b.py+a.py.log", "pytest_c.py.log"} <= names
