@@ -87,13 +87,15 @@ def test_the_digest_follows_the_sources_alone(tree: Path) -> None:
 
 
 def test_a_matching_layer_that_loads_is_used(tree: Path) -> None:
-    """Any shared library loads through tvm_ffi.load_module; torch's c10 stands in for one."""
+    """Any shared library loads through tvm_ffi.load_module; torch's c10 stands in for a
+    module, and the pass names it as one the AOT lookup will not take."""
     import torch
 
     library = Path(torch.__file__).parent / "lib" / "libc10.so"
     _carry(tree, {"c10": library.read_bytes()}, _digest(tree))
     stdout, results = _pass(tree)
     assert "the carried layer loads: 1 modules" in stdout
+    assert "1 of them are not taken here: c10" in stdout  # it has no aot.json record
     assert COMPILED not in stdout
     with tarfile.open(results) as tar:
         names = {Path(n).name for n in tar.getnames()}
