@@ -2,12 +2,14 @@
 # One pass on a lent GPU machine, run through ../shared/gpu/device-run.sh. The modules it
 # loads (scripts/gpu_modules.py's, for sm_90a) come from the layer scripts/gpu_prebuild.sh
 # carried in .device/ when that matches this tree and loads here, else they are compiled
-# here first. Then the GPU tests, in the order given, one pytest process per path or per
-# comma-joined group of paths (a CUDA error ends only its own process's tests), stopping
+# here first. Then the GPU tests, in the order given, one pytest run per path or per
+# comma-joined group of paths (a CUDA error ends only its own run's tests), stopping
 # bench_reserve_s before the budget; then each benchmark command (in benchmarks/) within the
 # budget (a device command may run 10 minutes). The results tables (benchmarks/results/*.md)
 # and each test process's log come back in $OUT/results.tgz (one file: $OUT returns at
 # most 8). Scratch (the layer, the workspace, the logs) goes under $GPU_PASS_TMP (/tmp).
+# A group's tests run on GPU_PASS_WORKERS pytest-xdist processes (4), or on N for a group
+# written N@paths (1@paths: one process, in order, as timing tests need).
 # Usage: bash scripts/gpu_pass.sh "<test paths>" "<benchmark commands, ;-separated>" \
 #          [budget_s] [bench_reserve_s]
 set -u
@@ -55,16 +57,23 @@ if [ "$carried" = 0 ]; then
   echo "compile rc=$? in ${SECONDS}s"
   tail -3 "$logs/compile.log"
 fi
-timeout_flag=()
-python3 -c "import pytest_timeout" 2>/dev/null && timeout_flag=(--timeout 90)
+pytest_flags=()
+python3 -c "import pytest_timeout" 2>/dev/null && pytest_flags+=(--timeout 90)
+python3 -c "import xdist" 2>/dev/null && xdist=1 || xdist=0
 for group in $1; do
   left=$((budget - reserve - SECONDS))
   if [ "$left" -lt 30 ]; then echo "=== skip $group (t=${SECONDS}s)"; continue; fi
-  echo "=== pytest $group (t=${SECONDS}s)"
+  # Several processes share the GPU (most tests are bound by host work and their float64
+  # references, none needs the whole card); "1@paths" runs a group alone, in order (timings).
+  workers=${GPU_PASS_WORKERS:-4}
+  case $group in *@*) workers=${group%%@*} group=${group#*@} ;; esac
+  spread=()
+  [ "$workers" -gt 1 ] && [ "$xdist" = 1 ] && spread=(-n "$workers" --dist load)
+  echo "=== pytest $group on $workers worker(s) (t=${SECONDS}s)"
   log=$logs/pytest_$(echo "$group" | tr '/,' '_+').log
   IFS=',' read -ra paths <<<"$group"
-  timeout $((left - 10)) python3 -m pytest -q -m gpu "${timeout_flag[@]}" -rfE -p no:cacheprovider \
-    --show-capture=no --tb=short --durations=10 "${paths[@]}" >"$log" 2>&1
+  timeout $((left - 10)) python3 -m pytest -q -m gpu "${pytest_flags[@]}" "${spread[@]}" -rfE \
+    -p no:cacheprovider --show-capture=no --tb=short --durations=10 "${paths[@]}" >"$log" 2>&1
   echo "rc=$? (t=${SECONDS}s)"
   tail -60 "$log"
 done

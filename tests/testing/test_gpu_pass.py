@@ -55,12 +55,13 @@ def _carry(root: Path, libraries: dict[str, bytes], digest: str) -> None:
     (root / ".device" / "aot.digest").write_text(digest + "\n")
 
 
-def _pass(root: Path, tests: str = "") -> tuple[str, Path]:
+def _pass(root: Path, tests: str = "", workers: int = 1) -> tuple[str, Path]:
     out = root.parent / "out"
     env = {
         **os.environ,
         "OUT": str(out),
         "GPU_PASS_TMP": str(root.parent / "scratch"),
+        "GPU_PASS_WORKERS": str(workers),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     }
     done = subprocess.run(
@@ -118,20 +119,37 @@ def test_without_a_carried_layer_the_modules_compile_first(tree: Path) -> None:
     assert COMPILED in stdout and "carried layer" not in stdout
 
 
-def test_test_paths_run_in_the_order_given_one_process_per_group(tree: Path) -> None:
-    """'b.py,a.py c.py': b then a in one pytest process, then c in another, each its log."""
+def _recording_tests(tree: Path, names: str) -> Path:
+    """A gpu-marked test file per name, each test appending its name and pid to ran.txt."""
     ran = tree / "ran.txt"
-    for name in ("a", "b", "c"):
+    for name in names:
         (tree / f"{name}.py").write_text(
             "import os\nimport pytest\n\n\n@pytest.mark.gpu\n"
             f"def test_{name}():\n"
             f"    with open({str(ran)!r}, 'a') as f:\n"
             f"        f.write('{name}' + str(os.getpid()) + ' ')\n"
         )
-    stdout, results = _pass(tree, "b.py,a.py c.py")
+    return ran
+
+
+def test_test_paths_run_in_the_order_given_one_run_per_group(tree: Path) -> None:
+    """'1@b.py,a.py c.py': b then a in one pytest process (1@ overrides GPU_PASS_WORKERS),
+    then c in another run, each run its log."""
+    ran = _recording_tests(tree, "abc")
+    stdout, results = _pass(tree, "1@b.py,a.py c.py", workers=2)
     order = ran.read_text().split()
     assert [entry[0] for entry in order] == ["b", "a", "c"], stdout
     assert order[0][1:] == order[1][1:] != order[2][1:]  # b and a in one process
     with tarfile.open(results) as tar:
         names = {Path(n).name for n in tar.getnames()}
     assert {"pytest_b.py+a.py.log", "pytest_c.py.log"} <= names
+
+
+def test_a_group_runs_on_several_workers(tree: Path) -> None:
+    """GPU_PASS_WORKERS=2: a group's tests are spread over two pytest-xdist processes."""
+    pytest.importorskip("xdist")
+    ran = _recording_tests(tree, "abcdefgh")
+    stdout, _ = _pass(tree, ",".join(f"{name}.py" for name in "abcdefgh"), workers=2)
+    entries = ran.read_text().split()
+    assert sorted(entry[0] for entry in entries) == list("abcdefgh"), stdout
+    assert len({entry[1:] for entry in entries}) == 2
