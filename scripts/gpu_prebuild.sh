@@ -2,7 +2,7 @@
 # On the CPU machine, before a GPU pass: build the modules it loads (scripts/gpu_modules.py)
 # into .device/aot.tgz, with the kernel digest of this tree beside it (.device/aot.digest).
 # gpu_pass.sh uses the layer when the digest matches the tree it runs on and a library
-# loads there, and otherwise compiles on the GPU machine as before. About 7 minutes here.
+# loads there, and otherwise compiles on the GPU machine as before. 6 minutes on 2 fast cores.
 # Usage: bash scripts/gpu_prebuild.sh   (then carry .device as ../shared/gpu/README.md says)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
