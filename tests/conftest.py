@@ -31,6 +31,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="also compile every module specialization (tests marked compile_matrix)",
     )
+    parser.addoption(
+        "--fuzz-seeds",
+        default="0:6",
+        help="START:COUNT, the seeds of tests/ops/test_prefill_fuzz_emulated.py's random cases",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -487,13 +487,14 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   const std::integral_constant<int, kHeadDim> k_dim;
   const std::integral_constant<int, kHeadDimVO> v_dim;
   // RoPE: query row r of the tile at its token's position (bottom-right aligned, as the
-  // causal mask), key r of K tile `tile` at its index in the request. Called by every
+  // causal mask: negative for the first queries of a request with fewer keys than queries,
+  // so the sum is signed), key r of K tile `tile` at its index in the request. Called by every
   // thread between two barriers: the first publishes the landed rows, the second the
   // rotated ones. (Instantiated by the RoPE builds only: others may have rows it cannot take.)
   auto rotate_q = [&]() {
     if constexpr (kPos == PosEncoding::kRopeLlama) {
       rotate_swizzled_rows<kHeadDim, kTileRows, kThreads>(sq, p.rope, thread_index(), [&](int r) {
-        return static_cast<float>(by_group.quotient(row0 + r) + delta);
+        return static_cast<float>(static_cast<int>(by_group.quotient(row0 + r)) + delta);
       });
     }
   };

@@ -525,6 +525,19 @@ def test_rope_inside_attention(
     assert module.launches[-1]["grid_merge"] > 0  # the 700 keys ran as several chunks
 
 
+def test_rope_queries_before_the_first_key(emulate) -> None:
+    """With fewer keys than queries the bottom-right alignment puts a request's first
+    queries at negative positions, which rotate backwards (seed 22 of the fuzz cases: the
+    kernel summed the position as unsigned and rotated them by about 2^32 positions)."""
+    emulate(torch.bfloat16, 64, pos_encoding="ROPE_LLAMA")
+    torch.manual_seed(22)
+    q = _randn(40, 6, 64, dtype=torch.bfloat16, device="cpu")
+    k, v = (_randn(9, 2, 64, dtype=torch.bfloat16, device="cpu") for _ in range(2))
+    _single(q, k, v, pos_encoding_mode="ROPE_LLAMA")
+    _single(q, k, v, causal=True, pos_encoding_mode="ROPE_LLAMA", rope_theta=5e5)
+    _paged([30, 2], [3, 50], (4, 1), 64, 8, "NHD", pos_encoding_mode="ROPE_LLAMA")
+
+
 @pytest.mark.parametrize(
     "options,layout",
     [

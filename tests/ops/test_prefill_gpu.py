@@ -913,6 +913,7 @@ ROPE_CASES = [  # (qo_len, kv_len, qo_heads, kv_heads, head_dim, layout, dtype, 
     (517, 2049, 16, 4, 256, "HND", torch.float16, None, 1e6),
     (1000, 1000, 32, 8, 128, "NHD", torch.bfloat16, 8.0, None),
     (128, 16384, 8, 2, 128, "NHD", torch.bfloat16, None, 5e5),  # positions past 16k
+    (300, 90, 16, 4, 128, "HND", torch.bfloat16, None, None),  # queries at negative positions
 ]
 
 
@@ -924,8 +925,9 @@ def test_single_prefill_rope_llama(
     prefill, qo_len, kv_len, qo_heads, kv_heads, head_dim, layout, dtype, rope_scale, rope_theta
 ) -> None:
     """pos_encoding_mode="ROPE_LLAMA": q and k rotated in the kernel, queries at their
-    bottom-right aligned positions, keys at their index; causal and not (a long KV split
-    over CTAs keeps its keys' positions)."""
+    bottom-right aligned positions (negative ones where there are fewer keys than queries),
+    keys at their index; causal and not (a long KV split over CTAs keeps its keys'
+    positions)."""
     torch.manual_seed(kv_len + head_dim)
     q = _randn(qo_len, qo_heads, head_dim, dtype=dtype)
     k = _randn(kv_len, kv_heads, head_dim, dtype=dtype)

@@ -1,0 +1,290 @@
+"""Random prefill cases on the emulator (tests/emu), against the float64 reference: where
+tests/ops/test_prefill_emulated.py puts each feature on a few chosen shapes, each case here
+draws every knob at once from its seed (API, dtype, head dims, tiling, copy landing and
+thread order, position encoding, fp8 cache, lengths including empty requests and fewer keys
+than queries, GQA group, page size, layout, causal, window, soft cap, scale, custom mask in
+either form, split-KV device size), so the features' interactions get tried too.
+
+``--fuzz-seeds START:COUNT`` picks the seeds (default 0:6, what CI runs); a failure names its
+case, and ``--fuzz-seeds N:1`` runs seed N alone again."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Any
+
+import pytest
+import torch
+
+from flashinfer import prefill as prefill_api
+from flashinfer.jit.prefill import HEAD_DIMS, PrefillTiling, accepted_tilings
+from tests.ops.test_prefill_emulated import _position_encoding, _workspace, emulate  # noqa: F401
+from tests.ops.test_prefill_gpu import (
+    NAN,
+    _batch_data,
+    _cache_of,
+    _check,
+    _expected_batch,
+    _indptr,
+    _paged_kv,
+    _to_layout,
+    pack_bits_little,
+)
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+PAGE_SIZES = (1, 2, 3, 5, 8, 16, 31, 64)
+
+
+@dataclasses.dataclass(frozen=True)
+class FuzzCase:
+    """One drawn case: the module to emulate and the call to make."""
+
+    seed: int
+    api: str  # "single", "ragged" or "paged"
+    dtype: torch.dtype
+    head_dim: int
+    head_dim_vo: int | None
+    tiling: PrefillTiling
+    land_at_issue: bool
+    reverse: bool
+    pos_encoding: str
+    kv_dtype: torch.dtype | None
+    qo_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+    heads: tuple[int, int]
+    page_size: int
+    layout: str
+    mask: str  # "none", "bool" or "packed"
+    options: tuple[tuple[str, Any], ...]  # plan() / single prefill keywords
+    max_ctas: int
+
+    def __str__(self) -> str:
+        fields = (f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
+        return "FuzzCase(" + ", ".join(fields) + ")"
+
+
+def _lengths(rng: random.Random, api: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Query and key lengths: a batch of 1 to 4 requests (single: one, neither empty), mostly
+    more keys than queries, sometimes fewer, sometimes an empty side."""
+    batch = 1 if api == "single" else rng.randint(1, 4)
+    qo_lens, kv_lens = [], []
+    for _ in range(batch):
+        qo = rng.choice((1, 1, rng.randint(1, 24), rng.randint(1, 90)))
+        shape = rng.random()
+        if shape < 0.6:
+            kv = qo + rng.randint(0, 200)
+        elif shape < 0.8:
+            kv = rng.randint(1, max(1, qo))  # fewer keys: causal rows that see none
+        else:
+            kv = rng.randint(1, 260)
+        if api != "single" and rng.random() < 0.12:
+            qo, kv = rng.choice(((0, kv), (qo, 0), (0, 0)))
+        qo_lens.append(qo)
+        kv_lens.append(kv)
+    return tuple(qo_lens), tuple(kv_lens)
+
+
+def draw_case(seed: int) -> FuzzCase:
+    rng = random.Random(seed)
+    api = rng.choice(("single", "ragged", "paged", "paged"))
+    dtype = rng.choice((torch.bfloat16, torch.float16))
+    head_dim, head_dim_vo = rng.choice([(d, None) for d in HEAD_DIMS] + [(192, 128)])
+    kv_dtype = rng.choice(FP8) if rng.random() < 0.2 else None
+    pos_encoding = rng.choice(("NONE", "NONE", "NONE", "ROPE_LLAMA", "ALIBI"))
+    if pos_encoding == "ROPE_LLAMA" and (kv_dtype is not None or head_dim_vo is not None):
+        pos_encoding = "NONE"  # refused: fp8 caches and unequal head dims
+    tiling = rng.choice(accepted_tilings(head_dim, kv_dtype is not None, head_dim_vo))
+    qo_lens, kv_lens = _lengths(rng, api)
+    kv_heads = rng.choice((1, 1, 2, 3))
+    group = rng.choice((1, 2, 3, 4, 5, 8))
+    mask = rng.choice(("none", "none", "none", "bool", "packed"))
+    options: dict[str, Any] = {}
+    if mask == "none" and rng.random() < 0.6:
+        options["causal"] = True
+    if rng.random() < 0.3:
+        options["window_left"] = rng.randint(0, 120)
+    if pos_encoding != "ALIBI" and rng.random() < 0.3:
+        options["logits_soft_cap"] = round(rng.uniform(2.0, 50.0), 2)
+    if rng.random() < 0.3:
+        options["sm_scale"] = round(rng.uniform(0.02, 0.3), 4)
+    if pos_encoding == "ROPE_LLAMA" and rng.random() < 0.5:
+        options.update(rope_scale=rng.choice((0.5, 2.0)), rope_theta=rng.choice((1e4, 5e5)))
+    if pos_encoding != "NONE":
+        options["pos_encoding_mode"] = pos_encoding
+    return FuzzCase(
+        seed=seed,
+        api=api,
+        dtype=dtype,
+        head_dim=head_dim,
+        head_dim_vo=head_dim_vo,
+        tiling=tiling,
+        land_at_issue=rng.random() < 0.5,
+        reverse=rng.random() < 0.5,
+        pos_encoding=pos_encoding,
+        kv_dtype=kv_dtype,
+        qo_lens=qo_lens,
+        kv_lens=kv_lens,
+        heads=(kv_heads * group, kv_heads),
+        page_size=rng.choice(PAGE_SIZES),
+        layout=rng.choice(("NHD", "HND")),
+        mask=mask,
+        options=tuple(sorted(options.items())),
+        max_ctas=rng.choice((1, 2, 6, 24, 132)),
+    )
+
+
+def _seeds(config: pytest.Config) -> range:
+    start, count = (int(part) for part in config.getoption("--fuzz-seeds").split(":"))
+    return range(start, start + count)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "fuzz_seed" in metafunc.fixturenames:
+        seeds = _seeds(metafunc.config)
+        metafunc.parametrize("fuzz_seed", seeds, ids=[f"seed{s}" for s in seeds])
+
+
+def _masks(case: FuzzCase, generator: torch.Generator) -> list[torch.Tensor] | None:
+    """Each request's random [qo_len, kv_len] mask, with a row that sees nothing."""
+    if case.mask == "none":
+        return None
+    masks = []
+    for qo, kv in zip(case.qo_lens, case.kv_lens):
+        m = torch.rand(qo, kv, generator=generator) < 0.6
+        if qo > 1:
+            m[qo // 2] = False
+        masks.append(m)
+    return masks
+
+
+def _batch_mask_args(masks: list[torch.Tensor] | None, form: str) -> dict[str, torch.Tensor]:
+    """plan()'s mask keyword: the flattened booleans, or each request's bits packed (little
+    order) at the byte offset the reference reads them from, the running sum of
+    qo_len * kv_len."""
+    if masks is None:
+        return {}
+    if form == "bool":
+        return dict(custom_mask=torch.cat([m.flatten() for m in masks]))
+    offsets = _indptr([m.numel() for m in masks]).tolist()
+    packed = torch.zeros(max(offsets[-1], 1), dtype=torch.uint8)
+    for start, m in zip(offsets, masks):
+        if m.numel():
+            bits = pack_bits_little(m)
+            packed[start : start + bits.numel()] = bits
+    return dict(packed_custom_mask=packed)
+
+
+def _reference_options(case: FuzzCase) -> dict[str, Any]:
+    options = dict(case.options)
+    want = {k: options[k] for k in ("causal", "window_left", "sm_scale") if k in options}
+    if "logits_soft_cap" in options:
+        want["soft_cap"] = options["logits_soft_cap"]
+    want.update(_position_encoding(options))
+    return want
+
+
+def _run_single(case: FuzzCase, q, ks, vs, masks, scales) -> tuple[torch.Tensor, torch.Tensor]:
+    options = dict(case.options)
+    if masks is not None:
+        given = masks[0] if case.mask == "bool" else pack_bits_little(masks[0])
+        options["custom_mask" if case.mask == "bool" else "packed_custom_mask"] = given
+    return prefill_api.single_prefill_with_kv_cache(
+        q,
+        _to_layout(ks[0], case.layout),
+        _to_layout(vs[0], case.layout),
+        kv_layout=case.layout,
+        return_lse=True,
+        **options,
+        **scales,
+    )
+
+
+def _run_batch(case: FuzzCase, q, ks, vs, masks, scales) -> tuple[torch.Tensor, torch.Tensor]:
+    common = dict(
+        head_dim_vo=case.head_dim_vo,
+        q_data_type=case.dtype,
+        kv_data_type=case.kv_dtype or case.dtype,
+        **dict(case.options),
+        **_batch_mask_args(masks, case.mask),
+    )
+    qo_indptr = _indptr(list(case.qo_lens))
+    if case.api == "ragged":
+        wrapper = prefill_api.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), case.layout)
+        wrapper.plan(qo_indptr, _indptr(list(case.kv_lens)), *case.heads, case.head_dim, **common)
+        token_dim = 1 if case.layout == "HND" else 0
+        run_args: tuple = tuple(
+            torch.cat([_to_layout(t, case.layout) for t in ts], dim=token_dim) for ts in (ks, vs)
+        )
+    else:
+        cache, indptr, indices, last = _paged_kv(ks, vs, case.page_size, case.layout, case.seed)
+        wrapper = prefill_api.BatchPrefillWithPagedKVCacheWrapper(_workspace(), case.layout)
+        wrapper.plan(
+            qo_indptr, indptr, indices, last, *case.heads, case.head_dim, case.page_size, **common
+        )
+        run_args = (cache,)
+    out_shape = (*q.shape[:2], case.head_dim_vo or case.head_dim)
+    out = torch.full(out_shape, NAN, dtype=q.dtype)
+    lse = torch.full(q.shape[:2], NAN)
+    wrapper.run(q, *run_args, out=out, lse=lse, return_lse=True, **scales)
+    return out, lse
+
+
+def test_random_prefill_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed: int) -> None:  # noqa: F811
+    case = draw_case(fuzz_seed)
+    emulate(
+        case.dtype,
+        case.head_dim,
+        case.tiling,
+        case.land_at_issue,
+        case.reverse,
+        case.pos_encoding,
+        case.kv_dtype,
+        case.head_dim_vo,
+    )
+    monkeypatch.setattr(prefill_api, "_max_ctas", lambda *a: case.max_ctas)
+    monkeypatch.setattr(prefill_api, "get_device_sm_count", lambda device: case.max_ctas)
+    torch.manual_seed(fuzz_seed)
+    q, ks16, vs16 = _batch_data(
+        list(case.qo_lens),
+        list(case.kv_lens),
+        *case.heads,
+        case.head_dim,
+        case.dtype,
+        device="cpu",
+        head_dim_vo=case.head_dim_vo,
+    )
+    ks, vs, k_ref, v_ref, scales = _cache_of(ks16, vs16, case.kv_dtype)
+    masks = _masks(case, torch.Generator().manual_seed(fuzz_seed))
+    run = _run_single if case.api == "single" else _run_batch
+    out, lse = run(case, q, ks, vs, masks, scales)
+    want = _expected_batch(q, list(case.qo_lens), k_ref, v_ref, masks, **_reference_options(case))
+    try:
+        _check(out, lse, want)
+    except AssertionError as err:
+        raise AssertionError(f"{case}\n{err}") from None
+
+
+def test_draws_cover_every_knob() -> None:
+    """The seeds CI runs are few; over a few hundred draws every value of every knob occurs,
+    so a long campaign (--fuzz-seeds 0:300) reaches all of them."""
+    cases = [draw_case(seed) for seed in range(300)]
+    seen = {f.name: {repr(getattr(c, f.name)) for c in cases} for f in dataclasses.fields(FuzzCase)}
+    assert seen["api"] == {"'single'", "'ragged'", "'paged'"}
+    assert len(seen["dtype"]) == 2 and len(seen["head_dim"]) == len(HEAD_DIMS) + 1
+    assert seen["pos_encoding"] == {"'NONE'", "'ROPE_LLAMA'", "'ALIBI'"}
+    assert len(seen["kv_dtype"]) == 3 and seen["mask"] == {"'none'", "'bool'", "'packed'"}
+    assert len(seen["page_size"]) == len(PAGE_SIZES) and len(seen["layout"]) == 2
+    assert {name for c in cases for name, _ in c.options} == {
+        "causal",
+        "window_left",
+        "logits_soft_cap",
+        "sm_scale",
+        "pos_encoding_mode",
+        "rope_scale",
+        "rope_theta",
+    }
+    assert any(0 in c.qo_lens for c in cases) and any(0 in c.kv_lens for c in cases)
+    assert any(q > k > 0 for c in cases for q, k in zip(c.qo_lens, c.kv_lens))
+    tilings = {(c.head_dim, c.tiling) for c in cases}
+    assert len(tilings) > 20
