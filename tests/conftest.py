@@ -34,8 +34,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--fuzz-seeds",
         default="0:6",
-        help="START:COUNT, the seeds of tests/ops/test_prefill_fuzz_emulated.py's random cases",
+        help="START:COUNT, the seeds of the random cases of tests/ops/test_*_fuzz_emulated.py",
     )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test taking ``fuzz_seed`` runs once per seed of --fuzz-seeds."""
+    if "fuzz_seed" in metafunc.fixturenames:
+        start, count = (int(part) for part in metafunc.config.getoption("--fuzz-seeds").split(":"))
+        seeds = range(start, start + count)
+        metafunc.parametrize("fuzz_seed", seeds, ids=[f"seed{s}" for s in seeds])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

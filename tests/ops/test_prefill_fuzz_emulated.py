@@ -59,10 +59,6 @@ class FuzzCase:
     options: tuple[tuple[str, Any], ...]  # plan() / single prefill keywords
     max_ctas: int
 
-    def __str__(self) -> str:
-        fields = (f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self))
-        return "FuzzCase(" + ", ".join(fields) + ")"
-
 
 def _lengths(rng: random.Random, api: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Query and key lengths: a batch of 1 to 4 requests (single: one, neither empty), mostly
@@ -132,17 +128,6 @@ def draw_case(seed: int) -> FuzzCase:
         options=tuple(sorted(options.items())),
         max_ctas=rng.choice((1, 2, 6, 24, 132)),
     )
-
-
-def _seeds(config: pytest.Config) -> range:
-    start, count = (int(part) for part in config.getoption("--fuzz-seeds").split(":"))
-    return range(start, start + count)
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "fuzz_seed" in metafunc.fixturenames:
-        seeds = _seeds(metafunc.config)
-        metafunc.parametrize("fuzz_seed", seeds, ids=[f"seed{s}" for s in seeds])
 
 
 def _masks(case: FuzzCase, generator: torch.Generator) -> list[torch.Tensor] | None:
@@ -262,7 +247,7 @@ def test_random_prefill_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed
     try:
         _check(out, lse, want)
     except AssertionError as err:
-        raise AssertionError(f"{case}\n{err}") from None
+        raise AssertionError(f"{case!r}\n{err}") from None
 
 
 def test_draws_cover_every_knob() -> None:

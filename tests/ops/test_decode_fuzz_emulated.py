@@ -1,0 +1,182 @@
+"""Random decode cases on the emulator (tests/emu), the CUDA-core decode kernel against the
+float64 reference: as tests/ops/test_prefill_fuzz_emulated.py does for prefill, each case
+draws every knob at once from its seed (batch or single decode, dtype, head_dim, copy
+landing and thread order, position encoding, fp8 cache, request lengths from 0, GQA group up
+to the 1024-thread block, page size, layout, the cache as one tensor or a (k, v) pair,
+scale, soft cap, window, the KV split: the planner's on a device of some size, a fixed
+split or none). ``--fuzz-seeds START:COUNT`` picks the seeds (default 0:6)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from typing import Any
+
+import pytest
+import torch
+
+import flashinfer
+from flashinfer import decode as decode_api
+from tests.ops.test_decode import _reference_args, check_decoded
+from tests.ops.test_decode_emulated import emulate  # noqa: F401
+from tests.ops.test_prefill_gpu import _cache_of, _kv_data, _paged_kv, _to_layout
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+PAGE_SIZES = (1, 2, 3, 5, 8, 16, 31, 64)
+HEAD_DIMS = (64, 128, 256)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeCase:
+    seed: int
+    api: str  # "batch" or "single"
+    dtype: torch.dtype
+    head_dim: int
+    land_at_issue: bool
+    reverse: bool
+    pos_encoding: str
+    kv_dtype: torch.dtype | None
+    lens: tuple[int, ...]
+    heads: tuple[int, int]
+    page_size: int
+    layout: str
+    kv_tuple: bool
+    options: tuple[tuple[str, Any], ...]  # plan() / single decode keywords
+    split: tuple[tuple[str, Any], ...]  # plan()'s fixed_split_size or disable_split_kv
+    max_ctas: int
+
+
+def _group(rng: random.Random, head_dim: int) -> int:
+    """A GQA group the block of group * head_dim / 8 threads can take (<= 1024)."""
+    group = rng.choice((1, 1, 2, 3, 4, 5, 7, 8, 16, 33))
+    return min(group, 1024 * 8 // head_dim)
+
+
+def draw_case(seed: int) -> DecodeCase:
+    rng = random.Random(seed)
+    api = rng.choice(("batch", "batch", "batch", "single"))
+    head_dim = rng.choice(HEAD_DIMS)
+    kv_dtype = rng.choice(FP8) if rng.random() < 0.25 else None
+    pos_encoding = rng.choice(("NONE", "NONE", "ROPE_LLAMA", "ALIBI"))
+    if pos_encoding == "ROPE_LLAMA" and kv_dtype is not None:
+        pos_encoding = "NONE"  # refused: RoPE over an fp8 cache
+    batch = 1 if api == "single" else rng.randint(1, 6)
+    lens = tuple(
+        rng.choice((0, 1, rng.randint(1, 40), rng.randint(1, 400)))
+        if api == "batch"
+        else rng.randint(1, 400)
+        for _ in range(batch)
+    )
+    options: dict[str, Any] = {}
+    if rng.random() < 0.3:
+        options["sm_scale"] = round(rng.uniform(0.02, 0.3), 4)
+    if pos_encoding != "ALIBI" and rng.random() < 0.3:
+        options["logits_soft_cap"] = round(rng.uniform(2.0, 50.0), 2)
+    if rng.random() < 0.3:
+        options["window_left"] = rng.randint(0, 120)
+    if pos_encoding == "ROPE_LLAMA" and rng.random() < 0.5:
+        options.update(rope_scale=rng.choice((0.5, 2.0)), rope_theta=rng.choice((1e4, 5e5)))
+    if pos_encoding != "NONE":
+        options["pos_encoding_mode"] = pos_encoding
+    split: dict[str, Any] = {}
+    if rng.random() < 0.25:
+        split = rng.choice((dict(fixed_split_size=rng.randint(1, 6)), dict(disable_split_kv=True)))
+    kv_heads = rng.choice((1, 1, 2, 3))
+    return DecodeCase(
+        seed=seed,
+        api=api,
+        dtype=rng.choice((torch.bfloat16, torch.float16)),
+        head_dim=head_dim,
+        land_at_issue=rng.random() < 0.5,
+        reverse=rng.random() < 0.5,
+        pos_encoding=pos_encoding,
+        kv_dtype=kv_dtype,
+        lens=lens,
+        heads=(kv_heads * _group(rng, head_dim), kv_heads),
+        page_size=rng.choice(PAGE_SIZES),
+        layout=rng.choice(("NHD", "HND")),
+        kv_tuple=rng.random() < 0.3,
+        options=tuple(sorted(options.items())),
+        split=tuple(split.items()),
+        max_ctas=rng.choice((1, 2, 6, 24, 132)),
+    )
+
+
+def _run(case: DecodeCase, q: torch.Tensor, ks, vs, scales) -> tuple[torch.Tensor, torch.Tensor]:
+    options = dict(case.options)
+    if case.api == "single":
+        k, v = (_to_layout(t[0], case.layout) for t in (ks, vs))
+        out, lse = flashinfer.single_decode_with_kv_cache(
+            q[0], k, v, kv_layout=case.layout, return_lse=True, **options, **scales
+        )
+        return out[None], lse[None]
+    cache, indptr, indices, last = _paged_kv(ks, vs, case.page_size, case.layout, case.seed)
+    kv = (cache[:, 0], cache[:, 1]) if case.kv_tuple else cache
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(16 << 20, dtype=torch.uint8), kv_layout=case.layout
+    )
+    wrapper.plan(
+        indptr,
+        indices,
+        last,
+        *case.heads,
+        case.head_dim,
+        case.page_size,
+        q_data_type=case.dtype,
+        kv_data_type=case.kv_dtype or case.dtype,
+        **options,
+        **dict(case.split),
+    )
+    out, lse = torch.full_like(q, math.nan), torch.full(q.shape[:2], math.nan)
+    wrapper.run(q, kv, out=out, lse=lse, return_lse=True, **scales)
+    return out, lse
+
+
+def test_random_decode_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed: int) -> None:  # noqa: F811
+    case = draw_case(fuzz_seed)
+    emulate(
+        case.dtype,
+        case.head_dim,
+        case.land_at_issue,
+        case.reverse,
+        case.pos_encoding,
+        case.kv_dtype,
+    )
+    monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: case.max_ctas)
+    monkeypatch.setattr(decode_api, "get_device_sm_count", lambda device: case.max_ctas)
+    torch.manual_seed(fuzz_seed)
+    ks16, vs16 = _kv_data(list(case.lens), case.heads[1], case.head_dim, case.dtype, "cpu")
+    ks, vs, k_ref, v_ref, scales = _cache_of(ks16, vs16, case.kv_dtype)
+    q = torch.randn(len(case.lens), case.heads[0], case.head_dim, dtype=case.dtype)
+    out, lse = _run(case, q, ks, vs, scales)
+    want = _reference_args(case.head_dim, case.pos_encoding, dict(case.options))
+    try:
+        check_decoded(out, lse, q, k_ref, v_ref, **want)
+    except AssertionError as err:
+        raise AssertionError(f"{case!r}\n{err}") from None
+
+
+def test_draws_cover_every_knob() -> None:
+    """Over a few hundred draws every value of every knob occurs."""
+    cases = [draw_case(seed) for seed in range(300)]
+    seen = {
+        f.name: {repr(getattr(c, f.name)) for c in cases} for f in dataclasses.fields(DecodeCase)
+    }
+    assert len(seen["api"]) == 2 and len(seen["dtype"]) == 2
+    assert len(seen["head_dim"]) == len(HEAD_DIMS) and len(seen["pos_encoding"]) == 3
+    assert len(seen["kv_dtype"]) == 3 and len(seen["page_size"]) == len(PAGE_SIZES)
+    assert len(seen["layout"]) == 2 and len(seen["kv_tuple"]) == 2
+    assert {name for c in cases for name, _ in c.options + c.split} == {
+        "sm_scale",
+        "logits_soft_cap",
+        "window_left",
+        "rope_scale",
+        "rope_theta",
+        "pos_encoding_mode",
+        "fixed_split_size",
+        "disable_split_kv",
+    }
+    assert any(0 in c.lens for c in cases)
+    groups = {c.heads[0] // c.heads[1] for c in cases}
+    assert {1, 3, 33}.issubset(groups)
