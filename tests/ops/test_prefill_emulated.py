@@ -128,13 +128,18 @@ def _position_encoding(options: dict[str, Any]) -> dict[str, Any]:
     return dict(alibi=True) if mode == "ALIBI" else {}
 
 
-def _single(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> None:
-    out, lse = prefill_api.single_prefill_with_kv_cache(q, k, v, return_lse=True, **options)
+def _reference_args(options: dict[str, Any]) -> dict[str, Any]:
+    """The reference's arguments for a prefill call with ``options`` (its keywords)."""
     reference = {k: v for k, v in options.items() if k in ("causal", "window_left", "sm_scale")}
     if "logits_soft_cap" in options:
         reference["soft_cap"] = options["logits_soft_cap"]
     reference.update(_position_encoding(options))
-    _check(out, lse, reference_attention(q, k, v, **reference))
+    return reference
+
+
+def _single(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> None:
+    out, lse = prefill_api.single_prefill_with_kv_cache(q, k, v, return_lse=True, **options)
+    _check(out, lse, reference_attention(q, k, v, **_reference_args(options)))
 
 
 def _paged(
@@ -164,13 +169,7 @@ def _paged(
     )
     out, lse = torch.full_like(q, NAN), torch.full(q.shape[:2], NAN)
     wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
-    reference = dict(
-        causal=options.get("causal", False),
-        window_left=options.get("window_left", -1),
-        soft_cap=options.get("logits_soft_cap"),
-    )
-    reference.update(_position_encoding(options))
-    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, **reference))
+    _check(out, lse, _expected_batch(q, qo_lens, ks, vs, **_reference_args(options)))
 
 
 @pytest.mark.parametrize("head_dim,tiling", TILINGS, ids=TILING_IDS)

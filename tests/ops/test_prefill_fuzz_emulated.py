@@ -19,7 +19,7 @@ import torch
 
 from flashinfer import prefill as prefill_api
 from flashinfer.jit.prefill import HEAD_DIMS, PrefillTiling, accepted_tilings
-from tests.ops.test_prefill_emulated import _position_encoding, _workspace, emulate  # noqa: F401
+from tests.ops.test_prefill_emulated import _reference_args, _workspace, emulate  # noqa: F401
 from tests.ops.test_prefill_gpu import (
     NAN,
     _batch_data,
@@ -160,15 +160,6 @@ def _batch_mask_args(masks: list[torch.Tensor] | None, form: str) -> dict[str, t
     return dict(packed_custom_mask=packed)
 
 
-def _reference_options(case: FuzzCase) -> dict[str, Any]:
-    options = dict(case.options)
-    want = {k: options[k] for k in ("causal", "window_left", "sm_scale") if k in options}
-    if "logits_soft_cap" in options:
-        want["soft_cap"] = options["logits_soft_cap"]
-    want.update(_position_encoding(options))
-    return want
-
-
 def _run_single(case: FuzzCase, q, ks, vs, masks, scales) -> tuple[torch.Tensor, torch.Tensor]:
     options = dict(case.options)
     if masks is not None:
@@ -243,7 +234,8 @@ def test_random_prefill_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed
     masks = _masks(case, torch.Generator().manual_seed(fuzz_seed))
     run = _run_single if case.api == "single" else _run_batch
     out, lse = run(case, q, ks, vs, masks, scales)
-    want = _expected_batch(q, list(case.qo_lens), k_ref, v_ref, masks, **_reference_options(case))
+    reference = _reference_args(dict(case.options))
+    want = _expected_batch(q, list(case.qo_lens), k_ref, v_ref, masks, **reference)
     try:
         _check(out, lse, want)
     except AssertionError as err:
