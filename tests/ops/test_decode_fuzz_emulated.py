@@ -1,10 +1,12 @@
-"""Random decode cases on the emulator (tests/emu), the CUDA-core decode kernel against the
-float64 reference: as tests/ops/test_prefill_fuzz_emulated.py does for prefill, each case
-draws every knob at once from its seed (batch or single decode, dtype, head_dim, copy
-landing and thread order, position encoding, fp8 cache, request lengths from 0, GQA group up
-to the 1024-thread block, page size, layout, the cache as one tensor or a (k, v) pair,
-scale, soft cap, window, the KV split: the planner's on a device of some size, a fixed
-split or none). ``--fuzz-seeds START:COUNT`` picks the seeds (default 0:6)."""
+"""Random decode cases on the emulator (tests/emu) against the float64 reference: as
+tests/ops/test_prefill_fuzz_emulated.py does for prefill, each case draws every knob at once
+from its seed: the kernel (CUDA cores, or tensor cores, where decode runs the prefill kernel
+at one of its tilings with the GQA group packed into the tile's rows, one or several query
+tokens per request), batch or single decode, dtype, head_dim, copy landing and thread order,
+position encoding, fp8 cache, request lengths from 0, GQA group up to the 1024-thread block,
+page size, layout, the cache as one tensor or a (k, v) pair, scale, soft cap, window, the KV
+split (the planner's on a device of some size, a fixed split or none).
+``--fuzz-seeds START:COUNT`` picks the seeds (default 0:6)."""
 
 from __future__ import annotations
 
@@ -18,19 +20,33 @@ import torch
 
 import flashinfer
 from flashinfer import decode as decode_api
+from flashinfer import prefill as prefill_api
+from flashinfer.jit.prefill import PrefillTiling, accepted_tilings
 from tests.ops.test_decode import _reference_args, check_decoded
-from tests.ops.test_decode_emulated import emulate  # noqa: F401
-from tests.ops.test_prefill_gpu import _cache_of, _kv_data, _paged_kv, _to_layout
+from tests.ops.test_decode_emulated import emulate as emulate_decode  # noqa: F401
+from tests.ops.test_prefill_emulated import _reference_args as _prefill_reference_args
+from tests.ops.test_prefill_emulated import emulate as emulate_prefill  # noqa: F401
+from tests.ops.test_prefill_gpu import (
+    _cache_of,
+    _check,
+    _expected_batch,
+    _kv_data,
+    _paged_kv,
+    _to_layout,
+)
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 PAGE_SIZES = (1, 2, 3, 5, 8, 16, 31, 64)
 HEAD_DIMS = (64, 128, 256)
+Q_LENS = (1, 1, 2, 3, 5)  # tensor-core batch decode's q_len_per_req
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeCase:
     seed: int
     api: str  # "batch" or "single"
+    tiling: PrefillTiling | None  # tensor cores: the prefill kernel's; None: CUDA cores
+    q_len: int  # query tokens per request (tensor-core batch decode only: more than 1)
     dtype: torch.dtype
     head_dim: int
     land_at_issue: bool
@@ -53,21 +69,29 @@ def _group(rng: random.Random, head_dim: int) -> int:
     return min(group, 1024 * 8 // head_dim)
 
 
+def _lens(rng: random.Random, api: str, q_len: int) -> tuple[int, ...]:
+    """Each request's KV length: from 0 in a batch (at least q_len: plan() wants a request's
+    query tokens in the cache), 1 to 400 for single decode."""
+    if api == "single":
+        return (rng.randint(1, 400),)
+    lens = (
+        rng.choice((0, 1, rng.randint(1, 40), rng.randint(1, 400)))
+        for _ in range(rng.randint(1, 6))
+    )
+    return tuple(n if q_len == 1 else max(n, q_len) for n in lens)
+
+
 def draw_case(seed: int) -> DecodeCase:
     rng = random.Random(seed)
     api = rng.choice(("batch", "batch", "batch", "single"))
+    tensor_cores = rng.random() < 0.4
     head_dim = rng.choice(HEAD_DIMS)
     kv_dtype = rng.choice(FP8) if rng.random() < 0.25 else None
+    tiling = rng.choice(accepted_tilings(head_dim, kv_dtype is not None)) if tensor_cores else None
+    q_len = rng.choice(Q_LENS) if tensor_cores and api == "batch" else 1
     pos_encoding = rng.choice(("NONE", "NONE", "ROPE_LLAMA", "ALIBI"))
     if pos_encoding == "ROPE_LLAMA" and kv_dtype is not None:
         pos_encoding = "NONE"  # refused: RoPE over an fp8 cache
-    batch = 1 if api == "single" else rng.randint(1, 6)
-    lens = tuple(
-        rng.choice((0, 1, rng.randint(1, 40), rng.randint(1, 400)))
-        if api == "batch"
-        else rng.randint(1, 400)
-        for _ in range(batch)
-    )
     options: dict[str, Any] = {}
     if rng.random() < 0.3:
         options["sm_scale"] = round(rng.uniform(0.02, 0.3), 4)
@@ -86,13 +110,15 @@ def draw_case(seed: int) -> DecodeCase:
     return DecodeCase(
         seed=seed,
         api=api,
+        tiling=tiling,
+        q_len=q_len,
         dtype=rng.choice((torch.bfloat16, torch.float16)),
         head_dim=head_dim,
         land_at_issue=rng.random() < 0.5,
         reverse=rng.random() < 0.5,
         pos_encoding=pos_encoding,
         kv_dtype=kv_dtype,
-        lens=lens,
+        lens=_lens(rng, api, q_len),
         heads=(kv_heads * _group(rng, head_dim), kv_heads),
         page_size=rng.choice(PAGE_SIZES),
         layout=rng.choice(("NHD", "HND")),
@@ -105,16 +131,26 @@ def draw_case(seed: int) -> DecodeCase:
 
 def _run(case: DecodeCase, q: torch.Tensor, ks, vs, scales) -> tuple[torch.Tensor, torch.Tensor]:
     options = dict(case.options)
+    tensor_cores = case.tiling is not None
     if case.api == "single":
         k, v = (_to_layout(t[0], case.layout) for t in (ks, vs))
         out, lse = flashinfer.single_decode_with_kv_cache(
-            q[0], k, v, kv_layout=case.layout, return_lse=True, **options, **scales
+            q[0],
+            k,
+            v,
+            kv_layout=case.layout,
+            use_tensor_cores=tensor_cores,
+            return_lse=True,
+            **options,
+            **scales,
         )
         return out[None], lse[None]
     cache, indptr, indices, last = _paged_kv(ks, vs, case.page_size, case.layout, case.seed)
     kv = (cache[:, 0], cache[:, 1]) if case.kv_tuple else cache
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        torch.empty(16 << 20, dtype=torch.uint8), kv_layout=case.layout
+        torch.empty(16 << 20, dtype=torch.uint8),
+        kv_layout=case.layout,
+        use_tensor_cores=tensor_cores,
     )
     wrapper.plan(
         indptr,
@@ -125,6 +161,7 @@ def _run(case: DecodeCase, q: torch.Tensor, ks, vs, scales) -> tuple[torch.Tenso
         case.page_size,
         q_data_type=case.dtype,
         kv_data_type=case.kv_dtype or case.dtype,
+        q_len_per_req=case.q_len,
         **options,
         **dict(case.split),
     )
@@ -133,26 +170,48 @@ def _run(case: DecodeCase, q: torch.Tensor, ks, vs, scales) -> tuple[torch.Tenso
     return out, lse
 
 
-def test_random_decode_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed: int) -> None:  # noqa: F811
+def _emulate(
+    case: DecodeCase, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The case's module emulated behind the APIs: the CUDA-core decode build, or the prefill
+    build at the case's tiling (the decode build then never reached), on a device of
+    ``max_ctas`` CTAs."""
+    knobs = (case.land_at_issue, case.reverse, case.pos_encoding, case.kv_dtype)
+    if case.tiling is None:
+        request.getfixturevalue("emulate_decode")(case.dtype, case.head_dim, *knobs)
+    else:
+        request.getfixturevalue("emulate_prefill")(case.dtype, case.head_dim, case.tiling, *knobs)
+
+        def refuse(*args: Any) -> None:
+            raise AssertionError("tensor-core decode reached the CUDA-core decode kernel")
+
+        monkeypatch.setattr(decode_api, "get_decode_module", refuse)
+    for api in (decode_api, prefill_api):
+        monkeypatch.setattr(api, "_max_ctas", lambda *a: case.max_ctas)
+        monkeypatch.setattr(api, "get_device_sm_count", lambda device: case.max_ctas)
+
+
+def test_random_decode_case(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, fuzz_seed: int
+) -> None:
     case = draw_case(fuzz_seed)
-    emulate(
-        case.dtype,
-        case.head_dim,
-        case.land_at_issue,
-        case.reverse,
-        case.pos_encoding,
-        case.kv_dtype,
-    )
-    monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: case.max_ctas)
-    monkeypatch.setattr(decode_api, "get_device_sm_count", lambda device: case.max_ctas)
+    _emulate(case, request, monkeypatch)
     torch.manual_seed(fuzz_seed)
     ks16, vs16 = _kv_data(list(case.lens), case.heads[1], case.head_dim, case.dtype, "cpu")
     ks, vs, k_ref, v_ref, scales = _cache_of(ks16, vs16, case.kv_dtype)
-    q = torch.randn(len(case.lens), case.heads[0], case.head_dim, dtype=case.dtype)
+    rows = len(case.lens) * case.q_len
+    q = torch.randn(rows, case.heads[0], case.head_dim, dtype=case.dtype)
     out, lse = _run(case, q, ks, vs, scales)
-    want = _reference_args(case.head_dim, case.pos_encoding, dict(case.options))
     try:
-        check_decoded(out, lse, q, k_ref, v_ref, **want)
+        if case.q_len == 1:
+            want = _reference_args(case.head_dim, case.pos_encoding, dict(case.options))
+            check_decoded(out, lse, q, k_ref, v_ref, tensor_cores=case.tiling is not None, **want)
+        else:  # a request's tokens see the cache up to their own, as a causal prefill
+            options = dict(case.options, causal=True)
+            want = _expected_batch(
+                q, [case.q_len] * len(case.lens), k_ref, v_ref, **_prefill_reference_args(options)
+            )
+            _check(out, lse, want)
     except AssertionError as err:
         raise AssertionError(f"{case!r}\n{err}") from None
 
@@ -167,6 +226,7 @@ def test_draws_cover_every_knob() -> None:
     assert len(seen["head_dim"]) == len(HEAD_DIMS) and len(seen["pos_encoding"]) == 3
     assert len(seen["kv_dtype"]) == 3 and len(seen["page_size"]) == len(PAGE_SIZES)
     assert len(seen["layout"]) == 2 and len(seen["kv_tuple"]) == 2
+    assert seen["q_len"] == {repr(n) for n in Q_LENS}
     assert {name for c in cases for name, _ in c.options + c.split} == {
         "sm_scale",
         "logits_soft_cap",
@@ -180,3 +240,8 @@ def test_draws_cover_every_knob() -> None:
     assert any(0 in c.lens for c in cases)
     groups = {c.heads[0] // c.heads[1] for c in cases}
     assert {1, 3, 33}.issubset(groups)
+    tensor_core = [c for c in cases if c.tiling is not None]
+    assert {c.api for c in tensor_core} == {"batch", "single"}
+    assert len({(c.head_dim, c.tiling) for c in tensor_core}) > 15
+    assert any(c.kv_dtype is not None for c in tensor_core)
+    assert any(c.pos_encoding != "NONE" and c.q_len > 1 for c in tensor_core)
