@@ -3,7 +3,8 @@ tests/ops/test_prefill_emulated.py puts each feature on a few chosen shapes, eac
 draws every knob at once from its seed (API, dtype, head dims, tiling, copy landing and
 thread order, position encoding, fp8 cache, lengths including empty requests and fewer keys
 than queries, GQA group, page size, layout, causal, window, soft cap, scale, custom mask in
-either form, split-KV device size), so the features' interactions get tried too.
+either form, split-KV device size, CUDA-graph mode re-planned after a larger batch), so the
+features' interactions get tried too.
 
 ``--fuzz-seeds START:COUNT`` picks the seeds (default 0:6, what CI runs); a failure names its
 case, and ``--fuzz-seeds N:1`` runs seed N alone again."""
@@ -58,6 +59,7 @@ class FuzzCase:
     mask: str  # "none", "bool" or "packed"
     options: tuple[tuple[str, Any], ...]  # plan() / single prefill keywords
     max_ctas: int
+    graph: bool  # batch: CUDA-graph mode, planned first for more queries (fixing the grid)
 
 
 def _lengths(rng: random.Random, api: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -127,6 +129,7 @@ def draw_case(seed: int) -> FuzzCase:
         mask=mask,
         options=tuple(sorted(options.items())),
         max_ctas=rng.choice((1, 2, 6, 24, 132)),
+        graph=api != "single" and rng.random() < 0.3,  # drawn last: other knobs as before
     )
 
 
@@ -176,28 +179,93 @@ def _run_single(case: FuzzCase, q, ks, vs, masks, scales) -> tuple[torch.Tensor,
     )
 
 
+def _graph_wrapper(case: FuzzCase, first_qo: list[int], paged: bool, pages: int) -> Any:
+    """A CUDA-graph-mode wrapper, its buffers poisoned with -7 (plan() must write what the
+    kernel reads), the mask buffer holding the first plan's booleans."""
+    batch = len(case.qo_lens)
+
+    def poisoned(n: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+        return torch.full((n,), -7 if dtype == torch.int32 else 0xF9, dtype=dtype)
+
+    mask_bytes = sum(q * k for q, k in zip(first_qo, case.kv_lens)) + 16
+    buffers = dict(
+        qo_indptr_buf=poisoned(batch + 1),
+        custom_mask_buf=poisoned(mask_bytes, torch.uint8),
+        mask_indptr_buf=poisoned(batch + 1),
+    )
+    if paged:
+        wrapper_type = prefill_api.BatchPrefillWithPagedKVCacheWrapper
+        buffers.update(
+            paged_kv_indptr_buf=poisoned(batch + 1),
+            paged_kv_indices_buf=poisoned(pages + 3),
+            paged_kv_last_page_len_buf=poisoned(batch),
+        )
+    else:
+        wrapper_type = prefill_api.BatchPrefillWithRaggedKVCacheWrapper
+        buffers.update(kv_indptr_buf=poisoned(batch + 1))
+    return wrapper_type(_workspace(), case.layout, use_cuda_graph=True, **buffers)
+
+
+def _first_plan(case: FuzzCase) -> tuple[list[int], list[torch.Tensor] | None]:
+    """The query lengths (each at least the case's) and masks of the plan a CUDA-graph
+    wrapper gets first, which fixes the captured grid the case then runs with."""
+    rng = random.Random(case.seed + 1)
+    qo_lens = [q + rng.choice((0, 1, rng.randint(1, 60))) for q in case.qo_lens]
+    if case.mask == "none":
+        return qo_lens, None
+    generator = torch.Generator().manual_seed(case.seed + 1)
+    return qo_lens, [
+        torch.rand(q, k, generator=generator) < 0.5 for q, k in zip(qo_lens, case.kv_lens)
+    ]
+
+
 def _run_batch(case: FuzzCase, q, ks, vs, masks, scales) -> tuple[torch.Tensor, torch.Tensor]:
     common = dict(
         head_dim_vo=case.head_dim_vo,
         q_data_type=case.dtype,
         kv_data_type=case.kv_dtype or case.dtype,
         **dict(case.options),
-        **_batch_mask_args(masks, case.mask),
     )
-    qo_indptr = _indptr(list(case.qo_lens))
+    plans = [(list(case.qo_lens), masks)]
+    if case.graph:
+        plans.insert(0, _first_plan(case))
     if case.api == "ragged":
-        wrapper = prefill_api.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), case.layout)
-        wrapper.plan(qo_indptr, _indptr(list(case.kv_lens)), *case.heads, case.head_dim, **common)
+        kv_indptr = _indptr(list(case.kv_lens))
+        if case.graph:
+            wrapper = _graph_wrapper(case, plans[0][0], False, 0)
+        else:
+            wrapper = prefill_api.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), case.layout)
+        for qo_lens, plan_masks in plans:
+            wrapper.plan(
+                _indptr(qo_lens),
+                kv_indptr,
+                *case.heads,
+                case.head_dim,
+                **common,
+                **_batch_mask_args(plan_masks, case.mask),
+            )
         token_dim = 1 if case.layout == "HND" else 0
         run_args: tuple = tuple(
             torch.cat([_to_layout(t, case.layout) for t in ts], dim=token_dim) for ts in (ks, vs)
         )
     else:
         cache, indptr, indices, last = _paged_kv(ks, vs, case.page_size, case.layout, case.seed)
-        wrapper = prefill_api.BatchPrefillWithPagedKVCacheWrapper(_workspace(), case.layout)
-        wrapper.plan(
-            qo_indptr, indptr, indices, last, *case.heads, case.head_dim, case.page_size, **common
-        )
+        if case.graph:
+            wrapper = _graph_wrapper(case, plans[0][0], True, indices.numel())
+        else:
+            wrapper = prefill_api.BatchPrefillWithPagedKVCacheWrapper(_workspace(), case.layout)
+        for qo_lens, plan_masks in plans:
+            wrapper.plan(
+                _indptr(qo_lens),
+                indptr,
+                indices,
+                last,
+                *case.heads,
+                case.head_dim,
+                case.page_size,
+                **common,
+                **_batch_mask_args(plan_masks, case.mask),
+            )
         run_args = (cache,)
     out_shape = (*q.shape[:2], case.head_dim_vo or case.head_dim)
     out = torch.full(out_shape, NAN, dtype=q.dtype)
@@ -263,5 +331,11 @@ def test_draws_cover_every_knob() -> None:
     }
     assert any(0 in c.qo_lens for c in cases) and any(0 in c.kv_lens for c in cases)
     assert any(q > k > 0 for c in cases for q, k in zip(c.qo_lens, c.kv_lens))
+    graphs = [c for c in cases if c.graph]
+    assert {c.api for c in graphs} == {"ragged", "paged"} and {c.mask for c in graphs} == {
+        "none",
+        "bool",
+        "packed",
+    }
     tilings = {(c.head_dim, c.tiling) for c in cases}
     assert len(tilings) > 20
