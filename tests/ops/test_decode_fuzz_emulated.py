@@ -5,7 +5,8 @@ at one of its tilings with the GQA group packed into the tile's rows, one or sev
 tokens per request), batch or single decode, dtype, head_dim, copy landing and thread order,
 position encoding, fp8 cache, request lengths from 0, GQA group up to the 1024-thread block,
 page size, layout, the cache as one tensor or a (k, v) pair, scale, soft cap, window, the KV
-split (the planner's on a device of some size, a fixed split or none).
+split (the planner's on a device of some size, a fixed split or none), and CUDA-graph mode
+re-planned after longer requests.
 ``--fuzz-seeds START:COUNT`` picks the seeds (default 0:6)."""
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tests.ops.test_prefill_gpu import (
     _check,
     _expected_batch,
     _kv_data,
+    _page_table,
     _paged_kv,
     _to_layout,
 )
@@ -61,6 +63,7 @@ class DecodeCase:
     options: tuple[tuple[str, Any], ...]  # plan() / single decode keywords
     split: tuple[tuple[str, Any], ...]  # plan()'s fixed_split_size or disable_split_kv
     max_ctas: int
+    graph: bool  # batch: CUDA-graph mode, planned first for longer requests
 
 
 def _group(rng: random.Random, head_dim: int) -> int:
@@ -126,6 +129,7 @@ def draw_case(seed: int) -> DecodeCase:
         options=tuple(sorted(options.items())),
         split=tuple(split.items()),
         max_ctas=rng.choice((1, 2, 6, 24, 132)),
+        graph=api == "batch" and rng.random() < 0.3,
     )
 
 
@@ -147,24 +151,41 @@ def _run(case: DecodeCase, q: torch.Tensor, ks, vs, scales) -> tuple[torch.Tenso
         return out[None], lse[None]
     cache, indptr, indices, last = _paged_kv(ks, vs, case.page_size, case.layout, case.seed)
     kv = (cache[:, 0], cache[:, 1]) if case.kv_tuple else cache
+    tables = [(indptr, indices, last)]
+    buffers: dict[str, torch.Tensor] = {}
+    if case.graph:  # planned first for longer requests, the tables copied into poisoned buffers
+        rng = random.Random(case.seed + 1)
+        first_lens = [n + rng.choice((0, 1, rng.randint(1, 300))) for n in case.lens]
+        pages = sum(-(-n // case.page_size) for n in first_lens)
+        generator = torch.Generator().manual_seed(case.seed + 1)
+        tables.insert(0, _page_table(first_lens, case.page_size, pages, generator))
+        batch = len(case.lens)
+        buffers = dict(
+            paged_kv_indptr_buffer=torch.full((batch + 1,), -7, dtype=torch.int32),
+            paged_kv_indices_buffer=torch.full((pages + 3,), -7, dtype=torch.int32),
+            paged_kv_last_page_len_buffer=torch.full((batch,), -7, dtype=torch.int32),
+        )
+    # CUDA-graph mode keeps partial states for as many KV chunks as the GPU holds: 128 MiB, as
+    # engines give it
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        torch.empty(16 << 20, dtype=torch.uint8),
+        torch.empty((128 if case.graph else 16) << 20, dtype=torch.uint8),
         kv_layout=case.layout,
+        use_cuda_graph=case.graph,
         use_tensor_cores=tensor_cores,
+        **buffers,
     )
-    wrapper.plan(
-        indptr,
-        indices,
-        last,
-        *case.heads,
-        case.head_dim,
-        case.page_size,
-        q_data_type=case.dtype,
-        kv_data_type=case.kv_dtype or case.dtype,
-        q_len_per_req=case.q_len,
-        **options,
-        **dict(case.split),
-    )
+    for table in tables:
+        wrapper.plan(
+            *table,
+            *case.heads,
+            case.head_dim,
+            case.page_size,
+            q_data_type=case.dtype,
+            kv_data_type=case.kv_dtype or case.dtype,
+            q_len_per_req=case.q_len,
+            **options,
+            **dict(case.split),
+        )
     out, lse = torch.full_like(q, math.nan), torch.full(q.shape[:2], math.nan)
     wrapper.run(q, kv, out=out, lse=lse, return_lse=True, **scales)
     return out, lse
@@ -245,3 +266,9 @@ def test_draws_cover_every_knob() -> None:
     assert len({(c.head_dim, c.tiling) for c in tensor_core}) > 15
     assert any(c.kv_dtype is not None for c in tensor_core)
     assert any(c.pos_encoding != "NONE" and c.q_len > 1 for c in tensor_core)
+    graphs = [c for c in cases if c.graph]
+    assert {c.api for c in graphs} == {"batch"} and {c.tiling is None for c in graphs} == {
+        True,
+        False,
+    }
+    assert any(c.q_len > 1 for c in graphs) and any(c.split for c in graphs)
