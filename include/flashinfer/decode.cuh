@@ -191,9 +191,12 @@ __device__ __forceinline__ TokenOffsets offsets_of(const DecodeParams<T, TKV>& p
 // warp (an odd GQA group) has only whole rows active, so the mask never names an idle lane.
 template <int kBdx>
 __device__ __forceinline__ unsigned row_mask() {
-  if (kBdx >= 32) return 0xffffffffu;
-  const unsigned lane = threadIdx.x + kBdx * (threadIdx.y + blockDim.y * threadIdx.z);
-  return ((1u << kBdx) - 1u) << ((lane % 32) & ~(kBdx - 1u));
+  if constexpr (kBdx >= 32) {
+    return 0xffffffffu;  // the shift below would be 1u << 32 here, undefined
+  } else {
+    const unsigned lane = threadIdx.x + kBdx * (threadIdx.y + blockDim.y * threadIdx.z);
+    return ((1u << kBdx) - 1u) << ((lane % 32) & ~(kBdx - 1u));
+  }
 }
 
 // Two 16-bit elements of a 32-bit word as floats (element 0 in the low half). A bf16 is the
