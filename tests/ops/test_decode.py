@@ -506,6 +506,29 @@ def test_cuda_graph_mode_needs_fixed_buffers_and_fixes_the_batch(cpu_plan) -> No
     assert cpu_plan.uploads == []
 
 
+def test_cuda_graph_fixed_split_past_the_graphs_capacity_is_refused(cpu_plan) -> None:
+    """A captured grid holds the batch plus the chunks the GPU runs at once (2 SMs here, 32
+    CTAs each, over 2 KV heads: 32): a fixed split into more chunks is refused, naming the
+    remedy, before anything is uploaded; a larger one fits."""
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(64 << 20, dtype=torch.uint8),
+        use_cuda_graph=True,
+        paged_kv_indptr_buffer=torch.zeros(3, dtype=torch.int32),
+        paged_kv_indices_buffer=torch.zeros(48, dtype=torch.int32),
+        paged_kv_last_page_len_buffer=torch.zeros(2, dtype=torch.int32),
+    )
+    table = dict(indptr=_i32([0, 40, 41]), indices=torch.arange(41, dtype=torch.int32))
+    with pytest.raises(
+        ValueError,
+        match="fixed_split_size=1\\) needs 41 work items; a CUDA graph holds 34: "
+        "use a larger fixed_split_size",
+    ):
+        wrapper.plan(**_plan_args(**table), fixed_split_size=1)
+    assert cpu_plan.uploads == []
+    wrapper.plan(**_plan_args(**table), fixed_split_size=2)
+    assert wrapper._plan_info.schedule.num_work == 21 and len(cpu_plan.uploads) == 1
+
+
 def test_workspace_too_small_is_reported(cpu_plan) -> None:
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.empty(16384, dtype=torch.uint8))
     long_request = _plan_args(
