@@ -29,6 +29,7 @@ from flashinfer.jit.prefill import HEAD_DIMS, PrefillTiling, accepted_tilings
 from flashinfer.testing.reference import attention as reference_attention
 from tests.ops.test_cascade_emulated import _module as cascade_module
 from tests.ops.test_prefill_emulated import _reference_args, _workspace, emulate  # noqa: F401
+from tests.ops.test_prefill_fuzz_emulated import draw_score_options
 from tests.ops.test_prefill_gpu import _indptr, _kv_data, _paged_kv, _tolerance
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -88,19 +89,7 @@ def draw_case(seed: int) -> CascadeCase:
     qo_lens = tuple(
         rng.choice((0, 1, 1, rng.randint(1, 12), rng.randint(1, 40))) for _ in range(batch)
     )
-    options: dict[str, Any] = {}
-    if rng.random() < 0.6:
-        options["causal"] = True
-    if rng.random() < 0.3:
-        options["window_left"] = rng.randint(0, 120)
-    if pos_encoding != "ALIBI" and rng.random() < 0.3:
-        options["logits_soft_cap"] = round(rng.uniform(2.0, 50.0), 2)
-    if rng.random() < 0.3:
-        options["sm_scale"] = round(rng.uniform(0.02, 0.3), 4)
-    if pos_encoding == "ROPE_LLAMA" and rng.random() < 0.5:
-        options.update(rope_scale=rng.choice((0.5, 2.0)), rope_theta=rng.choice((1e4, 5e5)))
-    if pos_encoding != "NONE":
-        options["pos_encoding_mode"] = pos_encoding
+    options = draw_score_options(rng, pos_encoding, may_be_causal=True)
     kv_heads = rng.choice((1, 1, 2, 3))
     return CascadeCase(
         seed=seed,

@@ -83,6 +83,27 @@ def _lengths(rng: random.Random, api: str) -> tuple[tuple[int, ...], tuple[int, 
     return tuple(qo_lens), tuple(kv_lens)
 
 
+def draw_score_options(
+    rng: random.Random, pos_encoding: str, may_be_causal: bool
+) -> dict[str, Any]:
+    """plan()'s score keywords: causal (where no custom mask overrides it), window, soft cap
+    (not with ALiBi), scale, RoPE's scale and theta, and ``pos_encoding`` as its mode."""
+    options: dict[str, Any] = {}
+    if may_be_causal and rng.random() < 0.6:
+        options["causal"] = True
+    if rng.random() < 0.3:
+        options["window_left"] = rng.randint(0, 120)
+    if pos_encoding != "ALIBI" and rng.random() < 0.3:
+        options["logits_soft_cap"] = round(rng.uniform(2.0, 50.0), 2)
+    if rng.random() < 0.3:
+        options["sm_scale"] = round(rng.uniform(0.02, 0.3), 4)
+    if pos_encoding == "ROPE_LLAMA" and rng.random() < 0.5:
+        options.update(rope_scale=rng.choice((0.5, 2.0)), rope_theta=rng.choice((1e4, 5e5)))
+    if pos_encoding != "NONE":
+        options["pos_encoding_mode"] = pos_encoding
+    return options
+
+
 def draw_case(seed: int) -> FuzzCase:
     rng = random.Random(seed)
     api = rng.choice(("single", "ragged", "paged", "paged"))
@@ -97,19 +118,7 @@ def draw_case(seed: int) -> FuzzCase:
     kv_heads = rng.choice((1, 1, 2, 3))
     group = rng.choice((1, 2, 3, 4, 5, 8))
     mask = rng.choice(("none", "none", "none", "bool", "packed"))
-    options: dict[str, Any] = {}
-    if mask == "none" and rng.random() < 0.6:
-        options["causal"] = True
-    if rng.random() < 0.3:
-        options["window_left"] = rng.randint(0, 120)
-    if pos_encoding != "ALIBI" and rng.random() < 0.3:
-        options["logits_soft_cap"] = round(rng.uniform(2.0, 50.0), 2)
-    if rng.random() < 0.3:
-        options["sm_scale"] = round(rng.uniform(0.02, 0.3), 4)
-    if pos_encoding == "ROPE_LLAMA" and rng.random() < 0.5:
-        options.update(rope_scale=rng.choice((0.5, 2.0)), rope_theta=rng.choice((1e4, 5e5)))
-    if pos_encoding != "NONE":
-        options["pos_encoding_mode"] = pos_encoding
+    options = draw_score_options(rng, pos_encoding, may_be_causal=mask == "none")
     return FuzzCase(
         seed=seed,
         api=api,
