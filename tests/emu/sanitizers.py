@@ -74,9 +74,14 @@ def run_python(
 
 def pytest_command(arguments: Sequence[str]) -> list[str]:
     """``python -m pytest arguments``, on every emulated test unless an argument names a test
-    file or directory (a node id's file counts)."""
+    file or directory (a node id's file counts). pytest captures only ``sys.stdout`` and
+    ``sys.stderr`` unless the arguments say otherwise: a sanitizer writes its report to file
+    descriptor 2 and ends the process, so pytest's default capture of the descriptors would
+    swallow the report and leave only the exit status."""
     names_tests = any((REPO_ROOT / a.split("::")[0]).exists() for a in arguments if a[:1] != "-")
-    return ["-m", "pytest", *arguments, *(() if names_tests else EVERY_EMULATED_TEST)]
+    chose_capture = any(a == "-s" or a.startswith("--capture") for a in arguments)
+    capture = () if chose_capture else ("--capture=sys",)
+    return ["-m", "pytest", *capture, *arguments, *(() if names_tests else EVERY_EMULATED_TEST)]
 
 
 if __name__ == "__main__":

@@ -74,9 +74,29 @@ def test_faults_the_emulator_cannot_see_fail_under_sanitizers(fault: Fault) -> N
     assert "faults.cu" in stderr  # the report names the kernel's line
 
 
+def test_a_report_inside_a_pytest_run_is_shown(tmp_path) -> None:
+    """A fault in a test that pytest runs: the report reaches stderr before the process ends
+    (pytest's default capture of file descriptor 2 swallowed it, leaving exit status 1)."""
+    test = tmp_path / "test_fault.py"
+    test.write_text(
+        "from tests.emu.faults import Fault, launch_fault\n\n\n"
+        "def test_fault():\n"
+        "    launch_fault(Fault.SIGNED_OVERFLOW, 1)\n"
+    )
+    command = sanitizers.pytest_command(["-q", "-p", "no:cacheprovider", str(test)])
+    assert command[:3] == ["-m", "pytest", "--capture=sys"] and command[-1] == str(test)
+    result = sanitizers.run_python(command, timeout=300)
+    assert result.returncode != 0 and "signed integer overflow" in result.stderr, result.stderr
+    assert "--capture=sys" not in sanitizers.pytest_command(["-s", str(test)])
+    assert sanitizers.pytest_command(["-x"])[-len(sanitizers.EVERY_EMULATED_TEST) :] == list(
+        sanitizers.EVERY_EMULATED_TEST
+    )
+
+
 def test_emulated_modules_run_clean_under_sanitizers() -> None:
     result = sanitizers.run_python(
-        ["-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *SELECTION], timeout=1500
+        sanitizers.pytest_command(["-q", "-x", "-p", "no:cacheprovider", *SELECTION]),
+        timeout=1500,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
