@@ -6,12 +6,14 @@ tokens per request), batch or single decode, dtype, head_dim, copy landing and t
 position encoding, fp8 cache, request lengths from 0, GQA group up to the 1024-thread block,
 page size, layout, the cache as one tensor or a (k, v) pair, scale, soft cap, window, the KV
 split (the planner's on a device of some size, a fixed split or none), and CUDA-graph mode
-re-planned after longer requests.
+re-planned after longer requests (by plan(), or as engines do it: the buffers written, then
+fast_decode_plan).
 ``--fuzz-seeds START:COUNT`` picks the seeds (default 0:6)."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 from typing import Any
@@ -22,6 +24,7 @@ import torch
 import flashinfer
 from flashinfer import decode as decode_api
 from flashinfer import prefill as prefill_api
+from flashinfer.decode import fast_decode_plan
 from flashinfer.jit.prefill import PrefillTiling, accepted_tilings
 from tests.ops.test_decode import _reference_args, check_decoded
 from tests.ops.test_decode_emulated import emulate as emulate_decode  # noqa: F401
@@ -64,6 +67,7 @@ class DecodeCase:
     split: tuple[tuple[str, Any], ...]  # plan()'s fixed_split_size or disable_split_kv
     max_ctas: int
     graph: bool  # batch: CUDA-graph mode, planned first for longer requests
+    fast_replan: bool  # graph: the case planned by fast_decode_plan over buffers written first
 
 
 def _group(rng: random.Random, head_dim: int) -> int:
@@ -130,7 +134,10 @@ def draw_case(seed: int) -> DecodeCase:
         split=tuple(split.items()),
         max_ctas=rng.choice((1, 2, 6, 24, 132)),
         graph=api == "batch" and rng.random() < 0.3,
+        fast_replan=rng.random() < 0.5,
     )
+    if not case.graph:
+        case = dataclasses.replace(case, fast_replan=False)
     if case.graph and case.tiling is None and dict(case.split).get("fixed_split_size"):
         # a captured CUDA-core grid holds the chunks the device runs at once; a fixed split
         # into more is refused (test_decode.py's test_cuda_graph_fixed_split_past_...)
@@ -179,8 +186,15 @@ def _run(case: DecodeCase, q: torch.Tensor, ks, vs, scales) -> tuple[torch.Tenso
         use_tensor_cores=tensor_cores,
         **buffers,
     )
-    for table in tables:
-        wrapper.plan(
+    for index, table in enumerate(tables):
+        plan = wrapper.plan
+        if case.fast_replan and index == len(tables) - 1:
+            # as engines re-plan a captured decode: they write the buffers, then
+            # fast_decode_plan (which copies nothing and assumes full last pages)
+            for buffer, t in zip(buffers.values(), table):
+                buffer[: t.numel()].copy_(t)
+            plan = functools.partial(fast_decode_plan, wrapper)
+        plan(
             *table,
             *case.heads,
             case.head_dim,
@@ -277,3 +291,5 @@ def test_draws_cover_every_knob() -> None:
         False,
     }
     assert any(c.q_len > 1 for c in graphs) and any(c.split for c in graphs)
+    assert {c.fast_replan for c in graphs} == {True, False}
+    assert {c.tiling is None for c in graphs if c.fast_replan} == {True, False}
