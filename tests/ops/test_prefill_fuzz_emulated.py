@@ -188,9 +188,10 @@ def _run_single(case: FuzzCase, q, ks, vs, masks, scales) -> tuple[torch.Tensor,
     )
 
 
-def _graph_wrapper(case: FuzzCase, first_qo: list[int], paged: bool, pages: int) -> Any:
-    """A CUDA-graph-mode wrapper, its buffers poisoned with -7 (plan() must write what the
-    kernel reads), the mask buffer holding the first plan's booleans."""
+def _graph_wrapper(case: FuzzCase, first_qo: list[int], pages: int | None) -> Any:
+    """A CUDA-graph-mode wrapper, paged over a page table of ``pages`` entries (None:
+    ragged), its buffers poisoned with -7 (plan() must write what the kernel reads), the
+    mask buffer large enough for the first plan's masks."""
     batch = len(case.qo_lens)
 
     def poisoned(n: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
@@ -202,7 +203,7 @@ def _graph_wrapper(case: FuzzCase, first_qo: list[int], paged: bool, pages: int)
         custom_mask_buf=poisoned(mask_bytes, torch.uint8),
         mask_indptr_buf=poisoned(batch + 1),
     )
-    if paged:
+    if pages is not None:
         wrapper_type = prefill_api.BatchPrefillWithPagedKVCacheWrapper
         buffers.update(
             paged_kv_indptr_buf=poisoned(batch + 1),
@@ -241,7 +242,7 @@ def _run_batch(case: FuzzCase, q, ks, vs, masks, scales) -> tuple[torch.Tensor, 
     if case.api == "ragged":
         kv_indptr = _indptr(list(case.kv_lens))
         if case.graph:
-            wrapper = _graph_wrapper(case, plans[0][0], False, 0)
+            wrapper = _graph_wrapper(case, plans[0][0], None)
         else:
             wrapper = prefill_api.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), case.layout)
         for qo_lens, plan_masks in plans:
@@ -260,7 +261,7 @@ def _run_batch(case: FuzzCase, q, ks, vs, masks, scales) -> tuple[torch.Tensor, 
     else:
         cache, indptr, indices, last = _paged_kv(ks, vs, case.page_size, case.layout, case.seed)
         if case.graph:
-            wrapper = _graph_wrapper(case, plans[0][0], True, indices.numel())
+            wrapper = _graph_wrapper(case, plans[0][0], indices.numel())
         else:
             wrapper = prefill_api.BatchPrefillWithPagedKVCacheWrapper(_workspace(), case.layout)
         for qo_lens, plan_masks in plans:
