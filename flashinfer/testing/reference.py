@@ -508,10 +508,12 @@ def merge_state(
 
 
 def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """States ``v [seq, n, H, D]`` / ``s [seq, n, H]`` merged over n, in float64."""
+    """States ``v [seq, n, H, D]`` / ``s [seq, n, H]`` merged over n, in float64. A state
+    with s = -inf (over no keys) weighs nothing; merging only such states gives v = 0 and
+    s = -inf, as the kernels do."""
     sd = s.double()
     total = torch.logsumexp(sd * math.log(2), dim=1) / math.log(2)
-    weights = torch.exp2(sd - total[:, None])
+    weights = torch.exp2(sd - total[:, None]).nan_to_num(nan=0.0)  # -inf - -inf
     return (v.double() * weights[..., None]).sum(dim=1), total
 
 

@@ -27,6 +27,7 @@ from flashinfer import prefill as prefill_api
 from flashinfer.cascade import MultiLevelCascadeAttentionWrapper
 from flashinfer.jit.prefill import HEAD_DIMS, PrefillTiling, accepted_tilings
 from flashinfer.testing.reference import attention as reference_attention
+from flashinfer.testing.reference import merge_state
 from tests.ops.test_cascade_emulated import _module as cascade_module
 from tests.ops.test_prefill_emulated import _reference_args, _workspace, emulate  # noqa: F401
 from tests.ops.test_prefill_fuzz_emulated import draw_score_options
@@ -143,8 +144,8 @@ def _plan_tables(
 def _expected(
     case: CascadeCase, q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor]
 ) -> torch.Tensor:
-    """Each level's float64 states, node by node, merged in base 2 (a row no level's key
-    reaches: zeros)."""
+    """Each level's float64 states, node by node, merged in base 2 (reference.merge_state: a
+    row no level's key reaches gives zeros)."""
     options = dict(case.options)
     causal = options.pop("causal", False)
     out = torch.zeros(*q.shape[:2], case.head_dim, dtype=torch.float64)
@@ -155,12 +156,8 @@ def _expected(
         reference = _reference_args(dict(options, causal=causal and is_last))
         for start, end in _node_rows(case, level):
             o, s = reference_attention(q[start:end], ks[node], vs[node], **reference)
-            new = torch.logaddexp2(lse[start:end], s)
-            seen = new > -math.inf
-            keep = torch.where(seen, torch.exp2(lse[start:end] - new), 0.0)
-            take = torch.where(seen, torch.exp2(s - new), 0.0)
-            out[start:end] = out[start:end] * keep[..., None] + o * take[..., None]
-            lse[start:end] = new
+            rows = slice(start, end)
+            out[rows], lse[rows] = merge_state(out[rows], lse[rows], o, s)
             node += 1
     return out
 

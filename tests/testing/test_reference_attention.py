@@ -65,3 +65,21 @@ def test_decode_is_attention_of_one_query() -> None:
         q[None], k, v, sm_scale=0.2, soft_cap=4.0, window_left=10
     )
     assert torch.equal(out, full_out[0]) and torch.equal(lse, full_lse[0])
+
+
+def test_merging_states_over_no_keys() -> None:
+    """A state over no keys (s = -inf) weighs nothing; merging only such states gives zeros
+    and -inf (the merge kernels' convention), not NaN."""
+    v = torch.randn(2, 3, 4, 8, dtype=torch.float64)
+    s = torch.randn(2, 3, 4, dtype=torch.float64)
+    s[0, 1] = -math.inf
+    s[1] = -math.inf
+    merged, total = reference.merge_states(v, s)
+    kept = [0, 2]
+    want, want_total = reference.merge_states(v[:1, kept], s[:1, kept])
+    torch.testing.assert_close(merged[:1], want)
+    torch.testing.assert_close(total[:1], want_total)
+    assert (merged[1] == 0).all() and (total[1] == -math.inf).all()
+    pair, pair_total = reference.merge_state(v[1, 0], s[1, 0], v[0, 0], s[0, 0])
+    torch.testing.assert_close(pair, v[0, 0])
+    torch.testing.assert_close(pair_total, s[0, 0])
