@@ -513,7 +513,8 @@ def merge_states(v: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.
     s = -inf, as the kernels do."""
     sd = s.double()
     total = torch.logsumexp(sd * math.log(2), dim=1) / math.log(2)
-    weights = torch.exp2(sd - total[:, None]).nan_to_num(nan=0.0)  # -inf - -inf
+    empty = (total == -math.inf)[:, None]  # only states over no keys: -inf - -inf
+    weights = torch.where(empty, 0.0, torch.exp2(sd - total[:, None]))
     return (v.double() * weights[..., None]).sum(dim=1), total
 
 

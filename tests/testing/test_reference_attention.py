@@ -83,3 +83,5 @@ def test_merging_states_over_no_keys() -> None:
     pair, pair_total = reference.merge_state(v[1, 0], s[1, 0], v[0, 0], s[0, 0])
     torch.testing.assert_close(pair, v[0, 0])
     torch.testing.assert_close(pair_total, s[0, 0])
+    s[0, 0, 0] = math.nan  # a NaN state is not mistaken for an empty one
+    assert reference.merge_states(v, s)[0][0, 0].isnan().all()
