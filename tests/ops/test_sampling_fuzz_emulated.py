@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 import flashinfer
+from flashinfer import rng as philox
 from flashinfer.testing import reference
 from tests.ops.test_sampling import near_boundary, top_p_set
 from tests.ops.test_sampling_emulated import emulate  # noqa: F401
@@ -151,8 +152,8 @@ def _sample(case: SamplingCase, probs: torch.Tensor, skip: int) -> torch.Tensor:
     if len(case.seeds) == 1:
         seed, offset = case.seeds[0], offsets[0]
     else:
-        as_int64 = [s - (1 << 64) if s >= 1 << 63 else s for s in case.seeds]
-        seed, offset = torch.tensor(as_int64), torch.tensor(offsets)
+        seed = torch.tensor([philox.as_int64(s) for s in case.seeds])
+        offset = torch.tensor(offsets)
     common: dict[str, Any] = dict(seed=seed, offset=offset)
     if case.indices is not None:
         common["indices"] = torch.tensor(case.indices, dtype=torch.int32)
@@ -179,16 +180,27 @@ def _sample(case: SamplingCase, probs: torch.Tensor, skip: int) -> torch.Tensor:
     return calls[case.op]()
 
 
-def _check_samples(
-    case: SamplingCase, probs: torch.Tensor, tokens: torch.Tensor, skip: int
-) -> None:
-    """Every token in its output row's allowed set; the race's winner where the exact and the
-    widened set agree on it and it is no near tie."""
+def _race_sets(
+    case: SamplingCase, probs: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the distribution each output row races over, its exact allowed set, the widened
+    one), the same for every draw of the case."""
     if case.indices is not None:
         probs = probs[list(case.indices)]  # output row i draws from probs row indices[i]
     if case.op.startswith("logits"):
         probs = torch.softmax(probs.log(), -1)  # what the logits samplers race over
-    exact, wide = _allowed(case, probs, False), _allowed(case, probs, True)
+    return probs, _allowed(case, probs, False), _allowed(case, probs, True)
+
+
+def _check_samples(
+    case: SamplingCase,
+    sets: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    tokens: torch.Tensor,
+    skip: int,
+) -> None:
+    """Every token in its output row's allowed set; the race's winner where the exact and the
+    widened set agree on it and it is no near tie."""
+    probs, exact, wide = sets
     assert tokens.dtype == torch.int32 and tokens.shape == (probs.shape[0],)
     assert ((tokens >= 0) & (tokens < case.vocab)).all(), tokens
     for row, token in enumerate(tokens.tolist()):
@@ -232,8 +244,9 @@ def test_random_sampling_case(emulate, fuzz_seed: int) -> None:  # noqa: F811
         if case.op in RENORMS:
             _check_renorm(case, probs)
         else:
+            sets = _race_sets(case, probs)
             for skip in DRAW_SKIPS:
-                _check_samples(case, probs, _sample(case, probs, skip), skip)
+                _check_samples(case, sets, _sample(case, probs, skip), skip)
     except AssertionError as err:
         raise AssertionError(f"{case!r}\n{err}") from None
 
