@@ -19,6 +19,7 @@ import torch
 import flashinfer
 from tests.ops.test_page import _assert_only, _expected_slots, _gpu_cache
 from tests.ops.test_page_emulated import emulate  # noqa: F401
+from tests.ops.test_prefill_gpu import _indptr, _page_table
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -85,21 +86,17 @@ def test_random_append(emulate, fuzz_seed: int) -> None:  # noqa: F811
     case = draw_case(fuzz_seed)
     emulate(case.dtype, land_at_issue=case.land_at_issue)
     new_lens = [o + a for o, a in zip(case.old_lens, case.add_lens)]
-    pages_per = [-(-n // case.page_size) for n in new_lens]
-    num_pages = sum(pages_per) + 3  # spare pages that must stay untouched
-    page_ids = torch.randperm(num_pages, generator=torch.Generator().manual_seed(case.seed))
-    ints = dict(dtype=case.index_dtype)
-    kv_indices = page_ids[: sum(pages_per)].to(**ints)
-    kv_indptr = torch.tensor([0, *torch.tensor(pages_per).cumsum(0).tolist()], **ints)
-    last = torch.tensor(
-        [n - (p - 1) * case.page_size if p else 1 for n, p in zip(new_lens, pages_per)], **ints
+    num_pages = sum(-(-n // case.page_size) for n in new_lens) + 3  # 3 spare, left untouched
+    generator = torch.Generator().manual_seed(case.seed)
+    kv_indptr, kv_indices, last = (
+        t.to(case.index_dtype) for t in _page_table(new_lens, case.page_size, num_pages, generator)
     )
     cache, k_view, v_view = _gpu_cache(
         case.form, case.layout, num_pages, case.page_size, case.heads, case.dim, case.dtype, "cpu"
     )
     nnz = sum(case.add_lens)
     key, value = _appended(case, nnz)
-    append_indptr = torch.tensor([0, *torch.tensor(case.add_lens).cumsum(0).tolist()], **ints)
+    append_indptr = _indptr(list(case.add_lens)).to(case.index_dtype)
     seq_lens = flashinfer.get_seq_lens(kv_indptr, last, case.page_size)
     batch, positions = flashinfer.get_batch_indices_positions(append_indptr, seq_lens, nnz)
     flashinfer.append_paged_kv_cache(
