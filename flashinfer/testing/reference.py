@@ -358,8 +358,9 @@ def attention(
     ``j <= i + kv_len - qo_len`` when causal (bottom-right aligned); ``window_left >= 0``
     also requires ``j >= i + kv_len - qo_len - window_left``; ``soft_cap`` applies
     ``cap * tanh(s / cap)`` to the scaled scores. A row that sees no key has out 0 and lse
-    -inf. K/V are read through the GQA group (no copies) and query rows go in chunks, so
-    the float64 scores stay near 1 GB."""
+    -inf; a NaN among a row's visible scores makes its out and lse NaN, and a NaN value its
+    out (as in the kernels and the reference library). K/V are read through the GQA group
+    (no copies) and query rows go in chunks, so the float64 scores stay near 1 GB."""
     qo_len, heads, dim = q.shape
     kv_len, kv_heads, dim_vo = k.shape[0], k.shape[1], v.shape[2]
     group = heads // kv_heads
@@ -394,7 +395,8 @@ def attention(
             visible = visible & (cols[None, :] >= diagonal - window_left)
         scores = scores.masked_fill(~visible, -math.inf)
         row_lse = torch.logsumexp(scores, dim=-1)  # -inf where no key is visible
-        probs = torch.exp(scores - row_lse[..., None]).nan_to_num(0.0)  # such rows: 0
+        seen = (row_lse != -math.inf)[..., None]  # else -inf - -inf: such rows get 0
+        probs = torch.where(seen, torch.exp(scores - row_lse[..., None]), 0.0)
         out[rows] = torch.einsum("kgrl,lkd->rkgd", probs, vd).reshape(rows.numel(), heads, dim_vo)
         lse[rows] = row_lse.permute(2, 0, 1).reshape(rows.numel(), heads) / math.log(2)
     return out, lse

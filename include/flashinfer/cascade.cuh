@@ -52,7 +52,8 @@ constexpr int kMaxDimsPerThread = 8;  // head_dim <= 512
 
 // A running merge of states for this thread's dims, in a numerically safe form: every
 // weight is 2^(s_i - max_s). A state with s = -inf (over no keys) contributes nothing;
-// merging nothing gives v = 0, s = -inf.
+// merging nothing gives v = 0, s = -inf. A state with s = NaN makes v and s NaN (its weight
+// is NaN, and 0 scales that NaN to NaN in store()), so a NaN is never merged away.
 struct StateMerger {
   float max_s = -INFINITY;
   float weight = 0.f;                 // sum of 2^(s_i - max_s)
@@ -88,8 +89,9 @@ struct StateMerger {
     }
   }
 
+  // -inf only when nothing was merged; a NaN state (or v) gives NaN, as in the reference.
   __device__ __forceinline__ float lse() const {
-    return weight > 0.f ? max_s + log2f(weight) : -INFINITY;
+    return weight == 0.f ? -INFINITY : max_s + log2f(weight);
   }
 };
 

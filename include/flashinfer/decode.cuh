@@ -458,11 +458,12 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
       d[h] = 0.f;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) o[h][j] = 0.f;
-      if (m[h] == -INFINITY) continue;
       for (int z = 0; z < bdz; ++z) {
         const int zs = z * group + mine;
         const float2 md = merge_md[zs];
-        const float w = exp2f(md.x - m[h]);
+        // A part that scored nothing has m = -inf and weighs 0; one whose scores were all NaN
+        // also has m = -inf (fmaxf skips NaN), and its NaN d and o survive the 0 weight.
+        const float w = md.x == -INFINITY ? 0.f : exp2f(md.x - m[h]);
         d[h] += md.y * w;
         add_scaled(o[h], merge_o[2 * zs * kBdx + tx], merge_o[(2 * zs + 1) * kBdx + tx], w);
       }
@@ -472,7 +473,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
   for (int h = 0; h < kHeads; ++h) {
     const int64_t qo_head = head0 + h;
     const float inv = d[h] > 0.f ? 1.f / d[h] : 0.f;
-    const float lse = d[h] > 0.f ? m[h] + log2f(d[h]) : -INFINITY;
+    // -inf when no key was scored; NaN when a score or a value was (d and o are NaN then)
+    const float lse = d[h] == 0.f ? -INFINITY : m[h] + log2f(d[h]);
     if (item.tmp_row < 0) {
       Vec<T, kVec> ov;
 #pragma unroll
@@ -523,16 +525,17 @@ __global__ void __launch_bounds__(kMergeThreads)
     max_s = fmaxf(max_s, p.tmp_lse[i * heads + head]);
   }
   max_s = block_reduce<kMergeThreads / 32>(max_s, Max(), -INFINITY);
+  // An empty chunk (s = -inf, v = 0) weighs 0, so merging only such chunks gives v = 0 and
+  // s = -inf; a NaN chunk (fmaxf skips its s) weighs NaN and makes v and s NaN.
   float weight = 0.f, acc[kVec] = {};
-  if (max_s != -INFINITY) {  // else every state is empty: v = 0, s = -inf
 #pragma unroll 4
-    for (int64_t i = first + row; i < last; i += kRows) {
-      const float w = exp2f(p.tmp_lse[i * heads + head] - max_s);  // 0 for an empty state
-      const float4* const src =
-          reinterpret_cast<const float4*>(p.tmp_v + (i * heads + head) * kHeadDim + tx * kVec);
-      weight += w;
-      add_scaled(acc, src[0], src[1], w);
-    }
+  for (int64_t i = first + row; i < last; i += kRows) {
+    const float s = p.tmp_lse[i * heads + head];
+    const float w = s == -INFINITY ? 0.f : exp2f(s - max_s);
+    const float4* const src =
+        reinterpret_cast<const float4*>(p.tmp_v + (i * heads + head) * kHeadDim + tx * kVec);
+    weight += w;
+    add_scaled(acc, src[0], src[1], w);
   }
   part_o[row][0][tx] = make_float4(acc[0], acc[1], acc[2], acc[3]);
   part_o[row][1][tx] = make_float4(acc[4], acc[5], acc[6], acc[7]);
@@ -553,7 +556,7 @@ __global__ void __launch_bounds__(kMergeThreads)
   *reinterpret_cast<Vec<T, kVec>*>(p.out + out_row * p.out_batch_stride + head * p.out_head_stride +
                                    tx * kVec) = ov;
   if (p.lse && tx == 0) {
-    p.lse[out_row * heads + head] = weight > 0.f ? max_s + log2f(weight) : -INFINITY;
+    p.lse[out_row * heads + head] = weight == 0.f ? -INFINITY : max_s + log2f(weight);
   }
 }
 

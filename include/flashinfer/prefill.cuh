@@ -904,7 +904,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       const int packed = tile_row0 + mt * 16 + 8 * h;
       if (packed >= cta.rows) continue;
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      const float lse = sum > 0.f ? m[mt][h] + log2f(sum) : -INFINITY;
+      // -inf when no key was visible; NaN when a score or a value was NaN (sum and o are)
+      const float lse = sum == 0.f ? -INFINITY : m[mt][h] + log2f(sum);
       const int64_t t = p.group_div.quotient(packed), head = kv_head * group + (packed - t * group);
       const int dim = 2 * (lane % 4);
       if (cta.tmp_base < 0) {

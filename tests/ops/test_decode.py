@@ -24,11 +24,18 @@ from flashinfer.decode_schedule import (
 from flashinfer.jit.decode import DTYPES, HEAD_DIMS, gen_cascade_module, gen_decode_module
 from flashinfer.jit.kv_dtype import KV_FP8_DTYPES
 from flashinfer.jit.pos_encoding import POS_ENCODINGS
+from flashinfer.testing import reference
 from flashinfer.testing.reference import decode_attention as reference_decode
 from tests.conftest import run_python
 from tests.ops.test_norm import build_without_spills
 from tests.ops.test_prefill import cpu_kernels, cpu_prefill  # noqa: F401 - a fixture
-from tests.ops.test_prefill_gpu import _break_page_ids, _kv_data, _on_broken_pages, _paged_kv
+from tests.ops.test_prefill_gpu import (
+    _break_page_ids,
+    _kv_data,
+    _on_broken_pages,
+    _paged_kv,
+    assert_nan_where,
+)
 
 # -- the scheduler (pure host code) --------------------------------------------------------------
 
@@ -1626,6 +1633,75 @@ def test_split_chunks_with_unscored_pages_merge_to_the_reference(
     )
 
 
+def check_nans_propagate(
+    device: str, head_dim: int, group: int, use_tensor_cores: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A NaN input gives NaN exactly where the float64 reference has it, and the reference
+    elsewhere, as in the reference library (whose LSE is m + log2(d), NaN when d is): never an
+    LSE of -inf (a state over no keys, which a later merge drops) nor zeros. Requests of 300,
+    1, 90 and 40 tokens (pages of 7, split into chunks of 8 pages), bf16, 2 KV heads:
+    - request 0: key 250 of KV head 0 has a NaN (its fifth chunk's state is NaN, which the
+      merge kernel must keep), and query head ``group`` (KV head 1) is NaN: every score of
+      that head in every chunk, each chunk's state NaN with a running max of -inf (fmaxf
+      skips NaN); out and LSE NaN for heads 0 to ``group``;
+    - request 2: query head 1 NaN (no split: the block's parts merge it);
+    - request 3: value 10 of KV head 1 has a NaN at dim 7: that dim of heads ``group`` to
+      ``2 * group - 1``, their LSE finite.
+    Outputs are poisoned with -7, so a NaN is the kernel's. Returns (out, lse)."""
+    lens, kv_heads, qo_heads, dtype, page_size = [300, 1, 90, 40], 2, 2 * group, torch.bfloat16, 7
+    torch.manual_seed(head_dim + group)
+    ks, vs = _kv_data(lens, kv_heads, head_dim, dtype, device)
+    q = torch.randn(len(lens), qo_heads, head_dim, dtype=dtype, device=device)
+    ks[0][250, 0, 3] = math.nan
+    q[0, group] = math.nan
+    q[2, 1] = math.nan
+    vs[3][10, 1, 7] = math.nan
+    nan_out = torch.zeros(q.shape, dtype=torch.bool)
+    nan_out[0, : group + 1] = True
+    nan_out[2, 1] = True
+    nan_out[3, group:, 7] = True
+    nan_lse = nan_out.all(dim=-1)
+    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, "NHD", seed=group)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(64 << 20, dtype=torch.uint8, device=device), use_tensor_cores=use_tensor_cores
+    )
+    wrapper.plan(
+        indptr,
+        indices,
+        last,
+        qo_heads,
+        kv_heads,
+        head_dim,
+        page_size,
+        q_data_type=dtype,
+        fixed_split_size=8,
+    )
+    out = torch.full_like(q, -7.0)
+    lse = torch.full(q.shape[:2], -7.0, device=device)
+    wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
+    for b, (k, v) in enumerate(zip(ks, vs)):
+        want, want_lse = reference_decode(q[b], k, v, head_dim**-0.5)
+        assert_nan_where(f"the reference's out[{b}]", want, nan_out[b])
+        assert_nan_where(f"out[{b}]", out[b], nan_out[b])
+        assert_nan_where(f"lse[{b}]", lse[b], nan_lse[b])
+        torch.testing.assert_close(
+            out[b].double(), want, equal_nan=True, **tolerance(dtype, use_tensor_cores)
+        )
+        torch.testing.assert_close(
+            lse[b].double(), want_lse, equal_nan=True, **lse_tolerance(use_tensor_cores)
+        )
+    return out, lse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_tensor_cores", [False, True])
+@pytest.mark.parametrize("head_dim,group", [(64, 4), (128, 3), (128, 8), (256, 2)])
+def test_nans_propagate_through_split_and_merge(
+    head_dim: int, group: int, use_tensor_cores: bool
+) -> None:
+    check_nans_propagate("cuda", head_dim, group, use_tensor_cores)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("group,head_dim", [(33, 128), (35, 64), (64, 128), (127, 64), (7, 256)])
 def test_odd_and_large_gqa_groups_launch(group: int, head_dim: int) -> None:
@@ -1692,6 +1768,54 @@ def check_merge_state(device: str, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_merge_state_matches_the_softmax_merge_formula(dtype) -> None:
     check_merge_state("cuda", dtype)
+
+
+def check_merging_nan_states(device: str, dtype: torch.dtype) -> None:
+    """merge_state, merge_state_in_place and merge_states keep a NaN: a state whose s is NaN
+    makes the merged v and s NaN (never s = -inf, the mark of a state over no keys, which a
+    later merge would drop), a NaN in v that dim of v, as the float64 reference (and the
+    reference library) do; empty states (s = -inf) still weigh nothing. head_dim 72: threads
+    past it too."""
+    seq, heads, dim = 6, 3, 72
+    torch.manual_seed(seq)
+    v = torch.randn(seq, 3, heads, dim, device=device).to(dtype)
+    s = torch.randn(seq, 3, heads, device=device) * 4
+    s[1, 0, 2] = math.nan  # one NaN state among three
+    s[2, :, 0] = math.nan  # only NaN states
+    s[3, 0, 1], s[3, 1, 1] = -math.inf, math.nan  # an empty and a NaN state
+    v[4, 1, 1, 5] = math.nan  # a NaN value under a finite s
+    s[5] = -math.inf  # only empty states: v = 0, s = -inf
+    tol = dict(atol=1e-2, rtol=1e-2) if dtype != torch.float32 else dict(atol=1e-5, rtol=1e-5)
+
+    def check(got: tuple[torch.Tensor, torch.Tensor], want: tuple[torch.Tensor, torch.Tensor]):
+        assert bool(want[1].isnan().any()), "the case has no NaN state"
+        torch.testing.assert_close(got[0].double(), want[0], equal_nan=True, **tol)
+        torch.testing.assert_close(got[1].double(), want[1], equal_nan=True, atol=1e-5, rtol=1e-5)
+
+    want = reference.merge_states(v, s)
+    assert want[1].isnan().nonzero().tolist() == [[1, 2], [2, 0], [3, 1]]
+    assert want[0].isnan().any(dim=-1).nonzero().tolist() == [[1, 2], [2, 0], [3, 1], [4, 1]]
+    check(flashinfer.merge_states(v, s), want)
+    pair = (v[:, 1], s[:, 1], v[:, 0], s[:, 0])
+    check(flashinfer.merge_state(*pair), reference.merge_state(*pair))
+    mask = torch.tensor([True, True, True, False, True, True], device=device)
+    v_in, s_in = v[:, 1].clone(), s[:, 1].clone()
+    flashinfer.merge_state_in_place(v_in, s_in, v[:, 0], s[:, 0], mask=mask)
+    merged = reference.merge_state(*pair)
+    keep = ~mask[:, None]
+    check(
+        (v_in, s_in),
+        (
+            torch.where(keep[..., None], v[:, 1].double(), merged[0]),
+            torch.where(keep, s[:, 1].double(), merged[1]),
+        ),
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_merging_nan_states(dtype) -> None:
+    check_merging_nan_states("cuda", dtype)
 
 
 @pytest.mark.gpu

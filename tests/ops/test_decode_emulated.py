@@ -28,6 +28,7 @@ from tests.ops.test_decode import (
     check_batch_decode,
     check_decoded,
     check_fp8_decode,
+    check_nans_propagate,
     check_position_encoding_decode,
     check_single_decode,
     check_split_chunks_with_unscored_pages,
@@ -136,6 +137,15 @@ def test_split_chunks_with_unscored_pages_merge_to_the_reference(
         "cpu", [300, 1, 90], 2 * group, 2, head_dim, torch.bfloat16
     )
     assert module.launches[-1]["grid_merge"] > 0  # the merge kernel ran
+
+
+@pytest.mark.parametrize("head_dim,group", [(64, 4), (128, 3), (256, 2)])
+def test_nans_propagate_through_split_and_merge(emulate, head_dim: int, group: int) -> None:
+    """(tests/ops/test_decode.py's check) A NaN key, query head or value: NaN out and LSE
+    where the reference has them, through the block's parts and the chunks' merge."""
+    module = emulate(torch.bfloat16, head_dim, reverse=group == 3)
+    check_nans_propagate("cpu", head_dim, group)
+    assert module.launches[-1]["grid_merge"] > 0
 
 
 def test_two_wrappers_sharing_a_float_workspace_keep_their_own_schedules(emulate) -> None:

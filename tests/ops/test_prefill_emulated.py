@@ -30,6 +30,7 @@ from flashinfer.jit.prefill import (
 from flashinfer.testing.reference import attention as reference_attention
 from tests.emu.module import EmulatedModule, on_cpu_tensors
 from tests.ops.test_decode import check_batch_decode, check_fp8_decode
+from tests.ops.test_decode import check_nans_propagate as check_decode_nans_propagate
 from tests.ops.test_prefill_gpu import (
     NAN,
     _batch_data,
@@ -42,6 +43,7 @@ from tests.ops.test_prefill_gpu import (
     _paged_kv,
     _randn,
     _rising_keys,
+    check_nans_propagate,
 )
 
 MAX_CTAS = 6  # a GPU this small splits a long KV over CTAs, so the merge kernel runs too
@@ -277,6 +279,22 @@ def test_long_kv_is_split_over_ctas_and_merged(emulate) -> None:
     _single(q, k, v, logits_soft_cap=10.0)
     assert module.launches[-1]["num_chunks"] > 1
     _paged([3, 4], [700, 20], (2, 2), 128, 16, "NHD", causal=True)
+    assert module.launches[-1]["grid_merge"] > 0
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_nans_propagate_through_split_and_merge(emulate, head_dim: int) -> None:
+    """(tests/ops/test_prefill_gpu.py's check) A NaN key, query row or value: NaN out and
+    LSE where the reference has them, through the chunks' merge."""
+    module = emulate(torch.bfloat16, head_dim, reverse=head_dim == 64)
+    check_nans_propagate(prefill_api, _workspace(), head_dim)
+    assert module.launches[-1]["grid_merge"] > 0
+
+
+def test_nans_propagate_through_tensor_core_decode(emulate) -> None:
+    """tests/ops/test_decode.py's NaN check in tensor-core mode."""
+    module = emulate(torch.bfloat16, 128, land_at_issue=True)
+    check_decode_nans_propagate("cpu", 128, 3, use_tensor_cores=True)
     assert module.launches[-1]["grid_merge"] > 0
 
 

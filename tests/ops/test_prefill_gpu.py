@@ -601,6 +601,69 @@ def _check_out_of_range_page_ids(
     )
 
 
+def assert_nan_where(name: str, t: torch.Tensor, expected: torch.Tensor) -> None:
+    """``t`` is NaN exactly where the boolean ``expected`` (on any device) is true."""
+    wrong = t.isnan().cpu() != expected
+    assert not bool(wrong.any()), (
+        f"{name}: {int(wrong.sum())} elements NaN where not expected or not where expected, "
+        f"the first at {wrong.nonzero()[0].tolist()}"
+    )
+
+
+def check_nans_propagate(module: ModuleType, workspace: torch.Tensor, head_dim: int) -> None:
+    """A NaN input gives NaN exactly where the float64 reference has it, and the reference
+    elsewhere, as in the reference library (LSE m + log2(d), NaN when d is): never an LSE of
+    -inf (a state over no keys, which a merge drops) nor zeros. Batch paged causal prefill
+    (bf16, 4 query / 2 KV heads, pages of 16, KV split into chunks of 8 pages) of requests
+    40 x 700 and 7 x 60 tokens:
+    - request 0's key 680 of KV head 0 has a NaN: rows 20-39 (which see it) of heads 0-1 are
+      NaN, out and LSE, through a chunk's partial state the merge must keep; rows 0-19 skip
+      it (masked in their tile) and stay finite;
+    - request 1's query row 2, head 3, is NaN: all its scores;
+    - request 1's value 3 of KV head 1 has a NaN at dim 9 (every row sees it): that dim of
+      heads 2-3 is NaN, their LSE finite.
+    Outputs are poisoned with -7, so a NaN is the kernel's."""
+    device, dtype, page_size, heads = workspace.device.type, torch.bfloat16, 16, (4, 2)
+    qo_lens, kv_lens = [40, 7], [700, 60]
+    q, ks, vs = _batch_data(qo_lens, kv_lens, *heads, head_dim, dtype, device)
+    ks[0][680, 0, 5] = NAN
+    q[40 + 2, 3] = NAN
+    vs[1][3, 1, 9] = NAN
+    nan_out = torch.zeros(q.shape, dtype=torch.bool)
+    nan_out[20:40, :2] = True
+    nan_out[40:, 2:, 9] = True
+    nan_out[42, 3] = True
+    nan_lse = nan_out.all(dim=-1)
+    cache, indptr, indices, last = _paged_kv(ks, vs, page_size, "NHD", seed=5)
+    wrapper = module.BatchPrefillWithPagedKVCacheWrapper(workspace)
+    wrapper.plan(
+        _indptr(qo_lens),
+        indptr,
+        indices,
+        last,
+        *heads,
+        head_dim,
+        page_size,
+        causal=True,
+        q_data_type=dtype,
+        fixed_split_size=8,
+    )
+    out, lse = torch.full_like(q, -7.0), torch.full(q.shape[:2], -7.0, device=device)
+    wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
+    want, want_lse = _expected_batch(q, qo_lens, ks, vs, causal=True)
+    assert_nan_where("the reference's out", want, nan_out)
+    assert_nan_where("out", out, nan_out)
+    assert_nan_where("lse", lse, nan_lse)
+    torch.testing.assert_close(out.double(), want, equal_nan=True, **_tolerance(dtype))
+    torch.testing.assert_close(lse.double(), want_lse, equal_nan=True, **LSE_TOLERANCE)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_nans_propagate_through_split_and_merge(prefill, head_dim: int) -> None:
+    check_nans_propagate(prefill, _workspace(), head_dim)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("head_dim,causal", [(64, False), (128, True), (256, True)])
 def test_out_of_range_page_ids_are_skipped_not_scored(prefill, head_dim: int, causal: bool) -> None:
