@@ -28,6 +28,7 @@ from flashinfer.cascade import MultiLevelCascadeAttentionWrapper
 from flashinfer.jit.prefill import HEAD_DIMS, PrefillTiling, accepted_tilings
 from flashinfer.testing.reference import attention as reference_attention
 from flashinfer.testing.reference import merge_state
+from tests.ops.nan_inputs import plant_case_nan
 from tests.ops.test_cascade_emulated import _module as cascade_module
 from tests.ops.test_prefill_emulated import _reference_args, _workspace, emulate  # noqa: F401
 from tests.ops.test_prefill_fuzz_emulated import draw_score_options
@@ -58,6 +59,7 @@ class CascadeCase:
     kv_tuple: bool
     options: tuple[tuple[str, Any], ...]  # plan() keywords
     max_ctas: int
+    nan: str  # "none", "key" or "query": one element of them NaN (drawn last)
 
 
 def _kv_len(rng: random.Random) -> int:
@@ -109,6 +111,7 @@ def draw_case(seed: int) -> CascadeCase:
         kv_tuple=rng.random() < 0.3,
         options=tuple(sorted(options.items())),
         max_ctas=rng.choice((1, 2, 6, 24, 132)),
+        nan=rng.choice(("none", "none", "none", "none", "key", "query")),
     )
 
 
@@ -181,8 +184,9 @@ def test_random_cascade_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed
     ks, vs = _kv_data(node_lens, case.heads[1], case.head_dim, case.dtype, "cpu")
     if case.kv_dtype is not None:  # run() takes no scales: the cache holds the values
         ks, vs = [k.to(case.kv_dtype) for k in ks], [v.to(case.kv_dtype) for v in vs]
-    cache, indptr, indices, last = _paged_kv(ks, vs, case.page_size, case.layout, case.seed)
     q = torch.randn(sum(case.qo_lens), case.heads[0], case.head_dim, dtype=case.dtype)
+    where = plant_case_nan(case.nan, fuzz_seed, q, ks, ks)  # the reference reads ks too
+    cache, indptr, indices, last = _paged_kv(ks, vs, case.page_size, case.layout, case.seed)
 
     wrapper = MultiLevelCascadeAttentionWrapper(len(case.levels), _workspace(), case.layout)
     wrapper.plan(
@@ -198,9 +202,11 @@ def test_random_cascade_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed
     want = _expected(case, q, [k.float() for k in ks], [v.float() for v in vs])
     try:
         assert out.shape == q.shape and out.dtype == q.dtype
-        torch.testing.assert_close(out.double(), want, **_tolerance(case.dtype))
+        torch.testing.assert_close(
+            out.double(), want, equal_nan=case.nan != "none", **_tolerance(case.dtype)
+        )
     except AssertionError as err:
-        raise AssertionError(f"{case!r}\n{err}") from None
+        raise AssertionError(f"{case!r} NaN: {where}\n{err}") from None
 
 
 def test_draws_cover_every_knob() -> None:
@@ -214,6 +220,7 @@ def test_draws_cover_every_knob() -> None:
     assert len(seen["kv_dtype"]) == 3 and len(seen["page_size"]) == len(PAGE_SIZES)
     assert len(seen["layout"]) == 2 and len(seen["kv_tuple"]) == 2
     assert {len(c.levels) for c in cases} == {1, 2, 3}
+    assert {c.nan for c in cases} == {"none", "key", "query"}
     assert any(any(n > 1 for n, _ in level) for c in cases for level in c.levels[:-1])
     assert any(0 in c.qo_lens for c in cases)
     assert any(n == 0 for c in cases for level in c.levels for _, n in level)

@@ -27,6 +27,7 @@ from flashinfer.jit.pos_encoding import POS_ENCODINGS
 from flashinfer.testing import reference
 from flashinfer.testing.reference import decode_attention as reference_decode
 from tests.conftest import run_python
+from tests.ops.nan_inputs import assert_nan_where
 from tests.ops.test_norm import build_without_spills
 from tests.ops.test_prefill import cpu_kernels, cpu_prefill  # noqa: F401 - a fixture
 from tests.ops.test_prefill_gpu import (
@@ -34,7 +35,6 @@ from tests.ops.test_prefill_gpu import (
     _kv_data,
     _on_broken_pages,
     _paged_kv,
-    assert_nan_where,
 )
 
 # -- the scheduler (pure host code) --------------------------------------------------------------
@@ -945,20 +945,29 @@ def check_decoded(
     tensor_cores: bool = False,
     rope: tuple[float, float] | None = None,
     alibi: bool = False,
+    equal_nan: bool = False,
 ) -> None:
     """Each request's output and LSE against the float64 reference (``rope``: (rope_scale,
-    rope_theta) of pos_encoding_mode "ROPE_LLAMA"; ``alibi``: "ALIBI"); a request without keys
-    gives zeros and -inf."""
+    rope_theta) of pos_encoding_mode "ROPE_LLAMA"; ``alibi``: "ALIBI"; ``equal_nan``: NaN
+    exactly where the reference has it); a request without keys gives zeros and -inf."""
     for b, (k, v) in enumerate(zip(ks, vs)):
         if k.shape[0] == 0:
             assert (out[b] == 0).all() and (lse[b] == -math.inf).all(), b
             continue
         want, want_lse = reference_decode(q[b], k, v, scale, cap, window, rope, alibi)
         torch.testing.assert_close(
-            out[b].double(), want, **tolerance(q.dtype, tensor_cores), msg=f"{b}"
+            out[b].double(),
+            want,
+            equal_nan=equal_nan,
+            **tolerance(q.dtype, tensor_cores),
+            msg=f"{b}",
         )
         torch.testing.assert_close(
-            lse[b].double(), want_lse, **lse_tolerance(tensor_cores), msg=f"{b}"
+            lse[b].double(),
+            want_lse,
+            equal_nan=equal_nan,
+            **lse_tolerance(tensor_cores),
+            msg=f"{b}",
         )
 
 

@@ -26,6 +26,7 @@ from flashinfer import decode as decode_api
 from flashinfer import prefill as prefill_api
 from flashinfer.decode import fast_decode_plan
 from flashinfer.jit.prefill import PrefillTiling, accepted_tilings
+from tests.ops.nan_inputs import plant_case_nan
 from tests.ops.test_decode import _reference_args, check_decoded
 from tests.ops.test_decode_emulated import emulate as emulate_decode  # noqa: F401
 from tests.ops.test_prefill_emulated import _reference_args as _prefill_reference_args
@@ -68,6 +69,7 @@ class DecodeCase:
     max_ctas: int
     graph: bool  # batch: CUDA-graph mode, planned first for longer requests
     fast_replan: bool  # graph: the case planned by fast_decode_plan over buffers written first
+    nan: str  # "none", "key" or "query": one element of them NaN (drawn last)
 
 
 def _group(rng: random.Random, head_dim: int) -> int:
@@ -135,6 +137,7 @@ def draw_case(seed: int) -> DecodeCase:
         max_ctas=rng.choice((1, 2, 6, 24, 132)),
         graph=api == "batch" and rng.random() < 0.3,
         fast_replan=rng.random() < 0.5,
+        nan=rng.choice(("none", "none", "none", "none", "key", "query")),
     )
     if not case.graph:
         case = dataclasses.replace(case, fast_replan=False)
@@ -241,19 +244,30 @@ def test_random_decode_case(
     ks, vs, k_ref, v_ref, scales = _cache_of(ks16, vs16, case.kv_dtype)
     rows = len(case.lens) * case.q_len
     q = torch.randn(rows, case.heads[0], case.head_dim, dtype=case.dtype)
+    where = plant_case_nan(case.nan, fuzz_seed, q, ks, k_ref)
     out, lse = _run(case, q, ks, vs, scales)
+    nan = case.nan != "none"
     try:
         if case.q_len == 1:
             want = _reference_args(case.head_dim, case.pos_encoding, dict(case.options))
-            check_decoded(out, lse, q, k_ref, v_ref, tensor_cores=case.tiling is not None, **want)
+            check_decoded(
+                out,
+                lse,
+                q,
+                k_ref,
+                v_ref,
+                tensor_cores=case.tiling is not None,
+                equal_nan=nan,
+                **want,
+            )
         else:  # a request's tokens see the cache up to their own, as a causal prefill
             options = dict(case.options, causal=True)
             want = _expected_batch(
                 q, [case.q_len] * len(case.lens), k_ref, v_ref, **_prefill_reference_args(options)
             )
-            _check(out, lse, want)
+            _check(out, lse, want, equal_nan=nan)
     except AssertionError as err:
-        raise AssertionError(f"{case!r}\n{err}") from None
+        raise AssertionError(f"{case!r} NaN: {where}\n{err}") from None
 
 
 def test_draws_cover_every_knob() -> None:
@@ -285,6 +299,7 @@ def test_draws_cover_every_knob() -> None:
     assert len({(c.head_dim, c.tiling) for c in tensor_core}) > 15
     assert any(c.kv_dtype is not None for c in tensor_core)
     assert any(c.pos_encoding != "NONE" and c.q_len > 1 for c in tensor_core)
+    assert {c.nan for c in cases} == {"none", "key", "query"}
     graphs = [c for c in cases if c.graph]
     assert {c.api for c in graphs} == {"batch"} and {c.tiling is None for c in graphs} == {
         True,

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from flashinfer.testing.reference import attention as reference_attention
+from tests.ops.nan_inputs import assert_nan_where
 
 NAN = float("nan")
 LSE_TOLERANCE = dict(atol=1e-2, rtol=1e-3)  # base-2 LSE, float32 from fp16/bf16 inputs
@@ -59,9 +60,15 @@ def _tolerance(dtype: torch.dtype) -> dict[str, float]:
     return dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-2, rtol=1e-2)
 
 
-def _check(out: torch.Tensor, lse: torch.Tensor, want: tuple[torch.Tensor, torch.Tensor]) -> None:
-    torch.testing.assert_close(out.double(), want[0], **_tolerance(out.dtype))
-    torch.testing.assert_close(lse.double(), want[1], **LSE_TOLERANCE)
+def _check(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    want: tuple[torch.Tensor, torch.Tensor],
+    equal_nan: bool = False,
+) -> None:
+    """``out`` and ``lse`` match the reference (``equal_nan``: NaN exactly where it is)."""
+    torch.testing.assert_close(out.double(), want[0], equal_nan=equal_nan, **_tolerance(out.dtype))
+    torch.testing.assert_close(lse.double(), want[1], equal_nan=equal_nan, **LSE_TOLERANCE)
 
 
 def _randn(*shape: int, dtype: torch.dtype, device: str = "cuda") -> torch.Tensor:
@@ -598,15 +605,6 @@ def _check_out_of_range_page_ids(
         head_dim,
         lambda pages: {(0, 1): pages + 7, (1, 0): -3, (1, 5): pages, (2, 2): 1 << 30},
         causal,
-    )
-
-
-def assert_nan_where(name: str, t: torch.Tensor, expected: torch.Tensor) -> None:
-    """``t`` is NaN exactly where the boolean ``expected`` (on any device) is true."""
-    wrong = t.isnan().cpu() != expected
-    assert not bool(wrong.any()), (
-        f"{name}: {int(wrong.sum())} elements NaN where not expected or not where expected, "
-        f"the first at {wrong.nonzero()[0].tolist()}"
     )
 
 
