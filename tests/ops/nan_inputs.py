@@ -27,22 +27,31 @@ def plant_nan(rng: random.Random, pairs: Sequence[tuple[torch.Tensor, torch.Tens
     return f"tensor {index} at {where}"
 
 
+def draw_nan(rng: random.Random, every_key_seen: bool) -> str:
+    """A random attention case's NaN knob: "none" (two thirds), "query", "key", or, where
+    every query row sees every key of its request (``every_key_seen``), "value" for half the
+    "key" draws. (At a key some rows do not see, whether a NaN value makes those rows NaN
+    depends on the tiles the kernel skips: docs/attention.md.)"""
+    kind = rng.choice(("none", "none", "none", "none", "key", "query"))
+    return "value" if kind == "key" and every_key_seen and rng.random() < 0.5 else kind
+
+
 def plant_case_nan(
     kind: str,
     seed: int,
     q: torch.Tensor,
-    ks: Sequence[torch.Tensor],
-    k_ref: Sequence[torch.Tensor],
+    keys: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]],
+    values: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]],
 ) -> str:
-    """A random attention case's NaN, placed by ``seed``: ``kind`` "query" (an element of
-    ``q``), "key" (an element of one request's keys: ``ks`` the kernel's, ``k_ref`` the
-    reference's) or "none". Returns where. (A NaN value is left out: at a key some rows do not
-    see, whether those rows are NaN depends on the tiles the kernel skips.)"""
+    """Plants the NaN of draw_nan's ``kind``, placed by ``seed``: an element of ``q``, or of
+    one request's keys or values (each given as the kernel's and the reference's lists).
+    Returns where."""
     rng = random.Random(seed)
     if kind == "query":
         return plant_nan(rng, [(q, q)])
-    if kind == "key":
-        return plant_nan(rng, list(zip(ks, k_ref)))
+    if kind in ("key", "value"):
+        kernel, reference = keys if kind == "key" else values
+        return plant_nan(rng, list(zip(kernel, reference)))
     return "none"
 
 

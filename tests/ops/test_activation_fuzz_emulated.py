@@ -50,7 +50,7 @@ def draw_case(seed: int) -> ActivationCase:
     faults = draw_faults(rng, ("input", "out"))
     if faults["width"]:
         d = rng.choice((rng.randint(1, 40), 255, 257, 2047, 2049, rng.randint(1, 4000)))
-        d += d % vec == 0
+        d += 1 if d % vec == 0 else 0  # off the vector size
     else:  # 256 vectors a thread block
         d = vec * rng.choice((1, 2, 255, 256, 257, 600, rng.randint(1, 500)))
     cap = max(1, ELEMENTS // (2 * d))

@@ -28,7 +28,7 @@ from flashinfer.cascade import MultiLevelCascadeAttentionWrapper
 from flashinfer.jit.prefill import HEAD_DIMS, PrefillTiling, accepted_tilings
 from flashinfer.testing.reference import attention as reference_attention
 from flashinfer.testing.reference import merge_state
-from tests.ops.nan_inputs import plant_case_nan
+from tests.ops.nan_inputs import draw_nan, plant_case_nan
 from tests.ops.test_cascade_emulated import _module as cascade_module
 from tests.ops.test_prefill_emulated import _reference_args, _workspace, emulate  # noqa: F401
 from tests.ops.test_prefill_fuzz_emulated import draw_score_options
@@ -59,7 +59,7 @@ class CascadeCase:
     kv_tuple: bool
     options: tuple[tuple[str, Any], ...]  # plan() keywords
     max_ctas: int
-    nan: str  # "none", "key" or "query": one element of them NaN (drawn last)
+    nan: str  # tests/ops/nan_inputs.py's draw_nan (drawn last; no values: causal levels)
 
 
 def _kv_len(rng: random.Random) -> int:
@@ -111,7 +111,7 @@ def draw_case(seed: int) -> CascadeCase:
         kv_tuple=rng.random() < 0.3,
         options=tuple(sorted(options.items())),
         max_ctas=rng.choice((1, 2, 6, 24, 132)),
-        nan=rng.choice(("none", "none", "none", "none", "key", "query")),
+        nan=draw_nan(rng, every_key_seen=False),
     )
 
 
@@ -185,7 +185,7 @@ def test_random_cascade_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed
     if case.kv_dtype is not None:  # run() takes no scales: the cache holds the values
         ks, vs = [k.to(case.kv_dtype) for k in ks], [v.to(case.kv_dtype) for v in vs]
     q = torch.randn(sum(case.qo_lens), case.heads[0], case.head_dim, dtype=case.dtype)
-    where = plant_case_nan(case.nan, fuzz_seed, q, ks, ks)  # the reference reads ks too
+    where = plant_case_nan(case.nan, fuzz_seed, q, (ks, ks), (vs, vs))  # the reference's too
     cache, indptr, indices, last = _paged_kv(ks, vs, case.page_size, case.layout, case.seed)
 
     wrapper = MultiLevelCascadeAttentionWrapper(len(case.levels), _workspace(), case.layout)

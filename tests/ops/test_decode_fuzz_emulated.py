@@ -26,7 +26,7 @@ from flashinfer import decode as decode_api
 from flashinfer import prefill as prefill_api
 from flashinfer.decode import fast_decode_plan
 from flashinfer.jit.prefill import PrefillTiling, accepted_tilings
-from tests.ops.nan_inputs import plant_case_nan
+from tests.ops.nan_inputs import draw_nan, plant_case_nan
 from tests.ops.test_decode import _reference_args, check_decoded
 from tests.ops.test_decode_emulated import emulate as emulate_decode  # noqa: F401
 from tests.ops.test_prefill_emulated import _reference_args as _prefill_reference_args
@@ -69,7 +69,7 @@ class DecodeCase:
     max_ctas: int
     graph: bool  # batch: CUDA-graph mode, planned first for longer requests
     fast_replan: bool  # graph: the case planned by fast_decode_plan over buffers written first
-    nan: str  # "none", "key" or "query": one element of them NaN (drawn last)
+    nan: str  # tests/ops/nan_inputs.py's draw_nan (drawn last)
 
 
 def _group(rng: random.Random, head_dim: int) -> int:
@@ -137,7 +137,7 @@ def draw_case(seed: int) -> DecodeCase:
         max_ctas=rng.choice((1, 2, 6, 24, 132)),
         graph=api == "batch" and rng.random() < 0.3,
         fast_replan=rng.random() < 0.5,
-        nan=rng.choice(("none", "none", "none", "none", "key", "query")),
+        nan=draw_nan(rng, q_len == 1 and "window_left" not in options),
     )
     if not case.graph:
         case = dataclasses.replace(case, fast_replan=False)
@@ -244,7 +244,7 @@ def test_random_decode_case(
     ks, vs, k_ref, v_ref, scales = _cache_of(ks16, vs16, case.kv_dtype)
     rows = len(case.lens) * case.q_len
     q = torch.randn(rows, case.heads[0], case.head_dim, dtype=case.dtype)
-    where = plant_case_nan(case.nan, fuzz_seed, q, ks, k_ref)
+    where = plant_case_nan(case.nan, fuzz_seed, q, (ks, k_ref), (vs, v_ref))
     out, lse = _run(case, q, ks, vs, scales)
     nan = case.nan != "none"
     try:
@@ -299,7 +299,7 @@ def test_draws_cover_every_knob() -> None:
     assert len({(c.head_dim, c.tiling) for c in tensor_core}) > 15
     assert any(c.kv_dtype is not None for c in tensor_core)
     assert any(c.pos_encoding != "NONE" and c.q_len > 1 for c in tensor_core)
-    assert {c.nan for c in cases} == {"none", "key", "query"}
+    assert {c.nan for c in cases} == {"none", "key", "query", "value"}
     graphs = [c for c in cases if c.graph]
     assert {c.api for c in graphs} == {"batch"} and {c.tiling is None for c in graphs} == {
         True,

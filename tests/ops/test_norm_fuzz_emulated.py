@@ -58,7 +58,7 @@ class NormCase:
     scale: float
     scale_form: str  # "float", "0-d", "1-elem" or "float64"
     enable_pdl: bool | None
-    reverse: bool  # the emulator runs blocks and warps in reverse order
+    reverse: bool  # the emulator runs a block's threads last first (tests/emu/engine.py)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -78,7 +78,7 @@ def _draw_hidden(rng: random.Random, vec: int, aligned: bool) -> int:
             + (128 // vec, 128 // vec + 1, 4096 // vec, 4096 // vec + 1)
         )
     hidden = rng.choice((1, 2, 31, 127, 129, 4095, 4097, rng.randint(1, 96), rng.randint(1, 6000)))
-    return hidden + (hidden % vec == 0)
+    return hidden + 1 if hidden % vec == 0 else hidden
 
 
 def draw_case(seed: int) -> NormCase:
@@ -125,7 +125,8 @@ def draw_case(seed: int) -> NormCase:
     )
 
 
-def _random(case: NormCase, salt: int, shape: tuple[int, ...], dtype: torch.dtype) -> Any:
+def _random(case: NormCase, salt: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Values of the case's magnitude (mean 0.5 of it: a row's mean square is never near 0)."""
     gen = torch.Generator().manual_seed(case.seed * 16 + salt)
     values = torch.randn(shape, generator=gen) * case.magnitude * 3 + 0.5 * case.magnitude
     return values.to(dtype)

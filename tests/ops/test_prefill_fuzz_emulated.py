@@ -20,7 +20,7 @@ import torch
 
 from flashinfer import prefill as prefill_api
 from flashinfer.jit.prefill import HEAD_DIMS, PrefillTiling, accepted_tilings
-from tests.ops.nan_inputs import plant_case_nan
+from tests.ops.nan_inputs import draw_nan, plant_case_nan
 from tests.ops.test_prefill_emulated import _reference_args, _workspace, emulate  # noqa: F401
 from tests.ops.test_prefill_gpu import (
     NAN,
@@ -61,7 +61,7 @@ class FuzzCase:
     options: tuple[tuple[str, Any], ...]  # plan() / single prefill keywords
     max_ctas: int
     graph: bool  # batch: CUDA-graph mode, planned first for more queries (fixing the grid)
-    nan: str  # "none", "key" or "query": one element of them NaN (drawn last)
+    nan: str  # tests/ops/nan_inputs.py's draw_nan (drawn last)
 
 
 def _lengths(rng: random.Random, api: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -141,7 +141,7 @@ def draw_case(seed: int) -> FuzzCase:
         options=tuple(sorted(options.items())),
         max_ctas=rng.choice((1, 2, 6, 24, 132)),
         graph=api != "single" and rng.random() < 0.3,  # drawn after the rest: they stay
-        nan=rng.choice(("none", "none", "none", "none", "key", "query")),
+        nan=draw_nan(rng, mask == "none" and options.keys().isdisjoint(("causal", "window_left"))),
     )
 
 
@@ -313,7 +313,7 @@ def test_random_prefill_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed
     )
     ks, vs, k_ref, v_ref, scales = _cache_of(ks16, vs16, case.kv_dtype)
     masks = _masks(case, torch.Generator().manual_seed(fuzz_seed))
-    where = plant_case_nan(case.nan, fuzz_seed, q, ks, k_ref)
+    where = plant_case_nan(case.nan, fuzz_seed, q, (ks, k_ref), (vs, v_ref))
     run = _run_single if case.api == "single" else _run_batch
     out, lse = run(case, q, ks, vs, masks, scales)
     reference = _reference_args(dict(case.options))
@@ -343,7 +343,7 @@ def test_draws_cover_every_knob() -> None:
         "rope_scale",
         "rope_theta",
     }
-    assert seen["nan"] == {"'none'", "'key'", "'query'"}
+    assert seen["nan"] == {"'none'", "'key'", "'query'", "'value'"}
     assert any(0 in c.qo_lens for c in cases) and any(0 in c.kv_lens for c in cases)
     assert any(q > k > 0 for c in cases for q, k in zip(c.qo_lens, c.kv_lens))
     graphs = [c for c in cases if c.graph]
