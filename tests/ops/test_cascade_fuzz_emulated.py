@@ -4,8 +4,10 @@ reference. Each case draws from its seed the levels (1 to 3; a node shared by a 
 requests at every level but the last, one node per request at the last; nodes with no keys
 and partial last pages included), query lengths from 0, dtype, head_dim, tiling, copy landing
 and thread order, position encoding, fp8 cache, GQA group, page size, layout, the cache as one
-tensor or a (k, v) pair, causal, window, soft cap, scale and the device size that decides each
-level's KV split.
+tensor or a (k, v) pair, causal, window, soft cap, scale, the device size that decides each
+level's KV split, a NaN input (tests/ops/nan_inputs.py) and CUDA-graph mode (each level's
+buffers poisoned, the wrapper planned first for more queries, which fixes each level's grid,
+then for the case).
 
 The expected output is the reference's semantics: each level a batch prefill of its own
 (``causal`` on the last level only; windows, RoPE and ALiBi positions counted within the
@@ -59,7 +61,8 @@ class CascadeCase:
     kv_tuple: bool
     options: tuple[tuple[str, Any], ...]  # plan() keywords
     max_ctas: int
-    nan: str  # tests/ops/nan_inputs.py's draw_nan (drawn last; no values: causal levels)
+    nan: str  # tests/ops/nan_inputs.py's draw_nan (no values: the last level may mask)
+    graph: bool  # CUDA-graph mode, planned first for more queries (drawn last)
 
 
 def _kv_len(rng: random.Random) -> int:
@@ -112,6 +115,7 @@ def draw_case(seed: int) -> CascadeCase:
         options=tuple(sorted(options.items())),
         max_ctas=rng.choice((1, 2, 6, 24, 132)),
         nan=draw_nan(rng, every_key_seen=False),
+        graph=rng.random() < 0.3,
     )
 
 
@@ -142,6 +146,34 @@ def _plan_tables(
         tables[3].append(last[node:end])
         node = end
     return tables
+
+
+def _graph_wrapper(case: CascadeCase, indices: torch.Tensor) -> MultiLevelCascadeAttentionWrapper:
+    """A CUDA-graph-mode wrapper, each level's buffers poisoned with -7 (plan() must write
+    what the kernels read), its page-index buffer 3 entries longer than the level needs."""
+
+    def poisoned(n: int) -> torch.Tensor:
+        return torch.full((n,), -7, dtype=torch.int32)
+
+    nodes = [len(level) for level in case.levels]
+    return MultiLevelCascadeAttentionWrapper(
+        len(case.levels),
+        _workspace(),
+        case.layout,
+        use_cuda_graph=True,
+        qo_indptr_buf_arr=[poisoned(n + 1) for n in nodes],
+        paged_kv_indptr_buf_arr=[poisoned(n + 1) for n in nodes],
+        paged_kv_indices_buf_arr=[poisoned(indices.numel() + 3) for _ in nodes],
+        paged_kv_last_page_len_buf_arr=[poisoned(n) for n in nodes],
+    )
+
+
+def _first_plan(case: CascadeCase) -> CascadeCase:
+    """The case with more queries per request (each at least the case's), as a CUDA-graph
+    wrapper is planned first: that plan fixes each level's captured grid."""
+    rng = random.Random(case.seed + 1)
+    qo_lens = tuple(q + rng.choice((0, 1, rng.randint(1, 30))) for q in case.qo_lens)
+    return dataclasses.replace(case, qo_lens=qo_lens)
 
 
 def _expected(
@@ -188,16 +220,22 @@ def test_random_cascade_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed
     where = plant_case_nan(case.nan, fuzz_seed, q, (ks, ks), (vs, vs))  # the reference's too
     cache, indptr, indices, last = _paged_kv(ks, vs, case.page_size, case.layout, case.seed)
 
-    wrapper = MultiLevelCascadeAttentionWrapper(len(case.levels), _workspace(), case.layout)
-    wrapper.plan(
-        *_plan_tables(case, indptr, indices, last),
-        *case.heads,
-        case.head_dim,
-        case.page_size,
-        q_data_type=case.dtype,
-        kv_data_type=case.kv_dtype or case.dtype,
-        **dict(case.options),
-    )
+    if case.graph:
+        wrapper = _graph_wrapper(case, indices)
+        plans = [_first_plan(case), case]
+    else:
+        wrapper = MultiLevelCascadeAttentionWrapper(len(case.levels), _workspace(), case.layout)
+        plans = [case]
+    for plan in plans:
+        wrapper.plan(
+            *_plan_tables(plan, indptr, indices, last),
+            *case.heads,
+            case.head_dim,
+            case.page_size,
+            q_data_type=case.dtype,
+            kv_data_type=case.kv_dtype or case.dtype,
+            **dict(case.options),
+        )
     out = wrapper.run(q, (cache[:, 0], cache[:, 1]) if case.kv_tuple else cache)
     want = _expected(case, q, [k.float() for k in ks], [v.float() for v in vs])
     try:
@@ -221,6 +259,7 @@ def test_draws_cover_every_knob() -> None:
     assert len(seen["layout"]) == 2 and len(seen["kv_tuple"]) == 2
     assert {len(c.levels) for c in cases} == {1, 2, 3}
     assert {c.nan for c in cases} == {"none", "key", "query"}
+    assert {len(c.levels) for c in cases if c.graph} == {1, 2, 3}
     assert any(any(n > 1 for n, _ in level) for c in cases for level in c.levels[:-1])
     assert any(0 in c.qo_lens for c in cases)
     assert any(n == 0 for c in cases for level in c.levels for _, n in level)
