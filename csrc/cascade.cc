@@ -16,7 +16,11 @@ namespace {
 
 constexpr int64_t kMaxHeadDim = 512;
 
+// Row-major with no gaps; a tensor without elements is, whatever strides it reports.
 bool Contiguous(const TensorView& t) {
+  for (int i = 0; i < t.ndim(); ++i) {
+    if (t.size(i) == 0) return true;
+  }
   int64_t expected = 1;
   for (int i = t.ndim() - 1; i >= 0; --i) {
     if (t.size(i) != 1 && t.stride(i) != expected) return false;

@@ -15,7 +15,11 @@ import torch
 from flashinfer import cascade as cascade_api
 from flashinfer.jit.decode import gen_cascade_module
 from tests.emu.module import EmulatedModule, emulating
-from tests.ops.test_decode import check_merge_state, check_merging_nan_states
+from tests.ops.test_decode import (
+    check_merge_state,
+    check_merging_empty_shapes,
+    check_merging_nan_states,
+)
 
 OUTPUTS = {"merge_state": ("v_out", "s_out"), "merge_states": ("v_out", "s_out")}
 
@@ -40,3 +44,7 @@ def test_merge_state_matches_the_softmax_merge_formula(device: str, dtype: torch
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_merging_nan_states(device: str, dtype: torch.dtype) -> None:
     check_merging_nan_states(device, dtype)
+
+
+def test_merging_empty_shapes(device: str) -> None:
+    check_merging_empty_shapes(device)

@@ -1827,6 +1827,32 @@ def test_merging_nan_states(dtype) -> None:
     check_merging_nan_states("cuda", dtype)
 
 
+def check_merging_empty_shapes(device: str) -> None:
+    """merge_states over no states gives v = 0 and s = -inf at every position (a merge of
+    nothing; outputs poisoned first), and states with no positions or no heads give empty
+    outputs (merge_state and merge_state_in_place too), whatever strides torch reports for
+    the empty dims (the binding took them for gaps and refused the tensors as not
+    contiguous)."""
+    for shape in ((4, 0, 2, 72), (0, 3, 2, 72), (4, 3, 0, 72)):
+        v = torch.randn(shape, device=device, dtype=torch.float16)
+        s = torch.randn(shape[:3], device=device)
+        v_out, s_out = flashinfer.merge_states(v, s)
+        assert v_out.shape == (shape[0], *shape[2:]) and s_out.shape == (shape[0], shape[2])
+        want_v, want_s = reference.merge_states(v, s)
+        assert shape[1] or bool((want_s == -math.inf).all() and (want_v == 0).all())
+        torch.testing.assert_close(v_out.double(), want_v)
+        torch.testing.assert_close(s_out.double(), want_s)
+    v, s = torch.randn(3, 0, 72, device=device), torch.randn(3, 0, device=device)
+    v_out, s_out = flashinfer.merge_state(v, s, v, s)
+    assert v_out.shape == v.shape and s_out.shape == s.shape
+    flashinfer.merge_state_in_place(v, s, v, s)
+
+
+@pytest.mark.gpu
+def test_merging_empty_shapes() -> None:
+    check_merging_empty_shapes("cuda")
+
+
 @pytest.mark.gpu
 def test_decoding_in_two_halves_and_merging_equals_decoding_whole() -> None:
     q = torch.randn(32, 128, dtype=torch.bfloat16, device="cuda")
