@@ -89,7 +89,7 @@ struct StateMerger {
     }
   }
 
-  // -inf only when nothing was merged; a NaN state (or v) gives NaN, as in the reference.
+  // -inf only when nothing was merged; a state whose s is NaN gives NaN, as in the reference.
   __device__ __forceinline__ float lse() const {
     return weight == 0.f ? -INFINITY : max_s + log2f(weight);
   }

@@ -473,7 +473,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 2 : 1)
   for (int h = 0; h < kHeads; ++h) {
     const int64_t qo_head = head0 + h;
     const float inv = d[h] > 0.f ? 1.f / d[h] : 0.f;
-    // -inf when no key was scored; NaN when a score or a value was (d and o are NaN then)
+    // -inf when no key was scored; NaN when a score was NaN (so is d)
     const float lse = d[h] == 0.f ? -INFINITY : m[h] + log2f(d[h]);
     if (item.tmp_row < 0) {
       Vec<T, kVec> ov;

@@ -904,7 +904,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       const int packed = tile_row0 + mt * 16 + 8 * h;
       if (packed >= cta.rows) continue;
       const float inv = sum > 0.f ? 1.f / sum : 0.f;
-      // -inf when no key was visible; NaN when a score or a value was NaN (sum and o are)
+      // -inf when no key was visible; NaN when a visible score was NaN (so is the sum)
       const float lse = sum == 0.f ? -INFINITY : m[mt][h] + log2f(sum);
       const int64_t t = p.group_div.quotient(packed), head = kv_head * group + (packed - t * group);
       const int dim = 2 * (lane % 4);
