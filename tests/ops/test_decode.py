@@ -30,12 +30,7 @@ from tests.conftest import run_python
 from tests.ops.nan_inputs import assert_nan_where
 from tests.ops.test_norm import build_without_spills
 from tests.ops.test_prefill import cpu_kernels, cpu_prefill  # noqa: F401 - a fixture
-from tests.ops.test_prefill_gpu import (
-    _break_page_ids,
-    _kv_data,
-    _on_broken_pages,
-    _paged_kv,
-)
+from tests.ops.test_prefill_gpu import _break_page_ids, _kv_data, _on_broken_pages, _paged_kv
 
 # -- the scheduler (pure host code) --------------------------------------------------------------
 
@@ -1644,7 +1639,7 @@ def test_split_chunks_with_unscored_pages_merge_to_the_reference(
 
 def check_nans_propagate(
     device: str, head_dim: int, group: int, use_tensor_cores: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> None:
     """A NaN input gives NaN exactly where the float64 reference has it, and the reference
     elsewhere, as in the reference library (whose LSE is m + log2(d), NaN when d is): never an
     LSE of -inf (a state over no keys, which a later merge drops) nor zeros. Requests of 300,
@@ -1656,7 +1651,7 @@ def check_nans_propagate(
     - request 2: query head 1 NaN (no split: the block's parts merge it);
     - request 3: value 10 of KV head 1 has a NaN at dim 7: that dim of heads ``group`` to
       ``2 * group - 1``, their LSE finite.
-    Outputs are poisoned with -7, so a NaN is the kernel's. Returns (out, lse)."""
+    Outputs are poisoned with -7, so a NaN is the kernel's."""
     lens, kv_heads, qo_heads, dtype, page_size = [300, 1, 90, 40], 2, 2 * group, torch.bfloat16, 7
     torch.manual_seed(head_dim + group)
     ks, vs = _kv_data(lens, kv_heads, head_dim, dtype, device)
@@ -1699,7 +1694,6 @@ def check_nans_propagate(
         torch.testing.assert_close(
             lse[b].double(), want_lse, equal_nan=True, **lse_tolerance(use_tensor_cores)
         )
-    return out, lse
 
 
 @pytest.mark.gpu
@@ -1806,11 +1800,11 @@ def check_merging_nan_states(device: str, dtype: torch.dtype) -> None:
     assert want[0].isnan().any(dim=-1).nonzero().tolist() == [[1, 2], [2, 0], [3, 1], [4, 1]]
     check(flashinfer.merge_states(v, s), want)
     pair = (v[:, 1], s[:, 1], v[:, 0], s[:, 0])
-    check(flashinfer.merge_state(*pair), reference.merge_state(*pair))
+    merged = reference.merge_state(*pair)
+    check(flashinfer.merge_state(*pair), merged)
     mask = torch.tensor([True, True, True, False, True, True], device=device)
     v_in, s_in = v[:, 1].clone(), s[:, 1].clone()
     flashinfer.merge_state_in_place(v_in, s_in, v[:, 0], s[:, 0], mask=mask)
-    merged = reference.merge_state(*pair)
     keep = ~mask[:, None]
     check(
         (v_in, s_in),
