@@ -54,6 +54,16 @@ def _sanitizer_flags() -> tuple[str, ...]:
     return SANITIZER_FLAGS if sanitized() else ()
 
 
+# The race check (tests/emu/simt.cc): a kernel TU's loads and stores call the engine's
+# hooks, which stand in for ThreadSanitizer's runtime (never linked). Not under the
+# sanitizers, which cannot be combined with it.
+RACE_CHECK_FLAGS = ("-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0")
+
+
+def _race_check_flags() -> tuple[str, ...]:
+    return () if sanitized() else RACE_CHECK_FLAGS
+
+
 def _compile(source: Path, obj: Path, flags: list[str]) -> list[str]:
     """The host compiler's command compiling ``source`` to ``obj``."""
     cxx = str(current_toolchain().cxx)
@@ -160,6 +170,7 @@ def build_library(
         ]
         include_flags = [f"-I{d}" for d in includes]
         kernel = [
+            *_race_check_flags(),
             "-D__CUDACC__",  # as nvcc compiles a kernel TU (its configs check it)
             "-fno-strict-aliasing",  # kernels store 16-bit pairs through 32-bit pointers
             "-Wno-unknown-pragmas",  # #pragma unroll

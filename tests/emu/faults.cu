@@ -29,7 +29,14 @@ enum Fault {
   kFinishWithoutMe,
   kLoadPastBuffer,  // caught under sanitizers only (tests/emu/test_sanitizers.py)
   kLoadPastStaticShared,
-  kSignedOverflow
+  kSignedOverflow,
+  kRaceAcrossWarps,    // the race check's: a read of another warp's store, no barrier between
+  kRaceWithinWarp,     // a read of another lane's store with no collective between
+  kRaceInFlightCopy,   // a read of the thread's own cp.async before its wait
+  kRaceStaticShared,   // a store over what another warp read, no barrier between
+  kRaceAtomicAndLoad,  // a plain load of a word other warps add to atomically
+  kRaceLdmatrix,       // ldmatrix of rows another warp stores, no barrier between
+  kAtomics             // every thread adds to one word atomically: legal
 };
 
 // The results of the modes that compute: thread t's words at out + 16 t.
@@ -108,6 +115,40 @@ __global__ void Kernel(int fault, const uint8_t* src, int64_t offset, uint8_t* o
     const int near_max = 0x7fffffff - static_cast<int>(blockIdx.x);
     const int sum = near_max + static_cast<int>(offset);
     memcpy(out, &sum, sizeof sum);
+  }
+  if (fault == kRaceAcrossWarps || fault == kRaceWithinWarp) {
+    window[t] = static_cast<uint8_t>(t);
+    return store_words(out, window[fault == kRaceAcrossWarps ? (t + 32) % 64 : t ^ 1], 0, 0);
+  }
+  if (fault == kRaceInFlightCopy) {
+    flashinfer::cp_async_16(window + 16 * t, src + 16 * t, true);
+    flashinfer::cp_async_commit();
+    return store_words(out, window[16 * t], 0, 0);
+  }
+  if (fault == kRaceLdmatrix) {
+    if (t >= 32) {
+      for (int i = 0; i < 16; ++i) window[16 * lane + i] = static_cast<uint8_t>(i);
+      return;
+    }
+    uint32_t r[4];
+    flashinfer::mma::ldmatrix_x4(r, flashinfer::mma::smem_address(window) + 16 * lane);
+    return store_words(out, r[0], r[1], r[2]);
+  }
+  if (fault == kRaceStaticShared) {
+    __shared__ uint32_t word[64];
+    word[t] = t;
+    __syncthreads();
+    const uint32_t neighbour = word[(t + 32) % 64];
+    word[t] = neighbour;
+    return store_words(out, neighbour, 0, 0);
+  }
+  if (fault == kAtomics || fault == kRaceAtomicAndLoad) {
+    __shared__ uint32_t total;
+    if (t == 0) total = 0;
+    __syncthreads();
+    atomicAdd(&total, t + 1);
+    if (fault == kAtomics) __syncthreads();
+    return store_words(out, total, 0, 0);
   }
   const int64_t at = 16 * int64_t{threadIdx.x};
   flashinfer::cp_async_16(window + at, src + at + (fault == kCopyPastBuffer ? offset : 0), true);

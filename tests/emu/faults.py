@@ -31,6 +31,13 @@ class Fault(enum.IntEnum):
     LOAD_PAST_BUFFER = enum.auto()
     LOAD_PAST_STATIC_SHARED = enum.auto()
     SIGNED_OVERFLOW = enum.auto()
+    RACE_ACROSS_WARPS = enum.auto()
+    RACE_WITHIN_WARP = enum.auto()
+    RACE_IN_FLIGHT_COPY = enum.auto()
+    RACE_STATIC_SHARED = enum.auto()
+    RACE_ATOMIC_AND_LOAD = enum.auto()
+    RACE_LDMATRIX = enum.auto()
+    ATOMICS = enum.auto()
 
 
 class _FaultLaunch(ctypes.Structure):

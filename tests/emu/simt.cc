@@ -100,6 +100,7 @@ const char* op_name(Op op) {
 // meanwhile be in another one); the last to arrive computes every participant's results and
 // wakes them.
 struct Warp {
+  uint32_t syncs = 0;  // moves on both sides of each collective (the race check's order)
   uint32_t lanes = 0;  // lanes that exist and have not exited
   uint32_t launched = 0;
   uint32_t arrived = 0;  // lanes waiting in a collective
@@ -114,6 +115,7 @@ struct Warp {
 struct Copy {
   uint8_t* dst;
   const uint8_t* src;  // null: 16 zero bytes
+  bool landed;         // already landed at issue (land_at_issue); the wait only records it
 };
 
 struct Fiber {
@@ -136,6 +138,10 @@ struct Engine {
   std::vector<Fiber> fibers;
   std::vector<Warp> warps;
   Barrier block_barrier;
+  // Barrier intervals, counted over the launches: a new one starts with each CTA and after
+  // each __syncthreads completes, so two threads' accesses in one interval are unordered
+  // (see the race check below).
+  uint32_t interval = 1, cta_interval = 1;
   Fiber* current = nullptr;
   ucontext_t scheduler;
   const void* scheduler_stack = nullptr;  // its bottom and size, for AddressSanitizer
@@ -213,6 +219,152 @@ bool in_buffers(const void* p, size_t bytes) {
   return false;
 }
 
+// The race check (what compute-sanitizer's racecheck does for shared memory). A kernel TU is
+// compiled with -fsanitize=thread (tests/emu/engine.py), whose calls on every load and store
+// reach the hooks at the end of this file, not a TSan runtime; ldmatrix's reads and
+// cp.async's writes are recorded here. Each byte of shared memory keeps its last write and
+// the reads of the current barrier interval, and an access fails the launch where another
+// thread's access to the byte has no order with it:
+// - a read and a write, or two writes (two atomics excepted), in one barrier interval by
+//   threads of different warps, or of one warp with no warp collective completed between
+//   them (a collective counts as a rendezvous, though only __syncwarp promises memory order);
+// - any access to a byte a cp.async may still be writing: issued, and its group not yet
+//   waited for by the thread that issued it (that thread's own reads included).
+struct Shadow {
+  uint32_t written = 0, read = 0;  // the last write's interval; the interval of `reader` and
+                                   // `read_warps` (older entries are stale)
+  uint32_t write_sync = 0, read_sync = 0;  // the accessing warp's syncs at the access
+  uint32_t read_warps = 0;                 // warps (bit per warp) that read in `read`
+  uint16_t writer = 0, reader = 0;
+  uint8_t flags = 0;
+};
+constexpr uint8_t kAtomic = 1, kInFlight = 2;
+
+Shadow g_window_shadow[kWindowBytes];
+std::vector<std::vector<Shadow>> g_static_shadow;  // g.static_shared's, in its order
+
+// An access's thread, its warp and the warp's syncs then.
+struct Accessor {
+  unsigned tid, warp;
+  uint32_t sync;
+};
+
+Accessor accessor() {
+  const unsigned tid = self().tid;
+  return {tid, tid / 32, g.warps[tid / 32].syncs};
+}
+
+// The shadow of the shared byte `p` (null: not shared memory).
+Shadow* shadow_of(const uint8_t* p) {
+  if (p >= g_window && p < g_window + kWindowBytes) return &g_window_shadow[p - g_window];
+  for (size_t i = 0; i < g.static_shared.size(); ++i) {
+    const uint8_t* base = static_cast<const uint8_t*>(g.static_shared[i].first);
+    if (p >= base && p < base + g.static_shared[i].second) return &g_static_shadow[i][p - base];
+  }
+  return nullptr;
+}
+
+// Where the shared byte `p` is, for a report.
+struct Place {
+  char text[96];
+  explicit Place(const uint8_t* p) {
+    if (p >= g_window && p < g_window + kWindowBytes) {
+      std::snprintf(text, sizeof text, "shared offset %zu", static_cast<size_t>(p - g_window));
+      return;
+    }
+    for (const auto& [q, bytes] : g.static_shared) {
+      const uint8_t* base = static_cast<const uint8_t*>(q);
+      if (p >= base && p < base + bytes) {
+        std::snprintf(text, sizeof text, "byte %zu of a static __shared__ variable at %p",
+                      static_cast<size_t>(p - base), q);
+        return;
+      }
+    }
+    std::snprintf(text, sizeof text, "%p", static_cast<const void*>(p));
+  }
+};
+
+bool unordered(unsigned other, uint32_t other_sync, const Accessor& a) {
+  return other != a.tid && (other / 32 != a.warp || other_sync == a.sync);
+}
+
+constexpr const char* kNoBarrier = " with no __syncthreads between";
+
+// How thread `other`'s access and `a` are unordered (unordered() holds).
+const char* between(unsigned other, const Accessor& a) {
+  return other / 32 == a.warp ? ", in its warp, with no collective or __syncthreads between"
+                              : kNoBarrier;
+}
+
+bool in_flight(const Shadow& e) { return (e.flags & kInFlight) && e.written >= g.cta_interval; }
+
+// Whether an access of `bytes` at `p` may touch shared memory (accesses do not straddle it).
+bool shared(const uint8_t* p, size_t bytes) {
+  return bytes != 0 && (shadow_of(p) || shadow_of(p + bytes - 1));
+}
+
+void race_read(const Accessor& a, const uint8_t* p, size_t bytes, const char* what) {
+  if (!shared(p, bytes)) return;
+  for (size_t i = 0; i < bytes; ++i) {
+    Shadow* e = shadow_of(p + i);
+    if (!e) continue;
+    if (in_flight(*e)) {
+      fail(
+          "race: thread %u's %s reads %s, which thread %u's cp.async may still be writing "
+          "(its group not yet waited for)",
+          a.tid, what, Place(p + i).text, e->writer);
+    }
+    if (e->written == g.interval && unordered(e->writer, e->write_sync, a)) {
+      fail("race: thread %u's %s reads %s, which thread %u wrote%s", a.tid, what, Place(p + i).text,
+           e->writer, between(e->writer, a));
+    }
+    if (e->read != g.interval) {
+      e->read = g.interval;
+      e->read_warps = 0;
+    }
+    e->read_warps |= 1u << (a.warp % 32);
+    e->reader = static_cast<uint16_t>(a.tid);
+    e->read_sync = a.sync;
+  }
+}
+
+// Checks a write (`atomic`: an atomic read-modify-write) of `p`'s bytes; records it unless
+// `in_flight_copy` (then the bytes are marked as a cp.async's until its wait).
+void race_write(const Accessor& a, uint8_t* p, size_t bytes, bool atomic, bool in_flight_copy,
+                const char* what) {
+  if (!shared(p, bytes)) return;
+  for (size_t i = 0; i < bytes; ++i) {
+    Shadow* e = shadow_of(p + i);
+    if (!e) continue;
+    if (in_flight(*e)) {
+      fail(
+          "race: thread %u's %s writes %s, which thread %u's cp.async may still be writing "
+          "(its group not yet waited for)",
+          a.tid, what, Place(p + i).text, e->writer);
+    }
+    if (e->written == g.interval && unordered(e->writer, e->write_sync, a) &&
+        !(atomic && (e->flags & kAtomic))) {
+      fail("race: thread %u's %s writes %s, which thread %u wrote%s", a.tid, what,
+           Place(p + i).text, e->writer, between(e->writer, a));
+    }
+    if (e->read == g.interval) {
+      const uint32_t other_warps = e->read_warps & ~(1u << (a.warp % 32));
+      if (other_warps != 0) {
+        fail("race: thread %u's %s writes %s, which a thread of warp %d read%s", a.tid, what,
+             Place(p + i).text, __builtin_ctz(other_warps), kNoBarrier);
+      }
+      if (unordered(e->reader, e->read_sync, a)) {
+        fail("race: thread %u's %s writes %s, which thread %u read%s", a.tid, what,
+             Place(p + i).text, e->reader, between(e->reader, a));
+      }
+    }
+    e->written = g.interval;
+    e->writer = static_cast<uint16_t>(a.tid);
+    e->write_sync = a.sync;
+    e->flags = in_flight_copy ? kInFlight : atomic ? kAtomic : 0;
+  }
+}
+
 size_t shared_row(uint32_t address, const char* what) {
   if (address % 16 != 0 || size_t{address} + 16 > g.smem_bytes) {
     fail(
@@ -231,10 +383,13 @@ uint16_t low(uint32_t r) { return static_cast<uint16_t>(r & 0xffffu); }
 uint16_t high(uint32_t r) { return static_cast<uint16_t>(r >> 16); }
 
 void compute_ldmatrix(Warp& w, bool trans) {
+  const unsigned warp = static_cast<unsigned>(&w - g.warps.data());
   uint16_t m[4][8][8];  // matrix i's row r: the 16 bytes at lane 8i + r's address
   for (int i = 0; i < 4; ++i) {
     for (int r = 0; r < 8; ++r) {
-      std::memcpy(m[i][r], g_window + shared_row(w.in[8 * i + r][0], "ldmatrix row"), 16);
+      const uint8_t* row = g_window + shared_row(w.in[8 * i + r][0], "ldmatrix row");
+      race_read({32 * warp + 8 * i + r, warp, w.syncs}, row, 16, "ldmatrix");
+      std::memcpy(m[i][r], row, 16);
     }
   }
   for (int lane = 0; lane < 32; ++lane) {
@@ -374,7 +529,9 @@ const uint32_t* collective(Op op, uint32_t mask, const uint32_t* in, int words,
   std::memcpy(w.in[lane], in, sizeof(uint32_t) * words);
   w.arrived |= 1u << lane;
   if (here == mask) {
+    ++w.syncs;  // what the lanes did before arriving is ordered before the collective's reads
     compute(w, mask, op);
+    ++w.syncs;  // and those reads before what they do after it
     w.arrived &= ~mask;
     for (int l = 0; l < 32; ++l) {
       if (l != lane && (mask >> l & 1)) ++w.done[l].generation;
@@ -393,6 +550,19 @@ void land(const Copy& c) {
   }
 }
 
+// A copy the issuing thread waited for: its bytes are that thread's write now.
+void waited(const Copy& c) {
+  if (!c.landed) land(c);
+  const Accessor a = accessor();
+  for (int i = 0; i < 16; ++i) {
+    Shadow& e = g_window_shadow[c.dst - g_window + i];
+    e.flags = 0;
+    e.written = g.interval;
+    e.writer = static_cast<uint16_t>(a.tid);
+    e.write_sync = a.sync;
+  }
+}
+
 void exit_thread(Fiber& f) {
   f.done = true;
   Warp& w = g.warps[f.tid / 32];
@@ -407,6 +577,7 @@ void exit_thread(Fiber& f) {
   if (g.block_barrier.arrived > 0 && g.block_barrier.arrived == g.block_barrier.expected) {
     g.block_barrier.arrived = 0;
     ++g.block_barrier.generation;
+    ++g.interval;
   }
 }
 
@@ -423,6 +594,7 @@ void run_block() {
   std::memset(g_window + g.smem_bytes, kGuard, kGuardBytes);
   for (const auto& [p, bytes] : g.static_shared) std::memset(p, kPoison, bytes);
   g.block_barrier = Barrier{static_cast<int>(threads), 0, 0};
+  g.cta_interval = ++g.interval;  // every shadow entry older than this CTA is stale
   g.warps.assign((threads + 31) / 32, Warp{});
   for (unsigned i = 0; i < g.warps.size(); ++i) {
     const unsigned lanes = std::min(32u, threads - 32 * i);
@@ -512,7 +684,11 @@ dim3 grid_dim() { return g.grid; }
 
 void sync_threads() {
   const uint64_t generation = g.block_barrier.generation;
-  if (!arrive(g.block_barrier)) wait_for(g.block_barrier, generation);
+  if (arrive(g.block_barrier)) {
+    ++g.interval;
+  } else {
+    wait_for(g.block_barrier, generation);
+  }
 }
 
 uint32_t shuffle_bits(uint32_t mask, uint32_t value, int operand, Shuffle mode, int width) {
@@ -570,12 +746,10 @@ void cp_async_16(void* smem, const void* gmem, bool fill) {
   if (fill && (reinterpret_cast<uintptr_t>(gmem) % 16 != 0 || !in_buffers(gmem, 16))) {
     fail("cp.async reads 16 bytes at %p: unaligned or outside every registered buffer", gmem);
   }
-  const Copy c{g_window + at, fill ? static_cast<const uint8_t*>(gmem) : nullptr};
-  if (g.land_at_issue) {
-    land(c);
-  } else {
-    self().open.push_back(c);
-  }
+  const Copy c{g_window + at, fill ? static_cast<const uint8_t*>(gmem) : nullptr, g.land_at_issue};
+  race_write(accessor(), c.dst, 16, false, true, "cp.async");
+  if (c.landed) land(c);
+  self().open.push_back(c);
 }
 
 void cp_async_commit() {
@@ -587,18 +761,23 @@ void cp_async_commit() {
 void cp_async_wait(int pending) {
   Fiber& f = self();
   while (f.groups.size() > static_cast<size_t>(pending)) {
-    for (const Copy& c : f.groups.front()) land(c);
+    for (const Copy& c : f.groups.front()) waited(c);
     f.groups.pop_front();
   }
 }
 
 uint8_t* shared_window() { return g_window; }
 
+void atomic_access(void* p, size_t bytes) {
+  race_write(accessor(), static_cast<uint8_t*>(p), bytes, true, false, "atomic");
+}
+
 void shared_declared(void* p, size_t bytes) {
   for (const auto& [q, size] : g.static_shared) {
     if (q == p) return;
   }
   g.static_shared.emplace_back(p, bytes);
+  g_static_shadow.emplace_back(bytes);
   std::memset(p, kPoison, bytes);
 }
 
@@ -668,4 +847,51 @@ void simt_reset(int schedule) {
 void simt_add_buffer(const void* base, size_t bytes) {
   simt::g.buffers.emplace_back(reinterpret_cast<uintptr_t>(base), bytes);
 }
+}
+
+// The race check's hooks (see race_read): the calls -fsanitize=thread puts on a kernel TU's
+// loads and stores (of shared memory inside a launch: checked and recorded; of anything
+// else, the kernel TU's host code too: ignored) and on its atomic loads and stores
+// (std::atomic flags in launchers' host code: done as atomics). A kernel TU that needs
+// another of ThreadSanitizer's entry points fails to load, naming it.
+namespace {
+void hook_read(const void* p, size_t bytes) {
+  if (simt::g.current) {
+    simt::race_read(simt::accessor(), static_cast<const uint8_t*>(p), bytes, "load");
+  }
+}
+void hook_write(void* p, size_t bytes) {
+  if (simt::g.current) {
+    simt::race_write(simt::accessor(), static_cast<uint8_t*>(p), bytes, false, false, "store");
+  }
+}
+}  // namespace
+
+extern "C" {
+void __tsan_init() {}
+void __tsan_read_range(void* p, size_t bytes) { hook_read(p, bytes); }
+void __tsan_write_range(void* p, size_t bytes) { hook_write(p, bytes); }
+#define SIMT_ACCESS_HOOKS(N)                                  \
+  void __tsan_read##N(void* p) { hook_read(p, N); }           \
+  void __tsan_write##N(void* p) { hook_write(p, N); }         \
+  void __tsan_unaligned_read##N(void* p) { hook_read(p, N); } \
+  void __tsan_unaligned_write##N(void* p) { hook_write(p, N); }
+SIMT_ACCESS_HOOKS(1)
+SIMT_ACCESS_HOOKS(2)
+SIMT_ACCESS_HOOKS(4)
+SIMT_ACCESS_HOOKS(8)
+SIMT_ACCESS_HOOKS(16)
+#undef SIMT_ACCESS_HOOKS
+#define SIMT_ATOMIC_HOOKS(N, T)                            \
+  T __tsan_atomic##N##_load(const volatile T* a, int) {    \
+    return __atomic_load_n(a, __ATOMIC_SEQ_CST);           \
+  }                                                        \
+  void __tsan_atomic##N##_store(volatile T* a, T v, int) { \
+    __atomic_store_n(a, v, __ATOMIC_SEQ_CST);              \
+  }
+SIMT_ATOMIC_HOOKS(8, char)
+SIMT_ATOMIC_HOOKS(16, short)
+SIMT_ATOMIC_HOOKS(32, int)
+SIMT_ATOMIC_HOOKS(64, long)
+#undef SIMT_ATOMIC_HOOKS
 }

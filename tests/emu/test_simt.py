@@ -1,14 +1,19 @@
 """The emulator's own checks: each rule a kernel can break (tests/emu/faults.cu) fails the
-launch with its cause, and well-behaved kernels compute what CUDA specifies: a cp.async round
-trip through shared memory, collectives of part of a warp, shuffle modes and widths, matches
-and reductions, and a static __shared__ array that starts each CTA poisoned."""
+launch with its cause, shared-memory races among them (the race check, off under the
+sanitizers), and well-behaved kernels compute what CUDA specifies: a cp.async round trip
+through shared memory, collectives of part of a warp, shuffle modes and widths, matches and
+reductions, atomics of every warp, and a static __shared__ array that starts each CTA
+poisoned."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.emu.engine import sanitized
 from tests.emu.faults import Fault, launch_fault
+
+race_check = pytest.mark.skipif(sanitized(), reason="the race check is off under the sanitizers")
 
 
 def test_a_well_behaved_kernel_runs() -> None:
@@ -57,6 +62,12 @@ def test_a_lane_waits_while_the_lanes_it_names_finish_another_collective() -> No
         assert peers == (0 if t % 2 else 0x11111111 << (t % 4))
 
 
+@race_check
+def test_atomics_of_every_warp_are_no_race() -> None:
+    for t, (total, _, _) in enumerate(_words(Fault.ATOMICS)):
+        assert total == sum(range(1, 65)), t
+
+
 def test_static_shared_memory_starts_every_cta_poisoned() -> None:
     for t, (before, neighbour, _) in enumerate(_words(Fault.STATIC_SHARED)):
         assert before == -1  # 0xffffffff, not what the first CTA stored
@@ -82,3 +93,45 @@ def test_each_fault_fails_the_launch_with_its_cause(
 ) -> None:
     with pytest.raises(RuntimeError, match=message.replace("(", r"\(").replace(")", r"\)")):
         launch_fault(fault, offset, shared_bytes)
+
+
+@race_check
+@pytest.mark.parametrize(
+    "fault,message",
+    [
+        (
+            Fault.RACE_ACROSS_WARPS,
+            "thread 32's store writes shared offset 32, which a thread of warp 0 read with no "
+            "__syncthreads between",
+        ),
+        (
+            Fault.RACE_WITHIN_WARP,
+            "thread 1's store writes shared offset 1, which thread 0 read, in its warp, with no "
+            "collective or __syncthreads between",
+        ),
+        (
+            Fault.RACE_IN_FLIGHT_COPY,
+            "thread 0's load reads shared offset 0, which thread 0's cp.async may still be "
+            r"writing \(its group not yet waited for\)",
+        ),
+        (
+            Fault.RACE_STATIC_SHARED,
+            "thread 31's load reads byte 252 of a static __shared__ variable at 0x[0-9a-f]+, "
+            "which thread 63 wrote with no __syncthreads between",
+        ),
+        (
+            Fault.RACE_ATOMIC_AND_LOAD,
+            "thread 0's atomic writes byte 0 of a static __shared__ variable at 0x[0-9a-f]+, "
+            "which a thread of warp 1 read with no __syncthreads between",
+        ),
+        (
+            Fault.RACE_LDMATRIX,
+            "thread 32's store writes shared offset 0, which a thread of warp 0 read with no "
+            "__syncthreads between",
+        ),
+    ],
+    ids=lambda case: case.name if isinstance(case, Fault) else "",
+)
+def test_each_race_fails_the_launch_naming_both_threads(fault: Fault, message: str) -> None:
+    with pytest.raises(RuntimeError, match="block \\(0, 0, 0\\) thread [0-9]+: race: " + message):
+        launch_fault(fault)

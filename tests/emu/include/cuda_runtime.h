@@ -100,9 +100,10 @@ inline unsigned long long __float2ull_rz(float x) {
 }
 
 // Atomics: threads switch only at barriers and collectives, so a plain read-modify-write is
-// one atomic operation.
+// one atomic operation (announced to the race check, and kept out of its plain accesses).
 template <typename T>
-inline T atomicAdd(T* address, T value) {
+__attribute__((no_sanitize_thread)) inline T atomicAdd(T* address, T value) {
+  ::simt::atomic_access(address, sizeof(T));
   const T old = *address;
   *address = old + value;
   return old;

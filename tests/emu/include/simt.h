@@ -7,8 +7,9 @@
 // collectives' masks name each other being in the same collective, none of them exited and
 // none left out that a shuffle reads, ldmatrix and cp.async addresses aligned and inside the
 // launch's dynamic shared memory, cp.async and page-table reads inside the buffers the test
-// registered, dynamic shared memory past 48 KiB only with the kernel's attribute raised, and
-// barriers that complete (no deadlock). Shared memory, dynamic and static, starts as 0xff
+// registered, dynamic shared memory past 48 KiB only with the kernel's attribute raised,
+// barriers that complete (no deadlock), and no two threads racing on a byte of shared
+// memory (the race check in simt.cc). Shared memory, dynamic and static, starts as 0xff
 // bytes (NaN in 16-bit floats) in every CTA.
 #pragma once
 
@@ -62,6 +63,9 @@ void cp_async_wait(int pending);
 
 // The CTA's dynamic shared memory (an H100's 227 KiB; a launch uses its first smem bytes).
 uint8_t* shared_window();
+// An atomic read-modify-write of `bytes` at `p` (for the race check: atomics of several
+// threads on one address do not race).
+void atomic_access(void* p, size_t bytes);
 // A static __shared__ variable, declared (tests/emu/engine.py adds the call after each
 // declaration): poisoned now if new, and at the start of every later CTA.
 void shared_declared(void* p, size_t bytes);
