@@ -281,12 +281,14 @@ __device__ uint32_t radix_select(const T* row, int64_t n, Target target_of, Weig
         }
       }
     }
+    // The next level's scan warp writes found, bin and above again only after the two
+    // barriers every thread passes once it has read them here; the clearing of the bins
+    // before the first of those touches no field read here. So no barrier closes a level.
     __syncthreads();
     if (!sh.found) return 0;
     prefix |= sh.bin << shift;
     mask |= 0xFFu << shift;
     above = sh.above;
-    __syncthreads();  // everyone has read sh before the next level clears it
   }
   return prefix;
 }
