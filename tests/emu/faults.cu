@@ -30,23 +30,29 @@ enum Fault {
   kLoadPastBuffer,  // caught under sanitizers only (tests/emu/test_sanitizers.py)
   kLoadPastStaticShared,
   kSignedOverflow,
-  kRaceAcrossWarps,    // the race check's: a read of another warp's store, no barrier between
-  kRaceWithinWarp,     // a read of another lane's store with no collective between
-  kRaceInFlightCopy,   // a read of the thread's own cp.async before its wait
-  kRaceStaticShared,   // a store over what another warp read, no barrier between
-  kRaceAtomicAndLoad,  // a plain load of a word other warps add to atomically
-  kRaceLdmatrix,       // ldmatrix of rows another warp stores, no barrier between
-  kAtomics             // every thread adds to one word atomically: legal
+  kRaceAcrossWarps,       // the race check's: a read of another warp's store, no barrier between
+  kRaceWithinWarp,        // a read of another lane's store with no collective between
+  kRaceInFlightCopy,      // a read of the thread's own cp.async before its wait
+  kRaceStaticShared,      // a store over what another warp read, no barrier between
+  kRaceAtomicAndLoad,     // a plain load of a word other warps add to atomically
+  kRaceLdmatrix,          // ldmatrix of rows another warp stores, no barrier between
+  kRaceGlobalInCta,       // a load of global memory another warp stored, no barrier between
+  kRaceGlobalAcrossCtas,  // a load of global memory another CTA of the launch stored
+  kAtomics                // every thread adds to one word atomically: legal
 };
 
 // The results of the modes that compute: thread t's words at out + 16 t.
 __device__ void store_words(uint8_t* out, uint32_t a, uint32_t b, uint32_t c) {
-  const uint32_t words[3] = {a, b, c};
-  memcpy(out + 16 * threadIdx.x, words, sizeof words);
+  uint32_t* const words = reinterpret_cast<uint32_t*>(out + 16 * threadIdx.x);
+  words[0] = a;
+  words[1] = b;
+  words[2] = c;
 }
 
-// thread t copies 16 bytes from src + 16 t + offset through shared memory to out + 16 t
+// thread t copies 16 bytes from src + 16 t + offset through shared memory to out + 16 t, in
+// its CTA's 1024 bytes of `out` (two CTAs storing one byte would race)
 __global__ void Kernel(int fault, const uint8_t* src, int64_t offset, uint8_t* out) {
+  out += 1024 * blockIdx.x;
   uint8_t* const window = flashinfer::dynamic_shared();
   const unsigned lane = threadIdx.x % 32, t = threadIdx.x;
   if (fault == kHalfWarps) {  // two collectives in one warp at once, each of half the lanes
@@ -133,6 +139,17 @@ __global__ void Kernel(int fault, const uint8_t* src, int64_t offset, uint8_t* o
     uint32_t r[4];
     flashinfer::mma::ldmatrix_x4(r, flashinfer::mma::smem_address(window) + 16 * lane);
     return store_words(out, r[0], r[1], r[2]);
+  }
+  if (fault == kRaceGlobalInCta) {  // in the 4 bytes after each thread's words
+    out[16 * t + 12] = static_cast<uint8_t>(t);
+    return store_words(out, out[16 * ((t + 32) % 64) + 12], 0, 0);
+  }
+  if (fault == kRaceGlobalAcrossCtas) {
+    store_words(out, t, 0, 0);
+    __syncthreads();
+    if (blockIdx.x == 1)
+      out[16 * t + 1] = out[16 * int64_t{t} - 1024];  // the first CTA's thread t's
+    return;
   }
   if (fault == kRaceStaticShared) {
     __shared__ uint32_t word[64];

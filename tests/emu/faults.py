@@ -37,6 +37,8 @@ class Fault(enum.IntEnum):
     RACE_STATIC_SHARED = enum.auto()
     RACE_ATOMIC_AND_LOAD = enum.auto()
     RACE_LDMATRIX = enum.auto()
+    RACE_GLOBAL_IN_CTA = enum.auto()
+    RACE_GLOBAL_ACROSS_CTAS = enum.auto()
     ATOMICS = enum.auto()
 
 
@@ -58,13 +60,14 @@ def _library() -> ctypes.CDLL:
 def launch_fault(
     fault: Fault, offset: int = 0, shared_bytes: int = 1024
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's 1024-byte random ``src`` and its ``out`` after a launch with ``fault``."""
+    """The kernel's 1024-byte random ``src`` and the second CTA's 1024 bytes of ``out`` after
+    a launch with ``fault``."""
     src = torch.randint(0, 256, (1024,), dtype=torch.uint8)
-    out = torch.zeros(1024, dtype=torch.uint8)
+    out = torch.zeros(2048, dtype=torch.uint8)
     launch = EmulatedLaunch(_library(), land_at_issue=False)
     launch(
         "emu_fault",
         [src, out],
         _FaultLaunch(fault, src.data_ptr(), offset, out.data_ptr(), shared_bytes),
     )
-    return src, out
+    return src, out[1024:]

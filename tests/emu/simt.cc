@@ -9,8 +9,10 @@
 #include <cstdlib>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cuda_bf16.h"
@@ -140,8 +142,8 @@ struct Engine {
   Barrier block_barrier;
   // Barrier intervals, counted over the launches: a new one starts with each CTA and after
   // each __syncthreads completes, so two threads' accesses in one interval are unordered
-  // (see the race check below).
-  uint32_t interval = 1, cta_interval = 1;
+  // (see the race check below); the current one, the CTA's first and the launch's first.
+  uint32_t interval = 1, cta_interval = 1, launch_interval = 1;
   Fiber* current = nullptr;
   ucontext_t scheduler;
   const void* scheduler_stack = nullptr;  // its bottom and size, for AddressSanitizer
@@ -219,17 +221,19 @@ bool in_buffers(const void* p, size_t bytes) {
   return false;
 }
 
-// The race check (what compute-sanitizer's racecheck does for shared memory). A kernel TU is
-// compiled with -fsanitize=thread (tests/emu/engine.py), whose calls on every load and store
-// reach the hooks at the end of this file, not a TSan runtime; ldmatrix's reads and
-// cp.async's writes are recorded here. Each byte of shared memory keeps its last write and
-// the reads of the current barrier interval, and an access fails the launch where another
-// thread's access to the byte has no order with it:
+// The race check (what compute-sanitizer's racecheck does). A kernel TU is compiled with
+// -fsanitize=thread (tests/emu/engine.py), whose calls on every load and store reach the
+// hooks at the end of this file, not a TSan runtime; ldmatrix's reads, cp.async's copies
+// and page-table loads are recorded here. A byte of shared memory, or of a buffer the test
+// registered (global memory), keeps its last write and the reads of the current barrier
+// interval, and an access fails the launch where another thread's access to the byte has
+// no order with it:
 // - a read and a write, or two writes (two atomics excepted), in one barrier interval by
 //   threads of different warps, or of one warp with no warp collective completed between
 //   them (a collective counts as a rendezvous, though only __syncwarp promises memory order);
 // - any access to a byte a cp.async may still be writing: issued, and its group not yet
-//   waited for by the thread that issued it (that thread's own reads included).
+//   waited for by the thread that issued it (that thread's own reads included);
+// - in global memory, a read and a write, or two writes, by two CTAs of one launch.
 struct Shadow {
   uint32_t written = 0, read = 0;  // the last write's interval; the interval of `reader` and
                                    // `read_warps` (older entries are stale)
@@ -240,8 +244,21 @@ struct Shadow {
 };
 constexpr uint8_t kAtomic = 1, kInFlight = 2;
 
+// A global byte's: its Shadow within the CTA, and the CTAs of the launch that touched it
+// (blocks numbered x + grid.x * (y + grid.y * z)).
+struct GlobalShadow {
+  Shadow in_cta;
+  uint32_t writer_block = 0;  // the last write's (this launch's when in_cta.written is)
+  uint32_t read_launch = 0;   // the first interval of the launch that last read it
+  uint32_t reader_block = 0;  // the first CTA that read it then
+  bool blocks_read = false;   // more than one CTA read it then
+};
+
 Shadow g_window_shadow[kWindowBytes];
 std::vector<std::vector<Shadow>> g_static_shadow;  // g.static_shared's, in its order
+constexpr size_t kPageBytes = 4096;
+// by page of global memory, for this launch's accesses (cleared as each launch starts)
+std::unordered_map<uintptr_t, std::unique_ptr<GlobalShadow[]>> g_global_shadow;
 
 // An access's thread, its warp and the warp's syncs then.
 struct Accessor {
@@ -254,6 +271,10 @@ Accessor accessor() {
   return {tid, tid / 32, g.warps[tid / 32].syncs};
 }
 
+uint32_t block_number() {
+  return g.block_idx.x + g.grid.x * (g.block_idx.y + g.grid.y * g.block_idx.z);
+}
+
 // The shadow of the shared byte `p` (null: not shared memory).
 Shadow* shadow_of(const uint8_t* p) {
   if (p >= g_window && p < g_window + kWindowBytes) return &g_window_shadow[p - g_window];
@@ -264,7 +285,24 @@ Shadow* shadow_of(const uint8_t* p) {
   return nullptr;
 }
 
-// Where the shared byte `p` is, for a report.
+// The registered buffer holding `bytes` at `p` (-1: none).
+int buffer_of(const void* p, size_t bytes) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  for (size_t i = 0; i < g.buffers.size(); ++i) {
+    const auto& [base, size] = g.buffers[i];
+    if (a >= base && a + bytes <= base + size) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+GlobalShadow& global_shadow_of(const uint8_t* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  std::unique_ptr<GlobalShadow[]>& page = g_global_shadow[a / kPageBytes];
+  if (!page) page = std::make_unique<GlobalShadow[]>(kPageBytes);
+  return page[a % kPageBytes];
+}
+
+// Where the byte `p` is, for a report.
 struct Place {
   char text[96];
   explicit Place(const uint8_t* p) {
@@ -280,7 +318,22 @@ struct Place {
         return;
       }
     }
+    const int i = buffer_of(p, 1);
+    if (i >= 0) {
+      std::snprintf(text, sizeof text, "byte %zu of buffer %d",
+                    static_cast<size_t>(reinterpret_cast<uintptr_t>(p) - g.buffers[i].first), i);
+      return;
+    }
     std::snprintf(text, sizeof text, "%p", static_cast<const void*>(p));
+  }
+};
+
+// CTA number `n` as "block (x, y, z)".
+struct Block {
+  char text[48];
+  explicit Block(uint32_t n) {
+    std::snprintf(text, sizeof text, "block (%u, %u, %u)", n % g.grid.x, n / g.grid.x % g.grid.y,
+                  n / (g.grid.x * g.grid.y));
   }
 };
 
@@ -298,70 +351,112 @@ const char* between(unsigned other, const Accessor& a) {
 
 bool in_flight(const Shadow& e) { return (e.flags & kInFlight) && e.written >= g.cta_interval; }
 
-// Whether an access of `bytes` at `p` may touch shared memory (accesses do not straddle it).
-bool shared(const uint8_t* p, size_t bytes) {
-  return bytes != 0 && (shadow_of(p) || shadow_of(p + bytes - 1));
+// Checks and records a read of byte `p` (its shadow `e`) by `a` within the CTA.
+void read_in_cta(Shadow& e, const Accessor& a, const uint8_t* p, const char* what) {
+  if (in_flight(e)) {
+    fail(
+        "race: thread %u's %s reads %s, which thread %u's cp.async may still be writing "
+        "(its group not yet waited for)",
+        a.tid, what, Place(p).text, e.writer);
+  }
+  if (e.written == g.interval && unordered(e.writer, e.write_sync, a)) {
+    fail("race: thread %u's %s reads %s, which thread %u wrote%s", a.tid, what, Place(p).text,
+         e.writer, between(e.writer, a));
+  }
+  if (e.read != g.interval) {
+    e.read = g.interval;
+    e.read_warps = 0;
+  }
+  e.read_warps |= 1u << (a.warp % 32);
+  e.reader = static_cast<uint16_t>(a.tid);
+  e.read_sync = a.sync;
+}
+
+// Checks a write (`atomic`: an atomic read-modify-write) of byte `p` (its shadow `e`) by `a`
+// within the CTA; records it, as a cp.async's until its wait if `in_flight_copy`.
+void write_in_cta(Shadow& e, const Accessor& a, const uint8_t* p, bool atomic, bool in_flight_copy,
+                  const char* what) {
+  if (in_flight(e)) {
+    fail(
+        "race: thread %u's %s writes %s, which thread %u's cp.async may still be writing "
+        "(its group not yet waited for)",
+        a.tid, what, Place(p).text, e.writer);
+  }
+  if (e.written == g.interval && unordered(e.writer, e.write_sync, a) &&
+      !(atomic && (e.flags & kAtomic))) {
+    fail("race: thread %u's %s writes %s, which thread %u wrote%s", a.tid, what, Place(p).text,
+         e.writer, between(e.writer, a));
+  }
+  if (e.read == g.interval) {
+    const uint32_t other_warps = e.read_warps & ~(1u << (a.warp % 32));
+    if (other_warps != 0) {
+      fail("race: thread %u's %s writes %s, which a thread of warp %d read%s", a.tid, what,
+           Place(p).text, __builtin_ctz(other_warps), kNoBarrier);
+    }
+    if (unordered(e.reader, e.read_sync, a)) {
+      fail("race: thread %u's %s writes %s, which thread %u read%s", a.tid, what, Place(p).text,
+           e.reader, between(e.reader, a));
+    }
+  }
+  e.written = g.interval;
+  e.writer = static_cast<uint16_t>(a.tid);
+  e.write_sync = a.sync;
+  e.flags = in_flight_copy ? kInFlight : atomic ? kAtomic : 0;
+}
+
+// Whether global byte `e` was written by another CTA of this launch.
+bool other_cta_wrote(const GlobalShadow& e) {
+  return e.in_cta.written >= g.launch_interval && e.writer_block != block_number();
 }
 
 void race_read(const Accessor& a, const uint8_t* p, size_t bytes, const char* what) {
-  if (!shared(p, bytes)) return;
-  for (size_t i = 0; i < bytes; ++i) {
-    Shadow* e = shadow_of(p + i);
-    if (!e) continue;
-    if (in_flight(*e)) {
-      fail(
-          "race: thread %u's %s reads %s, which thread %u's cp.async may still be writing "
-          "(its group not yet waited for)",
-          a.tid, what, Place(p + i).text, e->writer);
+  if (bytes == 0) return;
+  if (shadow_of(p) || shadow_of(p + bytes - 1)) {  // (no access straddles shared memory)
+    for (size_t i = 0; i < bytes; ++i) {
+      if (Shadow* e = shadow_of(p + i)) read_in_cta(*e, a, p + i, what);
     }
-    if (e->written == g.interval && unordered(e->writer, e->write_sync, a)) {
-      fail("race: thread %u's %s reads %s, which thread %u wrote%s", a.tid, what, Place(p + i).text,
-           e->writer, between(e->writer, a));
+  } else if (buffer_of(p, bytes) >= 0) {
+    for (size_t i = 0; i < bytes; ++i) {
+      GlobalShadow& e = global_shadow_of(p + i);
+      if (other_cta_wrote(e)) {
+        fail("race: thread %u's %s reads %s, which %s wrote in this launch", a.tid, what,
+             Place(p + i).text, Block(e.writer_block).text);
+      }
+      read_in_cta(e.in_cta, a, p + i, what);
+      if (e.read_launch != g.launch_interval) {
+        e.read_launch = g.launch_interval;
+        e.reader_block = block_number();
+        e.blocks_read = false;
+      } else if (e.reader_block != block_number()) {
+        e.blocks_read = true;
+      }
     }
-    if (e->read != g.interval) {
-      e->read = g.interval;
-      e->read_warps = 0;
-    }
-    e->read_warps |= 1u << (a.warp % 32);
-    e->reader = static_cast<uint16_t>(a.tid);
-    e->read_sync = a.sync;
   }
 }
 
-// Checks a write (`atomic`: an atomic read-modify-write) of `p`'s bytes; records it unless
-// `in_flight_copy` (then the bytes are marked as a cp.async's until its wait).
 void race_write(const Accessor& a, uint8_t* p, size_t bytes, bool atomic, bool in_flight_copy,
                 const char* what) {
-  if (!shared(p, bytes)) return;
-  for (size_t i = 0; i < bytes; ++i) {
-    Shadow* e = shadow_of(p + i);
-    if (!e) continue;
-    if (in_flight(*e)) {
-      fail(
-          "race: thread %u's %s writes %s, which thread %u's cp.async may still be writing "
-          "(its group not yet waited for)",
-          a.tid, what, Place(p + i).text, e->writer);
+  if (bytes == 0) return;
+  if (shadow_of(p) || shadow_of(p + bytes - 1)) {
+    for (size_t i = 0; i < bytes; ++i) {
+      if (Shadow* e = shadow_of(p + i)) write_in_cta(*e, a, p + i, atomic, in_flight_copy, what);
     }
-    if (e->written == g.interval && unordered(e->writer, e->write_sync, a) &&
-        !(atomic && (e->flags & kAtomic))) {
-      fail("race: thread %u's %s writes %s, which thread %u wrote%s", a.tid, what,
-           Place(p + i).text, e->writer, between(e->writer, a));
-    }
-    if (e->read == g.interval) {
-      const uint32_t other_warps = e->read_warps & ~(1u << (a.warp % 32));
-      if (other_warps != 0) {
-        fail("race: thread %u's %s writes %s, which a thread of warp %d read%s", a.tid, what,
-             Place(p + i).text, __builtin_ctz(other_warps), kNoBarrier);
+  } else if (buffer_of(p, bytes) >= 0) {
+    for (size_t i = 0; i < bytes; ++i) {
+      GlobalShadow& e = global_shadow_of(p + i);
+      if (other_cta_wrote(e)) {
+        fail("race: thread %u's %s writes %s, which %s wrote in this launch", a.tid, what,
+             Place(p + i).text, Block(e.writer_block).text);
       }
-      if (unordered(e->reader, e->read_sync, a)) {
-        fail("race: thread %u's %s writes %s, which thread %u read%s", a.tid, what,
-             Place(p + i).text, e->reader, between(e->reader, a));
+      if (e.read_launch == g.launch_interval &&
+          (e.blocks_read || e.reader_block != block_number())) {
+        fail("race: thread %u's %s writes %s, which %s read in this launch", a.tid, what,
+             Place(p + i).text,
+             e.reader_block != block_number() ? Block(e.reader_block).text : "another CTA");
       }
+      write_in_cta(e.in_cta, a, p + i, atomic, in_flight_copy, what);
+      e.writer_block = block_number();
     }
-    e->written = g.interval;
-    e->writer = static_cast<uint16_t>(a.tid);
-    e->write_sync = a.sync;
-    e->flags = in_flight_copy ? kInFlight : atomic ? kAtomic : 0;
   }
 }
 
@@ -738,6 +833,7 @@ size_t shared_offset(const void* p) {
 int load_if(const int32_t* ptr, bool pred, int fallback) {
   if (!pred) return fallback;
   if (!in_buffers(ptr, 4)) fail("page-table load at %p, outside every registered buffer", ptr);
+  race_read(accessor(), reinterpret_cast<const uint8_t*>(ptr), 4, "page-table load");
   return *ptr;
 }
 
@@ -747,6 +843,7 @@ void cp_async_16(void* smem, const void* gmem, bool fill) {
     fail("cp.async reads 16 bytes at %p: unaligned or outside every registered buffer", gmem);
   }
   const Copy c{g_window + at, fill ? static_cast<const uint8_t*>(gmem) : nullptr, g.land_at_issue};
+  if (c.src) race_read(accessor(), c.src, 16, "cp.async");
   race_write(accessor(), c.dst, 16, false, true, "cp.async");
   if (c.landed) land(c);
   self().open.push_back(c);
@@ -814,6 +911,8 @@ cudaError_t launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes,
   g.block = block;
   g.smem_bytes = smem_bytes;
   g.body = &body;
+  g.launch_interval = g.interval + 1;  // the first CTA's
+  g_global_shadow.clear();
   if (g.fibers.size() < threads) g.fibers.resize(threads);
   for (Fiber& f : g.fibers) f.stack.resize(kStackBytes);
   g.fibers.resize(threads);

@@ -23,7 +23,7 @@ def test_a_well_behaved_kernel_runs() -> None:
 
 
 def _words(fault: Fault) -> list[list[int]]:
-    """Each thread's three result words (of the last CTA to store them)."""
+    """Each thread's three result words (the second CTA's)."""
     _, out = launch_fault(fault)
     return out.view(64, 16)[:, :12].contiguous().view(torch.int32).view(64, 3).tolist()
 
@@ -129,9 +129,19 @@ def test_each_fault_fails_the_launch_with_its_cause(
             "thread 32's store writes shared offset 0, which a thread of warp 0 read with no "
             "__syncthreads between",
         ),
+        (
+            Fault.RACE_GLOBAL_IN_CTA,
+            "thread 32's store writes byte 524 of buffer 1, which a thread of warp 0 read with "
+            "no __syncthreads between",
+        ),
+        (
+            Fault.RACE_GLOBAL_ACROSS_CTAS,
+            r"thread 63's load reads byte 1008 of buffer 1, which block \(0, 0, 0\) wrote in "
+            "this launch",
+        ),
     ],
     ids=lambda case: case.name if isinstance(case, Fault) else "",
 )
 def test_each_race_fails_the_launch_naming_both_threads(fault: Fault, message: str) -> None:
-    with pytest.raises(RuntimeError, match="block \\(0, 0, 0\\) thread [0-9]+: race: " + message):
+    with pytest.raises(RuntimeError, match=r"block \([0-9, ]+\) thread [0-9]+: race: " + message):
         launch_fault(fault)
