@@ -31,7 +31,7 @@ enum Fault {
   kLoadPastStaticShared,
   kSignedOverflow,
   kRaceAcrossWarps,       // the race check's: a read of another warp's store, no barrier between
-  kRaceWithinWarp,        // a read of another lane's store with no collective between
+  kRaceWithinWarp,        // a read of another lane's store: lanes of one warp race too
   kRaceInFlightCopy,      // a read of the thread's own cp.async before its wait
   kRaceStaticShared,      // a store over what another warp read, no barrier between
   kRaceAtomicAndLoad,     // a plain load of a word other warps add to atomically

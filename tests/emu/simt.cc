@@ -1,6 +1,7 @@
 // The CPU emulator's engine (see include/simt.h): fibers on ucontext, counting barriers, and
 // the warp collectives computed from PTX's fragment layouts (PTX ISA, "Matrix fragments for
-// mma.m16n8k16" and "ldmatrix"), independently of the kernels' own description of them.
+// mma.m16n8k16" and "ldmatrix"), independently of the kernels' own description of them;
+// and the race check, on the hooks ThreadSanitizer's instrumentation calls.
 #include <ucontext.h>
 
 #include <algorithm>
@@ -102,7 +103,6 @@ const char* op_name(Op op) {
 // meanwhile be in another one); the last to arrive computes every participant's results and
 // wakes them.
 struct Warp {
-  uint32_t syncs = 0;  // moves on both sides of each collective (the race check's order)
   uint32_t lanes = 0;  // lanes that exist and have not exited
   uint32_t launched = 0;
   uint32_t arrived = 0;  // lanes waiting in a collective
@@ -228,21 +228,20 @@ bool in_buffers(const void* p, size_t bytes) {
 // registered (global memory), keeps its last write and the reads of the current barrier
 // interval, and an access fails the launch where another thread's access to the byte has
 // no order with it:
-// - a read and a write, or two writes (two atomics excepted), in one barrier interval by
-//   threads of different warps, or of one warp with no warp collective completed between
-//   them (a collective counts as a rendezvous, though only __syncwarp promises memory order);
+// - a read and a write, or two writes (two atomics excepted), by two threads in one barrier
+//   interval, lanes of one warp too (warp collectives promise no memory order; __syncwarp
+//   would, and no kernel of ours needs it, so the emulator has none);
 // - any access to a byte a cp.async may still be writing: issued, and its group not yet
 //   waited for by the thread that issued it (that thread's own reads included);
 // - in global memory, a read and a write, or two writes, by two CTAs of one launch.
 struct Shadow {
-  uint32_t written = 0, read = 0;  // the last write's interval; the interval of `reader` and
-                                   // `read_warps` (older entries are stale)
-  uint32_t write_sync = 0, read_sync = 0;  // the accessing warp's syncs at the access
-  uint32_t read_warps = 0;                 // warps (bit per warp) that read in `read`
-  uint16_t writer = 0, reader = 0;
+  uint32_t written = 0, read = 0;   // the last write's interval; the interval of the reads
+                                    // below (older entries are stale)
+  uint16_t writer = 0, reader = 0;  // the last writer; the first reader in `read`
   uint8_t flags = 0;
 };
-constexpr uint8_t kAtomic = 1, kInFlight = 2;
+constexpr uint8_t kAtomic = 1, kInFlight = 2,
+                  kReaders = 4;  // another thread than `reader` read too in `read`
 
 // A global byte's: its Shadow within the CTA, and the CTAs of the launch that touched it
 // (blocks numbered x + grid.x * (y + grid.y * z)).
@@ -260,16 +259,12 @@ constexpr size_t kPageBytes = 4096;
 // by page of global memory, for this launch's accesses (cleared as each launch starts)
 std::unordered_map<uintptr_t, std::unique_ptr<GlobalShadow[]>> g_global_shadow;
 
-// An access's thread, its warp and the warp's syncs then.
+// The thread making an access.
 struct Accessor {
-  unsigned tid, warp;
-  uint32_t sync;
+  unsigned tid;
 };
 
-Accessor accessor() {
-  const unsigned tid = self().tid;
-  return {tid, tid / 32, g.warps[tid / 32].syncs};
-}
+Accessor accessor() { return {self().tid}; }
 
 uint32_t block_number() {
   return g.block_idx.x + g.grid.x * (g.block_idx.y + g.grid.y * g.block_idx.z);
@@ -337,18 +332,6 @@ struct Block {
   }
 };
 
-bool unordered(unsigned other, uint32_t other_sync, const Accessor& a) {
-  return other != a.tid && (other / 32 != a.warp || other_sync == a.sync);
-}
-
-constexpr const char* kNoBarrier = " with no __syncthreads between";
-
-// How thread `other`'s access and `a` are unordered (unordered() holds).
-const char* between(unsigned other, const Accessor& a) {
-  return other / 32 == a.warp ? ", in its warp, with no collective or __syncthreads between"
-                              : kNoBarrier;
-}
-
 bool in_flight(const Shadow& e) { return (e.flags & kInFlight) && e.written >= g.cta_interval; }
 
 // Checks and records a read of byte `p` (its shadow `e`) by `a` within the CTA.
@@ -359,17 +342,17 @@ void read_in_cta(Shadow& e, const Accessor& a, const uint8_t* p, const char* wha
         "(its group not yet waited for)",
         a.tid, what, Place(p).text, e.writer);
   }
-  if (e.written == g.interval && unordered(e.writer, e.write_sync, a)) {
-    fail("race: thread %u's %s reads %s, which thread %u wrote%s", a.tid, what, Place(p).text,
-         e.writer, between(e.writer, a));
+  if (e.written == g.interval && e.writer != a.tid) {
+    fail("race: thread %u's %s reads %s, which thread %u wrote with no __syncthreads between",
+         a.tid, what, Place(p).text, e.writer);
   }
   if (e.read != g.interval) {
     e.read = g.interval;
-    e.read_warps = 0;
+    e.reader = static_cast<uint16_t>(a.tid);
+    e.flags &= ~kReaders;
+  } else if (e.reader != a.tid) {
+    e.flags |= kReaders;
   }
-  e.read_warps |= 1u << (a.warp % 32);
-  e.reader = static_cast<uint16_t>(a.tid);
-  e.read_sync = a.sync;
 }
 
 // Checks a write (`atomic`: an atomic read-modify-write) of byte `p` (its shadow `e`) by `a`
@@ -382,26 +365,19 @@ void write_in_cta(Shadow& e, const Accessor& a, const uint8_t* p, bool atomic, b
         "(its group not yet waited for)",
         a.tid, what, Place(p).text, e.writer);
   }
-  if (e.written == g.interval && unordered(e.writer, e.write_sync, a) &&
-      !(atomic && (e.flags & kAtomic))) {
-    fail("race: thread %u's %s writes %s, which thread %u wrote%s", a.tid, what, Place(p).text,
-         e.writer, between(e.writer, a));
+  if (e.written == g.interval && e.writer != a.tid && !(atomic && (e.flags & kAtomic))) {
+    fail("race: thread %u's %s writes %s, which thread %u wrote with no __syncthreads between",
+         a.tid, what, Place(p).text, e.writer);
   }
-  if (e.read == g.interval) {
-    const uint32_t other_warps = e.read_warps & ~(1u << (a.warp % 32));
-    if (other_warps != 0) {
-      fail("race: thread %u's %s writes %s, which a thread of warp %d read%s", a.tid, what,
-           Place(p).text, __builtin_ctz(other_warps), kNoBarrier);
-    }
-    if (unordered(e.reader, e.read_sync, a)) {
-      fail("race: thread %u's %s writes %s, which thread %u read%s", a.tid, what, Place(p).text,
-           e.reader, between(e.reader, a));
-    }
+  if (e.read == g.interval && (e.reader != a.tid || (e.flags & kReaders))) {
+    char reader[32] = "another thread";
+    if (e.reader != a.tid) std::snprintf(reader, sizeof reader, "thread %u", e.reader);
+    fail("race: thread %u's %s writes %s, which %s read with no __syncthreads between", a.tid, what,
+         Place(p).text, reader);
   }
   e.written = g.interval;
   e.writer = static_cast<uint16_t>(a.tid);
-  e.write_sync = a.sync;
-  e.flags = in_flight_copy ? kInFlight : atomic ? kAtomic : 0;
+  e.flags = (e.flags & kReaders) | (in_flight_copy ? kInFlight : atomic ? kAtomic : 0);
 }
 
 // Whether global byte `e` was written by another CTA of this launch.
@@ -483,7 +459,7 @@ void compute_ldmatrix(Warp& w, bool trans) {
   for (int i = 0; i < 4; ++i) {
     for (int r = 0; r < 8; ++r) {
       const uint8_t* row = g_window + shared_row(w.in[8 * i + r][0], "ldmatrix row");
-      race_read({32 * warp + 8 * i + r, warp, w.syncs}, row, 16, "ldmatrix");
+      race_read({32 * warp + 8 * i + r}, row, 16, "ldmatrix");
       std::memcpy(m[i][r], row, 16);
     }
   }
@@ -624,9 +600,7 @@ const uint32_t* collective(Op op, uint32_t mask, const uint32_t* in, int words,
   std::memcpy(w.in[lane], in, sizeof(uint32_t) * words);
   w.arrived |= 1u << lane;
   if (here == mask) {
-    ++w.syncs;  // what the lanes did before arriving is ordered before the collective's reads
     compute(w, mask, op);
-    ++w.syncs;  // and those reads before what they do after it
     w.arrived &= ~mask;
     for (int l = 0; l < 32; ++l) {
       if (l != lane && (mask >> l & 1)) ++w.done[l].generation;
@@ -651,10 +625,9 @@ void waited(const Copy& c) {
   const Accessor a = accessor();
   for (int i = 0; i < 16; ++i) {
     Shadow& e = g_window_shadow[c.dst - g_window + i];
-    e.flags = 0;
+    e.flags &= kReaders;
     e.written = g.interval;
     e.writer = static_cast<uint16_t>(a.tid);
-    e.write_sync = a.sync;
   }
 }
 

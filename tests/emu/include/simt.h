@@ -8,8 +8,8 @@
 // none left out that a shuffle reads, ldmatrix and cp.async addresses aligned and inside the
 // launch's dynamic shared memory, cp.async and page-table reads inside the buffers the test
 // registered, dynamic shared memory past 48 KiB only with the kernel's attribute raised,
-// barriers that complete (no deadlock), and no two threads racing on a byte of shared
-// memory (the race check in simt.cc). Shared memory, dynamic and static, starts as 0xff
+// barriers that complete (no deadlock), and no two threads racing on a byte of shared memory
+// or of a registered buffer (the race check in simt.cc). Shared memory, dynamic and static, starts as 0xff
 // bytes (NaN in 16-bit floats) in every CTA.
 #pragma once
 
