@@ -147,8 +147,8 @@ __global__ void Kernel(int fault, const uint8_t* src, int64_t offset, uint8_t* o
   if (fault == kRaceGlobalAcrossCtas) {
     store_words(out, t, 0, 0);
     __syncthreads();
-    if (blockIdx.x == 1)
-      out[16 * t + 1] = out[16 * int64_t{t} - 1024];  // the first CTA's thread t's
+    // the second CTA reads the word the first CTA's thread t stored
+    if (blockIdx.x == 1) out[16 * t + 1] = out[16 * int64_t{t} - 1024];
     return;
   }
   if (fault == kRaceStaticShared) {

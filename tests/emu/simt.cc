@@ -922,10 +922,10 @@ void simt_add_buffer(const void* base, size_t bytes) {
 }
 
 // The race check's hooks (see race_read): the calls -fsanitize=thread puts on a kernel TU's
-// loads and stores (of shared memory inside a launch: checked and recorded; of anything
-// else, the kernel TU's host code too: ignored) and on its atomic loads and stores
-// (std::atomic flags in launchers' host code: done as atomics). A kernel TU that needs
-// another of ThreadSanitizer's entry points fails to load, naming it.
+// loads and stores (of shared memory or a registered buffer inside a launch: checked and
+// recorded; of anything else, the kernel TU's host code too: ignored) and on its atomic
+// loads and stores (std::atomic flags in launchers' host code: done as atomics). A kernel TU
+// that needs another of ThreadSanitizer's entry points fails to load, naming it.
 namespace {
 void hook_read(const void* p, size_t bytes) {
   if (simt::g.current) {
