@@ -212,13 +212,18 @@ void wait_for(const Barrier& b, uint64_t generation) {
   back_to_scheduler();
 }
 
-bool in_buffers(const void* p, size_t bytes) {
-  if (g.buffers.empty()) return true;  // nothing registered: unchecked
+// The registered buffer holding `bytes` at `p` (-1: none).
+int buffer_of(const void* p, size_t bytes) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  for (const auto& [base, size] : g.buffers) {
-    if (a >= base && a + bytes <= base + size) return true;
+  for (size_t i = 0; i < g.buffers.size(); ++i) {
+    const auto& [base, size] = g.buffers[i];
+    if (a >= base && a + bytes <= base + size) return static_cast<int>(i);
   }
-  return false;
+  return -1;
+}
+
+bool in_buffers(const void* p, size_t bytes) {
+  return g.buffers.empty() || buffer_of(p, bytes) >= 0;  // nothing registered: unchecked
 }
 
 // The race check (what compute-sanitizer's racecheck does). A kernel TU is compiled with
@@ -278,16 +283,6 @@ Shadow* shadow_of(const uint8_t* p) {
     if (p >= base && p < base + g.static_shared[i].second) return &g_static_shadow[i][p - base];
   }
   return nullptr;
-}
-
-// The registered buffer holding `bytes` at `p` (-1: none).
-int buffer_of(const void* p, size_t bytes) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  for (size_t i = 0; i < g.buffers.size(); ++i) {
-    const auto& [base, size] = g.buffers[i];
-    if (a >= base && a + bytes <= base + size) return static_cast<int>(i);
-  }
-  return -1;
 }
 
 GlobalShadow& global_shadow_of(const uint8_t* p) {
@@ -355,6 +350,14 @@ void read_in_cta(Shadow& e, const Accessor& a, const uint8_t* p, const char* wha
   }
 }
 
+// Records a write of the byte with shadow `e` by thread `tid`; `kind` is kAtomic, kInFlight
+// (a cp.async's until its wait) or 0.
+void record_write(Shadow& e, unsigned tid, uint8_t kind) {
+  e.written = g.interval;
+  e.writer = static_cast<uint16_t>(tid);
+  e.flags = (e.flags & kReaders) | kind;
+}
+
 // Checks a write (`atomic`: an atomic read-modify-write) of byte `p` (its shadow `e`) by `a`
 // within the CTA; records it, as a cp.async's until its wait if `in_flight_copy`.
 void write_in_cta(Shadow& e, const Accessor& a, const uint8_t* p, bool atomic, bool in_flight_copy,
@@ -375,9 +378,7 @@ void write_in_cta(Shadow& e, const Accessor& a, const uint8_t* p, bool atomic, b
     fail("race: thread %u's %s writes %s, which %s read with no __syncthreads between", a.tid, what,
          Place(p).text, reader);
   }
-  e.written = g.interval;
-  e.writer = static_cast<uint16_t>(a.tid);
-  e.flags = (e.flags & kReaders) | (in_flight_copy ? kInFlight : atomic ? kAtomic : 0);
+  record_write(e, a.tid, in_flight_copy ? kInFlight : atomic ? kAtomic : 0);
 }
 
 // Whether global byte `e` was written by another CTA of this launch.
@@ -385,55 +386,58 @@ bool other_cta_wrote(const GlobalShadow& e) {
   return e.in_cta.written >= g.launch_interval && e.writer_block != block_number();
 }
 
-void race_read(const Accessor& a, const uint8_t* p, size_t bytes, const char* what) {
+// Calls on_shared(shadow, byte) for each byte of an access of `bytes` at `p` in shared
+// memory, or on_global(shadow, byte) for each in a registered buffer; nothing elsewhere.
+template <typename OnShared, typename OnGlobal>
+void for_each_byte(const uint8_t* p, size_t bytes, OnShared on_shared, OnGlobal on_global) {
   if (bytes == 0) return;
   if (shadow_of(p) || shadow_of(p + bytes - 1)) {  // (no access straddles shared memory)
     for (size_t i = 0; i < bytes; ++i) {
-      if (Shadow* e = shadow_of(p + i)) read_in_cta(*e, a, p + i, what);
+      if (Shadow* e = shadow_of(p + i)) on_shared(*e, p + i);
     }
   } else if (buffer_of(p, bytes) >= 0) {
-    for (size_t i = 0; i < bytes; ++i) {
-      GlobalShadow& e = global_shadow_of(p + i);
-      if (other_cta_wrote(e)) {
-        fail("race: thread %u's %s reads %s, which %s wrote in this launch", a.tid, what,
-             Place(p + i).text, Block(e.writer_block).text);
-      }
-      read_in_cta(e.in_cta, a, p + i, what);
-      if (e.read_launch != g.launch_interval) {
-        e.read_launch = g.launch_interval;
-        e.reader_block = block_number();
-        e.blocks_read = false;
-      } else if (e.reader_block != block_number()) {
-        e.blocks_read = true;
-      }
-    }
+    for (size_t i = 0; i < bytes; ++i) on_global(global_shadow_of(p + i), p + i);
   }
+}
+
+void race_read(const Accessor& a, const uint8_t* p, size_t bytes, const char* what) {
+  for_each_byte(
+      p, bytes, [&](Shadow& e, const uint8_t* b) { read_in_cta(e, a, b, what); },
+      [&](GlobalShadow& e, const uint8_t* b) {
+        if (other_cta_wrote(e)) {
+          fail("race: thread %u's %s reads %s, which %s wrote in this launch", a.tid, what,
+               Place(b).text, Block(e.writer_block).text);
+        }
+        read_in_cta(e.in_cta, a, b, what);
+        if (e.read_launch != g.launch_interval) {
+          e.read_launch = g.launch_interval;
+          e.reader_block = block_number();
+          e.blocks_read = false;
+        } else if (e.reader_block != block_number()) {
+          e.blocks_read = true;
+        }
+      });
 }
 
 void race_write(const Accessor& a, uint8_t* p, size_t bytes, bool atomic, bool in_flight_copy,
                 const char* what) {
-  if (bytes == 0) return;
-  if (shadow_of(p) || shadow_of(p + bytes - 1)) {
-    for (size_t i = 0; i < bytes; ++i) {
-      if (Shadow* e = shadow_of(p + i)) write_in_cta(*e, a, p + i, atomic, in_flight_copy, what);
-    }
-  } else if (buffer_of(p, bytes) >= 0) {
-    for (size_t i = 0; i < bytes; ++i) {
-      GlobalShadow& e = global_shadow_of(p + i);
-      if (other_cta_wrote(e)) {
-        fail("race: thread %u's %s writes %s, which %s wrote in this launch", a.tid, what,
-             Place(p + i).text, Block(e.writer_block).text);
-      }
-      if (e.read_launch == g.launch_interval &&
-          (e.blocks_read || e.reader_block != block_number())) {
-        fail("race: thread %u's %s writes %s, which %s read in this launch", a.tid, what,
-             Place(p + i).text,
-             e.reader_block != block_number() ? Block(e.reader_block).text : "another CTA");
-      }
-      write_in_cta(e.in_cta, a, p + i, atomic, in_flight_copy, what);
-      e.writer_block = block_number();
-    }
-  }
+  for_each_byte(
+      p, bytes,
+      [&](Shadow& e, const uint8_t* b) { write_in_cta(e, a, b, atomic, in_flight_copy, what); },
+      [&](GlobalShadow& e, const uint8_t* b) {
+        if (other_cta_wrote(e)) {
+          fail("race: thread %u's %s writes %s, which %s wrote in this launch", a.tid, what,
+               Place(b).text, Block(e.writer_block).text);
+        }
+        if (e.read_launch == g.launch_interval &&
+            (e.blocks_read || e.reader_block != block_number())) {
+          fail("race: thread %u's %s writes %s, which %s read in this launch", a.tid, what,
+               Place(b).text,
+               e.reader_block != block_number() ? Block(e.reader_block).text : "another CTA");
+        }
+        write_in_cta(e.in_cta, a, b, atomic, in_flight_copy, what);
+        e.writer_block = block_number();
+      });
 }
 
 size_t shared_row(uint32_t address, const char* what) {
@@ -622,13 +626,8 @@ void land(const Copy& c) {
 // A copy the issuing thread waited for: its bytes are that thread's write now.
 void waited(const Copy& c) {
   if (!c.landed) land(c);
-  const Accessor a = accessor();
-  for (int i = 0; i < 16; ++i) {
-    Shadow& e = g_window_shadow[c.dst - g_window + i];
-    e.flags &= kReaders;
-    e.written = g.interval;
-    e.writer = static_cast<uint16_t>(a.tid);
-  }
+  const unsigned tid = self().tid;
+  for (int i = 0; i < 16; ++i) record_write(g_window_shadow[c.dst - g_window + i], tid, 0);
 }
 
 void exit_thread(Fiber& f) {
