@@ -36,6 +36,42 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="0:6",
         help="START:COUNT, the seeds of the random cases of tests/ops/test_*_fuzz_emulated.py",
     )
+    parser.addoption(
+        "--memory-profile",
+        metavar="FILE",
+        help="write to FILE the memory profile (tests/emu/profile.py) of every emulated "
+        "module the tests run: each source line's shared-memory wavefronts and global sectors",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--memory-profile")
+    if path:
+        from tests.emu import profile
+
+        profile.profile_session()
+        if not os.environ.get("PYTEST_XDIST_WORKER"):  # an earlier session's leftovers
+            for part in Path(path).parent.glob(f"{Path(path).name}.*.json"):
+                part.unlink()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """With --memory-profile, each xdist worker leaves its sites beside FILE, and the process
+    that ran the session writes them all, added up, to FILE."""
+    path = session.config.getoption("--memory-profile")
+    if not path:
+        return
+    from tests.emu import profile
+
+    sites = profile.session_sites()
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        profile.save(sites, Path(f"{path}.{worker}.json"))
+        return
+    for part in Path(path).parent.glob(f"{Path(path).name}.*.json"):
+        sites += profile.load(part)
+        part.unlink()
+    Path(path).write_text(profile.Profile(profile.merge(sites)).table() + "\n")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

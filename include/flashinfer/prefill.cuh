@@ -19,7 +19,8 @@
 // two-stage cp.async pipeline (tile i + 1 in flight while tile i is computed; with kOverlap, K
 // a tile ahead of V, so that tile i + 1's S = Q K^T runs on the tensor cores during tile i's
 // softmax). Shared memory rows are swizzled (16-byte chunk c of row r stored at chunk
-// c ^ (r % 8)) so that ldmatrix reads are free of bank conflicts.
+// c ^ row_key(r), swizzle.h) so that ldmatrix reads and the K/V copies' stores are free of
+// bank conflicts while each token's copies read whole 32-byte sectors.
 // S = Q K^T and O += P V run on mma.sync m16n8k16 with float32 accumulators; the softmax is online
 // in log2 units (running row max m, running sum d, O rescaled by 2^(m_old - m_new) when a row's
 // max moves, which it does only past a lag of kMaxLag, so most tiles skip the rescale). Only tiles
@@ -395,7 +396,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   // Its K and V rows as pointers to the thread's first chunk (an unfilled copy names q's first
   // row, which holds a whole head's row of chunks, K's and V's: Tiling has kHeadDimVO <=
   // kHeadDim), given its page-table entry (entry_ahead). The first chunk is K's and V's
-  // alike (TokenChunks' first depends on the thread only).
+  // alike (TokenChunks: the thread's `part`).
   struct TokenRows {
     const TKV* k;
     const TKV* v;
@@ -407,11 +408,7 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     const bool valid = at.in_range && page >= 0;
     const int64_t slot = slot_of(p.pages, p.page_div, at.position);
     const int token = thread_index() / kTokenThreads, part = thread_index() % kTokenThreads;
-    const int first =
-        kFp8 ? part * 16 : TokenChunks<kHeadDim, kTokenThreads>(token, part).first * 8;
-    static_assert(
-        TokenChunks<kHeadDim, kTokenThreads>::kRun == TokenChunks<kHeadDimVO, kTokenThreads>::kRun,
-        "K's and V's first chunk of a thread are the same");
+    const int first = part * (kFp8 ? 16 : 8);  // TokenChunks: chunk `part` (K's and V's)
     auto row = [&](const KVCache<TKV>& cache) {
       return (valid ? cache.data + page * cache.page_stride + slot * cache.slot_stride +
                           kv_head * cache.head_stride
@@ -462,9 +459,10 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   // 16-byte chunks dealt out to the threads in turn (consecutive threads read consecutive
   // chunks). Chunk j of a row widens into 16-bit chunks 2j and 2j + 1; threads j = 4..7 of
   // every 8 store the odd one first, so that each quarter warp's first (and second) stores
-  // fall in eight different bank groups of the swizzled row. Called by every thread between
-  // two barriers: the first publishes the landed codes (and frees the stage), the second the
-  // widened rows.
+  // fall in eight different bank groups of the swizzled rows (where a quarter warp's chunks
+  // span two rows, head_dim 64 and 192, rows 2k and 2k + 1, their keys' bit 0 differs).
+  // Called by every thread between two barriers: the first publishes the landed codes (and
+  // frees the stage), the second the widened rows.
   auto widen = [&](auto dim, const uint8_t* landing, int slot, T* stage) {
     if constexpr (kFp8) {
       constexpr int kDim = decltype(dim)::value, kRowChunks = kDim / 16;

@@ -1,7 +1,9 @@
 // The prefill kernel's swizzled shared-memory tiles: rows of head_dim 16-bit elements, 16-byte
-// chunk c of row r stored at chunk c ^ (r % 8), so that the eight rows an ldmatrix reads at
-// one chunk fall in eight different bank groups. Plain C++ when not compiled by nvcc, so a CPU
-// test checks the address arithmetic the kernel uses.
+// chunk c of row r stored at chunk c ^ row_key(r). Any key that differs across eight
+// consecutive rows puts the eight rows an ldmatrix reads at one chunk in eight different bank
+// groups; this one also lets a K/V tile's token be copied by its threads as consecutive
+// chunks (TokenChunks). Plain C++ when not compiled by nvcc, so a CPU test checks the address
+// arithmetic the kernel uses.
 #pragma once
 
 #include <cstdint>
@@ -11,38 +13,41 @@
 namespace flashinfer {
 namespace prefill {
 
+// 5 row % 8 (0 5 2 7 4 1 6 3 for rows 0-7; one multiply-add and the mask that XOR takes
+// along): the keys of rows 2k and 2k + 1 differ in bit 2, those of rows 4k .. 4k + 3 in bits
+// 1-2, and those of eight rows 8k .. 8k + 7 in bits 0-2.
+FLASHINFER_HOST_DEVICE constexpr int row_key(int row) { return row * 5 & 7; }
+
 // Element offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][kHeadDim] tile.
 template <int kHeadDim>
 FLASHINFER_HOST_DEVICE int swizzle(int row, int chunk) {
-  return row * kHeadDim + ((chunk ^ (row & 7)) << 3);
+  return row * kHeadDim + ((chunk ^ row_key(row)) << 3);
 }
 
 // The chunks one thread copies of a K/V tile's token: the kTokenThreads consecutive threads
-// of a token share its chunks, thread `part` taking chunk first + offset(i) in its load i
-// (offset is a compile-time constant, the same for every thread). A thread's chunks come in
-// runs of 8 / kTokenThreads (one from 8 threads a token on), so that the eight 16-byte
-// stores of each quarter warp land in eight different bank groups of the swizzled tile.
+// of a token share its chunks, thread `part` taking chunk part + offset(i) in its load i, so
+// a load's threads of a token read kTokenThreads consecutive chunks of its row (whole 32-byte
+// sectors from two threads on). Their stores stay free of bank conflicts: a quarter warp
+// holds 8 / kTokenThreads consecutive tokens (or part of one), and their rows' keys differ in
+// the bits that choose which run of kTokenThreads chunks of eight a token's stores fall in.
 template <int kHeadDim, int kTokenThreads>
 struct TokenChunks {
-  static constexpr int kRun = kTokenThreads < 8 ? 8 / kTokenThreads : 1;
-  int first;     // the chunk of load 0
-  int first_at;  // its element offset in the tile: swizzle(token, first)
+  static_assert(kHeadDim % 64 == 0, "rows of whole groups of 8 chunks");
+  int first_at;  // load 0's element offset in the tile: swizzle(token, part)
   FLASHINFER_HOST_DEVICE TokenChunks(int token, int part)
-      : first(part * kRun), first_at(swizzle<kHeadDim>(token, part * kRun)) {}
-  static FLASHINFER_HOST_DEVICE constexpr int offset(int i) {
-    return i / kRun * (kRun * kTokenThreads) + i % kRun;
-  }
-  // swizzle(token, first + offset(i)): chunks first .. first + kRun - 1 differ from `first`
-  // in bits it leaves clear (bits 0-2 only, where first < 8), and a run's start adds a
-  // multiple of 8 chunks, which the swizzle keeps
+      : first_at(swizzle<kHeadDim>(token, part)) {}
+  static FLASHINFER_HOST_DEVICE constexpr int offset(int i) { return i * kTokenThreads; }
+  // swizzle(token, part + offset(i)): offset(i)'s bits 0-2 are clear where part's may be set
+  // (part < kTokenThreads, a power of two), so they XOR into the swizzled chunk, and its
+  // higher bits add (rows are whole groups of 8 chunks)
   FLASHINFER_HOST_DEVICE int at(int i) const {
-    return (first_at ^ (i % kRun * 8)) + i / kRun * (kRun * kTokenThreads * 8);
+    return (first_at ^ ((offset(i) & 7) << 3)) + ((offset(i) & ~7) << 3);
   }
 };
 
 // A lane's ldmatrix rows in a swizzled tile: the byte offset from the tile's start of chunk
 // 2 * pair + half of row `row + rows`, for `rows` a multiple of 8. Rows are 128 bytes or more,
-// so bits 4-6 of an offset are its chunk's low three bits XOR row % 8 and nothing else: the
+// so bits 4-6 of an offset are its chunk's low three bits XOR row_key(row) and nothing else: the
 // offset of chunk `half` XOR a compile-time constant, plus a compile-time offset, gives every
 // (rows, pair) the loops visit from one register.
 template <int kHeadDim>

@@ -60,6 +60,11 @@ def _sanitizer_flags() -> tuple[str, ...]:
 RACE_CHECK_FLAGS = ("-fsanitize=thread", "--param=tsan-instrument-func-entry-exit=0")
 
 
+# A kernel TU's loads and stores as wide as its source writes them (the memory profile,
+# tests/emu/profile.py, counts them a lane at a time), and its lines named (-g1: line tables)
+KERNEL_FLAGS = ("-fno-tree-vectorize", "-fno-store-merging", "-fno-tree-sra", "-g1")
+
+
 def _race_check_flags() -> tuple[str, ...]:
     return () if sanitized() else RACE_CHECK_FLAGS
 
@@ -171,6 +176,7 @@ def build_library(
         include_flags = [f"-I{d}" for d in includes]
         kernel = [
             *_race_check_flags(),
+            *KERNEL_FLAGS,
             "-D__CUDACC__",  # as nvcc compiles a kernel TU (its configs check it)
             "-fno-strict-aliasing",  # kernels store 16-bit pairs through 32-bit pointers
             "-Wno-unknown-pragmas",  # #pragma unroll
@@ -186,12 +192,14 @@ def build_library(
             _compile(source, obj, [*include_flags, *flags])
             for (source, flags), obj in zip(units, objects)
         ]
-        engine = build / "simt.o"
-        if not engine.exists():  # the same in every library (only the emulator's headers)
-            commands.append(_compile(EMU_DIR / "simt.cc", engine, [f"-I{EMU_DIR / 'include'}"]))
+        engine = [build / "simt.o", build / "profile.o"]
+        for obj in engine:  # the same in every library (only the emulator's headers)
+            if not obj.exists():
+                source = EMU_DIR / obj.with_suffix(".cc").name
+                commands.append(_compile(source, obj, [f"-I{EMU_DIR / 'include'}"]))
         _run_all(commands)
         cxx = str(current_toolchain().cxx)
-        link = [*map(str, [*objects, engine]), *_sanitizer_flags(), *link_flags]
+        link = [*map(str, [*objects, *engine]), *_sanitizer_flags(), *link_flags]
         subprocess.run([cxx, "-shared", *link, "-o", str(output)], check=True)
     library = ctypes.CDLL(str(output))
     library.simt_error.restype = ctypes.c_char_p

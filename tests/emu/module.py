@@ -21,6 +21,7 @@ from flashinfer.jit.core import JitSpec
 from flashinfer.jit.toolchain import current_toolchain
 from tests.compile import cpu_kernels
 
+from . import profile
 from .engine import EmulatedLaunch, build_library, extent
 
 _DL_CUDA = 2  # DLDeviceType kDLCUDA
@@ -93,6 +94,7 @@ class EmulatedModule:
         self.launches: list[dict[str, Any]] = []
         self._module = tvm_ffi.load_module(library._name)
         self._launch = EmulatedLaunch(library, land_at_issue, reverse)
+        profile.attach(library)
         self._args = spec.function_args
         self._outputs = outputs
 

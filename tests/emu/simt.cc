@@ -19,6 +19,7 @@
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"
 #include "cuda_runtime.h"
+#include "profile.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -112,6 +113,7 @@ struct Warp {
   uint32_t in[32][10] = {};
   uint32_t out[32][4] = {};
   Barrier done[32];  // lane l's wake-up: its generation moves when l's collective completes
+  const void* pc[32] = {};  // the code of each lane's ldmatrix (for the memory profile)
 };
 
 struct Copy {
@@ -440,6 +442,19 @@ void race_write(const Accessor& a, uint8_t* p, size_t bytes, bool atomic, bool i
       });
 }
 
+// Gives the memory profile, when on, the access of `bytes` at `p` by the code at `pc`: of
+// kind `shared` in shared memory, `global` in a registered buffer (others are not counted).
+void profiled(const void* pc, const void* p, size_t bytes, profile::Kind shared,
+              profile::Kind global) {
+  if (!profile::enabled() || bytes == 0) return;
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  if (shadow_of(b) || shadow_of(b + bytes - 1)) {
+    profile::access(shared, pc, self().tid, p, bytes);
+  } else if (buffer_of(p, bytes) >= 0) {
+    profile::access(global, pc, self().tid, p, bytes);
+  }
+}
+
 size_t shared_row(uint32_t address, const char* what) {
   if (address % 16 != 0 || size_t{address} + 16 > g.smem_bytes) {
     fail(
@@ -460,13 +475,16 @@ uint16_t high(uint32_t r) { return static_cast<uint16_t>(r >> 16); }
 void compute_ldmatrix(Warp& w, bool trans) {
   const unsigned warp = static_cast<unsigned>(&w - g.warps.data());
   uint16_t m[4][8][8];  // matrix i's row r: the 16 bytes at lane 8i + r's address
+  const uint8_t* rows[32];
   for (int i = 0; i < 4; ++i) {
     for (int r = 0; r < 8; ++r) {
       const uint8_t* row = g_window + shared_row(w.in[8 * i + r][0], "ldmatrix row");
       race_read({32 * warp + 8 * i + r}, row, 16, "ldmatrix");
       std::memcpy(m[i][r], row, 16);
+      rows[8 * i + r] = row;
     }
   }
+  if (profile::enabled()) profile::ldmatrix(w.pc[0], warp, rows);
   for (int lane = 0; lane < 32; ++lane) {
     const int group = lane / 4, pair = 2 * (lane % 4);
     for (int i = 0; i < 4; ++i) {
@@ -724,6 +742,7 @@ void run_block() {
           return;
         }
       }
+      if (profile::enabled()) profile::end_cta();
       return;
     }
     if (!ran) {
@@ -784,6 +803,7 @@ uint32_t reduce_add(uint32_t mask, uint32_t value) {
 }
 
 void ldmatrix_x4(uint32_t* r, uint32_t address, bool trans) {
+  g.warps[self().tid / 32].pc[self().tid % 32] = __builtin_return_address(0);
   const uint32_t in[1] = {address};
   std::memcpy(r, collective(trans ? Op::kLdmatrixTrans : Op::kLdmatrix, 0xffffffffu, in, 1), 16);
 }
@@ -805,6 +825,8 @@ size_t shared_offset(const void* p) {
 int load_if(const int32_t* ptr, bool pred, int fallback) {
   if (!pred) return fallback;
   if (!in_buffers(ptr, 4)) fail("page-table load at %p, outside every registered buffer", ptr);
+  profiled(__builtin_return_address(0), ptr, 4, profile::Kind::kSharedLoad,
+           profile::Kind::kGlobalLoad);
   race_read(accessor(), reinterpret_cast<const uint8_t*>(ptr), 4, "page-table load");
   return *ptr;
 }
@@ -815,6 +837,11 @@ void cp_async_16(void* smem, const void* gmem, bool fill) {
     fail("cp.async reads 16 bytes at %p: unaligned or outside every registered buffer", gmem);
   }
   const Copy c{g_window + at, fill ? static_cast<const uint8_t*>(gmem) : nullptr, g.land_at_issue};
+  if (profile::enabled()) {
+    const void* pc = __builtin_return_address(0);
+    profile::access(profile::Kind::kCpAsyncToShared, pc, self().tid, c.dst, 16);
+    if (c.src) profile::access(profile::Kind::kCpAsyncFromGlobal, pc, self().tid, c.src, 16);
+  }
   if (c.src) race_read(accessor(), c.src, 16, "cp.async");
   race_write(accessor(), c.dst, 16, false, true, "cp.async");
   if (c.landed) land(c);
@@ -837,7 +864,8 @@ void cp_async_wait(int pending) {
 
 uint8_t* shared_window() { return g_window; }
 
-void atomic_access(void* p, size_t bytes) {
+void atomic_access(void* p, size_t bytes, const void* pc) {
+  profiled(pc, p, bytes, profile::Kind::kSharedAtomic, profile::Kind::kGlobalAtomic);
   race_write(accessor(), static_cast<uint8_t*>(p), bytes, true, false, "atomic");
 }
 
@@ -925,34 +953,41 @@ void simt_add_buffer(const void* base, size_t bytes) {
 // recorded; of anything else, the kernel TU's host code too: ignored) and on its atomic
 // loads and stores (std::atomic flags in launchers' host code: done as atomics). A kernel TU
 // that needs another of ThreadSanitizer's entry points fails to load, naming it.
+// `pc`: the kernel code making the access (for the memory profile).
 namespace {
-void hook_read(const void* p, size_t bytes) {
+void hook_read(const void* p, size_t bytes, const void* pc) {
   if (simt::g.current) {
+    simt::profiled(pc, p, bytes, simt::profile::Kind::kSharedLoad,
+                   simt::profile::Kind::kGlobalLoad);
     simt::race_read(simt::accessor(), static_cast<const uint8_t*>(p), bytes, "load");
   }
 }
-void hook_write(void* p, size_t bytes) {
+void hook_write(void* p, size_t bytes, const void* pc) {
   if (simt::g.current) {
+    simt::profiled(pc, p, bytes, simt::profile::Kind::kSharedStore,
+                   simt::profile::Kind::kGlobalStore);
     simt::race_write(simt::accessor(), static_cast<uint8_t*>(p), bytes, false, false, "store");
   }
 }
 }  // namespace
 
+#define SIMT_CALLER __builtin_return_address(0)
 extern "C" {
 void __tsan_init() {}
-void __tsan_read_range(void* p, size_t bytes) { hook_read(p, bytes); }
-void __tsan_write_range(void* p, size_t bytes) { hook_write(p, bytes); }
-#define SIMT_ACCESS_HOOKS(N)                                  \
-  void __tsan_read##N(void* p) { hook_read(p, N); }           \
-  void __tsan_write##N(void* p) { hook_write(p, N); }         \
-  void __tsan_unaligned_read##N(void* p) { hook_read(p, N); } \
-  void __tsan_unaligned_write##N(void* p) { hook_write(p, N); }
+void __tsan_read_range(void* p, size_t bytes) { hook_read(p, bytes, SIMT_CALLER); }
+void __tsan_write_range(void* p, size_t bytes) { hook_write(p, bytes, SIMT_CALLER); }
+#define SIMT_ACCESS_HOOKS(N)                                                \
+  void __tsan_read##N(void* p) { hook_read(p, N, SIMT_CALLER); }            \
+  void __tsan_write##N(void* p) { hook_write(p, N, SIMT_CALLER); }          \
+  void __tsan_unaligned_read##N(void* p) { hook_read(p, N, SIMT_CALLER); }  \
+  void __tsan_unaligned_write##N(void* p) { hook_write(p, N, SIMT_CALLER); }
 SIMT_ACCESS_HOOKS(1)
 SIMT_ACCESS_HOOKS(2)
 SIMT_ACCESS_HOOKS(4)
 SIMT_ACCESS_HOOKS(8)
 SIMT_ACCESS_HOOKS(16)
 #undef SIMT_ACCESS_HOOKS
+#undef SIMT_CALLER
 #define SIMT_ATOMIC_HOOKS(N, T)                            \
   T __tsan_atomic##N##_load(const volatile T* a, int) {    \
     return __atomic_load_n(a, __ATOMIC_SEQ_CST);           \

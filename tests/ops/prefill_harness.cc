@@ -23,7 +23,7 @@ namespace {
 template <int kHeadDim, int kTokenThreads>
 void print_chunk(int token, int part, int i) {
   const flashinfer::prefill::TokenChunks<kHeadDim, kTokenThreads> chunks(token, part);
-  std::printf("%d %d\n", chunks.first + chunks.offset(i), chunks.at(i));
+  std::printf("%d %d\n", part + chunks.offset(i), chunks.at(i));
 }
 
 template <int kHeadDim>

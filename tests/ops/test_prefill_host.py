@@ -179,6 +179,11 @@ def test_page_size_division_by_multiply_high(harness) -> None:  # noqa: ANN001
     assert not wrong, wrong[:5]
 
 
+def row_key(row: int) -> int:
+    """swizzle.h's key of a row."""
+    return row * 5 % 8
+
+
 # Which row block and chunk half of a 16 x 16 operand tile the four 8 x 8 matrices of an
 # ldmatrix x4 hold, in the order the kernel hands its registers to mma.sync m16n8k16 (PTX's
 # fragment layouts): Q as A (a0: rows 0-7 dims 0-7, a1: rows 8-15, a2: dims 8-15, a3: both);
@@ -195,7 +200,7 @@ MATRICES = {
 def test_each_lane_addresses_its_fragment_row_in_the_swizzled_tile(harness, head_dim: int) -> None:  # noqa: ANN001
     """Every lane, operand and (m-tile or key offset, chunk pair) the kernel's loops visit: the
     lane's ldmatrix offset is that of its matrix's row (lane % 8 of the matrix) and chunk,
-    which the tile stores at chunk ^ (row % 8) of its row."""
+    which the tile stores at chunk ^ row_key(row) of its row."""
     cases = [
         (operand, lane, warp_row, rows, pair)
         for operand in "qkv"
@@ -208,7 +213,7 @@ def test_each_lane_addresses_its_fragment_row_in_the_swizzled_tile(harness, head
     for (operand, lane, warp_row, rows, pair), answer in zip(cases, harness(queries)):
         block, half = MATRICES[operand][lane // 8]
         row, chunk = warp_row + rows + block + lane % 8, 2 * pair + half
-        want = 2 * (row * head_dim + 8 * (chunk ^ (row % 8)))
+        want = 2 * (row * head_dim + 8 * (chunk ^ row_key(row)))
         assert int(answer) == want, (operand, lane, warp_row, rows, pair)
 
 
@@ -218,9 +223,11 @@ def test_each_kv_tile_chunk_is_loaded_once_without_store_bank_conflicts(
 ) -> None:  # noqa: ANN001
     """For every accepted tiling: the threads of a K/V tile's token (kThreads / kTileKV of
     them) load each of its head_dim / 8 chunks exactly once, to the chunk's swizzled place
-    (chunk c of row r at c ^ (r % 8)); a thread's chunks are its first plus offsets shared by
-    every thread (the kernel adds them at compile time); and in each load the eight threads
-    of a quarter warp store to eight different 16-byte bank groups."""
+    (chunk c of row r at c ^ row_key(r)); a thread's chunks are its first plus offsets shared
+    by every thread (the kernel adds them at compile time); in each load a token's threads
+    read consecutive chunks from a multiple of their count (whole 32-byte sectors, two
+    chunks, from two threads on); and the eight threads of a quarter warp store to eight
+    different 16-byte bank groups."""
     chunks = head_dim // 8
     for tiling in accepted_tilings(head_dim):
         token_threads = tiling.threads // tiling.tile_kv
@@ -242,12 +249,17 @@ def test_each_kv_tile_chunk_is_loaded_once_without_store_bank_conflicts(
             assert sorted(loaded) == list(range(chunks)), (tiling, token)
         for (token, part, i), c in chunk.items():
             assert c - chunk[token, part, 0] == chunk[0, 0, i], (tiling, token, part, i)
-            assert at[token, part, i] == token * head_dim + 8 * (c ^ (token % 8)), (
+            assert at[token, part, i] == token * head_dim + 8 * (c ^ row_key(token)), (
                 tiling,
                 token,
                 part,
                 i,
             )
+        for token in range(tiling.tile_kv):
+            for i in range(per_thread):
+                read = [chunk[token, part, i] for part in range(token_threads)]
+                assert read == list(range(read[0], read[0] + token_threads)), (tiling, token, i)
+                assert read[0] % token_threads == 0, (tiling, token, i)
         for i in range(per_thread):
             for first in range(0, tiling.threads, 8):
                 quarter = [

@@ -100,10 +100,12 @@ inline unsigned long long __float2ull_rz(float x) {
 }
 
 // Atomics: threads switch only at barriers and collectives, so a plain read-modify-write is
-// one atomic operation (announced to the race check, and kept out of its plain accesses).
+// one atomic operation (announced to the race check, and kept out of its plain accesses; the
+// compiler never inlines this into a kernel it instruments, so the return address is the
+// kernel's call, for the memory profile).
 template <typename T>
 __attribute__((no_sanitize_thread)) inline T atomicAdd(T* address, T value) {
-  ::simt::atomic_access(address, sizeof(T));
+  ::simt::atomic_access(address, sizeof(T), __builtin_return_address(0));
   const T old = *address;
   *address = old + value;
   return old;

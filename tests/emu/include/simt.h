@@ -63,9 +63,9 @@ void cp_async_wait(int pending);
 
 // The CTA's dynamic shared memory (an H100's 227 KiB; a launch uses its first smem bytes).
 uint8_t* shared_window();
-// An atomic read-modify-write of `bytes` at `p` (for the race check: atomics of several
-// threads on one address do not race).
-void atomic_access(void* p, size_t bytes);
+// An atomic read-modify-write of `bytes` at `p` by the code at `pc` (for the race check:
+// atomics of several threads on one address do not race; and the memory profile).
+void atomic_access(void* p, size_t bytes, const void* pc);
 // A static __shared__ variable, declared (tests/emu/engine.py adds the call after each
 // declaration): poisoned now if new, and at the start of every later CTA.
 void shared_declared(void* p, size_t bytes);
