@@ -256,9 +256,11 @@ __device__ uint32_t radix_select(const T* row, int64_t n, Target target_of, Weig
     __syncthreads();
     if (threadIdx.x < 32) {
       // lane l covers bins 255 - 8l down to 248 - 8l: lanes in order scan the bins from the top
+      // (adding its eight from the (l / 4)-th on, so that a round's 32 reads of a word array
+      // fall in 32 different banks: lanes 4 apart are 32 bins apart)
       const int lane = threadIdx.x;
       unsigned long long sum = 0;
-      for (int b = 0; b < 8; ++b) sum += sh.weight(255 - 8 * lane - b);
+      for (int b = 0; b < 8; ++b) sum += sh.weight(255 - 8 * lane - ((b + lane / 4) & 7));
       unsigned long long inclusive = sum;
 #pragma unroll
       for (int offset = 1; offset < 32; offset <<= 1) {

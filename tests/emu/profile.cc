@@ -187,7 +187,7 @@ void ldmatrix(const void* pc, unsigned warp, const uint8_t* const rows[32]) {
   count(Key{pc, Kind::kLdmatrix, warp}, r);
 }
 
-void end_cta() {
+void flush() {
   for (const auto& [key, stream] : g_streams) {
     for (const Request& r : stream.requests) count(key, r);
   }

@@ -3,7 +3,7 @@
 // each access a thread makes to shared memory or to a registered buffer (global memory), with
 // the code address that made it; the profile pairs the accesses of a warp's lanes into the
 // warp-wide requests a GPU issues (a lane's n-th access at a code address with its warp's
-// other lanes' n-th there) and counts, per code address, the shared-memory wavefronts and
+// other lanes' n-th there, counting from the last barrier) and counts, per code address, the shared-memory wavefronts and
 // global-memory sectors they take against the fewest their bytes could take.
 #pragma once
 
@@ -30,8 +30,10 @@ bool enabled();
 void access(Kind kind, const void* pc, unsigned tid, const void* address, size_t bytes);
 // An ldmatrix .x4 of warp `warp` at `pc`: `rows[i]` is the address lane i gave (matrix i / 8).
 void ldmatrix(const void* pc, unsigned warp, const uint8_t* const rows[32]);
-// The CTA is done: its requests are counted.
-void end_cta();
+// The CTA passed a barrier or is done: its requests so far are counted (a lane's accesses
+// after a barrier pair with its warp's other lanes' after it, as a GPU's warp reconverges
+// there, even where a branch before it ran different lanes a different number of times).
+void flush();
 
 }  // namespace profile
 }  // namespace simt

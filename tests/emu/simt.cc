@@ -663,6 +663,7 @@ void exit_thread(Fiber& f) {
     g.block_barrier.arrived = 0;
     ++g.block_barrier.generation;
     ++g.interval;
+    if (profile::enabled()) profile::flush();
   }
 }
 
@@ -742,7 +743,7 @@ void run_block() {
           return;
         }
       }
-      if (profile::enabled()) profile::end_cta();
+      if (profile::enabled()) profile::flush();
       return;
     }
     if (!ran) {
@@ -772,6 +773,7 @@ void sync_threads() {
   const uint64_t generation = g.block_barrier.generation;
   if (arrive(g.block_barrier)) {
     ++g.interval;
+    if (profile::enabled()) profile::flush();
   } else {
     wait_for(g.block_barrier, generation);
   }
