@@ -263,7 +263,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   T* const sv = sk + Tl::kStages * Tl::kKElems;
   uint8_t* const unscored = reinterpret_cast<uint8_t*>(sv + Tl::kStages * Tl::kVElems);
   static_assert(Tl::kStages == 2, "the main loops below are written for two stages");
-  // fp8: the ring's two slots of a tile's fp8 rows (unswizzled) in the second stage's bytes
+  // fp8: the ring's two slots of a tile's fp8 rows (swizzle.h's landing_chunk) in the second
+  // stage's bytes
   uint8_t* const k_landing = reinterpret_cast<uint8_t*>(sk + Tl::kKElems);
   uint8_t* const v_landing = reinterpret_cast<uint8_t*>(sv + Tl::kVElems);
   // The 16-bit stage the math reads tile `tile` from (fp8: always the first)
@@ -427,17 +428,19 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
     if (part == 0) unscored[k_tile % Tl::kMaskSlots * kTileKV + token] = k_at.unscored;
     // (K's and V's copies interleaved, as many of each as their rows have)
     if constexpr (kFp8) {
-      uint8_t* const k_slot = k_landing + k_tile % 2 * Tl::kKElems + token * kHeadDim + part * 16;
-      uint8_t* const v_slot = v_landing + v_tile % 2 * Tl::kVElems + token * kHeadDimVO + part * 16;
+      uint8_t* const k_row = k_landing + k_tile % 2 * Tl::kKElems + token * kHeadDim;
+      uint8_t* const v_row = v_landing + v_tile % 2 * Tl::kVElems + token * kHeadDimVO;
 #pragma unroll
       for (int i = 0; i < kLandCopies; ++i) {
         const int chunk = part + i * kTokenThreads, offset = i * kTokenThreads * 16;
         if (kLandChunks % kTokenThreads == 0 || chunk < kLandChunks) {
-          cp_async_16(k_slot + offset, k_at.k + offset, k_at.valid);
+          cp_async_16(k_row + 16 * landing_chunk<kHeadDim>(token, chunk), k_at.k + offset,
+                      k_at.valid);
         }
         if (with_v && i < kVLandCopies &&
             (kVLandChunks % kTokenThreads == 0 || chunk < kVLandChunks)) {
-          cp_async_16(v_slot + offset, v_at.v + offset, v_at.valid);
+          cp_async_16(v_row + 16 * landing_chunk<kHeadDimVO>(token, chunk), v_at.v + offset,
+                      v_at.valid);
         }
       }
       return;
@@ -457,10 +460,11 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   // fp8: widens the tile in ring slot `slot` of `landing` into the 16-bit stage `stage`, its
   // rows of `dim` (a std::integral_constant: kHeadDim for K, kHeadDimVO for V), the tile's
   // 16-byte chunks dealt out to the threads in turn (consecutive threads read consecutive
-  // chunks). Chunk j of a row widens into 16-bit chunks 2j and 2j + 1; threads j = 4..7 of
-  // every 8 store the odd one first, so that each quarter warp's first (and second) stores
-  // fall in eight different bank groups of the swizzled rows (where a quarter warp's chunks
-  // span two rows, head_dim 64 and 192, rows 2k and 2k + 1, their keys' bit 0 differs).
+  // places, each holding the row's chunk j that landing_chunk put there). Chunk j of a row
+  // widens into 16-bit chunks 2j and 2j + 1; threads with j % 8 = 4..7 store the odd one
+  // first, so that each quarter warp's first (and second) stores fall in eight different bank
+  // groups of the swizzled rows (a quarter warp's eight places hold j = 0..7 of a row, or of
+  // 8..15, or span rows 2k and 2k + 1, whose keys' bit 0 differs: head_dim 64 and 192).
   // Called by every thread between two barriers: the first publishes the landed codes (and
   // frees the stage), the second the widened rows.
   auto widen = [&](auto dim, const uint8_t* landing, int slot, T* stage) {
@@ -475,7 +479,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
               *reinterpret_cast<const uint4*>(landing + slot * kTileKV * kDim + c * 16);
           uint4 lo, hi;
           fp8x16_to<T, TKV>(codes, &lo, &hi);
-          const int r = c / kRowChunks, j = c % kRowChunks, odd = j >> 2 & 1;
+          const int r = c / kRowChunks, j = landing_chunk<kDim>(r, c % kRowChunks);
+          const int odd = j >> 2 & 1;
           *reinterpret_cast<uint4*>(stage + swizzle<kDim>(r, 2 * j + odd)) = odd ? hi : lo;
           *reinterpret_cast<uint4*>(stage + swizzle<kDim>(r, 2 * j + 1 - odd)) = odd ? lo : hi;
         }

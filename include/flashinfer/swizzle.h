@@ -24,6 +24,17 @@ FLASHINFER_HOST_DEVICE int swizzle(int row, int chunk) {
   return row * kHeadDim + ((chunk ^ row_key(row)) << 3);
 }
 
+// Where chunk `chunk` (16 one-byte codes) of row `row` of an fp8 landing tile (prefill.cuh)
+// sits in its row of kBytes codes: at chunk ^ row_key(row) where rows are whole groups of 8
+// chunks (head_dim 128 and 256), so that the copies into it are free of bank conflicts as
+// the 16-bit tiles' are (TokenChunks); as it is in rows of 4 and 12 chunks (head_dim 64 and
+// 192), whose copies are free of them at 4 threads a token (the default tilings; head_dim 64
+// at 2 threads a token, m2kv64, has two-way conflicts).
+template <int kBytes>
+FLASHINFER_HOST_DEVICE int landing_chunk(int row, int chunk) {
+  return kBytes % 128 == 0 ? chunk ^ row_key(row) : chunk;
+}
+
 // The chunks one thread copies of a K/V tile's token: the kTokenThreads consecutive threads
 // of a token share its chunks, thread `part` taking chunk part + offset(i) in its load i, so
 // a load's threads of a token read kTokenThreads consecutive chunks of its row (whole 32-byte

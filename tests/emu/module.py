@@ -98,6 +98,10 @@ class EmulatedModule:
         self._args = spec.function_args
         self._outputs = outputs
 
+    def profiling(self) -> contextlib.AbstractContextManager[profile.Profile]:
+        """Profiles this module's launches inside the block (tests/emu/profile.py)."""
+        return profile.profiling(self._launch.library)
+
     def __getattr__(self, function: str) -> Callable[..., Any]:
         if function.startswith("_") or function not in self._args:
             raise AttributeError(function)

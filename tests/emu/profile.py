@@ -57,6 +57,11 @@ class Profile:
         """The sites in source files named ``name`` (``"decode.cuh"``)."""
         return [s for s in self.sites if Path(s.where.split(":")[0]).name == name]
 
+    def excessive(self, files: tuple[str, ...], kinds: tuple[str, ...]) -> list[Site]:
+        """The sites of ``kinds`` in source files named ``files`` that take more than the
+        fewest wavefronts or sectors."""
+        return [s for f in files for s in self.in_file(f) if s.kind in kinds and s.cost > s.ideal]
+
     def table(self) -> str:
         """The sites as a table, the most excess first."""
         rows = sorted(self.sites, key=lambda s: (-s.excess, s.where, s.kind))

@@ -297,3 +297,40 @@ def test_fp8_cache_inside_decode(
     batch_launches = [launch for launch in module.launches if "plan" in launch]
     assert batch_launches[0]["grid_merge"] > 0  # the 300 keys ran as two chunks
     assert module.launches[-1]["num_chunks"] == 2  # and in single decode
+
+
+# (qo_heads, kv_heads, head_dim, kv_dtype): two heads a thread (group 8, 4 warps of tokens),
+# one head a thread over a partial warp (group 3), head_dim 64 and 256, the 1024-thread
+# kernel (group 33), an fp8 cache
+PROFILE_CASES = [
+    (32, 4, 128, None),
+    (6, 2, 128, None),
+    (4, 4, 64, None),
+    (4, 2, 256, None),
+    (33, 1, 128, None),
+    (8, 2, 128, torch.float8_e4m3fn),
+]
+
+
+@pytest.mark.parametrize(
+    "qo_heads,kv_heads,head_dim,kv_dtype",
+    PROFILE_CASES,
+    ids=[f"{c[0]}x{c[1]}-hd{c[2]}-{str(c[3])[6:]}" for c in PROFILE_CASES],
+)
+def test_shared_memory_without_bank_conflicts_and_kv_copies_of_whole_sectors(
+    emulate, qo_heads: int, kv_heads: int, head_dim: int, kv_dtype: torch.dtype | None
+) -> None:
+    """The memory profile (tests/emu/profile.py) of batch decode over pages of 16 (requests
+    split over CTAs and merged): every shared-memory access of the kernels (the K/V tiles'
+    copies and reads, the token offsets, the partial states' merge) takes the fewest
+    wavefronts, and the K/V copies read whole 32-byte sectors."""
+    module = emulate(torch.bfloat16, head_dim, kv_dtype=kv_dtype)
+    args = ([300, 77, 1], qo_heads, kv_heads, head_dim, 16, "NHD", torch.bfloat16)
+    with module.profiling() as profile:
+        if kv_dtype is None:
+            check_batch_decode("cpu", *args)
+        else:
+            check_fp8_decode("cpu", kv_dtype, "NONE", *args)
+    kinds = ("shared load", "shared store", "cp.async to shared", "cp.async from global")
+    assert {s.kind for s in profile.in_file("decode.cuh")} >= set(kinds)
+    assert not profile.excessive(("decode.cuh",), kinds), profile.table()

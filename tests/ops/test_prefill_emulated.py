@@ -697,3 +697,56 @@ def test_mla_head_dims(
     assert out.shape == (70, 8, 128)
     want = reference_attention(q2, k_ref[2][:, :2], v_ref[2][:, :2], causal=True, window_left=30)
     _check(out, lse, want)
+
+
+# (head_dim, head_dim_vo, tiling, kv_dtype, pos_encoding): the defaults (a K/V token's copies
+# by 4 threads), 2 and 8 threads a token, DeepSeek's 192/128, fp8 landing and widening at
+# 64, 128 (rows of 8 fp8 chunks, swizzled) and 192, RoPE rotating Q and K rows in shared memory
+PROFILE_CASES = [
+    *((d, d, DEFAULT_TILINGS[d], None, "NONE") for d in HEAD_DIMS),
+    (128, 128, PrefillTiling(2, 64), None, "NONE"),
+    (128, 128, PrefillTiling(1, 32), None, "NONE"),
+    (192, 128, DEFAULT_TILINGS[192], None, "NONE"),
+    (64, 64, PrefillTiling(1, 32), torch.float8_e5m2, "NONE"),
+    (128, 128, DEFAULT_TILINGS[128], torch.float8_e4m3fn, "NONE"),
+    (192, 128, DEFAULT_TILINGS[192], torch.float8_e4m3fn, "NONE"),
+    (64, 64, DEFAULT_TILINGS[64], None, "ROPE_LLAMA"),
+]
+
+
+@pytest.mark.parametrize(
+    "head_dim,head_dim_vo,tiling,kv_dtype,pos_encoding",
+    PROFILE_CASES,
+    ids=[f"hd{c[0]}-{c[1]}-{c[2].name}-{str(c[3])[6:]}-{c[4]}" for c in PROFILE_CASES],
+)
+def test_shared_memory_without_bank_conflicts_and_kv_copies_of_whole_sectors(
+    emulate,
+    head_dim: int,
+    head_dim_vo: int,
+    tiling: PrefillTiling,
+    kv_dtype: torch.dtype | None,
+    pos_encoding: str,
+) -> None:
+    """The memory profile (tests/emu/profile.py) of a causal single prefill: every shared-
+    memory access of the kernel (ldmatrix; Q's, K's and V's copies into their tiles; fp8's
+    landing copies and widening; RoPE's rotation) takes the fewest wavefronts, and the copies
+    from global memory read whole 32-byte sectors (a GPU would read each twice otherwise)."""
+    vo = head_dim_vo if head_dim_vo != head_dim else None
+    module = emulate(
+        torch.bfloat16, head_dim, tiling, pos_encoding=pos_encoding, kv_dtype=kv_dtype, head_dim_vo=vo
+    )
+    torch.manual_seed(head_dim)
+    q = _randn(90, 4, head_dim, dtype=torch.bfloat16, device="cpu")
+    k16 = _randn(150, 2, head_dim, dtype=torch.bfloat16, device="cpu")
+    v16 = _randn(150, 2, head_dim_vo, dtype=torch.bfloat16, device="cpu")
+    (k,), (v,), (k_ref,), (v_ref,), scales = _cache_of([k16], [v16], kv_dtype)
+    options = dict(causal=True, pos_encoding_mode=pos_encoding)
+    with module.profiling() as profile:
+        out, lse = prefill_api.single_prefill_with_kv_cache(
+            q, k, v, return_lse=True, **options, **scales
+        )
+    _check(out, lse, reference_attention(q, k_ref, v_ref, **_reference_args(options)))
+    kinds = ("shared load", "shared store", "ldmatrix", "cp.async to shared", "cp.async from global")
+    checked = [s for f in ("prefill.cuh", "attention_rope.cuh") for s in profile.in_file(f)]
+    assert {s.kind for s in checked} >= {"ldmatrix", "cp.async to shared", "cp.async from global"}
+    assert not profile.excessive(("prefill.cuh", "attention_rope.cuh"), kinds), profile.table()

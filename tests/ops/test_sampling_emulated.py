@@ -165,3 +165,18 @@ def test_softmax_temperature_zero_or_inf_is_uniform_over_finite_logits(emulate) 
 
 def test_out_of_range_parameters_follow_the_documented_meaning(emulate) -> None:
     checks.check_out_of_range_parameters(emulate())
+
+
+def test_shared_memory_without_bank_conflicts_and_loads_of_whole_sectors(emulate) -> None:
+    """The memory profile (tests/emu/profile.py) of top-k then top-p sampling over rows of
+    4096 (the vector path): the histograms' clearing and scans, the block reductions and the
+    shared results take the fewest wavefronts (the bins' atomic adds, whose banks follow the
+    data, are not counted), and the rows' loads read whole 32-byte sectors."""
+    device = emulate()
+    probs = torch.rand(4, 4096, generator=torch.Generator().manual_seed(5))
+    with _module(torch.float32, False).profiling() as profile:
+        tokens = sampling_api.top_k_top_p_sampling_from_probs(probs, 40, 0.8, seed=1, offset=0)
+    assert tokens.device.type == device and ((tokens >= 0) & (tokens < 4096)).all()
+    kinds = ("shared load", "shared store", "global load")
+    assert {s.kind for s in profile.in_file("sampling.cuh")} >= set(kinds)
+    assert not profile.excessive(("sampling.cuh", "vec.cuh"), kinds), profile.table()
