@@ -910,15 +910,27 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
       // -inf when no key was visible; NaN when a visible score was NaN (so is the sum)
       const float lse = sum == 0.f ? -INFINITY : m[mt][h] + log2f(sum);
       const int64_t t = p.group_div.quotient(packed), head = kv_head * group + (packed - t * group);
-      const int dim = 2 * (lane % 4);
+      const int quad = lane % 4, dim = 2 * quad;
       if (cta.tmp_base < 0) {
-        T* dst = p.out + (cta.q_start + t) * p.out_row_stride + head * p.out_head_stride + dim;
+        // A lane holds dims dim, dim + 1 of each n8 tile. Lanes q and q ^ 1 of the row swap a
+        // packed pair, so that each stores four consecutive dims (even lanes of tile i, odd
+        // lanes of tile i + 1): the row's four lanes write one whole 32-byte sector of the two
+        // tiles, where a pair's store wrote half of one (the row's lanes alone shuffle, as a
+        // row past the end skips them all; out is 16-byte aligned, checked on the host).
+        T* dst = p.out + (cta.q_start + t) * p.out_row_stride + head * p.out_head_stride +
+                 (quad & 1) * 8 + (quad >> 1) * 4;
+        const unsigned row_lanes = 0xfu << (lane & ~3);
+        static_assert(kDimTiles % 2 == 0, "output rows of whole 16-dim pairs of tiles");
 #pragma unroll
-        for (int i = 0; i < kDimTiles; ++i) {
-          *reinterpret_cast<uint32_t*>(dst + i * 8) =
-              mma::pack2<T>(o[mt][i][2 * h] * inv, o[mt][i][2 * h + 1] * inv);
+        for (int i = 0; i < kDimTiles; i += 2) {
+          const uint32_t even = mma::pack2<T>(o[mt][i][2 * h] * inv, o[mt][i][2 * h + 1] * inv);
+          const uint32_t odd =
+              mma::pack2<T>(o[mt][i + 1][2 * h] * inv, o[mt][i + 1][2 * h + 1] * inv);
+          const uint32_t got = __shfl_xor_sync(row_lanes, quad & 1 ? even : odd, 1);
+          const uint2 dims = quad & 1 ? uint2{got, odd} : uint2{even, got};
+          *reinterpret_cast<uint2*>(dst + i * 8) = dims;
         }
-        if (p.lse && lane % 4 == 0) p.lse[(cta.q_start + t) * p.num_qo_heads + head] = lse;
+        if (p.lse && quad == 0) p.lse[(cta.q_start + t) * p.num_qo_heads + head] = lse;
       } else {
         const int64_t row = (cta.tmp_base + t * cta.chunks + cta.chunk) * p.num_qo_heads + head;
         float* dst = p.tmp_v + row * kHeadDimVO + dim;

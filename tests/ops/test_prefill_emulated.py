@@ -28,6 +28,7 @@ from flashinfer.jit.prefill import (
     gen_prefill_module,
 )
 from flashinfer.testing.reference import attention as reference_attention
+from tests.conftest import REPO_ROOT
 from tests.emu.module import EmulatedModule, on_cpu_tensors
 from tests.ops.test_decode import check_batch_decode, check_fp8_decode
 from tests.ops.test_decode import check_nans_propagate as check_decode_nans_propagate
@@ -729,8 +730,10 @@ def test_shared_memory_without_bank_conflicts_and_kv_copies_of_whole_sectors(
 ) -> None:
     """The memory profile (tests/emu/profile.py) of a causal single prefill: every shared-
     memory access of the kernel (ldmatrix; Q's, K's and V's copies into their tiles; fp8's
-    landing copies and widening; RoPE's rotation) takes the fewest wavefronts, and the copies
-    from global memory read whole 32-byte sectors (a GPU would read each twice otherwise)."""
+    landing copies and widening; RoPE's rotation) takes the fewest wavefronts, the copies
+    from global memory read whole 32-byte sectors (a GPU would read each twice otherwise),
+    and the output's stores (8 bytes a lane; not the LSE's, one float a row) write whole
+    sectors."""
     vo = head_dim_vo if head_dim_vo != head_dim else None
     module = emulate(
         torch.bfloat16,
@@ -756,3 +759,10 @@ def test_shared_memory_without_bank_conflicts_and_kv_copies_of_whole_sectors(
     assert {s.kind for f in files for s in profile.in_file(f)} >= set(copies)
     kinds = ("shared load", "shared store", *copies)
     assert not profile.excessive(files, kinds), profile.table()
+    source = (REPO_ROOT / "include/flashinfer/prefill.cuh").read_text().splitlines()
+    lse = {
+        f"include/flashinfer/prefill.cuh:{n}" for n, line in enumerate(source, 1) if "lse[" in line
+    }
+    stores = [s for s in profile.in_file("prefill.cuh") if s.kind == "global store"]
+    output = [s for s in stores if s.where not in lse]
+    assert output and all(s.cost == s.ideal for s in output), profile.table()
