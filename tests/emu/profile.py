@@ -18,7 +18,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .engine import EMU_DIR, REPO_ROOT
+import pytest
+
+from .engine import EMU_DIR, REPO_ROOT, sanitized
+
+# For tests of a profile: it counts the race check's hooks, which the sanitizers' builds lack
+PROFILED = pytest.mark.skipif(
+    sanitized(), reason="the memory profile counts the race check's hooks (off under sanitizers)"
+)
 
 SHARED_KINDS = ("shared load", "shared store", "shared atomic", "ldmatrix", "cp.async to shared")
 

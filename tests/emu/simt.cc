@@ -1,7 +1,8 @@
 // The CPU emulator's engine (see include/simt.h): fibers on ucontext, counting barriers, and
 // the warp collectives computed from PTX's fragment layouts (PTX ISA, "Matrix fragments for
 // mma.m16n8k16" and "ldmatrix"), independently of the kernels' own description of them;
-// and the race check, on the hooks ThreadSanitizer's instrumentation calls.
+// and the race check, on the hooks ThreadSanitizer's instrumentation calls, which also give
+// the memory profile (profile.h) its accesses.
 #include <ucontext.h>
 
 #include <algorithm>

@@ -11,12 +11,10 @@ import functools
 import pytest
 import torch
 
-from .engine import EMU_DIR, EmulatedLaunch, build_library, sanitized
-from .profile import Profile, Site, merge, profiling
+from .engine import EMU_DIR, EmulatedLaunch, build_library
+from .profile import PROFILED, Profile, Site, merge, profiling
 
-pytestmark = pytest.mark.skipif(
-    sanitized(), reason="the profile counts the race check's hooks, off under the sanitizers"
-)
+pytestmark = PROFILED
 
 
 class Pattern(enum.IntEnum):

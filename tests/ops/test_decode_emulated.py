@@ -22,6 +22,7 @@ from flashinfer import decode as decode_api
 from flashinfer import prefill as prefill_api
 from flashinfer.jit.decode import gen_decode_module
 from tests.emu.module import EmulatedModule, on_cpu_tensors
+from tests.emu.profile import PROFILED
 from tests.ops.test_decode import (
     DECODE_VARIANTS,
     POS_VARIANTS,
@@ -312,6 +313,7 @@ PROFILE_CASES = [
 ]
 
 
+@PROFILED
 @pytest.mark.parametrize(
     "qo_heads,kv_heads,head_dim,kv_dtype",
     PROFILE_CASES,

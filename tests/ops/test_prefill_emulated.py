@@ -30,6 +30,7 @@ from flashinfer.jit.prefill import (
 from flashinfer.testing.reference import attention as reference_attention
 from tests.conftest import REPO_ROOT
 from tests.emu.module import EmulatedModule, on_cpu_tensors
+from tests.emu.profile import PROFILED
 from tests.ops.test_decode import check_batch_decode, check_fp8_decode
 from tests.ops.test_decode import check_nans_propagate as check_decode_nans_propagate
 from tests.ops.test_prefill_gpu import (
@@ -715,6 +716,7 @@ PROFILE_CASES = [
 ]
 
 
+@PROFILED
 @pytest.mark.parametrize(
     "head_dim,head_dim_vo,tiling,kv_dtype,pos_encoding",
     PROFILE_CASES,

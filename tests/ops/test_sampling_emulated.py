@@ -20,6 +20,7 @@ import torch
 from flashinfer import sampling as sampling_api
 from flashinfer.jit.sampling import gen_sampling_module
 from tests.emu.module import EmulatedModule, on_cpu_tensors
+from tests.emu.profile import PROFILED
 from tests.ops import test_sampling as checks
 from tests.ops.test_sampling import SAMPLER_IDS, SAMPLERS, Allowed, Api
 
@@ -167,6 +168,7 @@ def test_out_of_range_parameters_follow_the_documented_meaning(emulate) -> None:
     checks.check_out_of_range_parameters(emulate())
 
 
+@PROFILED
 def test_shared_memory_without_bank_conflicts_and_loads_of_whole_sectors(emulate) -> None:
     """The memory profile (tests/emu/profile.py) of top-k then top-p sampling over rows of
     4096 (the vector path): the histograms' clearing and scans, the block reductions and the
