@@ -3,9 +3,10 @@ an emulated module's accesses, per source line: the warp-wide requests each line
 the shared-memory wavefronts or global-memory sectors they take against the fewest their bytes
 could take. A bank conflict, or an uncoalesced load, shows as more than the fewest.
 
-The accesses are the host compiler's (tests/emu/engine.py builds kernel TUs without its
-vectorizers, so a lane's accesses are as wide as the source writes them); nvcc may still
-widen adjacent ones, so a line the profile calls conflicted is worth its SASS read."""
+The accesses are the host compiler's (tests/emu/engine.py's KERNEL_FLAGS keep a lane's
+accesses as wide as the source writes them); nvcc may still merge adjacent narrow ones, so
+a narrow line the profile calls conflicted is worth its SASS read. docs/testing.md has the
+memory model."""
 
 from __future__ import annotations
 
@@ -27,15 +28,14 @@ PROFILED = pytest.mark.skipif(
     sanitized(), reason="the memory profile counts the race check's hooks (off under sanitizers)"
 )
 
-SHARED_KINDS = ("shared load", "shared store", "shared atomic", "ldmatrix", "cp.async to shared")
-
 
 @dataclass(frozen=True)
 class Site:
-    """One source line's accesses of one kind (``SHARED_KINDS`` or global ones), over the
-    launches profiled: ``requests`` warp-wide, taking ``cost`` wavefronts (shared memory) or
-    32-byte sectors (global memory), where ``ideal`` would have done, and ``bytes`` the
-    fewest and most a lane accessed at once."""
+    """One source line's accesses of one kind (profile.cc's ``kind_name``: "shared load",
+    "ldmatrix", "cp.async from global", ...), over the launches profiled: ``requests``
+    warp-wide, taking ``cost`` wavefronts (shared memory) or 32-byte sectors (global
+    memory), where ``ideal`` would have done, and ``bytes`` the fewest and most a lane
+    accessed at once."""
 
     where: str
     kind: str
@@ -56,9 +56,6 @@ class Profile:
     """Sites profiled (by a ``profiling`` block: filled as it ends)."""
 
     sites: list[Site] = field(default_factory=list)
-
-    def shared(self) -> list[Site]:
-        return [s for s in self.sites if s.kind in SHARED_KINDS]
 
     def in_file(self, name: str) -> list[Site]:
         """The sites in source files named ``name`` (``"decode.cuh"``)."""
