@@ -16,6 +16,7 @@ from flashinfer import activation as activation_api
 from flashinfer.jit.activation import gen_act_and_mul_module
 from flashinfer.testing import reference
 from tests.emu.module import EmulatedModule, on_cpu_tensors
+from tests.emu.profile import PROFILED
 from tests.ops.test_activation import APIS, TOLERANCE
 
 OUTPUTS = {f"{act}_and_mul": ("out",) for act in APIS}
@@ -63,3 +64,17 @@ def test_strided_3d_output_leaves_its_neighbours_untouched(emulate) -> None:
             out.double(), reference.act_and_mul(x, act), **TOLERANCE[torch.bfloat16], msg=act
         )
         assert bool((buffer[:, :, :32] == 7).all()) and bool((buffer[:, :, 288:] == 7).all())
+
+
+@PROFILED
+def test_vector_rows_are_read_and_written_in_whole_sectors(emulate) -> None:
+    """The memory profile (tests/emu/profile.py) of the gated activations over rows of whole
+    32-byte sectors: every global load and store takes the fewest sectors."""
+    module = emulate(torch.bfloat16)
+    x = torch.randn(4, 2 * 2048, dtype=torch.bfloat16)
+    with module.profiling() as profile:
+        for api in APIS.values():
+            api(x)
+    kinds = ("global load", "global store")
+    assert {s.kind for s in profile.in_file("activation.cuh")} >= set(kinds)
+    assert not profile.excessive(("activation.cuh",), kinds), profile.table()

@@ -19,6 +19,7 @@ from flashinfer import norm as norm_api
 from flashinfer.jit.norm import gen_norm_module, gen_norm_quant_module
 from flashinfer.testing import reference
 from tests.emu.module import EmulatedModule, on_cpu_tensors
+from tests.emu.profile import PROFILED
 from tests.ops import test_norm as checks
 
 OUTPUTS = {name: ("out",) for name in ("rmsnorm", "gemma_rmsnorm", "layernorm")}
@@ -179,3 +180,24 @@ def test_fused_add_rmsnorm_quant_matches_the_reference(
 def test_rmsnorm_quant_per_head_rows_into_a_strided_output(emulate) -> None:
     emulate(torch.float16)
     checks.check_rmsnorm_quant_per_head_strided("cpu")
+
+
+@PROFILED
+def test_vector_rows_are_read_and_written_in_whole_sectors(emulate) -> None:
+    """The memory profile (tests/emu/profile.py) of RMSNorm, Gemma's and the fused residual
+    add over rows of whole 32-byte sectors in each row layout (warp groups, the cached block,
+    the looping block): every global load and store takes the fewest sectors, and the block
+    reductions' shared memory the fewest wavefronts. (LayerNorm's float32 weights, two
+    16-byte loads a lane of which each uses half of every sector, are left out.)"""
+    module = emulate(torch.bfloat16)
+    torch.manual_seed(7)
+    with module.profiling() as profile:
+        for hidden in (64, 1024, 4096, 16384):
+            x = torch.randn(5, hidden, dtype=torch.bfloat16)
+            weight = torch.randn(hidden, dtype=torch.bfloat16)
+            norm_api.rmsnorm(x, weight)
+            norm_api.gemma_rmsnorm(x, weight)
+            norm_api.fused_add_rmsnorm(x, torch.randn_like(x), weight)
+    kinds = ("global load", "global store", "shared load", "shared store")
+    assert {s.kind for s in profile.in_file("norm.cuh")} >= {"global load", "global store"}
+    assert not profile.excessive(("norm.cuh", "vec.cuh"), kinds), profile.table()
