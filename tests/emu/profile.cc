@@ -73,17 +73,19 @@ std::pair<uint64_t, uint64_t> shared_phase(const Request& r, int first, int coun
   std::vector<uintptr_t> words;
   for (int l = first; l < first + count; ++l) {
     if (!(r.lanes >> l & 1)) continue;
-    const uintptr_t begin = r.address[l] / kWordBytes;
-    const uintptr_t end = (r.address[l] + std::max<uint32_t>(r.bytes[l], 1) - 1) / kWordBytes;
-    for (uintptr_t w = begin; w <= end; ++w) words.push_back(w);
+    const uintptr_t first_word = r.address[l] / kWordBytes;
+    const uintptr_t last_word = (r.address[l] + r.bytes[l] - 1) / kWordBytes;
+    for (uintptr_t w = first_word; w <= last_word; ++w) words.push_back(w);
   }
   if (words.empty()) return {0, 0};
   std::sort(words.begin(), words.end());
-  if (!atomic) words.erase(std::unique(words.begin(), words.end()), words.end());
   int per_bank[kBanks] = {};
-  for (uintptr_t w : words) ++per_bank[w % kBanks];
-  size_t distinct = words.size();
-  if (atomic) distinct = std::unique(words.begin(), words.end()) - words.begin();
+  size_t distinct = 0;
+  for (size_t i = 0; i < words.size(); ++i) {
+    const bool repeat = i > 0 && words[i] == words[i - 1];
+    distinct += !repeat;
+    if (atomic || !repeat) ++per_bank[words[i] % kBanks];  // a repeated word is shared
+  }
   return {static_cast<uint64_t>(*std::max_element(per_bank, per_bank + kBanks)),
           (distinct + kBanks - 1) / kBanks};
 }

@@ -114,7 +114,7 @@ struct Warp {
   uint32_t in[32][10] = {};
   uint32_t out[32][4] = {};
   Barrier done[32];  // lane l's wake-up: its generation moves when l's collective completes
-  const void* pc[32] = {};  // the code of each lane's ldmatrix (for the memory profile)
+  const void* ldmatrix_pc = nullptr;  // the code of its ldmatrix (for the memory profile)
 };
 
 struct Copy {
@@ -389,17 +389,31 @@ bool other_cta_wrote(const GlobalShadow& e) {
   return e.in_cta.written >= g.launch_interval && e.writer_block != block_number();
 }
 
+enum class Region { kNone, kShared, kGlobal };
+
+// Where an access of `bytes` at `p` falls: shared memory (no access straddles its edge), a
+// registered buffer (global memory), or neither (a thread's stack, host memory).
+Region region_of(const uint8_t* p, size_t bytes) {
+  if (bytes == 0) return Region::kNone;
+  if (shadow_of(p) || shadow_of(p + bytes - 1)) return Region::kShared;
+  return buffer_of(p, bytes) >= 0 ? Region::kGlobal : Region::kNone;
+}
+
 // Calls on_shared(shadow, byte) for each byte of an access of `bytes` at `p` in shared
 // memory, or on_global(shadow, byte) for each in a registered buffer; nothing elsewhere.
 template <typename OnShared, typename OnGlobal>
 void for_each_byte(const uint8_t* p, size_t bytes, OnShared on_shared, OnGlobal on_global) {
-  if (bytes == 0) return;
-  if (shadow_of(p) || shadow_of(p + bytes - 1)) {  // (no access straddles shared memory)
-    for (size_t i = 0; i < bytes; ++i) {
-      if (Shadow* e = shadow_of(p + i)) on_shared(*e, p + i);
-    }
-  } else if (buffer_of(p, bytes) >= 0) {
-    for (size_t i = 0; i < bytes; ++i) on_global(global_shadow_of(p + i), p + i);
+  switch (region_of(p, bytes)) {
+    case Region::kShared:
+      for (size_t i = 0; i < bytes; ++i) {
+        if (Shadow* e = shadow_of(p + i)) on_shared(*e, p + i);
+      }
+      break;
+    case Region::kGlobal:
+      for (size_t i = 0; i < bytes; ++i) on_global(global_shadow_of(p + i), p + i);
+      break;
+    case Region::kNone:
+      break;
   }
 }
 
@@ -447,12 +461,10 @@ void race_write(const Accessor& a, uint8_t* p, size_t bytes, bool atomic, bool i
 // kind `shared` in shared memory, `global` in a registered buffer (others are not counted).
 void profiled(const void* pc, const void* p, size_t bytes, profile::Kind shared,
               profile::Kind global) {
-  if (!profile::enabled() || bytes == 0) return;
-  const uint8_t* b = static_cast<const uint8_t*>(p);
-  if (shadow_of(b) || shadow_of(b + bytes - 1)) {
-    profile::access(shared, pc, self().tid, p, bytes);
-  } else if (buffer_of(p, bytes) >= 0) {
-    profile::access(global, pc, self().tid, p, bytes);
+  if (!profile::enabled()) return;
+  const Region region = region_of(static_cast<const uint8_t*>(p), bytes);
+  if (region != Region::kNone) {
+    profile::access(region == Region::kShared ? shared : global, pc, self().tid, p, bytes);
   }
 }
 
@@ -485,7 +497,7 @@ void compute_ldmatrix(Warp& w, bool trans) {
       rows[8 * i + r] = row;
     }
   }
-  if (profile::enabled()) profile::ldmatrix(w.pc[0], warp, rows);
+  if (profile::enabled()) profile::ldmatrix(w.ldmatrix_pc, warp, rows);
   for (int lane = 0; lane < 32; ++lane) {
     const int group = lane / 4, pair = 2 * (lane % 4);
     for (int i = 0; i < 4; ++i) {
@@ -806,7 +818,7 @@ uint32_t reduce_add(uint32_t mask, uint32_t value) {
 }
 
 void ldmatrix_x4(uint32_t* r, uint32_t address, bool trans) {
-  g.warps[self().tid / 32].pc[self().tid % 32] = __builtin_return_address(0);
+  g.warps[self().tid / 32].ldmatrix_pc = __builtin_return_address(0);
   const uint32_t in[1] = {address};
   std::memcpy(r, collective(trans ? Op::kLdmatrixTrans : Op::kLdmatrix, 0xffffffffu, in, 1), 16);
 }
