@@ -25,14 +25,25 @@ FLASHINFER_HOST_DEVICE int swizzle(int row, int chunk) {
 }
 
 // Where chunk `chunk` (16 one-byte codes) of row `row` of an fp8 landing tile (prefill.cuh)
-// sits in its row of kBytes codes: at chunk ^ row_key(row) where rows are whole groups of 8
-// chunks (head_dim 128 and 256), so that the copies into it are free of bank conflicts as
-// the 16-bit tiles' are (TokenChunks); as it is in rows of 4 and 12 chunks (head_dim 64 and
-// 192), whose copies are free of them at 4 threads a token (the default tilings; head_dim 64
-// at 2 threads a token, m2kv64, has two-way conflicts).
+// sits in its row of kBytes codes, so that the copies into it are free of bank conflicts
+// as the 16-bit tiles' are (TokenChunks; a token's threads take consecutive chunks):
+// - rows of whole groups of 8 chunks (head_dim 128 and 256): chunk ^ row_key(row);
+// - rows of 4 chunks (head_dim 64), two to a 128-byte line: chunk ^ 2 in rows 4k + 2 and
+//   4k + 3, so that at 2 threads a token (m2kv64) the chunk pair a quarter warp's four
+//   consecutive tokens store falls in four different pairs of bank groups (unswizzled,
+//   rows 4k and 4k + 2 took the same two);
+// - rows of 12 chunks (head_dim 192): as they are (rows 2k and 2k + 1 start half a line
+//   apart; every tiling accepted for an fp8 cache copies them without conflicts).
+// An involution: the widening finds chunk j of a row at landing_chunk(row, j) too.
 template <int kBytes>
 FLASHINFER_HOST_DEVICE int landing_chunk(int row, int chunk) {
-  return kBytes % 128 == 0 ? chunk ^ row_key(row) : chunk;
+  if constexpr (kBytes % 128 == 0) {
+    return chunk ^ row_key(row);
+  } else if constexpr (kBytes == 64) {
+    return chunk ^ (row & 2);
+  } else {
+    return chunk;
+  }
 }
 
 // The chunks one thread copies of a K/V tile's token: the kTokenThreads consecutive threads

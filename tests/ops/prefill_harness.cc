@@ -9,6 +9,7 @@
 //   div d n                                          -> n / d by FastDiv
 //   rows q|k|v head_dim lane warp_row rows pair      -> the lane's ldmatrix offset (swizzle.h)
 //   chunk head_dim token_threads token part i       -> "chunk offset" of a K/V load (swizzle.h)
+//   land bytes row chunk                            -> where an fp8 landing row keeps the chunk
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -70,6 +71,19 @@ int main() {
                          : head_dim == 256 ? print_chunk<256>(token_threads, token, part, i)
                                            : false;
       if (!known) return 2;
+      continue;
+    }
+    if (std::strcmp(kind, "land") == 0) {
+      int bytes = 0, row = 0, chunk = 0;
+      if (std::scanf("%d %d %d", &bytes, &row, &chunk) != 3) return 2;
+      using flashinfer::prefill::landing_chunk;
+      const int at = bytes == 64    ? landing_chunk<64>(row, chunk)
+                     : bytes == 128 ? landing_chunk<128>(row, chunk)
+                     : bytes == 192 ? landing_chunk<192>(row, chunk)
+                     : bytes == 256 ? landing_chunk<256>(row, chunk)
+                                    : -1;
+      if (at < 0) return 2;
+      std::printf("%d\n", at);
       continue;
     }
     if (std::strcmp(kind, "rows") == 0) {

@@ -703,13 +703,15 @@ def test_mla_head_dims(
 
 # (head_dim, head_dim_vo, tiling, kv_dtype, pos_encoding): the defaults (a K/V token's copies
 # by 4 threads), 2 and 8 threads a token, DeepSeek's 192/128, fp8 landing and widening at
-# 64, 128 (rows of 8 fp8 chunks, swizzled) and 192, RoPE rotating Q and K rows in shared memory
+# 64 (8 and 2 threads a token), 128 (rows of 8 fp8 chunks) and 192, RoPE rotating Q and K rows
+# in shared memory
 PROFILE_CASES = [
     *((d, d, DEFAULT_TILINGS[d], None, "NONE") for d in HEAD_DIMS),
     (128, 128, PrefillTiling(2, 64), None, "NONE"),
     (128, 128, PrefillTiling(1, 32), None, "NONE"),
     (192, 128, DEFAULT_TILINGS[192], None, "NONE"),
     (64, 64, PrefillTiling(1, 32), torch.float8_e5m2, "NONE"),
+    (64, 64, PrefillTiling(2, 64), torch.float8_e4m3fn, "NONE"),
     (128, 128, DEFAULT_TILINGS[128], torch.float8_e4m3fn, "NONE"),
     (192, 128, DEFAULT_TILINGS[192], torch.float8_e4m3fn, "NONE"),
     (64, 64, DEFAULT_TILINGS[64], None, "ROPE_LLAMA"),

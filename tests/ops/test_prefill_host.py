@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from flashinfer.jit.prefill import accepted_tilings
+from flashinfer.jit.prefill import HEAD_DIM_PAIRS, accepted_tilings
 from tests.conftest import REPO_ROOT, build_host_program, run_built_program
 
 HARNESS = REPO_ROOT / "tests" / "ops" / "prefill_harness.cc"
@@ -267,3 +267,56 @@ def test_each_kv_tile_chunk_is_loaded_once_without_store_bank_conflicts(
                 ]
                 groups = {at[token, part, i] // 8 % 8 for token, part in quarter}
                 assert len(groups) == 8, (tiling, i, first)
+
+
+def _bank_groups_distinct(places: list[int]) -> bool:
+    """Whether 16-byte accesses at these byte offsets (one quarter warp's) fall in distinct
+    bank groups: one shared-memory wavefront."""
+    groups = [place // 16 % 8 for place in places]
+    return len(set(groups)) == len(groups)
+
+
+@pytest.mark.parametrize("head_dim,head_dim_vo", HEAD_DIM_PAIRS)
+def test_fp8_landing_copies_and_widening_without_bank_conflicts(
+    harness, head_dim: int, head_dim_vo: int
+) -> None:  # noqa: ANN001
+    """For every tiling accepted over an fp8 cache and both of its row lengths (K's head_dim
+    codes, V's head_dim_vo): landing_chunk places a row's 16-code chunks at a permutation of
+    them, its own inverse (the widening looks chunk j up with it too); each landing copy's
+    quarter warp (a token's threads taking chunks part + i * threads, prefill.cuh's
+    load_kv) stores to distinct bank groups; and so do the widening's two stores (thread t
+    of the CTA reads place t + i * threads of the tile, widens chunk j of its row into 16-bit
+    chunks 2j and 2j + 1 of the swizzled row, the odd one first where j % 8 >= 4)."""
+    for row_bytes in sorted({head_dim, head_dim_vo}):
+        chunks = row_bytes // 16
+        rows = 16
+        answers = harness([f"land {row_bytes} {r} {c}" for r in range(rows) for c in range(chunks)])
+        land = {(r, c): int(answers[r * chunks + c]) for r in range(rows) for c in range(chunks)}
+        for r in range(rows):
+            assert sorted(land[r, c] for c in range(chunks)) == list(range(chunks)), (row_bytes, r)
+            assert all(land[r, land[r, c]] == c for c in range(chunks)), (row_bytes, r)
+        for tiling in accepted_tilings(head_dim, True, head_dim_vo):
+            token_threads = tiling.threads // tiling.tile_kv
+            for i in range(-(-chunks // token_threads)):
+                for first in range(0, tiling.threads, 8):
+                    places = []
+                    for tid in range(first, first + 8):
+                        token, part = divmod(tid, token_threads)
+                        chunk = part + i * token_threads
+                        if chunk < chunks:
+                            places.append(token * row_bytes + 16 * land[token % rows, chunk])
+                    assert _bank_groups_distinct(places), (row_bytes, tiling, i, first)
+            tile_places = tiling.tile_kv * chunks
+            for i in range(-(-tile_places // tiling.threads)):
+                for first in range(0, tiling.threads, 8):
+                    stores: tuple[list[int], list[int]] = ([], [])
+                    for place in range(first + i * tiling.threads, first + i * tiling.threads + 8):
+                        if place >= tile_places:
+                            continue
+                        r, c = divmod(place, chunks)
+                        j = land[r % rows, c]
+                        odd = j >> 2 & 1
+                        for n, half in enumerate((2 * j + odd, 2 * j + 1 - odd)):
+                            elements = r * row_bytes + 8 * (half ^ row_key(r))
+                            stores[n].append(2 * elements)
+                    assert all(map(_bank_groups_distinct, stores)), (row_bytes, tiling, i, first)
