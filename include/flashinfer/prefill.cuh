@@ -20,7 +20,8 @@
 // a tile ahead of V, so that tile i + 1's S = Q K^T runs on the tensor cores during tile i's
 // softmax). Shared memory rows are swizzled (16-byte chunk c of row r stored at chunk
 // c ^ row_key(r), swizzle.h) so that ldmatrix reads and the K/V copies' stores are free of
-// bank conflicts while each token's copies read whole 32-byte sectors.
+// bank conflicts while each token's copies read whole 32-byte sectors (of rows that start on
+// 32-byte boundaries; the host guarantees 16).
 // S = Q K^T and O += P V run on mma.sync m16n8k16 with float32 accumulators; the softmax is online
 // in log2 units (running row max m, running sum d, O rescaled by 2^(m_old - m_new) when a row's
 // max moves, which it does only past a lag of kMaxLag, so most tiles skip the rescale). Only tiles
@@ -362,8 +363,9 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   // of a tile past the last, whose copies fill a stage no one reads with zeros), and tokens on
   // pages outside the cache, read as zeros (never memory another request owns) and are
   // masked: the first by `hi`, the second by their byte in `unscored`, written with the K
-  // copies by the token's first thread. No branch: K's and V's copies share their shared-
-  // memory offsets and add compile-time offsets to one row address each.
+  // copies by the token's first thread. No branch: a thread's K and V copies start at the
+  // same chunk of their rows (TokenChunks; the rows' lengths may differ, 192 and 128) and add
+  // compile-time offsets to one row address each.
   constexpr int kTokenThreads = kThreads / kTileKV;
   constexpr int kThreadChunks = kChunks / kTokenThreads, kVThreadChunks = kVChunks / kTokenThreads;
   // fp8: a row's 16-byte chunks (16 codes each); the token's thread `part` copies chunks
@@ -464,7 +466,8 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
   // widens into 16-bit chunks 2j and 2j + 1; threads with j % 8 = 4..7 store the odd one
   // first, so that each quarter warp's first (and second) stores fall in eight different bank
   // groups of the swizzled rows (a quarter warp's eight places hold j = 0..7 of a row, or of
-  // 8..15, or span rows 2k and 2k + 1, whose keys' bit 0 differs: head_dim 64 and 192).
+  // 8..15, or j = 4..11 of one of head_dim 192's rows of 12, or span rows 2k and 2k + 1,
+  // whose keys' bit 0 differs: head_dim 64 and 192; test_prefill_host.py checks each).
   // Called by every thread between two barriers: the first publishes the landed codes (and
   // frees the stage), the second the widened rows.
   auto widen = [&](auto dim, const uint8_t* landing, int slot, T* stage) {
@@ -915,8 +918,9 @@ __global__ void __launch_bounds__(Tl::kThreads, Tl::kMinCTAs)
         // A lane holds dims dim, dim + 1 of each n8 tile. Lanes q and q ^ 1 of the row swap a
         // packed pair, so that each stores four consecutive dims (even lanes of tile i, odd
         // lanes of tile i + 1): the row's four lanes write one whole 32-byte sector of the two
-        // tiles, where a pair's store wrote half of one (the row's lanes alone shuffle, as a
-        // row past the end skips them all; out is 16-byte aligned, checked on the host).
+        // tiles (where the row starts on a 32-byte boundary; out is 16-byte aligned, checked
+        // on the host), where a pair's store wrote half of one. The row's lanes alone
+        // shuffle, as a row past the end skips them all.
         T* dst = p.out + (cta.q_start + t) * p.out_row_stride + head * p.out_head_stride +
                  (quad & 1) * 8 + (quad >> 1) * 4;
         const unsigned row_lanes = 0xfu << (lane & ~3);
