@@ -174,14 +174,18 @@ def kernel_tiling(tiling: PrefillTiling) -> Iterator[None]:
     cache and its CTAs-per-device cache, which plan() reads, swapped out and restored)."""
     api = importlib.import_module("flashinfer.prefill")
     original = api.get_prefill_module
-    built: dict[tuple[Any, int, str, Any], Any] = {}
+    built: dict[tuple[Any, int, str, Any, int | None], Any] = {}
 
     def get_prefill_module(
-        dtype: Any, head_dim: int, pos_encoding: str = "NONE", kv_dtype: Any = None
+        dtype: Any,
+        head_dim: int,
+        pos_encoding: str = "NONE",
+        kv_dtype: Any = None,
+        head_dim_vo: int | None = None,
     ) -> Any:
-        key = (dtype, head_dim, pos_encoding, kv_dtype)
+        key = (dtype, head_dim, pos_encoding, kv_dtype, head_dim_vo)
         if key not in built:
-            spec = gen_prefill_module(dtype, head_dim, tiling, pos_encoding, kv_dtype)
+            spec = gen_prefill_module(dtype, head_dim, tiling, pos_encoding, kv_dtype, head_dim_vo)
             built[key] = spec.build_and_load()
         return built[key]
 

@@ -18,6 +18,7 @@ from flashinfer import prefill as prefill_api
 from flashinfer.cascade import MultiLevelCascadeAttentionWrapper as Cascade
 from flashinfer.prefill import BatchPrefillWithPagedKVCacheWrapper
 from flashinfer.testing import reference
+from tests.ops.attention_error import assert_relative_error
 from tests.ops.test_prefill import BATCH_ARGS, cpu_prefill  # noqa: F401 - the fixture
 
 LN2 = math.log(2)
@@ -570,6 +571,7 @@ def test_one_level_is_one_batch_prefill(cpu_attention) -> None:
     assert cpu_attention.launches[0]["causal"] is True
     expected = expected_output(batch, q, cache[:, 0], cache[:, 1], causal=True)
     torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
+    assert_relative_error(out, expected)
 
 
 CPU_CASES = [  # (qo_lens, levels, layout, dtype, causal, options)
@@ -624,6 +626,7 @@ def test_cascade_equals_flat_attention_on_the_cpu(
     assert cpu_attention.merges == len(levels) - 1
     expected = expected_output(batch, q, k_cache, v_cache, causal, **options)
     torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
+    assert_relative_error(out, expected)
 
 
 # -- GPU ----------------------------------------------------------------------------------------
@@ -701,6 +704,7 @@ def test_cascade_matches_flat_attention(
     assert out.shape == q.shape and out.dtype == dtype and not out.isnan().any()
     expected = expected_output(batch, q, k_cache, v_cache, causal)
     torch.testing.assert_close(out.double(), expected, **_tolerance(dtype))
+    assert_relative_error(out, expected)
 
     flat = BatchPrefillWithPagedKVCacheWrapper(_nan_workspace(), layout)
     flat.plan(
@@ -736,6 +740,7 @@ def test_every_level_splits_through_the_shared_float_workspace(dtype) -> None:
     out = wrapper.run(q, (k_cache, v_cache))
     expected = expected_output(batch, q, k_cache, v_cache, causal=True)
     torch.testing.assert_close(out.double(), expected, **_tolerance(dtype))
+    assert_relative_error(out, expected)
 
 
 @pytest.mark.gpu
@@ -824,3 +829,4 @@ def test_cuda_graph_capture_and_replay_after_replanning() -> None:
         torch.cuda.synchronize()
         expected = expected_output(batch, q, k_cache, v_cache, causal=True)
         torch.testing.assert_close(out.double(), expected, **_tolerance(dtype))
+        assert_relative_error(out, expected)

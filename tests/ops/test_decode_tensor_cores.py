@@ -931,6 +931,7 @@ def test_several_query_tokens_per_request_attend_causally(
 def test_large_groups_scales_and_the_5d_cache_form() -> None:
     """A group of 128 (two 64-row tiles per token, past the CUDA-core kernel's limit), and a
     group of 32 with q_scale/k_scale/v_scale, on a split of long requests."""
+    torch.manual_seed(128)
     dtype, head_dim, page_size = torch.bfloat16, 128, 16
     for qo_heads, kv_heads in ((128, 1), (32, 1)):
         lens = [9000, 5, 700]
@@ -971,6 +972,7 @@ def test_cuda_graph_replay_after_re_planning_and_rewriting_the_buffers() -> None
     """A run() captured under one plan replays correctly after plan(), fast_decode_plan(),
     the module plan vLLM calls (``_cached_module.plan`` with the reference's arguments, after
     writing the buffers) and a direct rewrite of the page-table buffers with no plan at all."""
+    torch.manual_seed(3)
     dtype, page_size, qo_heads, kv_heads, head_dim, batch = torch.float16, 16, 32, 4, 128, 3
     num_pages = 3000
     indptr_buf = torch.zeros(batch + 1, dtype=torch.int32, device="cuda")

@@ -858,8 +858,10 @@ def test_gpu_bench_scripts_without_a_gpu_say_so(script: tuple[str, ...], tmp_pat
 
 def test_bench_prefill_swaps_the_tiling_in_and_out(monkeypatch: pytest.MonkeyPatch) -> None:
     """--tilings: inside kernel_tiling, flashinfer.prefill builds its modules with that
-    tiling (once per dtype and head_dim) and re-reads its CTAs per device; after it, the
-    configured modules are back."""
+    tiling (once per build: dtype, head dims, position encoding, KV dtype) and re-reads its
+    CTAs per device; after it, the configured modules are back. The stand-in takes the
+    parameters of the function it replaces, which the library passes by position (until
+    session 36 it lacked head_dim_vo, and every plan() under --tilings would have raised)."""
     import bench_prefill
 
     from flashinfer import prefill as api
@@ -875,8 +877,9 @@ def test_bench_prefill_swaps_the_tiling_in_and_out(monkeypatch: pytest.MonkeyPat
             tiling: PrefillTiling,
             pos_encoding: str = "NONE",
             kv_dtype: Any = None,
+            head_dim_vo: int | None = None,
         ) -> None:
-            built.append((dtype, head_dim, tiling, pos_encoding, kv_dtype))
+            built.append((dtype, head_dim, tiling, pos_encoding, kv_dtype, head_dim_vo))
 
         def build_and_load(self) -> str:
             return f"module {built[-1][2].name}"
@@ -885,14 +888,18 @@ def test_bench_prefill_swaps_the_tiling_in_and_out(monkeypatch: pytest.MonkeyPat
     original = api.get_prefill_module
     tiling = PrefillTiling(2, 32)
     with bench_prefill.kernel_tiling(tiling):
+        swapped = inspect.signature(api.get_prefill_module).parameters
+        assert list(swapped) == list(inspect.signature(original).parameters)
         assert api.get_prefill_module(torch.bfloat16, 128) == "module m2kv32"
         assert api.get_prefill_module(torch.bfloat16, 128) == "module m2kv32"
         fp8 = torch.float8_e4m3fn
         assert api.get_prefill_module(torch.bfloat16, 128, "NONE", fp8) == "module m2kv32"
+        assert api.get_prefill_module(torch.bfloat16, 192, "NONE", None, 128) == "module m2kv32"
         assert api._max_ctas.cache_info().currsize == 0
     assert built == [
-        (torch.bfloat16, 128, tiling, "NONE", None),
-        (torch.bfloat16, 128, tiling, "NONE", fp8),
+        (torch.bfloat16, 128, tiling, "NONE", None, None),
+        (torch.bfloat16, 128, tiling, "NONE", fp8, None),
+        (torch.bfloat16, 192, tiling, "NONE", None, 128),
     ]
     assert api.get_prefill_module is original
     names = [t.name for t in bench_prefill.parse_tilings("all", 256)]
