@@ -162,7 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from flashinfer.decode import _max_ctas
 
     device = torch.device("cuda", torch.cuda.current_device())
-    max_ctas = _max_ctas(torch.bfloat16, HEAD_DIM, QO_HEADS // KV_HEADS, device)
+    # plan()'s own arguments for this cache (no position encoding, a bf16 cache)
+    group, bf16 = QO_HEADS // KV_HEADS, torch.bfloat16
+    max_ctas = _max_ctas(bf16, HEAD_DIM, group, device, "NONE", bf16)
     torch.manual_seed(0)
     rows, ok = [], True
     for batch, kv_len in SHAPES:

@@ -206,7 +206,10 @@ def _page_table(
 def _random_cache(args: argparse.Namespace, num_pages: int, device: torch.device) -> _PagedKV:
     hnd = args.kv_layout == "HND"
     page = (args.num_kv_heads, args.page_size) if hnd else (args.page_size, args.num_kv_heads)
-    cache = torch.randn(num_pages, 2, *page, args.head_dim_qk, device=device).to(args.kv_dtype)
+    # drawn in the 16-bit query dtype, never float32: 256 x 32k tokens of cache is 32 GiB
+    # in bf16, and a float32 draw beside it would not fit in an 80 GB GPU
+    shape = (num_pages, 2, *page, args.head_dim_qk)
+    cache = torch.randn(shape, dtype=args.q_dtype, device=device).to(args.kv_dtype)
     return _PagedKV(cache, hnd)
 
 
@@ -530,7 +533,7 @@ def _api_kv(
 
     def tensor(dim: int) -> torch.Tensor:
         shape = (heads, batch * kv_len, dim) if hnd else (batch * kv_len, heads, dim)
-        return torch.randn(shape, device=device).to(args.kv_dtype)
+        return torch.randn(shape, dtype=args.q_dtype, device=device).to(args.kv_dtype)
 
     k, v = tensor(args.head_dim_qk), tensor(args.head_dim_vo)
 

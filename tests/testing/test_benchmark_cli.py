@@ -505,6 +505,27 @@ def test_an_fp8_cache_counts_one_byte_a_kv_element() -> None:
     assert (half - q_bytes) == 2 * (fp8 - q_bytes)
 
 
+@pytest.mark.parametrize(
+    "name", ["BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithRaggedKVCacheWrapper"]
+)
+def test_kv_data_is_drawn_in_the_query_dtype(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A case's K/V (a paged cache, or ragged K and V) is drawn in the 16-bit query dtype and
+    only then cast to the cache's: bench_decode's 256 x 32k cache is 32 GiB in bf16, and a
+    float32 draw beside it (64 GiB more) does not fit in an 80 GB GPU."""
+    drawn: list[torch.dtype | None] = []
+    randn = torch.randn
+
+    def recording_randn(*args: Any, **kwargs: Any) -> torch.Tensor:
+        drawn.append(kwargs.get("dtype"))
+        return randn(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "randn", recording_randn)
+    for kv in ([], ["--kv_dtype", "e4m3"]):
+        args = cli.parse_args(small_argv(name, ["torch"], *kv))
+        routines.ROUTINES[name].make_case(args, CPU)
+    assert drawn and set(drawn) == {torch.bfloat16}, drawn
+
+
 def test_attention_flops_count_the_visible_pairs() -> None:
     full = routines.ROUTINES["BatchPrefillWithRaggedKVCacheWrapper"].make_case(
         cli.parse_args(small_argv("BatchPrefillWithRaggedKVCacheWrapper", ["torch"])), CPU
@@ -909,6 +930,30 @@ def test_bench_prefill_swaps_the_tiling_in_and_out(monkeypatch: pytest.MonkeyPat
         bench_prefill.parse_tilings("m2kv16", 256)
     with pytest.raises(SystemExit, match="'2x32' is not m<tiles>kv<tokens>\\[c<ctas>\\]"):
         bench_prefill.parse_tilings("2x32", 128)
+
+
+def test_decode_probe_asks_for_the_occupancy_as_plan_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode_probe's call of flashinfer.decode._max_ctas binds to its parameters (it lacked
+    the position encoding and KV dtype added after it was written, a TypeError on the GPU)."""
+    import decode_probe
+
+    from flashinfer import decode as api
+
+    class Bound(Exception):
+        pass
+
+    declared = inspect.signature(api._max_ctas.__wrapped__)
+
+    def max_ctas(*args: Any, **kwargs: Any) -> int:
+        raise Bound(declared.bind(*args, **kwargs))
+
+    monkeypatch.setattr(api, "_max_ctas", max_ctas)
+    monkeypatch.setattr(decode_probe, "script_args", lambda *a, **k: argparse.Namespace(iters=1))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.raises(Bound) as bound:
+        decode_probe.main([])
+    arguments = bound.value.args[0].arguments
+    assert (arguments["pos_encoding"], arguments["kv_dtype"]) == ("NONE", torch.bfloat16)
 
 
 def test_the_profiling_driver_without_a_gpu_says_so() -> None:
