@@ -19,6 +19,8 @@ from gpu_script import (
     RESULTS,
     copy_bandwidth,
     device_facts,
+    failed,
+    guarded,
     measure,
     script_args,
     timing_fact,
@@ -93,6 +95,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     header = ["batch", "kv_len", "flashinfer us", "KV GB/s", "of copy BW", "torch us", "speedup"]
     if not fp8:
         header += ["tensor cores us", "tensor cores of copy BW"]
+    table = [
+        guarded(
+            (str(batch), str(kv_len)),
+            len(header),
+            lambda: row(batch, kv_len, copy_gbs, args.kv_dtype),
+        )
+        for batch, kv_len in shapes
+    ]
     write_report(
         output,
         "Decode attention benchmark (GPU)" + (f", {args.kv_dtype} KV cache" if fp8 else ""),
@@ -115,9 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ],
         header,
         "r" * len(header),
-        [row(batch, kv_len, copy_gbs, args.kv_dtype) for batch, kv_len in shapes],
+        table,
     )
-    return 0
+    return 1 if failed(table) else 0
 
 
 if __name__ == "__main__":

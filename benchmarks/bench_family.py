@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from gpu_script import RESULTS, device_facts, measure, script_args
+from gpu_script import RESULTS, device_facts, failed, guarded, measure, script_args
 from report import write_report
 
 
@@ -72,23 +72,25 @@ def sweep_rows(sweep: Sweep, quick: bool) -> list[tuple[str, ...]]:
     """Each routine x dtype x shape (quick: bf16 at the middle shape), one table row each."""
     dtypes = DTYPES[:1] if quick else DTYPES
     shapes = sweep.shapes[len(sweep.shapes) // 2 :][:1] if quick else sweep.shapes
-    rows = []
-    for routine in sweep.routines:
-        for dtype in dtypes:
-            for shape in shapes:
-                result = measure(routine, [*sweep.flags(*shape), "--input_dtype", dtype])
-                ours, theirs = result["fa2"], result["torch"]
-                rows.append(
-                    (
-                        routine,
-                        str(ours["case"]),
-                        f"{ours['median_time'] * 1e3:.1f}",
-                        f"{ours['tb_per_sec'] * 1e3:.0f}",
-                        f"{ours['copy_bw_fraction']:.0%}",
-                        f"x{theirs['median_time'] / ours['median_time']:.2f}",
-                    )
-                )
-    return rows
+
+    def row(routine: str, dtype: str, shape: tuple[int, ...]) -> tuple[str, ...]:
+        result = measure(routine, [*sweep.flags(*shape), "--input_dtype", dtype])
+        ours, theirs = result["fa2"], result["torch"]
+        return (
+            routine,
+            str(ours["case"]),
+            f"{ours['median_time'] * 1e3:.1f}",
+            f"{ours['tb_per_sec'] * 1e3:.0f}",
+            f"{ours['copy_bw_fraction']:.0%}",
+            f"x{theirs['median_time'] / ours['median_time']:.2f}",
+        )
+
+    return [
+        guarded((routine, f"{shape} {dtype}"), len(HEADER), lambda: row(routine, dtype, shape))
+        for routine in sweep.routines
+        for dtype in dtypes
+        for shape in shapes
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -104,6 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args is None:
         return 0
     sweep = SWEEPS[args.family]
+    table = sweep_rows(sweep, args.quick)
     write_report(
         args.output or RESULTS / f"{args.family}.md",
         sweep.title,
@@ -117,9 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ],
         HEADER,
         "llrrrr",
-        sweep_rows(sweep, args.quick),
+        table,
     )
-    return 0
+    return 1 if failed(table) else 0
 
 
 if __name__ == "__main__":

@@ -28,7 +28,15 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
-from gpu_script import RESULTS, device_facts, measure, script_args, timing_fact
+from gpu_script import (
+    RESULTS,
+    device_facts,
+    failed,
+    guarded,
+    measure,
+    script_args,
+    timing_fact,
+)
 from report import write_report
 
 from flashinfer.jit.prefill import (
@@ -90,6 +98,19 @@ def dense_bf16_peak(device_name: str) -> float | None:
     return next((peak for key, peak in DENSE_BF16_PEAKS if key in device_name), None)
 
 
+HEADER = (
+    "tiling",
+    "routine",
+    "case",
+    "flashinfer us",
+    "TFLOP/s",
+    "of peak",
+    "torch us",
+    "torch TFLOP/s",
+    "speedup",
+)
+
+
 def row(
     tiling: str,
     routine: str,
@@ -118,14 +139,19 @@ def row(
 FASTEST_FACT = "fastest tiling (geometric mean of the single and batch paged speedups)"
 
 
-def fastest(table: Sequence[tuple[str, ...]], cases_per_tiling: int) -> tuple[str, float]:
+def fastest(table: Sequence[tuple[str, ...]], cases_per_tiling: int) -> tuple[str, float] | None:
     """The tiling whose target cases (CASES, the first rows of each tiling's run) have the best
-    geometric mean speedup over torch, and that mean."""
+    geometric mean speedup over torch, and that mean; a tiling with a failed target case is
+    out (None when every one is)."""
     means = {}
     for first in range(0, len(table), cases_per_tiling):
         targets = table[first : first + len(CASES)]
+        if failed(targets):
+            continue
         speedups = [float(r[-1].removeprefix("x")) for r in targets]
         means[targets[0][0]] = math.prod(speedups) ** (1 / len(speedups))
+    if not means:
+        return None
     name = max(means, key=means.__getitem__)
     return name, means[name]
 
@@ -205,13 +231,18 @@ def rows(
     peak: float | None,
     kv_dtype: str = "bfloat16",
 ) -> list[tuple[str, ...]]:
+    def case_rows(name: str) -> list[tuple[str, ...]]:
+        return [
+            guarded((name, r), len(HEADER), lambda: row(name, r, flags, head_dim, peak, kv_dtype))
+            for r, flags in cases
+        ]
+
     if tilings is None:
-        name = prefill_tiling(head_dim, kv_dtype != "bfloat16").name
-        return [row(name, r, flags, head_dim, peak, kv_dtype) for r, flags in cases]
+        return case_rows(prefill_tiling(head_dim, kv_dtype != "bfloat16").name)
     table = []
     for tiling in tilings:
         with kernel_tiling(tiling):
-            table += [row(tiling.name, r, flags, head_dim, peak, kv_dtype) for r, flags in cases]
+            table += case_rows(tiling.name)
     return table
 
 
@@ -269,9 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     table = rows(cases, tilings, head_dim, peak, args.kv_dtype)
     fastest_note = []
-    if tilings is not None and len(tilings) > 1:
-        name, mean = fastest(table, len(cases))
-        fastest_note = [f"{FASTEST_FACT}: {name} at head_dim {head_dim}, x{mean:.2f}"]
+    winner = fastest(table, len(cases)) if tilings is not None and len(tilings) > 1 else None
+    if winner is not None:
+        fastest_note = [f"{FASTEST_FACT}: {winner[0]} at head_dim {head_dim}, x{winner[1]:.2f}"]
     kv_note = (
         [f"{args.kv_dtype} KV cache: torch attends to it dequantized to bf16 inside its timed call"]
         if fp8
@@ -299,21 +330,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"command: `python benchmarks/bench_prefill.py{command_flags(args)}` "
             "(flashinfer_benchmark.py routines, backends fa2 and flash)",
         ],
-        [
-            "tiling",
-            "routine",
-            "case",
-            "flashinfer us",
-            "TFLOP/s",
-            "of peak",
-            "torch us",
-            "torch TFLOP/s",
-            "speedup",
-        ],
+        list(HEADER),
         "lllrrrrrr",
         table,
     )
-    return 0
+    return 1 if failed(table) else 0
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from gpu_script import device_facts, measure, script_args, timing_fact
+from gpu_script import device_facts, failed, guarded, measure, script_args, timing_fact
 from report import write_report
 
 TOP_K, TOP_P = 50, 0.9
@@ -77,17 +77,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args is None:
         return 0
     shapes = [(128, 131072)] if args.quick else [(b, v) for b in BATCHES for v in VOCABS]
+    header = ["op", "batch x vocab", "flashinfer us", "torch us", "speedup"]
+    joint = "top_k_top_p_sampling_from_logits"
     rows = [
-        row(
-            "top_k_top_p_sampling_from_logits",
-            batch,
-            vocab,
-            "bfloat16",
-            f"{batch} x {vocab // 1024}k",
+        guarded(
+            (joint, f"{batch} x {vocab // 1024}k"),
+            len(header),
+            lambda: row(joint, batch, vocab, "bfloat16", f"{batch} x {vocab // 1024}k"),
         )
         for batch, vocab in shapes
     ]
-    rows += [row(name, 128, 131072, "float32", "128 x 128k fp32", flags) for name, flags in OTHERS]
+    rows += [
+        guarded(
+            (name, "128 x 128k fp32"),
+            len(header),
+            lambda: row(name, 128, 131072, "float32", "128 x 128k fp32", flags),
+        )
+        for name, flags in OTHERS
+    ]
     write_report(
         args.output,
         "Sampling benchmark (GPU)",
@@ -101,11 +108,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "command: `python benchmarks/bench_sampling.py` (flashinfer_benchmark.py routines, "
             "backends fa2 and torch)",
         ],
-        ["op", "batch x vocab", "flashinfer us", "torch us", "speedup"],
+        header,
         "llrrr",
         rows,
     )
-    return 0
+    return 1 if failed(rows) else 0
 
 
 if __name__ == "__main__":

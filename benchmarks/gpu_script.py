@@ -1,13 +1,16 @@
 """What the GPU benchmark scripts share: their flags (--output, --quick), the exit when no
 GPU is visible, the facts every results table opens with, and timing routines through
-flashinfer_benchmark (refcheck first, then CUDA events, eager calls, L2 flushed)."""
+flashinfer_benchmark (refcheck first, then CUDA events, eager calls, L2 flushed), and the
+guard that turns a case that raises into an error row."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import sys
+import traceback
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import flashinfer_benchmark
 import torch
@@ -90,3 +93,29 @@ def measure(
 def copy_bandwidth() -> float:
     """GB/s of a device copy (the one the result rows' copy_bw_fraction divides by)."""
     return flashinfer_benchmark.copy_bandwidth(torch.device("cuda", torch.cuda.current_device()))
+
+
+ERROR_PREFIX = "error: "
+
+
+def guarded(
+    cells: Sequence[str], width: int, make: Callable[[], tuple[str, ...]]
+) -> tuple[str, ...]:
+    """``make()``'s row of ``width`` cells or, when it raises (a refcheck, an out-of-memory
+    error, a backend that declines), the case's leading ``cells``, the error, and "-" for
+    the rest, with the traceback's last frames on stderr: a failing case costs its row, not
+    the table (a lent GPU's minutes may not run the command again)."""
+    try:
+        return make()
+    except Exception as err:  # noqa: BLE001 - any failure of one case is reported in its row
+        traceback.print_exc(limit=-3, file=sys.stderr)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        message = str(err).splitlines()[0][:80] if str(err) else ""
+        error = f"{ERROR_PREFIX}{type(err).__name__}: {message}".replace("|", "/")
+        return (*cells, error, *["-"] * (width - len(cells) - 1))
+
+
+def failed(rows: Sequence[Sequence[str]]) -> int:
+    """How many rows are guarded() error rows; a script exits 1 when any is."""
+    return sum(any(cell.startswith(ERROR_PREFIX) for cell in row) for row in rows)

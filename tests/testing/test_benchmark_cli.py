@@ -1036,6 +1036,66 @@ def test_bench_scripts_write_their_tables(
     capsys.readouterr()
 
 
+@pytest.mark.parametrize(
+    "script,argv",
+    [
+        ("bench_family", ["norm", "--quick"]),
+        ("bench_decode", ["--quick"]),
+        ("bench_sampling", ["--quick"]),
+        ("bench_prefill", ["--probe"]),
+    ],
+)
+def test_a_failing_case_costs_its_row_not_the_table(
+    script: str,
+    argv: list[str],
+    fake_gpu_measure,  # noqa: ANN001
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A case that raises (a refcheck, an out-of-memory error) becomes an error row with the
+    table's columns; the other rows are measured, the table is written, the script exits 1
+    and the traceback goes to stderr."""
+    module = importlib.import_module(script)
+    measure = module.measure
+    calls = []
+
+    def failing_second(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 2:
+            raise RuntimeError("CUDA out of memory | tried to allocate 32.00 GiB\nmore")
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(module, "measure", failing_second)
+    output = tmp_path / "table.md"
+    assert module.main([*argv, "--output", str(output)]) == 1
+    table = [line for line in output.read_text().splitlines() if line.startswith("| ")]
+    assert len(table) == 2 + len(calls) and len(calls) >= 2
+    failed = [line for line in table if "error: " in line]
+    assert len(failed) == 1 and "error: RuntimeError: CUDA out of memory / tried" in failed[0]
+    assert "more" not in failed[0] and failed[0].count(" | ") == table[0].count(" | ")
+    assert "RuntimeError" in capsys.readouterr().err
+
+
+def test_a_tiling_with_a_failed_target_case_is_not_the_fastest() -> None:
+    import bench_prefill
+    from gpu_script import guarded
+
+    def failing() -> tuple[str, ...]:
+        raise RuntimeError("refcheck")
+
+    width = len(bench_prefill.HEADER)
+    ok = ("m1kv64", "r", "c", "1", "1", "1%", "1", "1", "x0.90")
+    table = [
+        ok,
+        ok,
+        ("m2kv32", *ok[1:-1], "x2.00"),
+        guarded(("m2kv32", "batch"), width, failing),
+    ]
+    assert bench_prefill.fastest(table, 2) == ("m1kv64", pytest.approx(0.9))
+    assert bench_prefill.fastest(table[2:], 2) is None
+
+
 def test_bench_prefill_names_the_fastest_tiling_and_runs_it(
     fake_gpu_measure,  # noqa: ANN001
     monkeypatch: pytest.MonkeyPatch,
