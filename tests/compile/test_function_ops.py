@@ -265,14 +265,19 @@ def _rope_cases() -> dict[str, Callable[[], Case]]:
 def _page_cases() -> dict[str, Callable[[], Case]]:
     # Two requests in pages of 4: request 0 owns pages [2, 0] (7 tokens after the append),
     # request 1 page [1] (2 tokens); the append writes request 0's positions 5 and 6 and
-    # request 1's position 1.
-    def table(dtype: torch.dtype = I32) -> tuple[torch.Tensor, ...]:
+    # request 1's position 1. In pages of 1 token (``one_token_pages``) the same requests
+    # own 7 and 2 of 9 shuffled pages (with the table of pages of 4, every position would
+    # lie past its request's pages: a kernel skips such tokens, and the case wrote nothing).
+    def table(dtype: torch.dtype = I32, one_token_pages: bool = False) -> tuple[torch.Tensor, ...]:
+        indices, indptr, last = [2, 0, 1], [0, 2, 3], [3, 2]
+        if one_token_pages:
+            indices, indptr, last = [4, 7, 0, 8, 2, 5, 1, 6, 3], [0, 7, 9], [1, 1]
         return (
             ints([0, 0, 1], dtype),
             ints([5, 6, 1], dtype),
-            ints([2, 0, 1], dtype),
-            ints([0, 2, 3], dtype),
-            ints([3, 2], dtype),
+            ints(indices, dtype),
+            ints(indptr, dtype),
+            ints(last, dtype),
         )
 
     def append(layout: str = "NHD") -> Callable[..., None]:
@@ -284,8 +289,10 @@ def _page_cases() -> dict[str, Callable[[], Case]]:
     def pair_call(k, v, b, p, k_cache, v_cache, *rest) -> None:  # noqa: ANN001
         flashinfer.append_paged_kv_cache(k, v, b, p, (k_cache, v_cache), *rest)
 
-    def inputs(*caches: torch.Tensor, dtype: torch.dtype = I32) -> tuple[torch.Tensor, ...]:
-        b, p, *rest = table(dtype)
+    def inputs(
+        *caches: torch.Tensor, dtype: torch.dtype = I32, one_token_pages: bool = False
+    ) -> tuple[torch.Tensor, ...]:
+        b, p, *rest = table(dtype, one_token_pages)
         return (randn(3, 2, 64), randn(3, 2, 64), b, p, *caches, *rest)
 
     pair = [("append_paged_kv_cache", {"k_cache": "in4", "v_cache": "in5"})]
@@ -297,7 +304,10 @@ def _page_cases() -> dict[str, Callable[[], Case]]:
             pair_call, inputs(randn(3, 4, 2, 64), randn(3, 4, 2, 64)), pair, []
         ),
         "append_paged_kv_cache_int64_page_size_1": lambda: Case(
-            pair_call, inputs(randn(3, 2, 64), randn(3, 2, 64), dtype=I64), pair, []
+            pair_call,
+            inputs(randn(9, 2, 64), randn(9, 2, 64), dtype=I64, one_token_pages=True),
+            pair,
+            [],
         ),
         "append_paged_kv_cache_5d_nhd": lambda: Case(
             append(), inputs(randn(3, 2, 4, 2, 64)), one, []
@@ -717,8 +727,14 @@ def test_logging_and_the_trace_dump_stay_out_of_traced_code(tmp_path) -> None:  
 # -- Running the cases: CPU stand-ins for the modules, or a GPU ---------------------------------
 
 
+def _clone_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A copy with ``t``'s strides: torch.clone makes a strided row layout (rows padded past
+    their width) contiguous, and the cases build such inputs on purpose."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+
+
 def _clone(value: Any) -> Any:
-    return tree_map_only(torch.Tensor, torch.clone, value)
+    return tree_map_only(torch.Tensor, _clone_tensor, value)
 
 
 def _assert_same(actual: Any, expected: Any) -> None:
@@ -827,10 +843,27 @@ def _opcheck(func: Any, args: tuple[Any, ...]) -> None:
     torch.library.opcheck(func, args, test_utils=tests)
 
 
+def _written_inputs(case: Case) -> set[int]:
+    """The inputs ``case``'s ops write ("in<i>" in its writes)."""
+    return {
+        int(source[2:])
+        for _, arguments in case.writes
+        for source in arguments.values()
+        if source is not None and source.startswith("in")
+    }
+
+
 def _compiled_matches_eager(case: Case, **options: Any) -> None:
-    """Same results and the same effect on the inputs (in-place APIs, out=, the cache)."""
+    """Same results and the same effect on the inputs (in-place APIs, out=, the cache); the
+    eager call changes every input the case writes, so the comparison is not of two
+    untouched copies."""
     eager_inputs, compiled_inputs = _clone(case.inputs), _clone(case.inputs)
     expected = case.fn(*eager_inputs)
+    for i in _written_inputs(case):
+        before, after = case.inputs[i], eager_inputs[i]
+        if before.dtype == torch.float8_e4m3fn:
+            before, after = before.view(torch.uint8), after.view(torch.uint8)
+        assert not torch.equal(before, after), f"the eager call left input {i} as it was"
     actual = torch.compile(case.fn, fullgraph=True, **options)(*compiled_inputs)
     _assert_same(actual, expected)
     _assert_same(compiled_inputs, eager_inputs)

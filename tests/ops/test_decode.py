@@ -27,6 +27,7 @@ from flashinfer.jit.pos_encoding import POS_ENCODINGS
 from flashinfer.testing import reference
 from flashinfer.testing.reference import decode_attention as reference_decode
 from tests.conftest import run_python
+from tests.ops.attention_error import assert_relative_error
 from tests.ops.nan_inputs import assert_nan_where
 from tests.ops.test_norm import build_without_spills
 from tests.ops.test_prefill import cpu_kernels, cpu_prefill  # noqa: F401 - a fixture
@@ -837,6 +838,7 @@ def check_single_decode(
         )
         assert out.dtype == dtype and out.shape == q.shape
         torch.testing.assert_close(out.double(), want, **tolerance(dtype))
+        assert_relative_error(out, want)
         torch.testing.assert_close(lse.double(), want_lse, atol=1e-3, rtol=1e-3)
 
 
@@ -957,6 +959,7 @@ def check_decoded(
             **tolerance(q.dtype, tensor_cores),
             msg=f"{b}",
         )
+        assert_relative_error(out[b], want)
         torch.testing.assert_close(
             lse[b].double(),
             want_lse,
@@ -1691,6 +1694,7 @@ def check_nans_propagate(
         torch.testing.assert_close(
             out[b].double(), want, equal_nan=True, **tolerance(dtype, use_tensor_cores)
         )
+        assert_relative_error(out[b], want)
         torch.testing.assert_close(
             lse[b].double(), want_lse, equal_nan=True, **lse_tolerance(use_tensor_cores)
         )

@@ -18,6 +18,7 @@ from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper, fast_decode_pl
 from flashinfer.decode_schedule import kv_lengths
 from flashinfer.prefill_schedule import TILE_ROWS, pack_schedule, plan_length, plan_prefill_schedule
 from flashinfer.testing import reference
+from tests.ops.attention_error import assert_relative_error
 from tests.ops.test_decode import check_batch_decode, lse_tolerance, tolerance
 from tests.ops.test_prefill import BATCH_ARGS, MAX_CTAS, CpuPrefill, _bf16, _i32, cpu_prefill  # noqa: F401 - cpu_prefill is a fixture used by cpu_tc
 
@@ -924,6 +925,7 @@ def test_several_query_tokens_per_request_attend_causally(
             torch.testing.assert_close(
                 out[rows].double(), want, **tolerance(dtype, tensor_cores=True)
             )
+            assert_relative_error(out[rows], want)
             torch.testing.assert_close(lse[rows].double(), want_lse, **LSE_TOLERANCE)
 
 
@@ -964,6 +966,7 @@ def test_large_groups_scales_and_the_5d_cache_form() -> None:
             torch.testing.assert_close(
                 out[b].double(), want * 0.25, **tolerance(dtype, tensor_cores=True)
             )
+            assert_relative_error(out[b], want * 0.25)
             torch.testing.assert_close(lse[b].double(), want_lse, **LSE_TOLERANCE)
 
 
@@ -1084,6 +1087,7 @@ def test_cuda_graph_replay_after_re_planning_and_rewriting_the_buffers() -> None
         graph.replay()
         want, want_lse = expected(lens, indptr, ids)
         torch.testing.assert_close(out.double(), want, **tolerance(dtype, tensor_cores=True))
+        assert_relative_error(out, want)
         torch.testing.assert_close(lse.double(), want_lse, **LSE_TOLERANCE)
 
 
@@ -1138,6 +1142,7 @@ def test_single_decode_with_tensor_cores_matches(
             got.append((out, lse))
         (out, lse), (core_out, core_lse) = got
         torch.testing.assert_close(out.double(), want, **tolerance(dtype, tensor_cores=True))
+        assert_relative_error(out, want)
         torch.testing.assert_close(lse.double(), want_lse, **LSE_TOLERANCE)
         torch.testing.assert_close(out, core_out, **tolerance(dtype, tensor_cores=True))
         torch.testing.assert_close(lse, core_lse, **LSE_TOLERANCE)

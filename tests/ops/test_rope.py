@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import flashinfer
+from flashinfer import ragged
 from flashinfer import rope as rope_api
 from flashinfer.testing import reference
 from tests.conftest import run_python
@@ -269,12 +270,13 @@ def test_the_module_exports_every_variant_and_checks_in_the_binding() -> None:
 
 # -- numerics on a GPU ----------------------------------------------------------------------
 
-# fp32: angles agree only to float32 precision (a 1-ulp frequency difference is ~5e-4 rad at
-# position 8000), hence the looser tolerance than elsewhere.
+# fp32: angles agree only to float32 precision: CUDA's powf is within a few ulp of torch's
+# pow, and 4 ulp of a frequency near 1 is ~2e-3 rad at position 8000, ~6e-3 on an element of
+# 3; hence the looser tolerance than a float32 op would need (a wrong position is off by O(1)).
 TOLERANCE = {
     torch.float16: dict(atol=1e-2, rtol=1e-2),
     torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
-    torch.float32: dict(atol=2e-3, rtol=2e-3),
+    torch.float32: dict(atol=5e-3, rtol=5e-3),
 }
 
 
@@ -368,8 +370,9 @@ def test_ragged_batches_and_llama31(interleave: bool) -> None:
 def test_cuda_indptr_is_not_validated_but_is_harmless(index_dtype: torch.dtype) -> None:
     """A CUDA indptr is not read on the host (that would sync). A bad one (decreasing, ending
     before the last token) may leave tokens to no request: those are copied unrotated, as the
-    reference leaves them alone; every other token is rotated at a position a request whose
-    range holds it gives it."""
+    reference leaves them alone; every other token (owned by the request the binary search
+    of ragged.token_requests finds: here tokens 0 to 14) is rotated at a position a request
+    whose range holds it gives it."""
     indptr, offsets, nnz = [0, 5, 3, 15], [10, 200, 3000], 17
     q, k = random_qk(nnz, 4, 1, 64, torch.float16, 9, "cuda")
     q_out, _ = flashinfer.apply_rope(
@@ -380,12 +383,14 @@ def test_cuda_indptr_is_not_validated_but_is_harmless(index_dtype: torch.dtype) 
     )
     q_cpu, out = q.cpu(), q_out.cpu()
     freq = reference.rope_frequencies(64, rope_theta=1e4)
+    owned = ragged.token_requests(torch.tensor(indptr), nnz).owned
+    assert owned.tolist() == [True] * 15 + [False] * 2
     for t in range(nnz):
         candidates = [
             offsets[b] + t - indptr[b] for b in range(3) if indptr[b] <= t < indptr[b + 1]
         ]
-        if not candidates or torch.equal(out[t], q_cpu[t]):
-            assert torch.equal(out[t], q_cpu[t]), t  # e.g. tokens 15, 16: in no request
+        if not owned[t]:
+            assert torch.equal(out[t], q_cpu[t]), t  # tokens 15, 16: in no request
             continue
         matches = [
             torch.allclose(
