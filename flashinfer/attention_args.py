@@ -271,6 +271,12 @@ class WorkspaceOwner:
             )
         return self._plan_info
 
+    def _tmp_rows_fit(self, num_qo_heads: int, head_dim: int) -> int:
+        """How many split-KV partial-state rows (``num_qo_heads`` heads of ``head_dim``
+        floats and their LSEs) the float workspace holds at least, as _split_buffers lays
+        them out."""
+        return max(0, self._workspace.numel() - 2 * ALIGN) // (4 * num_qo_heads * (head_dim + 1))
+
     def _split_buffers(
         self, num_words: int, tmp_rows: int, num_qo_heads: int, head_dim: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

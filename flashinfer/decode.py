@@ -866,23 +866,35 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         batch = len(lengths)
         # fake buffers (tracing without a GPU) have no device to fill: no split
         fake = is_symbolic(self._workspace)
-        schedule = plan_decode_schedule(
-            lengths,
-            num_kv_heads,
-            1 if fake else _max_ctas(dtype, head_dim, group, self.device, pos_encoding, kv_dtype),
-            window_left,
-            fixed_chunk=None if fixed_split_size is None else fixed_split_size * page_size,
-            allow_split=not disable_split_kv,
-        )
+
+        def schedule_of(allow_split: bool) -> DecodeSchedule:
+            return plan_decode_schedule(
+                lengths,
+                num_kv_heads,
+                1
+                if fake
+                else _max_ctas(dtype, head_dim, group, self.device, pos_encoding, kv_dtype),
+                window_left,
+                fixed_chunk=None if fixed_split_size is None else fixed_split_size * page_size,
+                allow_split=allow_split,
+            )
+
+        schedule = schedule_of(not disable_split_kv)
         if self._use_cuda_graph:
             sms = 0 if fake else get_device_sm_count(self.device)
             bound = sms * _MAX_CTAS_PER_SM // num_kv_heads
-            work_cap, merge_cap, tmp_cap = batch + bound, min(batch, bound), bound
+            # tmp rows: as many as the float workspace holds, up to the bound (the same for
+            # every plan of this wrapper, so a captured graph's buffers stay where they are)
+            tmp_cap = min(bound, self._tmp_rows_fit(num_qo_heads, head_dim))
+            work_cap, merge_cap = batch + bound, min(batch, bound)
+            if schedule.num_tmp_rows > tmp_cap and fixed_split_size is None:
+                schedule = schedule_of(False)  # the planner's split does not fit: none
             if schedule.num_work > work_cap or schedule.num_tmp_rows > tmp_cap:
                 raise ValueError(
                     f"this split (fixed_split_size={fixed_split_size}) needs "
-                    f"{schedule.num_work} work items; a CUDA graph holds "
-                    f"{work_cap}: use a larger fixed_split_size"
+                    f"{schedule.num_work} work items and {schedule.num_tmp_rows} tmp rows; "
+                    f"a CUDA graph holds {work_cap} and {tmp_cap} (tmp rows: as many as "
+                    "float_workspace_buffer holds): use a larger fixed_split_size"
                 )
         else:
             work_cap, merge_cap = schedule.num_work, schedule.num_merge

@@ -33,7 +33,6 @@ import torch
 from . import checks, ragged
 from .api_logging import flashinfer_api
 from .attention_args import (
-    ALIGN,
     BACKENDS,
     DTYPES,
     INDEX,
@@ -857,8 +856,7 @@ class _BatchPrefillWrapper(WorkspaceOwner):
         capacity = self._graph_capacity
         if capacity is None:
             unsplit = math.ceil(qo_indptr[-1] * opts.group / TILE_ROWS) + len(kv_lens)
-            row_bytes = 4 * opts.num_qo_heads * (opts.head_dim_vo + 1)  # a tmp row, its LSEs
-            fit = max(0, self._workspace.numel() - 2 * ALIGN) // row_bytes
+            fit = self._tmp_rows_fit(opts.num_qo_heads, opts.head_dim_vo)
             capacity = (max(2 * sizes[0], max_ctas, unsplit), qo_indptr[-1], max(sizes[2], fit))
         if any(n > cap for n, cap in zip(sizes, capacity)) and fixed is None:
             result = schedule(False)

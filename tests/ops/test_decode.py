@@ -523,13 +523,56 @@ def test_cuda_graph_fixed_split_past_the_graphs_capacity_is_refused(cpu_plan) ->
     table = dict(indptr=_i32([0, 40, 41]), indices=torch.arange(41, dtype=torch.int32))
     with pytest.raises(
         ValueError,
-        match="fixed_split_size=1\\) needs 41 work items; a CUDA graph holds 34: "
-        "use a larger fixed_split_size",
+        match="fixed_split_size=1\\) needs 41 work items and 40 tmp rows; a CUDA graph holds "
+        "34 and 32 \\(tmp rows: as many as float_workspace_buffer holds\\): use a larger "
+        "fixed_split_size",
     ):
         wrapper.plan(**_plan_args(**table), fixed_split_size=1)
     assert cpu_plan.uploads == []
     wrapper.plan(**_plan_args(**table), fixed_split_size=2)
     assert wrapper._plan_info.schedule.num_work == 21 and len(cpu_plan.uploads) == 1
+
+
+def test_cuda_graph_tmp_rows_are_what_the_float_workspace_holds(
+    cpu_plan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CUDA-graph wrapper's split-KV rows are bounded by the GPU (32 CTAs an SM) and by
+    what its float workspace holds: 64 query heads over one KV head on 132 SMs would want
+    4224 rows of 64 x 129 floats (139 MB) of a 128 MiB workspace, which plan() refused until
+    session 36. The planner's own split must fit them or is dropped; every plan keeps the
+    same capacity, so a captured graph's buffers stay put."""
+    monkeypatch.setattr(decode_api, "get_device_sm_count", lambda device: 132)
+
+    def graph_wrapper(workspace_bytes: int) -> flashinfer.BatchDecodeWithPagedKVCacheWrapper:
+        return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(workspace_bytes, dtype=torch.uint8),
+            use_cuda_graph=True,
+            paged_kv_indptr_buffer=torch.zeros(5, dtype=torch.int32),
+            paged_kv_indices_buffer=torch.zeros(4000, dtype=torch.int32),
+            paged_kv_last_page_len_buffer=torch.zeros(4, dtype=torch.int32),
+        )
+
+    wrapper = graph_wrapper(128 << 20)
+    heads = dict(num_qo_heads=64, num_kv_heads=1, head_dim=128)
+    fit = ((128 << 20) - 512) // (4 * 64 * 129)
+    short = _plan_args(indptr=_i32([0, 1, 2, 3, 4]), last_page_len=_i32([1] * 4), **heads)
+    wrapper.plan(**{**short, "indices": _i32([0, 1, 2, 3])})
+    assert wrapper._plan_info.tmp_capacity == fit < 132 * 32
+    long = _plan_args(
+        indptr=_i32([0, 1000, 2000, 3000, 4000]),
+        indices=torch.arange(4000, dtype=torch.int32),
+        last_page_len=_i32([16] * 4),
+        **heads,
+    )
+    monkeypatch.setattr(decode_api, "_max_ctas", lambda *a: 132 * 32)
+    wrapper.plan(**long)  # the planner's split (252 chunks of 256 tokens), within the rows
+    assert wrapper._plan_info.schedule.num_tmp_rows == 252 <= fit
+    assert wrapper._plan_info.tmp_capacity == fit
+    small = graph_wrapper(4 << 20)  # 126 rows
+    small.plan(**long)  # the planner's split past the rows: none, rather than a refusal
+    assert small._plan_info.schedule.num_tmp_rows == 0 and small._plan_info.tmp_capacity == 126
+    with pytest.raises(ValueError, match="needs 1000 work items and 1000 tmp rows; a CUDA graph"):
+        small.plan(**long, fixed_split_size=4)  # an imposed split is refused, not dropped
 
 
 def test_workspace_too_small_is_reported(cpu_plan) -> None:
