@@ -180,7 +180,12 @@ class Dumper:
                         and all(isinstance(v, torch.Tensor) for v in value)
                     ):
                         keys = [f"{name}.{i}" for i in range(len(value))]
-                        entry.update(kind="tensor_list", keys=keys, sequence=type(value).__name__)
+                        entry.update(
+                            kind="tensor_list",
+                            keys=keys,
+                            sequence=type(value).__name__,
+                            devices=[str(v.device) for v in value],
+                        )
                         for key, tensor in zip(keys, value):
                             inputs[key], sources[key] = _snapshot(tensor), tensor
                     elif _is_plain(value):

@@ -197,6 +197,10 @@ def _place(tensor: torch.Tensor, device: str) -> torch.Tensor:
         raise _Unusable(f"call.json: unknown device {device!r}") from None
     if target.type == "cuda" and not torch.cuda.is_available():
         raise _Unreplayable(f"the call ran on {device}, and no GPU is visible")
+    if target.type == "cuda" and (target.index or 0) >= torch.cuda.device_count():
+        raise _Unreplayable(
+            f"the call ran on {device}, and {torch.cuda.device_count()} GPU(s) are visible"
+        )
     return tensor.to(target)
 
 
@@ -223,8 +227,13 @@ def _argument(
         keys = _field(entry, "keys", list, where)
         if not all(isinstance(k, str) for k in keys):
             raise _Unusable(f"call.json: {where}: 'keys' holds a non-string")
-        for key in keys:
-            live[key] = _place(_saved(tensors, key), str(tensors[key].device))
+        if "devices" not in entry:
+            raise _Unreplayable(f"{where}: its tensors' devices were not recorded (an old dump)")
+        devices = _field(entry, "devices", list, where)
+        if len(devices) != len(keys) or not all(isinstance(d, str) for d in devices):
+            raise _Unusable(f"call.json: {where}: 'devices' does not match 'keys'")
+        for key, device in zip(keys, devices):
+            live[key] = _place(_saved(tensors, key), device)
         items = [live[key] for key in keys]
         return tuple(items) if entry.get("sequence") == "tuple" else items
     if kind == "value":

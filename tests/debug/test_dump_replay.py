@@ -223,6 +223,41 @@ def test_replay_passes_on_a_faithful_dump_and_fails_on_an_altered_output(tmp_pat
     assert replay(root, atol=1e-2, allow_modules=SAMPLE)[1].status == "PASS"
 
 
+def test_a_tensor_list_replays_on_the_devices_it_was_dumped_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list or tuple of tensors (a (k_cache, v_cache) pair) records each tensor's device
+    and replays each there: a CUDA pair is never run on the CPU (which, beside CUDA tensors,
+    would raise); without a GPU, or without the GPU index it ran on, the call is SKIP, and
+    so is a dump from before the devices were recorded."""
+    logger, root = _dumping(tmp_path)
+    logger.decorate(sample_api.concat)((torch.randn(2), torch.randn(3)), dim=0)
+    (call,) = _calls(root)
+    manifest = json.loads((call / "call.json").read_text())
+    (entry,) = [a for a in manifest["args"] if a["kind"] == "tensor_list"]
+    assert entry["devices"] == ["cpu", "cpu"] and entry["sequence"] == "tuple"
+    assert [r.status for r in replay(root, allow_modules=SAMPLE)] == ["PASS"]
+
+    def rewrite(**changes: object) -> None:
+        entry.update(changes)
+        (call / "call.json").write_text(json.dumps(manifest))
+
+    rewrite(devices=["cuda:0", "cuda:0"])
+    (result,) = replay(root, allow_modules=SAMPLE)
+    assert result.status == "SKIP" and "ran on cuda:0, and no GPU is visible" in result.detail
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    rewrite(devices=["cpu", "cuda:3"])
+    (result,) = replay(root, allow_modules=SAMPLE)
+    assert result.status == "SKIP" and "ran on cuda:3, and 1 GPU(s) are visible" in result.detail
+    rewrite(devices=["cpu"])
+    assert replay(root, allow_modules=SAMPLE)[0].status == "ERROR"
+    del entry["devices"]
+    (call / "call.json").write_text(json.dumps(manifest))
+    (result,) = replay(root, allow_modules=SAMPLE)
+    assert result.status == "SKIP" and "devices were not recorded" in result.detail
+
+
 def test_replay_cli_and_a_crashed_call(tmp_path: Path, capsys) -> None:
     logger, root = _dumping(tmp_path)
     logger.decorate(sample_api.scale_)(torch.randn(4), 2.0)
