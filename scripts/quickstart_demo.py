@@ -111,13 +111,14 @@ def _traced_ops(config: Any) -> list[str]:
     model = toy_llama.ToyLlama(c, weights)
     table = toy_llama.PageTable(len(PROMPTS), c.page_size, NUM_PAGES)
     heads = (c.num_heads, c.num_kv_heads, c.head_dim, c.page_size)
-    cache = new(c.num_layers, NUM_PAGES, 2, c.page_size, c.num_kv_heads, c.head_dim, dtype=c.dtype)
+    page = (NUM_PAGES, 2, c.page_size, c.num_kv_heads, c.head_dim)
+    caches = tuple(new(*page, dtype=c.dtype) for _ in range(c.num_layers))  # one a layer
     i32 = torch.int32
 
-    def inputs(n: int) -> tuple[torch.Tensor, ...]:
+    def inputs(n: int) -> tuple[Any, ...]:
         batch = len(PROMPTS)
         tables = (new(NUM_PAGES, dtype=i32), new(batch + 1, dtype=i32), new(batch, dtype=i32))
-        return (new(n, dtype=i32), new(n, dtype=i32), new(n, dtype=i32), cache, *tables)
+        return (new(n, dtype=i32), new(n, dtype=i32), new(n, dtype=i32), caches, *tables)
 
     plan = table.append([len(p) for p in PROMPTS])
     prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(new(WORKSPACE, dtype=torch.uint8))

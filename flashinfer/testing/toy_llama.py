@@ -23,7 +23,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -131,7 +131,7 @@ class ToyLlama:
         tokens: torch.Tensor,
         positions: torch.Tensor,
         batch_indices: torch.Tensor,
-        kv_cache: torch.Tensor,
+        kv_caches: Sequence[torch.Tensor],
         kv_indices: torch.Tensor,
         kv_indptr: torch.Tensor,
         kv_last_page_len: torch.Tensor,
@@ -154,7 +154,7 @@ class ToyLlama:
             flashinfer.apply_rope_with_cos_sin_cache_inplace(
                 positions, q, k, c.head_dim, w.cos_sin_cache
             )
-            cache = kv_cache.select(0, i)
+            cache = kv_caches[i]
             k, v = (t.view(n, c.num_kv_heads, c.head_dim) for t in (k, v))
             flashinfer.append_paged_kv_cache(
                 k, v, batch_indices, positions, cache, kv_indices, kv_indptr, kv_last_page_len
@@ -171,7 +171,7 @@ class ToyLlama:
         tokens: torch.Tensor,
         positions: torch.Tensor,
         batch_indices: torch.Tensor,
-        kv_cache: torch.Tensor,
+        kv_caches: Sequence[torch.Tensor],
         kv_indices: torch.Tensor,
         kv_indptr: torch.Tensor,
         kv_last_page_len: torch.Tensor,
@@ -186,7 +186,7 @@ class ToyLlama:
             tokens,
             positions,
             batch_indices,
-            kv_cache,
+            kv_caches,
             kv_indices,
             kv_indptr,
             kv_last_page_len,
@@ -271,8 +271,12 @@ class PagedSession:
         c = model.config
         self.model = model
         self.table = PageTable(batch_size, c.page_size, num_pages)
-        shape = (c.num_layers, num_pages, 2, c.page_size, c.num_kv_heads, c.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=c.dtype, device=device)
+        # one tensor a layer, not views of one: a compiled graph with dynamic shapes loses
+        # writes made through several select() views of one graph input (torch 2.11-2.13)
+        shape = (num_pages, 2, c.page_size, c.num_kv_heads, c.head_dim)
+        self.kv_caches = tuple(
+            torch.zeros(shape, dtype=c.dtype, device=device) for _ in range(c.num_layers)
+        )
         workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
 
         def i32(size: int) -> torch.Tensor:
@@ -319,12 +323,12 @@ class PagedSession:
             causal=True,
             q_data_type=self.model.config.dtype,
         )
-        device = self.kv_cache.device
+        device = self.kv_caches[0].device
         logits = self.model.forward(
             torch.tensor([t for p in prompts for t in p], dtype=torch.int32, device=device),
             plan.positions.to(device),
             plan.batch_indices.to(device),
-            self.kv_cache,
+            self.kv_caches,
             self.kv_indices,
             self.kv_indptr,
             self.kv_last_page_len,
@@ -356,7 +360,7 @@ class PagedSession:
             self.tokens,
             self.positions,
             self.batch_indices,
-            self.kv_cache,
+            self.kv_caches,
             self.kv_indices,
             self.kv_indptr,
             self.kv_last_page_len,

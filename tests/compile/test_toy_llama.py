@@ -71,7 +71,7 @@ def _flashinfer_ops(graph: torch.fx.Graph) -> Counter[str]:
     )
 
 
-def _fake_step(new: New) -> tuple[Any, tuple[torch.Tensor, ...]]:
+def _fake_step(new: New) -> tuple[Any, tuple[Any, ...]]:
     """The model's decode step over fake CUDA weights, cache and buffers, for three requests
     after prompts of 5, 16 and 17 tokens, with a decode wrapper planned from the page
     table's plan (host tensors) on a fake workspace."""
@@ -91,19 +91,22 @@ def _fake_step(new: New) -> tuple[Any, tuple[torch.Tensor, ...]]:
         q_data_type=CONFIG.dtype,
     )
     c = CONFIG
-    cache = new(c.num_layers, 8, 2, c.page_size, c.num_kv_heads, c.head_dim, dtype=c.dtype)
+    caches = tuple(
+        new(8, 2, c.page_size, c.num_kv_heads, c.head_dim, dtype=c.dtype)
+        for _ in range(c.num_layers)
+    )
     i32 = torch.int32
     inputs = (
         new(3, dtype=i32),  # tokens
         new(3, dtype=i32),  # positions
         new(3, dtype=i32),  # batch_indices
-        cache,
+        caches,  # one a layer
         new(8, dtype=i32),  # kv_indices
         new(4, dtype=i32),  # kv_indptr
         new(3, dtype=i32),  # kv_last_page_len
     )
 
-    def step(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(*tensors: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return model.decode_step(*tensors, wrapper)
 
     return step, inputs
