@@ -34,6 +34,7 @@ from flashinfer.testing.toy_llama import (
 )
 from tests.compile.test_function_ops import no_modules  # noqa: F401 - a fixture
 from tests.compile.test_wrapper_ops import New, fake  # noqa: F401 - a fixture
+from tests.conftest import REPO_ROOT
 
 CONFIG = ToyLlamaConfig()
 LAYERS = CONFIG.num_layers
@@ -148,6 +149,20 @@ def test_dynamo_captures_a_decode_step_in_one_graph(
     torch.compile(step, fullgraph=True, backend=record)(*inputs)
     (graph,) = graphs
     assert _flashinfer_ops(graph.graph) == STEP_OPS
+
+
+def test_the_quickstart_demo_traces_the_model_with_nothing_built(
+    no_modules: None,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """scripts/quickstart_demo.py's no-GPU path traces a prefill and a decode step over fake
+    CUDA tensors into the ops whose modules it then builds: the README's first command."""
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))
+    import quickstart_demo
+
+    ops = quickstart_demo._traced_ops(CONFIG)
+    decode_ops = {op.removeprefix("flashinfer::") for op in STEP_OPS}
+    assert sorted(ops) == sorted(decode_ops | {"batch_prefill_with_kv_cache"})
 
 
 # -- host bookkeeping -----------------------------------------------------------------------
