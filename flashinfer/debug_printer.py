@@ -56,7 +56,10 @@ def _describe_tensor_line(t: torch.Tensor, capture: bool) -> list[str]:
     ]
     if capture:
         return [", ".join(parts)]
-    stats = tensor_stats(t, with_std=True)
+    try:
+        stats = tensor_stats(t, with_std=True)
+    except Exception as err:  # noqa: BLE001 - statistics never stop the launch
+        return [", ".join(parts), f"    [statistics error: {type(err).__name__}: {str(err)[:150]}]"]
     order = ("mean", "min", "max", "std", "nan_count", "inf_count", "true_count", "false_count")
     parts += [
         f"{k}={stats[k]:.6g}" if isinstance(stats[k], float) else f"{k}={stats[k]}"

@@ -117,10 +117,24 @@ def _device_summary(data: torch.Tensor, floating: bool, with_std: bool) -> Summa
         parts = [low, high, data.mean(), spread, torch.isnan(data).sum(), torch.isinf(data).sum()]
         v = torch.stack([p.double() for p in parts]).tolist()  # counts exact to 2**53
         return v[0], v[1], v[2], v[3], int(v[4]), int(v[5])
-    low, high = torch.stack(torch.aminmax(data)).tolist()  # exact, whatever the width
+    low, high = _integer_range(data)
     wide = data.double()
     mean, std = torch.stack([wide.mean(), wide.std() if with_std else wide.new_zeros(())]).tolist()
     return low, high, mean, std, 0, 0
+
+
+def _integer_range(data: torch.Tensor) -> tuple[int, int]:
+    """Exact min and max of an integer tensor of any width. torch has no aminmax for
+    uint16/32/64 (a per-row uint64 seed tensor is one): those narrower than 64 bits widen to
+    int64; uint64 is read as int64 with the sign bit flipped, which orders as unsigned."""
+    if data.dtype in (torch.uint16, torch.uint32):
+        data = data.to(torch.int64)
+    elif data.dtype == torch.uint64:
+        flipped = data.view(torch.int64) ^ torch.iinfo(torch.int64).min
+        low, high = torch.stack(torch.aminmax(flipped)).tolist()
+        return low + 2**63, high + 2**63
+    low, high = torch.stack(torch.aminmax(data)).tolist()
+    return low, high
 
 
 def format_stats(stats: dict[str, Any]) -> str:

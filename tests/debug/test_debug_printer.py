@@ -125,6 +125,21 @@ def test_level_1_saves_tensors_before_and_after(load, tmp_path: Path) -> None:
     assert torch.equal(read("before_launch_debug_test.scale_x_cpu.pt"), x)
 
 
+def test_a_statistics_error_is_printed_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Level 2 describes a tensor whose statistics fail (a dtype torch cannot reduce) with
+    the error in place of the statistics; the launch goes on."""
+
+    def refuse(*args: object, **kwargs: object) -> dict[str, object]:
+        raise NotImplementedError("\"aminmax_cuda\" not implemented for 'UInt64'")
+
+    monkeypatch.setattr(debug_printer, "tensor_stats", refuse)
+    lines = debug_printer._describe_tensor_line(torch.zeros(3, dtype=torch.uint64), False)
+    assert lines[0].startswith("numel=3, shape=(3,), dtype=")
+    assert lines[1] == (
+        "    [statistics error: NotImplementedError: \"aminmax_cuda\" not implemented for 'UInt64']"
+    )
+
+
 def test_saved_file_names_carry_the_device_as_torch_prints_it() -> None:
     """As the AOTI printer's manual shows: ``before_launch_<kernel>_<arg>_cuda:0.pt``;
     the kernel and argument parts go through the one file-name sanitizer of the tools."""

@@ -60,6 +60,20 @@ def test_integer_statistics_are_exact(n: int) -> None:
     assert "nan_count" not in stats
 
 
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+@pytest.mark.parametrize("n", [5, 1000])
+def test_unsigned_statistics_are_exact(n: int, dtype: torch.dtype) -> None:
+    """torch has no aminmax for uint16/32/64 (sampling's per-row seeds are uint64): the
+    range is still exact, past 2^63 for uint64."""
+    top = torch.iinfo(dtype).max if dtype != torch.uint64 else 2**64 - 1
+    values = [top - 3, 7, *range(100, 100 + n - 2)]
+    x = torch.tensor([v - 2**64 if v >= 2**63 else v for v in values], dtype=torch.int64)
+    x = x.to(dtype) if dtype != torch.uint64 else x.view(torch.uint64)
+    stats = tensor_stats(x, with_std=True)
+    assert (stats["min"], stats["max"]) == (7, top - 3)
+    assert stats["mean"] == pytest.approx(sum(values) / n, rel=1e-9)
+
+
 def test_special_cases() -> None:
     assert tensor_stats(torch.empty(0, 4)) == {"numel": 0}
     assert tensor_stats(torch.tensor([True, True, False])) == {"true_count": 2, "false_count": 1}
