@@ -16,7 +16,6 @@ iteration starts cold. Timers:
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import statistics
 from typing import Any, Callable, Protocol, Sequence
@@ -123,7 +122,13 @@ def _l2_flush_buffer(device_index: int) -> torch.Tensor:
 
 
 def _cupti_available() -> bool:
-    return importlib.util.find_spec("cupti") is not None
+    """Whether cupti-python imports (an installed but broken one, e.g. without its CUDA
+    library, falls back to events here rather than failing after the warm-up)."""
+    try:
+        from cupti import cupti  # noqa: F401
+    except (ImportError, OSError):
+        return False
+    return True
 
 
 def choose_timer(enable_cupti: bool) -> IterationTimer:

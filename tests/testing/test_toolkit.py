@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import sys
 
 import pytest
 import torch
@@ -52,6 +53,28 @@ def test_bench_gpu_time_warms_up_then_times_with_the_timer() -> None:
     assert timer.calls == ["measure 5"]
     with pytest.raises(ValueError, match="num_iters"):
         testing.bench_gpu_time(fn, num_iters=0, timer=timer)
+
+
+def test_cupti_counts_as_available_only_when_it_imports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cupti package that is installed but cannot load (its CUDA library missing) is not
+    available, so bench_gpu_time times with events rather than failing after its warm-up."""
+    import types
+
+    working = types.ModuleType("cupti")
+    working.cupti = types.ModuleType("cupti.cupti")
+    monkeypatch.setitem(sys.modules, "cupti", working)
+    assert timing._cupti_available()
+
+    broken = types.ModuleType("cupti")
+
+    def load(name: str) -> object:
+        raise OSError("libcupti.so.13: cannot open shared object file")
+
+    broken.__getattr__ = load  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cupti", broken)
+    assert not timing._cupti_available()
+    monkeypatch.setitem(sys.modules, "cupti", None)  # not installed
+    assert not timing._cupti_available()
 
 
 def test_cupti_is_used_when_importable_and_falls_back_with_a_message(
