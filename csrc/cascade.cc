@@ -45,6 +45,8 @@ void CheckState(const TensorView& v, const TensorView& s, const char* v_name, co
   FLASHINFER_CHECK(v.size(rank - 1) <= kMaxHeadDim, ValueError)
       << "head_dim must be <= " << kMaxHeadDim;
   FLASHINFER_CHECK(v.size(rank - 2) <= 65535, ValueError) << "too many heads";
+  // the merge grid's x: a position count past int32 would wrap in its dim3
+  FLASHINFER_CHECK(v.size(0) <= INT32_MAX, ValueError) << "too many positions";
 }
 
 void SameShape(const TensorView& a, const TensorView& b, const char* a_name, const char* b_name) {

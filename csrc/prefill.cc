@@ -203,6 +203,15 @@ int64_t BlocksPerSM() {
 }
 
 int64_t TileRows() { return prefill_tile_rows(); }
+int64_t SharedBytes() { return prefill_shared_bytes(); }
+// The most shared memory a block may take on the current device (227 KiB on sm_90).
+int64_t SharedBytesLimit() {
+  int device = 0, limit = 0;
+  CheckCudaError(cudaGetDevice(&device), "cudaGetDevice");
+  CheckCudaError(cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+                 "cudaDeviceGetAttribute");
+  return limit;
+}
 tvm::ffi::String DTypeOfModule() { return kDTypeName; }
 tvm::ffi::String KVDTypeOfModule() { return kKVDTypeName; }
 tvm::ffi::String PosEncodingOfModule() { return kPosEncodingName; }
@@ -214,6 +223,8 @@ int64_t HeadDimVOOfModule() { return kHeadDimVO; }
 FLASHINFER_EXPORT_FUNC(batch_prefill, BatchPrefill);
 FLASHINFER_EXPORT_FUNC(single_prefill, SinglePrefill);
 FLASHINFER_EXPORT_FUNC(blocks_per_sm, BlocksPerSM);
+FLASHINFER_EXPORT_FUNC(shared_bytes, SharedBytes);
+FLASHINFER_EXPORT_FUNC(shared_bytes_limit, SharedBytesLimit);
 FLASHINFER_EXPORT_FUNC(tile_rows, TileRows);
 FLASHINFER_EXPORT_FUNC(dtype, DTypeOfModule);
 FLASHINFER_EXPORT_FUNC(kv_dtype, KVDTypeOfModule);

@@ -56,6 +56,8 @@ cudaError_t prefill_launch(const PrefillLaunch& l, cudaStream_t stream) {
                                                            merge, merge_positions, l.pdl, stream);
 }
 
+int64_t prefill_shared_bytes() { return static_cast<int64_t>(Tiling::kSharedBytes); }
+
 cudaError_t prefill_blocks_per_sm(int* blocks) {
   return fp::PrefillBlocksPerSM<DType, DTypeKV, Tiling, kPosEncoding>(blocks);
 }

@@ -48,3 +48,5 @@ struct PrefillLaunch {
 cudaError_t prefill_launch(const PrefillLaunch& launch, cudaStream_t stream);
 cudaError_t prefill_blocks_per_sm(int* blocks);
 int prefill_tile_rows();
+// Bytes of dynamic shared memory a CTA of this build takes (its tiling's).
+int64_t prefill_shared_bytes();

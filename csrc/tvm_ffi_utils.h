@@ -79,6 +79,9 @@ inline cudaStream_t CurrentStream(DLDevice device) {
 }
 
 inline void CheckCudaError(cudaError_t err, const char* what) {
+  // A failed call also leaves its error as the thread's last error, which torch's next
+  // launch check would then report as its own: clear it (a sticky error stays).
+  if (err != cudaSuccess) cudaGetLastError();
   FLASHINFER_CHECK(err == cudaSuccess, RuntimeError)
       << what << " failed: " << cudaGetErrorName(err) << ": " << cudaGetErrorString(err);
 }

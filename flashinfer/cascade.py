@@ -34,6 +34,8 @@ from .trace.templates import cascade as _trace
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LSE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MAX_HEAD_DIM = 512
+_MAX_POSITIONS = 2**31 - 1
+_MAX_HEADS = 65535
 
 
 @functools.cache
@@ -56,6 +58,11 @@ def _check_state(v_name: str, v: Any, s_name: str, s: Any, rank: int, layout: st
         )
     if v.shape[-1] > _MAX_HEAD_DIM:
         raise ValueError(f"{v_name} has head_dim {v.shape[-1]} > {_MAX_HEAD_DIM}")
+    # the merge's grid: positions along x (< 2^31), heads along y (<= 65535)
+    if v.shape[0] > _MAX_POSITIONS:
+        raise ValueError(f"{v_name} has {v.shape[0]} positions > {_MAX_POSITIONS}")
+    if v.shape[-2] > _MAX_HEADS:
+        raise ValueError(f"{v_name} has {v.shape[-2]} heads > {_MAX_HEADS}")
 
 
 def _check_pair(names: tuple[str, str, str, str], v_a: Any, s_a: Any, v_b: Any, s_b: Any) -> None:

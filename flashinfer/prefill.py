@@ -125,11 +125,29 @@ def _max_ctas(
     kv_dtype: torch.dtype | None = None,
     head_dim_vo: int | None = None,
 ) -> int:
-    """CTAs of the prefill kernel the device holds at once."""
+    """CTAs of the prefill kernel the device holds at once (after checking that one fits)."""
     with torch.cuda.device(device):
         module = get_prefill_module(dtype, head_dim, pos_encoding, kv_dtype, head_dim_vo)
+        limit = int(module.shared_bytes_limit())
+        check_shared_memory(int(module.shared_bytes()), limit, head_dim, head_dim_vo)
         per_sm = module.blocks_per_sm()
     return get_device_sm_count(device) * max(1, int(per_sm))
+
+
+def check_shared_memory(needed: int, limit: int, head_dim: int, head_dim_vo: int | None) -> None:
+    """A CTA of the module's tiling fits the device's shared memory a block: the defaults
+    are sized for an H100's 227 KiB; sm_86/89/120 allow 99 KiB and sm_80 163 KiB, where
+    head_dim 192/128's default (128 KiB) does not fit (CUDA's refusal would only say
+    "invalid argument")."""
+    if needed > limit:
+        dims = f"{head_dim}" if head_dim_vo in (None, head_dim) else f"{head_dim}/{head_dim_vo}"
+        smaller = "m1kv16p" if head_dim == 256 else "m1kv32p"  # tiles of half the K/V tokens
+        raise ValueError(
+            f"the prefill kernel for head_dim {dims} needs {needed} bytes of shared memory a "
+            f"block, this GPU allows {limit}: choose a smaller tiling with "
+            f"FLASHINFER_PREFILL_TILING (e.g. {head_dim}:{smaller}; docs/attention.md lists "
+            "each tiling's shared memory)"
+        )
 
 
 # -- argument checks ---------------------------------------------------------------------------

@@ -609,6 +609,12 @@ def test_workspace_too_small_is_reported(cpu_plan) -> None:
     assert wrapper._plan_info.plan_words.numel() == 82 and len(cpu_plan.uploads) == 2
 
 
+def _meta_states(shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """v of ``shape`` and its LSEs, on the meta device."""
+    v = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+    return v, torch.empty(shape[:-1], device="meta")
+
+
 MERGE_BAD = [
     (
         "s_a has shape \\(4, 3\\), expected \\(4, 2\\)",
@@ -661,6 +667,16 @@ MERGE_BAD = [
         "v has head_dim 1024 > 512",
         ValueError,
         lambda: flashinfer.merge_states(_bf16(1, 2, 1, 1024), torch.zeros(1, 2, 1)),
+    ),
+    (  # the merge grid's x (meta tensors: shapes without memory)
+        "v_a has 2147483648 positions > 2147483647",
+        ValueError,
+        lambda: flashinfer.merge_state(*_meta_states((1 << 31, 1, 8)) * 2),
+    ),
+    (  # and its y
+        "v has 65536 heads > 65535",
+        ValueError,
+        lambda: flashinfer.merge_states(*_meta_states((2, 1, 1 << 16, 8))),
     ),
 ]
 

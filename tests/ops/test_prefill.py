@@ -1358,6 +1358,21 @@ def _bf16_cpu(*shape: int) -> torch.Tensor:
     return torch.randn(*shape).to(torch.bfloat16)
 
 
+def test_a_tiling_past_the_gpus_shared_memory_is_refused_naming_the_remedy() -> None:
+    """plan() checks a CTA's shared memory against the GPU's per-block limit: head_dim
+    192/128's default (128 KiB) fits an H100 (227 KiB) and not sm_86/89/120 (99 KiB), where
+    CUDA's own refusal would only say "invalid argument"."""
+    prefill_api.check_shared_memory(98_624, 101_376, 128, None)
+    with pytest.raises(
+        ValueError,
+        match=r"head_dim 192/128 needs 131400 bytes of shared memory a block, this GPU allows "
+        r"101376: choose a smaller tiling with FLASHINFER_PREFILL_TILING \(e.g. 192:m1kv32p",
+    ):
+        prefill_api.check_shared_memory(131_400, 101_376, 192, 128)
+    with pytest.raises(ValueError, match=r"head_dim 256 needs .* \(e.g. 256:m1kv16p"):
+        prefill_api.check_shared_memory(196_900, 166_912, 256, None)
+
+
 def test_prefill_binding_checks_too() -> None:
     """The representative specialization (bf16, head_dim 128) compiles for this machine's
     target; its binding refuses bad arguments with Python exceptions before any launch."""
@@ -1663,6 +1678,8 @@ def test_mla_prefill_kernels_do_not_spill(dtype, tiling, kv_dtype, monkeypatch) 
     monkeypatch.delenv("FLASHINFER_PREFILL_TILING", raising=False)
     module = build_without_spills(gen_prefill_module(dtype, 192, tiling, "NONE", kv_dtype, 128))
     assert (module.head_dim(), module.head_dim_vo(), module.dtype()) == (192, 128, dtype)
+    if (tiling, kv_dtype) == (DEFAULT_TILINGS[192], None):  # Q 48 KiB, K 48, V 32, and more
+        assert 128 << 10 < module.shared_bytes() < 129 << 10
 
 
 FP8_SPILL_CASES = [
