@@ -47,6 +47,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <mutex>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -591,15 +592,19 @@ using DecodeKernelFn = void (*)(DecodeParams<T, TKV>, WorkList);
 
 // Raising a kernel's dynamic shared memory limit is done once per size and device and never
 // again at that size, so launches captured in a CUDA graph (after a warm-up run) make no
-// attribute calls.
+// attribute calls. The limit only rises, under a lock: two host threads raising it to
+// different sizes at once could otherwise leave the smaller set and the larger recorded.
 template <auto kKernel>
 cudaError_t RaiseSharedLimit(int bytes) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> configured[kMaxDevices] = {};  // bytes set, per device
+  static std::mutex raising;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   const bool tracked = device < kMaxDevices;
+  if (tracked && bytes <= configured[device].load()) return cudaSuccess;
+  std::lock_guard<std::mutex> guard(raising);
   if (tracked && bytes <= configured[device].load()) return cudaSuccess;
   err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err == cudaSuccess && tracked) configured[device].store(bytes);
