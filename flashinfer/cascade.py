@@ -25,7 +25,7 @@ import torch
 
 from . import checks
 from .api_logging import flashinfer_api
-from .attention_args import check_workspace
+from .attention_args import MAX_GRID_Y, check_workspace
 from .custom_op import kernel_op
 from .jit.decode import gen_cascade_module
 from .prefill import BatchPrefillWithPagedKVCacheWrapper, _check_options, _host_indptr
@@ -35,7 +35,6 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LSE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MAX_HEAD_DIM = 512
 _MAX_POSITIONS = 2**31 - 1
-_MAX_HEADS = 65535
 
 
 @functools.cache
@@ -61,8 +60,8 @@ def _check_state(v_name: str, v: Any, s_name: str, s: Any, rank: int, layout: st
     # the merge's grid: positions along x (< 2^31), heads along y (<= 65535)
     if v.shape[0] > _MAX_POSITIONS:
         raise ValueError(f"{v_name} has {v.shape[0]} positions > {_MAX_POSITIONS}")
-    if v.shape[-2] > _MAX_HEADS:
-        raise ValueError(f"{v_name} has {v.shape[-2]} heads > {_MAX_HEADS}")
+    if v.shape[-2] > MAX_GRID_Y:
+        raise ValueError(f"{v_name} has {v.shape[-2]} heads > {MAX_GRID_Y}")
 
 
 def _check_pair(names: tuple[str, str, str, str], v_a: Any, s_a: Any, v_b: Any, s_b: Any) -> None:

@@ -1,4 +1,5 @@
-"""The attention tests' whole-output check: the error's norm relative to the reference's.
+"""The attention tests' output check: element-wise tolerances, and the error's norm relative
+to the reference's.
 
 Element-wise tolerances (an absolute term of 1e-2 to 2e-2) say little about outputs over
 thousands of random keys, whose elements are a few hundredths: a kernel that drops a
@@ -22,7 +23,18 @@ def relative_error(out: torch.Tensor, want: torch.Tensor) -> float:
     return float((out.double() - want.double())[finite].norm() / scale)
 
 
-def assert_relative_error(out: torch.Tensor, want: torch.Tensor) -> None:
+def assert_output_close(
+    out: torch.Tensor,
+    want: torch.Tensor,
+    *,
+    equal_nan: bool = False,
+    msg: str | None = None,
+    **tolerance: float,
+) -> None:
+    """``out`` against the float64 reference ``want``: element by element within
+    ``tolerance`` (atol, rtol; ``equal_nan``: NaN exactly where it is), then by the relative
+    norm of its error."""
+    torch.testing.assert_close(out.double(), want, equal_nan=equal_nan, msg=msg, **tolerance)
     error = relative_error(out, want)
     assert error < RELATIVE_ERROR_BOUND, (
         f"the output's error is {error:.4f} of the reference's norm (bound "

@@ -18,7 +18,7 @@ from flashinfer import prefill as prefill_api
 from flashinfer.cascade import MultiLevelCascadeAttentionWrapper as Cascade
 from flashinfer.prefill import BatchPrefillWithPagedKVCacheWrapper
 from flashinfer.testing import reference
-from tests.ops.attention_error import assert_relative_error
+from tests.ops.attention_error import assert_output_close
 from tests.ops.test_prefill import BATCH_ARGS, cpu_prefill  # noqa: F401 - the fixture
 
 LN2 = math.log(2)
@@ -570,8 +570,7 @@ def test_one_level_is_one_batch_prefill(cpu_attention) -> None:
     assert len(cpu_attention.launches) == 1 and cpu_attention.merges == 0
     assert cpu_attention.launches[0]["causal"] is True
     expected = expected_output(batch, q, cache[:, 0], cache[:, 1], causal=True)
-    torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
-    assert_relative_error(out, expected)
+    assert_output_close(out, expected, atol=2e-2, rtol=2e-2)
 
 
 CPU_CASES = [  # (qo_lens, levels, layout, dtype, causal, options)
@@ -625,8 +624,7 @@ def test_cascade_equals_flat_attention_on_the_cpu(
     assert out.dtype == dtype and out.shape == q.shape
     assert cpu_attention.merges == len(levels) - 1
     expected = expected_output(batch, q, k_cache, v_cache, causal, **options)
-    torch.testing.assert_close(out.double(), expected, atol=2e-2, rtol=2e-2)
-    assert_relative_error(out, expected)
+    assert_output_close(out, expected, atol=2e-2, rtol=2e-2)
 
 
 # -- GPU ----------------------------------------------------------------------------------------
@@ -703,8 +701,7 @@ def test_cascade_matches_flat_attention(
     out = wrapper.run(q, cache)
     assert out.shape == q.shape and out.dtype == dtype and not out.isnan().any()
     expected = expected_output(batch, q, k_cache, v_cache, causal)
-    torch.testing.assert_close(out.double(), expected, **_tolerance(dtype))
-    assert_relative_error(out, expected)
+    assert_output_close(out, expected, **_tolerance(dtype))
 
     flat = BatchPrefillWithPagedKVCacheWrapper(_nan_workspace(), layout)
     flat.plan(
@@ -739,8 +736,7 @@ def test_every_level_splits_through_the_shared_float_workspace(dtype) -> None:
     _leave_nan_in_freed_blocks(q.shape, dtype)
     out = wrapper.run(q, (k_cache, v_cache))
     expected = expected_output(batch, q, k_cache, v_cache, causal=True)
-    torch.testing.assert_close(out.double(), expected, **_tolerance(dtype))
-    assert_relative_error(out, expected)
+    assert_output_close(out, expected, **_tolerance(dtype))
 
 
 @pytest.mark.gpu
@@ -828,5 +824,4 @@ def test_cuda_graph_capture_and_replay_after_replanning() -> None:
         graph.replay()
         torch.cuda.synchronize()
         expected = expected_output(batch, q, k_cache, v_cache, causal=True)
-        torch.testing.assert_close(out.double(), expected, **_tolerance(dtype))
-        assert_relative_error(out, expected)
+        assert_output_close(out, expected, **_tolerance(dtype))

@@ -27,7 +27,7 @@ from flashinfer.jit.pos_encoding import POS_ENCODINGS
 from flashinfer.testing import reference
 from flashinfer.testing.reference import decode_attention as reference_decode
 from tests.conftest import run_python
-from tests.ops.attention_error import assert_relative_error
+from tests.ops.attention_error import assert_output_close
 from tests.ops.nan_inputs import assert_nan_where
 from tests.ops.test_norm import build_without_spills
 from tests.ops.test_prefill import cpu_kernels, cpu_prefill  # noqa: F401 - a fixture
@@ -896,8 +896,7 @@ def check_single_decode(
             return_lse=True,
         )
         assert out.dtype == dtype and out.shape == q.shape
-        torch.testing.assert_close(out.double(), want, **tolerance(dtype))
-        assert_relative_error(out, want)
+        assert_output_close(out, want, **tolerance(dtype))
         torch.testing.assert_close(lse.double(), want_lse, atol=1e-3, rtol=1e-3)
 
 
@@ -1011,14 +1010,13 @@ def check_decoded(
             assert (out[b] == 0).all() and (lse[b] == -math.inf).all(), b
             continue
         want, want_lse = reference_decode(q[b], k, v, scale, cap, window, rope, alibi)
-        torch.testing.assert_close(
-            out[b].double(),
+        assert_output_close(
+            out[b],
             want,
             equal_nan=equal_nan,
             **tolerance(q.dtype, tensor_cores),
             msg=f"{b}",
         )
-        assert_relative_error(out[b], want)
         torch.testing.assert_close(
             lse[b].double(),
             want_lse,
@@ -1750,10 +1748,7 @@ def check_nans_propagate(
         assert_nan_where(f"the reference's out[{b}]", want, nan_out[b])
         assert_nan_where(f"out[{b}]", out[b], nan_out[b])
         assert_nan_where(f"lse[{b}]", lse[b], nan_lse[b])
-        torch.testing.assert_close(
-            out[b].double(), want, equal_nan=True, **tolerance(dtype, use_tensor_cores)
-        )
-        assert_relative_error(out[b], want)
+        assert_output_close(out[b], want, equal_nan=True, **tolerance(dtype, use_tensor_cores))
         torch.testing.assert_close(
             lse[b].double(), want_lse, equal_nan=True, **lse_tolerance(use_tensor_cores)
         )

@@ -18,7 +18,7 @@ from flashinfer.decode import BatchDecodeWithPagedKVCacheWrapper, fast_decode_pl
 from flashinfer.decode_schedule import kv_lengths
 from flashinfer.prefill_schedule import TILE_ROWS, pack_schedule, plan_length, plan_prefill_schedule
 from flashinfer.testing import reference
-from tests.ops.attention_error import assert_relative_error
+from tests.ops.attention_error import assert_output_close
 from tests.ops.test_decode import check_batch_decode, lse_tolerance, tolerance
 from tests.ops.test_prefill import BATCH_ARGS, MAX_CTAS, CpuPrefill, _bf16, _i32, cpu_prefill  # noqa: F401 - cpu_prefill is a fixture used by cpu_tc
 
@@ -922,10 +922,7 @@ def test_several_query_tokens_per_request_attend_causally(
             want, want_lse = reference.attention(
                 q[rows], ks[b], vs[b], causal=True, window_left=window
             )
-            torch.testing.assert_close(
-                out[rows].double(), want, **tolerance(dtype, tensor_cores=True)
-            )
-            assert_relative_error(out[rows], want)
+            assert_output_close(out[rows], want, **tolerance(dtype, tensor_cores=True))
             torch.testing.assert_close(lse[rows].double(), want_lse, **LSE_TOLERANCE)
 
 
@@ -963,10 +960,7 @@ def test_large_groups_scales_and_the_5d_cache_form() -> None:
         )
         for b in range(len(lens)):
             want, want_lse = reference.decode_attention(q[b], ks[b], vs[b], 0.05 * 0.5 * 2.5)
-            torch.testing.assert_close(
-                out[b].double(), want * 0.25, **tolerance(dtype, tensor_cores=True)
-            )
-            assert_relative_error(out[b], want * 0.25)
+            assert_output_close(out[b], want * 0.25, **tolerance(dtype, tensor_cores=True))
             torch.testing.assert_close(lse[b].double(), want_lse, **LSE_TOLERANCE)
 
 
@@ -1086,8 +1080,7 @@ def test_cuda_graph_replay_after_re_planning_and_rewriting_the_buffers() -> None
         lse.fill_(NAN)
         graph.replay()
         want, want_lse = expected(lens, indptr, ids)
-        torch.testing.assert_close(out.double(), want, **tolerance(dtype, tensor_cores=True))
-        assert_relative_error(out, want)
+        assert_output_close(out, want, **tolerance(dtype, tensor_cores=True))
         torch.testing.assert_close(lse.double(), want_lse, **LSE_TOLERANCE)
 
 
@@ -1141,8 +1134,7 @@ def test_single_decode_with_tensor_cores_matches(
             assert out.shape == q.shape and out.dtype == dtype and lse.shape == (qo_heads,)
             got.append((out, lse))
         (out, lse), (core_out, core_lse) = got
-        torch.testing.assert_close(out.double(), want, **tolerance(dtype, tensor_cores=True))
-        assert_relative_error(out, want)
+        assert_output_close(out, want, **tolerance(dtype, tensor_cores=True))
         torch.testing.assert_close(lse.double(), want_lse, **LSE_TOLERANCE)
         torch.testing.assert_close(out, core_out, **tolerance(dtype, tensor_cores=True))
         torch.testing.assert_close(lse, core_lse, **LSE_TOLERANCE)
