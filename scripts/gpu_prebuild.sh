@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the CPU machine, before a GPU pass: build the modules it loads (scripts/gpu_modules.py)
 # into .device/aot.tgz, with the kernel digest of this tree beside it (.device/aot.digest).
-# gpu_pass.sh uses the layer when the digest matches the tree it runs on and a library
-# loads there, and otherwise compiles on the GPU machine as before. 6 minutes on 2 fast cores.
+# gpu_pass.sh starts from the layer when the digest matches the tree it runs on, and then
+# compiles only what of it does not load or serve there; otherwise it compiles everything on
+# the GPU machine. 6 to 9 minutes on 2 cores.
 # Usage: bash scripts/gpu_prebuild.sh   (then carry .device as ../shared/gpu/README.md says)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"

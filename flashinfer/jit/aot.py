@@ -177,28 +177,36 @@ def find(uri: str) -> Path | None:
     if not layers:
         return None
     target = Target.current()
-    downloads = env.cubin_dir()
     for layer in layers:
-        record = AotRecord.load(layer / uri / AOT_RECORD)
-        if record is None:
-            continue
-        problem = target.mismatch(record) or _changed_source(record.inputs)
-        if problem:
-            logger.debug("AOT layer %s: %s differs (%s); not used", layer, uri, problem)
-            continue
-        library = layer / uri / f"{uri}.so"
-        damage = library_problem(library, record.library_size, record.library_sha256)
-        if damage is None:
+        library = layer_library(layer, uri, target)
+        if library is not None:
             return library
-        logger.warning(
-            "AOT layer %s: not using %s: %s (%s)",
-            layer,
-            uri,
-            damage,
-            "downloaded again if a repository is set"
-            if layer == downloads
-            else "precompile the layer again",
-        )
+    return None
+
+
+def layer_library(layer: Path, uri: str, target: Target) -> Path | None:
+    """The library of ``uri`` in ``layer`` when its record matches ``target`` and its
+    sources here, and its bytes match the record; else None (a damaged one with a warning)."""
+    record = AotRecord.load(layer / uri / AOT_RECORD)
+    if record is None:
+        return None
+    problem = target.mismatch(record) or _changed_source(record.inputs)
+    if problem:
+        logger.debug("AOT layer %s: %s differs (%s); not used", layer, uri, problem)
+        return None
+    library = layer / uri / f"{uri}.so"
+    damage = library_problem(library, record.library_size, record.library_sha256)
+    if damage is None:
+        return library
+    logger.warning(
+        "AOT layer %s: not using %s: %s (%s)",
+        layer,
+        uri,
+        damage,
+        "downloaded again if a repository is set"
+        if layer == env.cubin_dir()
+        else "precompile the layer again",
+    )
     return None
 
 

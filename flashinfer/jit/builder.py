@@ -43,6 +43,7 @@ logger = logging.getLogger("flashinfer.jit")
 PROGRESS_INTERVAL_S = 5.0
 BUILD_ATTEMPTS = 3
 _ERROR_LINES = 60
+_STOP_GRACE_S = 30.0
 # gcc: "file:12:3: error: ..."; nvcc (EDG front end): "file(12): error: ..."
 _DIAGNOSTIC_RE = re.compile(r"^\S.*?(?::\d+(?::\d+)?|\(\d+\)):\s*(?:fatal\s+)?error\b")
 # Anything else that says it failed: "nvcc fatal   : Unsupported gpu architecture ...",
@@ -56,11 +57,20 @@ class JitCompileError(RuntimeError):
 
 
 def run_ninja(
-    build_dir: Path, name: str, targets: Sequence[str] = (), log_path: Path | None = None
+    build_dir: Path,
+    name: str,
+    targets: Sequence[str] = (),
+    log_path: Path | None = None,
+    *,
+    keep_going: bool = False,
 ) -> None:
     """Run ninja in ``build_dir``; log progress; raise JitCompileError on failure.
-    The full output goes to ``log_path`` (default ``build_dir/build.log``)."""
-    cmd = [str(find_ninja()), "-C", str(build_dir), f"-j{default_max_jobs()}", *targets]
+    The full output goes to ``log_path`` (default ``build_dir/build.log``). ``keep_going``:
+    a failed step stops only what depends on it (a precompile of many modules)."""
+    cmd = [str(find_ninja()), "-C", str(build_dir), f"-j{default_max_jobs()}"]
+    if keep_going:
+        cmd += ["-k", "0"]
+    cmd += targets
     verbose = config.jit_verbose
     if verbose:
         cmd.append("-v")
@@ -73,16 +83,23 @@ def run_ninja(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env
         )
         assert proc.stdout is not None
-        for line in proc.stdout:
-            log.write(line)
-            output.append(line)
-            if verbose:
-                sys.stderr.write(line)
-            now = time.monotonic()
-            if line.startswith("[") and now - last_report >= PROGRESS_INTERVAL_S:
-                done = line[1 : line.index("]")] if "]" in line else "?"
-                logger.info("compiling %s: %s steps done, %.0f s", name, done, now - start)
-                last_report = now
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                output.append(line)
+                if verbose:
+                    sys.stderr.write(line)
+                now = time.monotonic()
+                if line.startswith("[") and now - last_report >= PROGRESS_INTERVAL_S:
+                    done = line[1 : line.index("]")] if "]" in line else "?"
+                    logger.info("compiling %s: %s steps done, %.0f s", name, done, now - start)
+                    last_report = now
+        except BaseException:
+            # An exception here (a test's timeout, Ctrl-C) must not leave ninja building
+            # after the caller has dropped the module's lock: the next build of the module
+            # would run a second ninja in the same dir.
+            _stop(proc)
+            raise
         code = proc.wait()
     if code != 0:
         errors = [ln for ln in output if not ln.startswith(("[", "ninja: "))]
@@ -92,6 +109,17 @@ def run_ninja(
             f"{headline}\nbuilding module {name} failed (build dir {build_dir}):\n"
             f"{body}\nfull log: {log_path}"
         )
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """End ninja and what it runs: on SIGTERM ninja stops its commands (each runs in a
+    process group of its own) and removes their partial outputs; SIGKILL if it lingers."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=_STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _headline(output: list[str]) -> str | None:

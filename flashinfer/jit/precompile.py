@@ -42,7 +42,9 @@ def precompile(
     """Build every specialization of ``ops`` for ``archs`` into the layer ``out_dir``. A
     module that supports none of ``archs`` (decode needs sm_80+) is skipped and reported;
     one that supports some of them is built for those. ``extra``: (op, spec) pairs of
-    modules no op registers (a prefill tiling that is not a default, say), built along."""
+    modules no op registers (a prefill tiling that is not a default, say), built along.
+    A module that fails to build (or an interrupt) does not cost the others: the modules
+    that built are published and indexed, then the error is raised."""
     arch_list = parse_arch_list(archs, "--arch") if isinstance(archs, str) else tuple(archs)
     for arch in arch_list:
         problem = nvcc_arch_problem(arch)
@@ -88,13 +90,32 @@ def precompile(
             " ".join(f"sm_{a.sm}" for a in arch_list),
             out_dir,
         )
-        run_ninja(
-            staging, f"{len(plans)} modules", targets=["all"], log_path=out_dir / "precompile.log"
-        )
-        published = [_publish(out_dir, staging, spec, plan) for spec, plan in plans]
+        failure: BaseException | None = None
+        try:
+            run_ninja(
+                staging,
+                f"{len(plans)} modules",
+                targets=["all"],
+                log_path=out_dir / "precompile.log",
+                keep_going=True,
+            )
+        except BaseException as err:  # a failed module or an interrupt: keep what built
+            failure = err
+        # The link writes a temp file renamed onto the target: one that exists is whole.
+        built = [(spec, plan) for spec, plan in plans if (staging / plan.ninja.target).exists()]
+        published = [_publish(out_dir, staging, spec, plan) for spec, plan in built]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    write_index(out_dir, {spec.name: op_of[spec.name] for spec, _ in plans})
+    write_index(out_dir, {spec.name: op_of[spec.name] for spec, _ in built})
+    if failure is not None:
+        logger.warning(
+            "precompile: %d of %d module(s) built and published into %s; the rest did not: %s",
+            len(built),
+            len(plans),
+            out_dir,
+            " ".join(sorted({spec.name for spec, _ in plans} - {spec.name for spec, _ in built})),
+        )
+        raise failure
     return PrecompileResult(published, skipped)
 
 

@@ -35,6 +35,15 @@ def _no_nvcc_env(layer: Path, tmp_path: Path, **extra: str) -> dict[str, str]:
     }
 
 
+def _links_every_module(staging: Path, *args: object, **kwargs: object) -> None:
+    """Stands in for ninja in a precompile's staging dir: writes each module's library, as
+    a run in which everything built would."""
+    for build_file in staging.glob("*/build.ninja"):
+        for line in build_file.read_text().splitlines():
+            if line.startswith("build ") and ": link " in line:
+                (staging / line[len("build ") : line.index(": link ")]).touch()
+
+
 def test_precompile_publishes_every_specialization(layer: Path) -> None:
     assert sorted(p.name for p in layer.iterdir() if p.is_dir()) == NORM_URIS
     assert not list(layer.glob(".*"))  # no staging left behind
@@ -165,7 +174,7 @@ def test_precompile_skips_modules_that_cannot_target_the_archs(
     """decode needs sm_80+ (cp.async): at 7.5 it is skipped and named, the rest is built;
     with nothing buildable the command fails with one line, never a traceback."""
     built: list[str] = []
-    monkeypatch.setattr(precompile_module, "run_ninja", lambda *a, **k: None)
+    monkeypatch.setattr(precompile_module, "run_ninja", _links_every_module)
     monkeypatch.setattr(
         precompile_module,
         "_publish",
@@ -213,7 +222,7 @@ def test_precompile_builds_extra_specs_along_with_the_ops(
     from flashinfer.jit.prefill import DEFAULT_TILINGS, gen_prefill_module, tiling_specs
 
     built: list[str] = []
-    monkeypatch.setattr(precompile_module, "run_ninja", lambda *a, **k: None)
+    monkeypatch.setattr(precompile_module, "run_ninja", _links_every_module)
     monkeypatch.setattr(
         precompile_module, "_publish", lambda out, staging, spec, plan: built.append(spec.name)
     )
@@ -232,3 +241,24 @@ def test_precompile_builds_extra_specs_along_with_the_ops(
     assert len(tilings) > 30 and default in built
     assert {indexed[s.name] for s in tilings} == {"prefill"}
     assert {indexed[u] for u in NORM_URIS} == {"norm"}
+
+
+def test_a_module_that_fails_to_build_does_not_stop_the_others(tmp_path: Path) -> None:
+    """One ninja run keeps going past a failed module: what built is published and indexed,
+    then the compile error is raised; nothing is left in staging."""
+    from flashinfer.jit import JitCompileError
+    from tests.jit.tiny_module import tiny_spec, write_tiny_sources
+
+    good = tiny_spec(write_tiny_sources(tmp_path / "good"))
+    broken_root = write_tiny_sources(tmp_path / "broken")
+    (broken_root / "kernel.cu").write_text("int broken( {\n")
+    broken = tiny_spec(broken_root, name="tiny_broken_module")
+    out = tmp_path / "layer"
+    with pytest.raises(JitCompileError, match="kernel.cu"):
+        precompile(out, "9.0a", ops=[], extra=[("tiny", broken), ("tiny", good)])
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["tiny_test_module"]
+    assert (out / "tiny_test_module" / "tiny_test_module.so").is_file()
+    assert (out / "tiny_test_module" / aot.AOT_RECORD).is_file()
+    index = json.loads((out / "repository.json").read_text())
+    assert "tiny_test_module" in json.dumps(index) and "tiny_broken" not in json.dumps(index)
+    assert not list(out.glob(".*"))

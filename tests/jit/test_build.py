@@ -364,3 +364,40 @@ def test_a_new_variant_explains_what_changed(
     assert message == "compiling tiny_test_module for sm_90a (nvcc flags changed (+-DFOO=1))"
     monkeypatch.setenv("FLASHINFER_CUDA_ARCH_LIST", "9.0a 10.0a")
     assert "target archs changed (9.0a -> 9.0a 10.0a)" in spec._stale_reason(spec.plan())
+
+
+@pytest.mark.parametrize("ignores_sigterm", [False, True], ids=["stops", "is-killed"])
+def test_an_exception_during_a_build_stops_ninja_before_it_propagates(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ignores_sigterm: bool
+) -> None:
+    """A test's timeout (a signal handler raising, as pytest-timeout's) or Ctrl-C inside the
+    build: ninja is gone when the exception leaves run_ninja, so the caller's lock is never
+    released over a running build; one that ignores SIGTERM is killed after the grace."""
+    import signal
+
+    from flashinfer.jit import builder
+
+    pid_file = tmp_path / "ninja.pid"
+    fake = tmp_path / "ninja"
+    trap = "trap '' TERM\n" if ignores_sigterm else ""
+    fake.write_text(
+        f"#!/bin/sh\n{trap}echo $$ > {pid_file}\necho '[1/2] compiling'\n"
+        "while :; do sleep 0.05; done\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(builder, "find_ninja", lambda: fake)
+    monkeypatch.setattr(builder, "_STOP_GRACE_S", 0.5)
+
+    def timed_out(signum: int, frame: object) -> None:
+        raise TimeoutError("the test's time is up")
+
+    previous = signal.signal(signal.SIGALRM, timed_out)
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(TimeoutError):
+            builder.run_ninja(tmp_path, "fake")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    with pytest.raises(ProcessLookupError):  # exited and reaped, not a zombie
+        os.kill(int(pid_file.read_text()), 0)
