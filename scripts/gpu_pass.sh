@@ -15,7 +15,7 @@
 # failing step's status.
 # Usage: bash scripts/gpu_pass.sh "<test paths>" "<benchmark commands, ;-separated>" \
 #          [budget_s] [bench_reserve_s]
-set -u
+set -uf  # -f: test paths and commands are not globbed
 OUT=${OUT:-/tmp/out}
 tmp=${GPU_PASS_TMP:-/tmp}
 logs=$tmp/pass-logs
@@ -35,15 +35,20 @@ note_rc() { [ "$1" -ne 0 ] && [ "$worst" -eq 0 ] && worst=$1; return 0; }
 # only the tables this pass wrote (a skipped benchmark's checked-in table is no result).
 pack() {
   find benchmarks/results -name '*.md' -newer "$stamp" -exec cp {} "$logs/" \;
-  tar czf "$OUT/results.tgz" -C "$logs" --exclude=.start .
+  tar czf "$OUT/.results.tgz" -C "$logs" --exclude=.start . && mv -f "$OUT/.results.tgz" "$OUT/results.tgz"
 }
-# The layer in $tmp/aot is of this tree (its digest beside it) or is replaced: by the
-# carried one when that is of this tree, else by nothing. gpu_modules.py then removes what
-# does not load here and builds what the layer cannot serve (everything, when it is empty).
+# The layer in $tmp/aot is kept from an earlier pass on this warm machine when the tree and
+# the carried layer are the same as then; else it is replaced: by the carried one when that
+# was built from this tree, else by nothing. gpu_modules.py then removes what does not load
+# here and builds what the layer cannot serve (everything, when it is empty).
 digest=$(bash scripts/kernel_digest.sh)
-if [ "$(cat "$tmp/aot.digest" 2>/dev/null)" != "$digest" ]; then
-  rm -rf "$tmp/aot" "$tmp/aot.digest"
-  if [ ! -f .device/aot.tgz ]; then
+carried_sum=$(sha256sum .device/aot.tgz 2>/dev/null | cut -d' ' -f1)
+key="$digest ${carried_sum:-none}"
+if [ -z "$digest" ] || [ "$(cat "$tmp/aot.key" 2>/dev/null)" != "$key" ]; then
+  rm -rf "$tmp/aot" "$tmp/aot.key"
+  if [ -z "$digest" ]; then
+    echo "=== the tree's digest could not be taken: compiling here"
+  elif [ -z "$carried_sum" ]; then
     echo "=== no carried layer: compiling here"
   elif [ "$(cat .device/aot.digest 2>/dev/null)" != "$digest" ]; then
     echo "=== the carried layer was built from other sources: compiling here"
@@ -51,13 +56,13 @@ if [ "$(cat "$tmp/aot.digest" 2>/dev/null)" != "$digest" ]; then
     echo "=== the carried layer does not unpack: compiling here"
     rm -rf "$tmp/aot"
   fi
-  echo "$digest" >"$tmp/aot.digest"
+  [ -n "$digest" ] && echo "$key" >"$tmp/aot.key"
 fi
 echo "=== modules (t=${SECONDS}s)"
 # SIGINT: the build stops its compilers and publishes the modules that did build.
-limit=$((budget - reserve - 120))
+limit=$((budget - reserve - 120 - SECONDS))
 [ "$limit" -lt 60 ] && limit=60
-timeout -s INT -k 30 "$limit" python3 scripts/gpu_modules.py "$tmp/aot" >"$logs/modules.log" 2>&1
+timeout -s INT -k 90 "$limit" python3 scripts/gpu_modules.py "$tmp/aot" >"$logs/modules.log" 2>&1
 rc=$?
 note_rc $rc
 echo "modules rc=$rc in ${SECONDS}s"

@@ -5,12 +5,14 @@ rewritten, so the same dir can be served as a module repository (read by ``remot
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import signal
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from ..version import __version__
 from .aot import AOT_RECORD, AotRecord, build_settings
@@ -103,10 +105,11 @@ def precompile(
             failure = err
         # The link writes a temp file renamed onto the target: one that exists is whole.
         built = [(spec, plan) for spec, plan in plans if (staging / plan.ninja.target).exists()]
-        published = [_publish(out_dir, staging, spec, plan) for spec, plan in built]
+        with _interrupts_deferred():  # a second interrupt must not drop built modules
+            published = [_publish(out_dir, staging, spec, plan) for spec, plan in built]
+            write_index(out_dir, {spec.name: op_of[spec.name] for spec, _ in built})
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    write_index(out_dir, {spec.name: op_of[spec.name] for spec, _ in built})
     if failure is not None:
         logger.warning(
             "precompile: %d of %d module(s) built and published into %s; the rest did not: %s",
@@ -117,6 +120,16 @@ def precompile(
         )
         raise failure
     return PrecompileResult(published, skipped)
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM that arrive in the block act when it ends (in this thread)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def write_index(out_dir: Path, ops: dict[str, str]) -> RepositoryIndex:

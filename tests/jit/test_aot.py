@@ -11,6 +11,7 @@ import pytest
 from flashinfer.__main__ import main as cli
 from flashinfer.jit import aot, registry
 from flashinfer.jit import precompile as precompile_module
+from flashinfer.jit.manifest import Manifest
 from flashinfer.jit.precompile import precompile
 from tests.conftest import REPO_ROOT, run_python
 
@@ -261,4 +262,29 @@ def test_a_module_that_fails_to_build_does_not_stop_the_others(tmp_path: Path) -
     assert (out / "tiny_test_module" / aot.AOT_RECORD).is_file()
     index = json.loads((out / "repository.json").read_text())
     assert "tiny_test_module" in json.dumps(index) and "tiny_broken" not in json.dumps(index)
+    assert not list(out.glob(".*"))
+
+
+def test_an_interrupted_precompile_publishes_what_built_then_stops(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Ctrl-C (or gpu_pass.sh's SIGINT at its time limit) while ninja runs: the modules
+    linked by then are published and indexed, the interrupt goes on, staging is gone."""
+
+    def interrupted(staging: Path, *args: object, **kwargs: object) -> None:
+        _links_every_module(staging)
+        (staging / "norm_dtype_f16" / "norm_dtype_f16.so").unlink()  # was still compiling
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(precompile_module, "run_ninja", interrupted)
+    monkeypatch.setattr(precompile_module, "record_manifest", lambda *a: Manifest({}, "", {}))
+    out = tmp_path / "layer"
+    with pytest.raises(KeyboardInterrupt):
+        precompile(out, "9.0a", ["norm"])
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
+        "norm_dtype_bf16",
+        "norm_dtype_f32",
+    ]
+    index = json.loads((out / "repository.json").read_text())
+    assert "norm_dtype_bf16" in json.dumps(index) and "norm_dtype_f16" not in json.dumps(index)
     assert not list(out.glob(".*"))

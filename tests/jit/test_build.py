@@ -392,12 +392,12 @@ def test_an_exception_during_a_build_stops_ninja_before_it_propagates(
         raise TimeoutError("the test's time is up")
 
     previous = signal.signal(signal.SIGALRM, timed_out)
-    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    outer_timer = signal.setitimer(signal.ITIMER_REAL, 0.5)  # pytest-timeout's, if any
     try:
         with pytest.raises(TimeoutError):
             builder.run_ninja(tmp_path, "fake")
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_REAL, *outer_timer)
     with pytest.raises(ProcessLookupError):  # exited and reaped, not a zombie
         os.kill(int(pid_file.read_text()), 0)

@@ -150,6 +150,15 @@ def test_a_warm_machine_keeps_its_layer_while_the_tree_is_the_same(tree: Path) -
     assert "built from other sources" in stdout and f"{COMPILED} None" in stdout, stdout
 
 
+def test_a_new_carried_layer_replaces_the_warm_one_of_the_same_tree(tree: Path) -> None:
+    """A first pass without a carried layer leaves what it built; a prebuilt layer of the
+    same tree carried next is unpacked in its place."""
+    assert _pass(tree)[0] == 0
+    _carry(tree, ["norm_dtype_f16"], _digest(tree))
+    rc, stdout, _ = _pass(tree)
+    assert rc == 0 and f"{COMPILED} ['norm_dtype_f16']" in stdout, stdout
+
+
 def test_the_status_is_the_first_failing_steps_and_every_step_still_runs(tree: Path) -> None:
     """A failed modules step (status 3) and a failing test run: the pass goes on with the
     next group and returns 3; a pass after it returns its own logs, not the first's."""
