@@ -25,7 +25,7 @@ import math
 import re
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from gpu_script import (
@@ -230,7 +230,10 @@ def rows(
     head_dim: int,
     peak: float | None,
     kv_dtype: str = "bfloat16",
+    measured: Callable[[list[tuple[str, ...]], int], None] = lambda table, tilings: None,
 ) -> list[tuple[str, ...]]:
+    """The table's rows; ``measured(rows so far, tilings done)`` after each tiling."""
+
     def case_rows(name: str) -> list[tuple[str, ...]]:
         return [
             guarded((name, r), len(HEADER), lambda: row(name, r, flags, head_dim, peak, kv_dtype))
@@ -239,10 +242,11 @@ def rows(
 
     if tilings is None:
         return case_rows(prefill_tiling(head_dim, kv_dtype != "bfloat16").name)
-    table = []
-    for tiling in tilings:
+    table: list[tuple[str, ...]] = []
+    for done, tiling in enumerate(tilings, 1):
         with kernel_tiling(tiling):
             table += case_rows(tiling.name)
+        measured(table, done)
     return table
 
 
@@ -298,42 +302,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         if peak
         else "no data-sheet peak known for this device: no share"
     )
-    table = rows(cases, tilings, head_dim, peak, args.kv_dtype)
-    fastest_note = []
-    winner = fastest(table, len(cases)) if tilings is not None and len(tilings) > 1 else None
-    if winner is not None:
-        fastest_note = [f"{FASTEST_FACT}: {winner[0]} at head_dim {head_dim}, x{winner[1]:.2f}"]
     kv_note = (
         [f"{args.kv_dtype} KV cache: torch attends to it dequantized to bf16 inside its timed call"]
         if fp8
         else []
     )
-    write_report(
-        output,
-        "Prefill attention benchmark (GPU)" + (f", {args.kv_dtype} KV cache" if fp8 else ""),
-        [
-            *device_facts(),
-            f"32 query / 8 KV heads, head_dim {head_dim}, bf16, NHD, causal (bottom-right "
-            "aligned); batch: 16 requests of 2048 query and 2048 KV tokens over shuffled "
-            "pages of 16",
-            *kv_note,
-            f"each case checked against float64 torch first; then {timing_fact(100)}; batch: "
-            "plan() once, run() timed",
-            "TFLOP/s counts 4 * qo_heads * head_dim per visible (query, key) pair (causal: "
-            "the bottom-right triangle)",
-            "torch: scaled_dot_product_attention under sdpa_kernel(FLASH_ATTENTION) with "
-            "enable_gqa=True, on dense [B, H, L, D] views of the same data (batch: the pages "
-            "gathered once, before timing)",
-            peak_note,
-            tiling_note,
-            *fastest_note,
-            f"command: `python benchmarks/bench_prefill.py{command_flags(args)}` "
-            "(flashinfer_benchmark.py routines, backends fa2 and flash)",
-        ],
-        list(HEADER),
-        "lllrrrrrr",
-        table,
-    )
+
+    def report(table: list[tuple[str, ...]], done: int | None = None) -> None:
+        """Write the table; ``done`` tilings of several: a partial one, so a run cut off
+        (a GPU pass's time limit) leaves the tilings it measured."""
+        notes = []
+        if done is not None and tilings is not None and done < len(tilings):
+            notes = [f"partial: {done} of {len(tilings)} tilings measured so far"]
+        winner = fastest(table, len(cases)) if tilings is not None and len(tilings) > 1 else None
+        if winner is not None:
+            notes.append(f"{FASTEST_FACT}: {winner[0]} at head_dim {head_dim}, x{winner[1]:.2f}")
+        write_report(
+            output,
+            "Prefill attention benchmark (GPU)" + (f", {args.kv_dtype} KV cache" if fp8 else ""),
+            [
+                *device_facts(),
+                f"32 query / 8 KV heads, head_dim {head_dim}, bf16, NHD, causal (bottom-right "
+                "aligned); batch: 16 requests of 2048 query and 2048 KV tokens over shuffled "
+                "pages of 16",
+                *kv_note,
+                f"each case checked against float64 torch first; then {timing_fact(100)}; "
+                "batch: plan() once, run() timed",
+                "TFLOP/s counts 4 * qo_heads * head_dim per visible (query, key) pair (causal: "
+                "the bottom-right triangle)",
+                "torch: scaled_dot_product_attention under sdpa_kernel(FLASH_ATTENTION) with "
+                "enable_gqa=True, on dense [B, H, L, D] views of the same data (batch: the "
+                "pages gathered once, before timing)",
+                peak_note,
+                tiling_note,
+                *notes,
+                f"command: `python benchmarks/bench_prefill.py{command_flags(args)}` "
+                "(flashinfer_benchmark.py routines, backends fa2 and flash)",
+            ],
+            list(HEADER),
+            "lllrrrrrr",
+            table,
+            echo=done is None,
+        )
+
+    table = rows(cases, tilings, head_dim, peak, args.kv_dtype, measured=report)
+    report(table)
     return 1 if failed(table) else 0
 
 

@@ -25,8 +25,10 @@ def write_report(
     header: Sequence[str],
     aligns: str,
     rows: Sequence[Sequence[str]],
+    echo: bool = True,
 ) -> str:
-    """``facts`` become a bullet list; ``aligns`` has one character per column: l or r."""
+    """``facts`` become a bullet list; ``aligns`` has one character per column: l or r.
+    ``echo``: print it too."""
     rule = ["---:" if a == "r" else "---" for a in aligns]
     lines = [
         f"# {title}",
@@ -40,6 +42,9 @@ def write_report(
     ]
     text = "\n".join(lines)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    print(text)
+    partial = path.with_name(f".{path.name}.tmp")  # a run killed mid-write keeps the last
+    partial.write_text(text)
+    partial.replace(path)
+    if echo:
+        print(text)
     return text

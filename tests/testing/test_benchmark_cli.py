@@ -1077,6 +1077,41 @@ def test_a_failing_case_costs_its_row_not_the_table(
     assert "RuntimeError" in capsys.readouterr().err
 
 
+def test_a_tilings_run_cut_off_leaves_the_tilings_it_measured(
+    fake_gpu_measure,  # noqa: ANN001
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The table is written after each tiling (marked partial, with the fastest so far), so
+    a run its time limit kills (here an interrupt in the second tiling's second case) leaves
+    the first tiling's rows; no half-written file."""
+    import bench_prefill
+
+    measure = bench_prefill.measure
+    calls = []
+
+    def killed_in_the_fourth(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return measure(*args, **kwargs)
+
+    monkeypatch.setattr(bench_prefill, "measure", killed_in_the_fourth)
+    output = tmp_path / "table.md"
+    with pytest.raises(KeyboardInterrupt):
+        bench_prefill.main(["--tilings", "m1kv64,m2kv32,m1kv32", "--output", str(output)])
+    text = output.read_text()
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(table) == 2 + 2 and all(line.startswith("| m1kv64 |") for line in table[2:])
+    assert "- partial: 1 of 3 tilings measured so far" in text
+    assert f"- {bench_prefill.FASTEST_FACT}: m1kv64" in text
+    assert [p.name for p in tmp_path.iterdir()] == ["table.md"]
+    assert "| m1kv64 |" not in capsys.readouterr().out  # partial tables are not printed
+    assert bench_prefill.main(["--tilings", "m1kv64,m2kv32", "--output", str(output)]) == 0
+    assert "partial" not in output.read_text()
+
+
 def test_a_tiling_with_a_failed_target_case_is_not_the_fastest() -> None:
     import bench_prefill
     from gpu_script import guarded
