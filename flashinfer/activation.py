@@ -43,6 +43,7 @@ def _new_act_and_mul_op(function: str) -> Any:
 
     @kernel_op(function, mutates_args=("out",))
     def op(out: torch.Tensor, input: torch.Tensor, enable_pdl: bool | None) -> None:
+        checks.check_distinct("out", out, "input", input)
         if input.numel():
             module = get_act_and_mul_module(input.dtype)
             getattr(module, function)(out, input, resolve_enable_pdl(enable_pdl, input.device))
@@ -73,6 +74,7 @@ def _act_and_mul(op: Any, input: Any, out: Any, enable_pdl: Any) -> torch.Tensor
             raise ValueError(f"out has shape {tuple(out.shape)}, expected {expected}")
         checks.check_same_dtype("out", out, "input", input)
         checks.check_last_dim_contiguous("out", out)
+        checks.check_writable("out", out)
     rows_in = _rows("input", input, 2 * d) if d else input
     rows_out = _rows("out", out, d) if out is not None and d else out
     checks.check_optional_bool("enable_pdl", enable_pdl)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-from . import checks
+from . import checks, ragged
 from .alibi import alibi_slopes_log2
 from .custom_op import is_symbolic
 from .jit.dtypes import FP8_NAMES, dtype_info
@@ -29,20 +29,28 @@ MAX_GRID_Y = 65535
 
 
 def check_heads(
-    num_qo_heads: Any, num_kv_heads: Any, head_dim: Any, head_dims: tuple[int, ...]
+    num_qo_heads: Any,
+    num_kv_heads: Any,
+    head_dim: Any,
+    head_dims: tuple[int, ...],
+    *,
+    head_dim_name: str = "head_dim",
+    kv_heads_from: str = "",
 ) -> int:
-    """The GQA group size, after checking the head counts and that ``head_dim`` is one of
-    the family's ``head_dims``."""
+    """The GQA group size, after checking the head counts and that ``head_dim`` (the
+    argument ``head_dim_name``) is one of the family's ``head_dims``. ``kv_heads_from``:
+    where a count read from a tensor came from (a k of the other layout shows there)."""
     checks.check_int("num_qo_heads", num_qo_heads, 1, MAX_GRID_Y)
     checks.check_int("num_kv_heads", num_kv_heads, 1)
     if head_dim not in head_dims:
         raise ValueError(
-            f"head_dim must be one of {', '.join(map(str, head_dims))}, got {head_dim}"
+            f"{head_dim_name} must be one of {', '.join(map(str, head_dims))}, got {head_dim}"
         )
     if num_qo_heads % num_kv_heads:
+        source = f", {kv_heads_from}" if kv_heads_from else ""
         raise ValueError(
             f"num_qo_heads ({num_qo_heads}) must be a multiple of num_kv_heads "
-            f"({num_kv_heads}): the GQA group size must be integral"
+            f"({num_kv_heads}{source}): the GQA group size must be integral"
         )
     return num_qo_heads // num_kv_heads
 
@@ -192,6 +200,22 @@ def check_output(
     checks.check_cuda(name, t, like=like)
 
 
+def check_vectors(name: str, t: torch.Tensor) -> None:
+    """The kernel moves 16-byte vectors: the last dim contiguous, every other stride a
+    multiple of 16 bytes (8 elements, 16 of an fp8 cache) and the data 16-byte aligned
+    (checked by the binding where the call is traced: fake tensors have no address)."""
+    checks.check_last_dim_contiguous(name, t)
+    vec = 16 // t.element_size()
+    for dim in range(t.dim() - 1):
+        if t.shape[dim] > 1 and t.stride(dim) % vec:
+            raise ValueError(
+                f"{name}'s strides must be multiples of {vec} elements (16 "
+                f"bytes), got {tuple(t.stride())}"
+            )
+    if not is_symbolic(t) and t.data_ptr() % 16:
+        raise ValueError(f"{name} must be 16-byte aligned")
+
+
 def apply_v_scale(out: torch.Tensor, v_scale: float | None) -> None:
     """The reference applies ``v_scale`` to the finished output; so do we."""
     if v_scale is not None and v_scale != 1.0:
@@ -224,6 +248,8 @@ def to_device(
     reads its values."""
     if is_symbolic(like) and not is_symbolic(t):
         return like.new_empty(t.shape, dtype=dtype)
+    if dtype == torch.int32:
+        t = ragged.int32_ids(t)
     return t.to(device=like.device, dtype=dtype, non_blocking=non_blocking)
 
 
@@ -231,6 +257,8 @@ def copy_prefix(buffer: torch.Tensor, t: torch.Tensor, non_blocking: bool) -> No
     """``buffer[:len(t)] = t``: plan() filling a CUDA-graph buffer. A fake buffer has no
     contents to fill."""
     if not is_symbolic(buffer):
+        if buffer.dtype == torch.int32:
+            t = ragged.int32_ids(t)
         buffer.narrow(0, 0, t.shape[0]).copy_(t, non_blocking=non_blocking)
 
 

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import torch
 
-from . import checks
+from . import checks, ragged
 from .api_logging import flashinfer_api
 from .attention_args import MAX_GRID_Y, check_workspace
 from .custom_op import kernel_op
@@ -34,7 +34,7 @@ from .trace.templates import cascade as _trace
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LSE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _MAX_HEAD_DIM = 512
-_MAX_POSITIONS = 2**31 - 1
+MAX_LEVELS = 64  # shared-prefix levels of one wrapper; engines use 2 or 3
 
 
 @functools.cache
@@ -58,8 +58,8 @@ def _check_state(v_name: str, v: Any, s_name: str, s: Any, rank: int, layout: st
     if v.shape[-1] > _MAX_HEAD_DIM:
         raise ValueError(f"{v_name} has head_dim {v.shape[-1]} > {_MAX_HEAD_DIM}")
     # the merge's grid: positions along x (< 2^31), heads along y (<= 65535)
-    if v.shape[0] > _MAX_POSITIONS:
-        raise ValueError(f"{v_name} has {v.shape[0]} positions > {_MAX_POSITIONS}")
+    if v.shape[0] > ragged.INT32_MAX:
+        raise ValueError(f"{v_name} has {v.shape[0]} positions > {ragged.INT32_MAX}")
     if v.shape[-2] > MAX_GRID_Y:
         raise ValueError(f"{v_name} has {v.shape[-2]} heads > {MAX_GRID_Y}")
 
@@ -252,7 +252,9 @@ class MultiLevelCascadeAttentionWrapper:
         paged_kv_indices_buf_arr: list[torch.Tensor] | None = None,
         paged_kv_last_page_len_buf_arr: list[torch.Tensor] | None = None,
     ) -> None:
-        checks.check_int("num_levels", num_levels, 1)
+        # Each level is a prefill wrapper with its own int workspace (8 MiB, and pinned host
+        # memory): a number meant as something else would allocate for minutes.
+        checks.check_int("num_levels", num_levels, 1, MAX_LEVELS)
         check_workspace("float_workspace_buffer", float_workspace_buffer)
         checks.check_kv_layout(kv_layout)
         checks.check_bool("use_cuda_graph", use_cuda_graph)
@@ -359,6 +361,7 @@ class MultiLevelCascadeAttentionWrapper:
             num_kv_heads=num_kv_heads,
             head_dim_qk=head_dim,
             head_dim_vo=None,
+            head_dim_name="head_dim",
             causal=causal,
             pos_encoding_mode=pos_encoding_mode,
             use_fp16_qk_reduction=use_fp16_qk_reduction,
@@ -378,7 +381,7 @@ class MultiLevelCascadeAttentionWrapper:
             fixed_split_size=None,
             disable_split_kv=False,
         )
-        checks.check_int("page_size", page_size, 1)
+        checks.check_int("page_size", page_size, 1, ragged.INT32_MAX)
         total_q = [
             _host_indptr(f"qo_indptr_arr[{i}]", t, None)[-1] for i, t in enumerate(qo_indptr_arr)
         ]

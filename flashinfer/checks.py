@@ -61,22 +61,63 @@ def check_cuda(name: str, tensor: torch.Tensor, like: torch.Tensor | None = None
         check_same_device(name, tensor, like)
 
 
-def check_distinct(name: str, tensor: torch.Tensor, other_name: str, other: torch.Tensor) -> None:
-    """Two non-empty tensors must not start at the same address. Data pointers are not real
-    while tracing: with fake tensors the same storage at the same offset counts instead, and
-    under dynamo (which cannot trace storage access) nothing is compared; the op's real
-    implementation calls this again with the real tensors either way."""
-    if not tensor.numel() or torch.compiler.is_compiling():
+def check_distinct(
+    name: str,
+    tensor: torch.Tensor,
+    other_name: str,
+    other: torch.Tensor,
+    *,
+    same_allowed: bool = False,
+) -> None:
+    """Two tensors a kernel reads and writes must not share memory: not starting at one
+    address (unless ``same_allowed`` and they are the same view, an in-place call), and,
+    when each is one dense block, not overlapping. Overlap of other strided views is not
+    judged (a q and a k sliced from one fused qkv interleave without sharing an element).
+    Data pointers are not real while tracing: with fake tensors the same storage and byte
+    offsets count instead, and under dynamo (which cannot trace storage access) nothing is
+    compared; the op's real implementation calls this again with the real tensors."""
+    if not tensor.numel() or not other.numel() or torch.compiler.is_compiling():
         return
     if is_symbolic(tensor, other):
-        same = (
-            tensor.untyped_storage() is other.untyped_storage()
-            and tensor.storage_offset() == other.storage_offset()
-        )
+        if tensor.untyped_storage() is not other.untyped_storage():
+            return
+        start = tensor.storage_offset() * tensor.element_size()
+        other_start = other.storage_offset() * other.element_size()
     else:
-        same = tensor.data_ptr() == other.data_ptr()
-    if same:
+        start, other_start = tensor.data_ptr(), other.data_ptr()
+    if start == other_start:
+        if same_allowed and (tensor.shape, tensor.stride(), tensor.dtype) == (
+            other.shape,
+            other.stride(),
+            other.dtype,
+        ):
+            return
         raise ValueError(f"{name} and {other_name} must be different tensors")
+    if _dense(tensor) and _dense(other):
+        end = start + tensor.numel() * tensor.element_size()
+        other_end = other_start + other.numel() * other.element_size()
+        if start < other_end and other_start < end:
+            raise ValueError(f"{name} and {other_name} overlap in memory; pass tensors that do not")
+
+
+def check_writable(name: str, tensor: torch.Tensor) -> None:
+    """A tensor a kernel writes must not map two of its elements to one address (an
+    expand()ed view: stride 0 in a dim of more than one element)."""
+    if any(size > 1 and stride == 0 for size, stride in zip(tensor.shape, tensor.stride())):
+        raise ValueError(
+            f"{name} has stride 0 in a dim of size > 1 (an expanded view): a kernel writing "
+            "it would write one element many times; pass a tensor of its own"
+        )
+
+
+def _dense(tensor: torch.Tensor) -> bool:
+    """Its elements fill one block of memory, each once (contiguous in some dim order)."""
+    expected = 1
+    for stride, size in sorted((st, sz) for sz, st in zip(tensor.shape, tensor.stride()) if sz > 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def check_kv_layout(kv_layout: Any) -> bool:

@@ -55,6 +55,7 @@ from .attention_args import (
     check_pos_encoding,
     check_rope,
     check_score_args,
+    check_vectors,
     check_window,
     check_workspace,
     copy_prefix,
@@ -151,9 +152,10 @@ def _max_ctas(
     return get_device_sm_count(device) * max(1, int(per_sm))
 
 
-def _check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any) -> int:
-    """The GQA group size, after the shared checks and the decode block's limit."""
-    group = check_heads(num_qo_heads, num_kv_heads, head_dim, HEAD_DIMS)
+def _check_heads(num_qo_heads: Any, num_kv_heads: Any, head_dim: Any, **names: str) -> int:
+    """The GQA group size, after the shared checks (``names`` as :func:`check_heads` takes
+    them) and the decode block's limit."""
+    group = check_heads(num_qo_heads, num_kv_heads, head_dim, HEAD_DIMS, **names)
     if group * head_dim // 8 > 1024:
         raise ValueError(
             f"GQA group size {group} is too large for head_dim {head_dim}: a "
@@ -197,6 +199,8 @@ def single_decode_with_kv_cache(
         checks.check_ndim(name, t, 3, f"{layout} ({kv_layout})")
         checks.check_last_dim_contiguous(name, t)
     check_kv_tensor_dtypes(k, v, q)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_vectors(name, t)
     check_rope_cache(k.dtype, pos_encoding)
     if v.shape != k.shape:
         raise ValueError(f"v has shape {tuple(v.shape)}, k has {tuple(k.shape)}")
@@ -204,7 +208,12 @@ def single_decode_with_kv_cache(
     num_qo_heads, head_dim = q.shape
     if k.shape[2] != head_dim:
         raise ValueError(f"k has head_dim {k.shape[2]}, q has {head_dim}")
-    (prefill._check_heads if use_tensor_cores else _check_heads)(num_qo_heads, kv_heads, head_dim)
+    (prefill._check_heads if use_tensor_cores else _check_heads)(
+        num_qo_heads,
+        kv_heads,
+        head_dim,
+        kv_heads_from=f"k.shape[{0 if hnd else 1}] with kv_layout={kv_layout!r}",
+    )
     scale, cap = score_params(head_dim, sm_scale, logits_soft_cap, q_scale, k_scale)
     check_alibi_cap(pos_encoding, cap)
     v_scale = check_optional_number("v_scale", v_scale)
@@ -693,7 +702,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         checks.check_index_tensor("last_page_len", last_page_len, batch, INDEX)
         check_heads = _check_heads if self._prefill is None else prefill._check_heads
         group = check_heads(num_qo_heads, num_kv_heads, checks.check_int("head_dim", head_dim, 1))
-        checks.check_int("page_size", page_size, 1)
+        checks.check_int("page_size", page_size, 1, ragged.INT32_MAX)
         pos_encoding = check_pos_encoding(pos_encoding_mode)
         window_left = check_window(window_left)
         cap = check_score_args(sm_scale, logits_soft_cap)[1]
@@ -1015,7 +1024,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             return self._run_tensor_cores(
                 plan, q, paged_kv_cache, q_scale, k_scale, v_scale, out, lse, return_lse, enable_pdl
             )
-        (_, k_cache), (_, v_cache) = check_paged_kv_cache(
+        (k_name, k_cache), (v_name, v_cache) = check_paged_kv_cache(
             paged_kv_cache,
             self._kv_layout,
             plan.num_kv_heads,
@@ -1031,6 +1040,9 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         pos_encoding = check_pos_encoding(self._pos_encoding_mode)
         check_alibi_cap(pos_encoding, cap)
         rope_rcp_scale, rope_rcp_theta = rope_params(self._rope_scale, self._rope_theta)
+        check_vectors("q", q)
+        for name, t in ((k_name, k_cache), (v_name, v_cache)):
+            check_vectors(name, t)
         checks.check_cuda("q", q, like=self._workspace)
         for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
             checks.check_cuda(name, t, like=q)
@@ -1038,6 +1050,8 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             out = torch.empty(shape, dtype=q.dtype, device=q.device)
         else:
             check_output("out", out, shape, q.dtype, q)
+            check_vectors("out", out)
+            checks.check_distinct("out", out, "q", q)  # other CTAs still read q's rows
         if lse is None and return_lse:
             lse = torch.empty(shape[:2], dtype=torch.float32, device=q.device)
         elif lse is not None:
@@ -1112,7 +1126,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         """run() on the prefill kernel, with this wrapper's page table and score parameters
         (engines set them on this wrapper)."""
         wrapper = self._prefill
-        prefill._check_vectors("q", q)
+        check_vectors("q", q)
         kv = wrapper._check_cache(paged_kv_cache, plan)
         return wrapper._launch(
             plan,

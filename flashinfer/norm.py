@@ -67,6 +67,7 @@ def _check_shaped_like(name: str, tensor: Any, input: torch.Tensor) -> None:
     if tensor.shape != input.shape:
         raise ValueError(f"{name} has shape {tuple(tensor.shape)}, input has {tuple(input.shape)}")
     checks.check_last_dim_contiguous(name, tensor)
+    checks.check_writable(name, tensor)
 
 
 def _check_like(name: str, tensor: Any, input: torch.Tensor) -> None:
@@ -87,7 +88,9 @@ def _check_input_and_weight(input: Any, weight: Any, eps: Any) -> float:
 
 
 def _check_residual(residual: Any, input: torch.Tensor) -> None:
+    """The fused adds write both."""
     _check_like("residual", residual, input)
+    checks.check_writable("input", input)
     checks.check_distinct("input", input, "residual", residual)
 
 
@@ -147,6 +150,9 @@ def _new_rmsnorm_op(function: str) -> Any:
         eps: float,
         enable_pdl: bool | None,
     ) -> None:
+        # Each element is read before it is written, by the thread that writes it: out may
+        # be input itself, not another view of its memory.
+        checks.check_distinct("out", out, "input", input, same_allowed=True)
         if input.numel():
             module = get_norm_module(input.dtype)
             getattr(module, function)(out, input, weight, eps, _pdl(enable_pdl, input))
@@ -190,6 +196,7 @@ def _rmsnorm_quant_op(
     eps: float,
     enable_pdl: bool | None,
 ) -> None:
+    checks.check_distinct("out", out, "input", input)
     if input.numel():
         get_norm_quant_module(input.dtype).rmsnorm_quant(
             out, input, weight, scale, scale_value, eps, _pdl(enable_pdl, input)
@@ -208,6 +215,8 @@ def _fused_add_rmsnorm_quant_op(
     enable_pdl: bool | None,
 ) -> None:
     checks.check_distinct("input", input, "residual", residual)
+    checks.check_distinct("out", out, "input", input)
+    checks.check_distinct("out", out, "residual", residual)
     if input.numel():
         get_norm_quant_module(input.dtype).fused_add_rmsnorm_quant(
             out, input, residual, weight, scale, scale_value, eps, _pdl(enable_pdl, input)
@@ -218,6 +227,7 @@ def _fused_add_rmsnorm_quant_op(
 def _layernorm_op(
     out: torch.Tensor, input: torch.Tensor, gemma: torch.Tensor, beta: torch.Tensor, eps: float
 ) -> None:
+    checks.check_distinct("out", out, "input", input, same_allowed=True)
     if input.numel():
         get_norm_module(input.dtype).layernorm(out, input, gemma, beta, eps, _pdl(None, input))
 

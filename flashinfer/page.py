@@ -70,7 +70,7 @@ def get_batch_indices_positions(
     bad one causes no out-of-bounds access)."""
     batch_size = _check_indptr_form("append_indptr", append_indptr)
     checks.check_index_tensor("seq_lens", seq_lens, batch_size, _INDEX)
-    checks.check_int("nnz", nnz, low=0)
+    checks.check_int("nnz", nnz, low=0, high=ragged.INT32_MAX)  # int32 outputs index tokens
     checks.check_same_device("seq_lens", seq_lens, append_indptr)
     _check_output("batch_indices", batch_indices, nnz, append_indptr)
     _check_output("positions", positions, nnz, append_indptr)
@@ -99,7 +99,7 @@ def get_seq_lens(
     fill (a request without pages counts only ``kv_last_page_len``)."""
     batch_size = _check_indptr_form("kv_indptr", kv_indptr)
     checks.check_index_tensor("kv_last_page_len", kv_last_page_len, batch_size, _INDEX)
-    checks.check_int("page_size", page_size, low=1)
+    checks.check_int("page_size", page_size, low=1, high=ragged.INT32_MAX)
     checks.check_same_device("kv_last_page_len", kv_last_page_len, kv_indptr)
     ragged.check_indptr("kv_indptr", kv_indptr)
     pages = torch.diff(kv_indptr)
@@ -199,6 +199,9 @@ def append_paged_kv_cache(
             f"the key and value caches of paged_kv_cache differ in shape: "
             f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
+    for name, cache in caches:
+        checks.check_writable(name, cache)
+    checks.check_distinct(k_name, k_cache, v_name, v_cache)  # keys and values in one tensor
     nnz = append_key.shape[0]
     checks.check_index_tensor("batch_indices", batch_indices, nnz, _INDEX)
     checks.check_index_tensor("positions", positions, nnz, _INDEX)
@@ -225,11 +228,11 @@ def append_paged_kv_cache(
     _append_op(
         append_key,
         append_value,
-        batch_indices.int(),
-        positions.int(),
+        ragged.int32_ids(batch_indices),
+        ragged.int32_ids(positions),
         *op_caches,
-        kv_indices.int(),
-        kv_indptr.int(),
-        kv_last_page_len.int(),
+        ragged.int32_ids(kv_indices),
+        ragged.int32_ids(kv_indptr),
+        ragged.int32_ids(kv_last_page_len),
         kv_layout,
     )

@@ -51,6 +51,7 @@ from .attention_args import (
     check_pos_encoding,
     check_rope,
     check_score_args,
+    check_vectors,
     check_window,
     check_workspace,
     copy_prefix,
@@ -86,7 +87,6 @@ from .trtllm import (  # engines import it from here
 from .utils import get_device_sm_count
 
 _VEC = 8  # elements per 16-byte vector: the kernel's unit of every load and store
-_INT32_LIMIT = 1 << 31
 _MASK_DTYPES = (
     torch.bool,
     torch.uint8,
@@ -156,32 +156,20 @@ _HEAD_DIMS_QK = tuple(sorted({qk for qk, _ in HEAD_DIM_PAIRS}))
 
 
 def _check_heads(
-    num_qo_heads: Any, num_kv_heads: Any, head_dim_qk: Any, head_dim_vo: Any = None
+    num_qo_heads: Any,
+    num_kv_heads: Any,
+    head_dim_qk: Any,
+    head_dim_vo: Any = None,
+    **names: str,
 ) -> int:
     """The GQA group size, after the shared checks against prefill's head dims (q and k:
     ``head_dim_qk``; v and the output: ``head_dim_vo``, None for the same, as decode and
-    cascade callers have them)."""
+    cascade callers have them); ``names`` as :func:`check_heads` takes them."""
     if head_dim_vo is None:
-        return check_heads(num_qo_heads, num_kv_heads, head_dim_qk, HEAD_DIMS)
-    group = check_heads(num_qo_heads, num_kv_heads, head_dim_qk, _HEAD_DIMS_QK)
+        return check_heads(num_qo_heads, num_kv_heads, head_dim_qk, HEAD_DIMS, **names)
+    group = check_heads(num_qo_heads, num_kv_heads, head_dim_qk, _HEAD_DIMS_QK, **names)
     check_head_dims(head_dim_qk, checks.check_int("head_dim_vo", head_dim_vo, 1))
     return group
-
-
-def _check_vectors(name: str, t: torch.Tensor) -> None:
-    """The kernel moves 16-byte vectors: the last dim contiguous, every other stride a
-    multiple of 16 bytes (8 elements, 16 of an fp8 cache) and the data 16-byte aligned
-    (checked by the binding where the call is traced: fake tensors have no address)."""
-    checks.check_last_dim_contiguous(name, t)
-    vec = 16 // t.element_size()
-    for dim in range(t.dim() - 1):
-        if t.shape[dim] > 1 and t.stride(dim) % vec:
-            raise ValueError(
-                f"{name}'s strides must be multiples of {vec} elements (16 "
-                f"bytes), got {tuple(t.stride())}"
-            )
-    if not is_symbolic(t) and t.data_ptr() % 16:
-        raise ValueError(f"{name} must be 16-byte aligned")
 
 
 def _refuse(name: str, value: Any, why: str) -> None:
@@ -217,7 +205,7 @@ def _plan_dtypes(
 
 def _check_rows(name: str, tokens: int, num_qo_heads: int) -> None:
     """The kernel packs query rows (tokens x query heads) and positions in 32 bits."""
-    if tokens * num_qo_heads >= _INT32_LIMIT:
+    if tokens * num_qo_heads > ragged.INT32_MAX:
         raise ValueError(
             f"{name}: {tokens} query tokens x {num_qo_heads} query heads must be < 2^31"
         )
@@ -324,14 +312,18 @@ def single_prefill_with_kv_cache(
     if v.shape[:2] != k.shape[:2]:
         raise ValueError(f"v has shape {tuple(v.shape)}, k has {tuple(k.shape)}")
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_vectors(name, t)
+        check_vectors(name, t)
     num_kv_heads, kv_len = (k.shape[0], k.shape[1]) if hnd else (k.shape[1], k.shape[0])
     _check_heads(
-        num_qo_heads, num_kv_heads, head_dim, None if head_dim_vo == head_dim else head_dim_vo
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        None if head_dim_vo == head_dim else head_dim_vo,
+        kv_heads_from=f"k.shape[{0 if hnd else 1}] with kv_layout={kv_layout!r}",
     )
     check_rope_head_dims(pos_encoding, head_dim, head_dim_vo)
     _check_rows("q", qo_len, num_qo_heads)
-    if kv_len >= _INT32_LIMIT:
+    if kv_len > ragged.INT32_MAX:
         raise ValueError(f"k holds {kv_len} tokens; at most 2^31 - 1")
     scale, cap = score_params(head_dim, sm_scale, logits_soft_cap, None, k_scale)
     check_alibi_cap(pos_encoding, cap)
@@ -593,10 +585,17 @@ def _check_options(
     max_item_len_ptr: Any,
     fixed_split_size: Any,
     disable_split_kv: Any,
+    *,
+    head_dim_name: str = "head_dim_qk",
 ) -> _Options:
-    """The options both wrappers' plan() share, checked in one place."""
+    """The options both wrappers' plan() share, checked in one place (``head_dim_name``:
+    what the caller's plan() calls head_dim_qk; the cascade wrapper's says head_dim)."""
     group = _check_heads(
-        num_qo_heads, num_kv_heads, checks.check_int("head_dim_qk", head_dim_qk, 1), head_dim_vo
+        num_qo_heads,
+        num_kv_heads,
+        checks.check_int(head_dim_name, head_dim_qk, 1),
+        head_dim_vo,
+        head_dim_name=head_dim_name,
     )
     head_dim_vo = head_dim_qk if head_dim_vo is None else head_dim_vo
     checks.check_bool("causal", causal)
@@ -654,7 +653,7 @@ def _host_indptr(
     host = indptr.to("cpu")
     ragged.check_indptr(name, host, total_name, total)
     values = host.tolist()
-    if values[-1] >= _INT32_LIMIT:
+    if values[-1] > ragged.INT32_MAX:
         raise ValueError(f"{name}[-1] must be < 2^31, got {values[-1]}")
     return values
 
@@ -699,7 +698,7 @@ def _check_mask(
             (start + (size + 7) // 8 for start, size in zip(bit_indptr, sizes) if size), default=0
         )
         _check_packed_mask(packed_custom_mask, needed)
-        if bit_indptr[-1] >= _INT32_LIMIT:
+        if bit_indptr[-1] > ragged.INT32_MAX:
             raise ValueError(
                 "packed_custom_mask's offsets (the running sum of qo_len * kv_len) "
                 "do not fit in int32"
@@ -712,7 +711,7 @@ def _check_mask(
             f"qo_len * kv_len add up to {bit_indptr[-1]}"
         )
     num_bytes = sum((size + 7) // 8 for size in sizes)
-    if num_bytes >= _INT32_LIMIT:
+    if num_bytes > ragged.INT32_MAX:
         raise ValueError("the packed custom mask does not fit in int32 offsets")
     return _MaskInput(custom_mask, None, bit_indptr, num_bytes)
 
@@ -1065,7 +1064,7 @@ class _BatchPrefillWrapper(WorkspaceOwner):
             )
         if q.dtype != plan.dtype:
             raise TypeError(f"q has dtype {q.dtype}; plan() was for {plan.dtype}")
-        _check_vectors("q", q)
+        check_vectors("q", q)
 
     def _launch(
         self,
@@ -1116,8 +1115,9 @@ class _BatchPrefillWrapper(WorkspaceOwner):
                 raise ValueError(f"out has shape {tuple(out.shape)}, expected {shape}")
             if out.dtype != q.dtype:
                 raise TypeError(f"out has dtype {out.dtype}, expected {q.dtype}")
-            _check_vectors("out", out)
+            check_vectors("out", out)
             checks.check_cuda("out", out, like=q)
+            checks.check_distinct("out", out, "q", q)  # other CTAs still read q's rows
         if lse is None and return_lse:
             lse = torch.empty(shape[:2], dtype=torch.float32, device=q.device)
         elif lse is not None:
@@ -1345,7 +1345,7 @@ class BatchPrefillWithRaggedKVCacheWrapper(_BatchPrefillWrapper):
                 )
             if tokens < plan.total_kv:
                 raise ValueError(f"{name} has {tokens} tokens; kv_indptr[-1] is {plan.total_kv}")
-            _check_vectors(name, t)
+            check_vectors(name, t)
         if v.shape[:2] != k.shape[:2]:
             raise ValueError(f"v has shape {tuple(v.shape)}, k has {tuple(k.shape)}")
         return self._launch(
@@ -1577,7 +1577,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
             fixed_split_size,
             disable_split_kv,
         )
-        checks.check_int("page_size", page_size, 1)
+        checks.check_int("page_size", page_size, 1, ragged.INT32_MAX)
         qo_ptr = _host_indptr("qo_indptr", qo_indptr, None)
         batch = len(qo_ptr) - 1
         checks.check_index_tensor("paged_kv_indices", paged_kv_indices, None, INDEX)
@@ -1606,7 +1606,7 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
                     f"[1, page_size={page_size}]"
                 )
         kv_lens = kv_lengths(kv_ptr, last, page_size)
-        if max(kv_lens, default=0) >= _INT32_LIMIT:
+        if max(kv_lens, default=0) > ragged.INT32_MAX:
             raise ValueError("KV lengths must be < 2^31")
         qo_lens = [e - s for s, e in zip(qo_ptr, qo_ptr[1:])]
         mask = _check_mask(custom_mask, packed_custom_mask, qo_lens, kv_lens)
@@ -1769,5 +1769,5 @@ class BatchPrefillWithPagedKVCacheWrapper(_BatchPrefillWrapper):
             plan.head_dim_vo,
         )
         for name, t in parts:
-            _check_vectors(name, t)
+            check_vectors(name, t)
         return parts

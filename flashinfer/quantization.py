@@ -15,7 +15,6 @@ from . import checks, ragged
 from .api_logging import flashinfer_api
 from .trace.templates import quantization as _trace
 
-_INT32_MAX = 2**31 - 1
 _INDEX = (torch.int32, torch.int64)
 _INTEGER = (
     torch.uint8,
@@ -116,7 +115,7 @@ def segment_packbits(
     new_host = torch.zeros_like(host)
     new_host[1:] = torch.cumsum((host[1:] - host[:-1] + 7) // 8, 0)
     num_bytes = int(new_host[-1])
-    if num_bytes > _INT32_MAX:
+    if num_bytes > ragged.INT32_MAX:
         raise ValueError(
             f"the packed output has {num_bytes} bytes, more than new_indptr's int32 can index"
         )

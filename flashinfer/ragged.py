@@ -78,3 +78,18 @@ def token_requests(indptr: torch.Tensor, nnz: int) -> TokenRequests:
         torch.where(owned, end - start, zeros),
         owned,
     )
+
+
+INT32_MAX = 2**31 - 1
+
+
+def int32_ids(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as the int32 a kernel reads. Wider ids are clamped to [-1, INT32_MAX] on their
+    device (no synchronization): a value past int32 then names no page, request or slot,
+    and the kernels skip it, where a plain cast would wrap it onto another's (2**32 + 1
+    onto 1)."""
+    if t.dtype == torch.int32:
+        return t
+    if t.dtype != torch.int64:
+        return t.to(torch.int32)
+    return t.clamp(-1, INT32_MAX).to(torch.int32)

@@ -98,7 +98,10 @@ def _launch(
     *params: Any,
 ) -> None:
     """Every RoPE op's real implementation: the module's ``function`` (the in-place ops pass
-    ``q``/``k`` as their own outputs)."""
+    ``q``/``k`` as their own outputs, which must then be apart: one tensor for both would
+    be rotated twice)."""
+    if q_rope is q:
+        checks.check_distinct("q", q, "k", k)
     if q.shape[0]:
         getattr(get_rope_module(q.dtype), function)(q_rope, k_rope, q, k, pos_ids, *params)
 
@@ -250,6 +253,8 @@ def _run(
     checks.check_cuda("k", k, like=q)
     checks.check_cuda("pos_ids", pos_ids, like=q)
     if inplace:
+        checks.check_writable("q", q)
+        checks.check_writable("k", k)
         ops[1](q, k, pos_ids, *params)
         return None
     q_rope = torch.empty_like(q, memory_format=torch.contiguous_format)

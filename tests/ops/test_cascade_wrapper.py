@@ -282,6 +282,7 @@ def _q(total: int = sum(QO_LENS), dtype: torch.dtype = torch.bfloat16) -> torch.
 CONSTRUCTOR_BAD = [
     ("num_levels must be >= 1, got 0", ValueError, dict(num_levels=0)),
     ("num_levels must be an int, got float", TypeError, dict(num_levels=2.0)),
+    ("num_levels must be <= 64, got 1000000", ValueError, dict(num_levels=10**6)),
     (
         "float_workspace_buffer must be a contiguous 1-D tensor",
         ValueError,

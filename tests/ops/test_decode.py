@@ -181,13 +181,20 @@ SINGLE_BAD = [
         dict(k=torch.randn(10, 2, 128, dtype=torch.float16)),
     ),
     ("v has shape \\(11, 2, 128\\), k has \\(10, 2, 128\\)", ValueError, dict(v=_bf16(11, 2, 128))),
+    ("q must be 16-byte aligned", ValueError, dict(q=_bf16(8 * 128 + 1)[1:].view(8, 128))),
+    (
+        "k's strides must be multiples of 8 elements",
+        ValueError,
+        dict(k=_bf16(10, 2, 130)[..., :128]),
+    ),
     (
         "head_dim must be one of 64, 128, 256, got 96",
         ValueError,
         dict(q=_bf16(8, 96), k=_bf16(10, 2, 96), v=_bf16(10, 2, 96)),
     ),
     (
-        "num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3\\)",
+        "num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3, k.shape\\[1\\] with "
+        "kv_layout='NHD'\\)",
         ValueError,
         dict(k=_bf16(10, 3, 128), v=_bf16(10, 3, 128)),
     ),
@@ -393,6 +400,15 @@ def test_plan_uploads_the_schedule_and_run_checks_against_it(cpu_plan) -> None:
             wrapper.run(*args)
     with pytest.raises(ValueError, match="out has shape"):
         wrapper.run(_bf16(2, 8, 128), cache, out=_bf16(2, 8, 64))
+    # the binding refuses these too, but only after the module is built, and never while
+    # a graph is traced with fake tensors
+    q = _bf16(2, 8, 128)
+    with pytest.raises(ValueError, match="q must be 16-byte aligned"):
+        wrapper.run(_bf16(2 * 8 * 128 + 1)[1:].view(2, 8, 128), cache)
+    with pytest.raises(ValueError, match="paged_kv_cache\\[0\\]'s strides must be multiples of 8"):
+        wrapper.run(q, (_bf16(5, 16, 2, 132)[..., :128], cache[1]))
+    with pytest.raises(ValueError, match="out and q must be different tensors"):
+        wrapper.run(q, cache, out=q)
     assert cpu_plan.launches == []
 
 
@@ -507,6 +523,25 @@ def test_cuda_graph_mode_needs_fixed_buffers_and_fixes_the_batch(cpu_plan) -> No
     with pytest.raises(ValueError, match="9 page indices exceed the CUDA-graph buffer's 8"):
         wrapper.plan(**_plan_args(indices=torch.arange(9, dtype=torch.int32)))
     assert cpu_plan.uploads == []
+
+
+@pytest.mark.parametrize("use_cuda_graph", [False, True])
+def test_int64_page_ids_past_int32_become_ids_the_kernel_skips(cpu_plan, use_cuda_graph) -> None:
+    """plan() narrows int64 page ids to the kernel's int32 by clamping (no device read): an
+    id past int32 names no page then (the kernel skips it) instead of wrapping onto a real
+    one (2**32 + 1 onto page 1), in the wrapper's own array and in a CUDA-graph buffer."""
+    buffers = dict(
+        paged_kv_indptr_buffer=torch.zeros(3, dtype=torch.int32),
+        paged_kv_indices_buffer=torch.zeros(8, dtype=torch.int32),
+        paged_kv_last_page_len_buffer=torch.zeros(2, dtype=torch.int32),
+    )
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(1 << 20, dtype=torch.uint8),
+        use_cuda_graph=use_cuda_graph,
+        **(buffers if use_cuda_graph else {}),
+    )
+    wrapper.plan(**_plan_args(indices=torch.tensor([4, 2**32 + 1, 0])))
+    assert wrapper._paged_kv_indices_buf[:3].tolist() == [4, 2**31 - 1, 0]
 
 
 def test_cuda_graph_fixed_split_past_the_graphs_capacity_is_refused(cpu_plan) -> None:

@@ -778,7 +778,8 @@ def test_single_decode_runs_a_single_prefill_of_one_token(cpu_tc: CpuPrefill) ->
 SINGLE_BAD = [
     ("q must be 2-D", ValueError, dict(q=_bf16(1, 8, 128))),
     (
-        "num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3\\)",
+        "num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3, k.shape\\[1\\] with "
+        "kv_layout='NHD'\\)",
         ValueError,
         dict(k=_bf16(10, 3, 128), v=_bf16(10, 3, 128)),
     ),

@@ -40,6 +40,7 @@ BATCH_BAD = [
     ("seq_lens has 2 elements, expected 3", ValueError, ([0, 3, 4, 6], [10, 1], 6)),
     ("nnz must be >= 0", ValueError, ([0, 1], [1], -1)),
     ("nnz must be an int", TypeError, ([0, 1], [1], 1.0)),
+    ("nnz must be <= 2147483647, got 2147483648", ValueError, ([0, 1], [1], 2**31)),
     ("append_indptr needs batch_size \\+ 1 elements", ValueError, ([], [], 0)),
     (r"append_indptr must start at 0, got append_indptr\[0\] = 1", ValueError, ([1, 2], [3], 1)),
     (
@@ -560,6 +561,26 @@ def check_out_of_range_indices_are_skipped(device: str = "cuda") -> None:
     _assert_only(s, "NHD", {slot: t for slot, t in expected.items() if t not in dropped})
 
 
+def check_ids_past_int32_are_skipped(device: str = "cuda") -> None:
+    """int64 ids that an int32 cast would wrap onto real ones (2**32 + b onto b): the token
+    of such a request or position, and the tokens of such a page, are skipped, not written
+    where the wrapped id points."""
+    s = _paged_setup("tuple", "NHD", torch.float16, 4, 1, index_dtype=torch.int64, device=device)
+    expected = _expected_slots(s)
+    batch, positions, pages = s["batch"].clone(), s["positions"].clone(), s["kv_indices"].clone()
+    batch[1] += 2**32
+    positions[2] += 2**32
+    far_page = int(pages[-1])  # the last request's last page, where its token goes
+    assert any(page == far_page for page, _ in expected)
+    pages[-1] += 2**32
+    _append(s, "NHD", batch_indices=batch, positions=positions, kv_indices=pages)
+    _assert_only(
+        s,
+        "NHD",
+        {slot: t for slot, t in expected.items() if t not in (1, 2) and slot[0] != far_page},
+    )
+
+
 def check_page_table_end_is_respected(device: str = "cuda") -> None:
     """kv_indptr points one entry past the end of kv_indices, a slice of a larger tensor
     whose next entry names a real page: reading it would write there, so that page must
@@ -575,6 +596,11 @@ def check_page_table_end_is_respected(device: str = "cuda") -> None:
 @pytest.mark.gpu
 def test_out_of_range_indices_are_skipped_not_written() -> None:
     check_out_of_range_indices_are_skipped()
+
+
+@pytest.mark.gpu
+def test_ids_past_int32_are_skipped_not_wrapped() -> None:
+    check_ids_past_int32_are_skipped()
 
 
 @pytest.mark.gpu

@@ -21,6 +21,7 @@ from tests.ops.test_page import (
     _assert_only,
     _expected_slots,
     _paged_setup,
+    check_ids_past_int32_are_skipped,
     check_out_of_range_indices_are_skipped,
     check_page_table_end_is_respected,
 )
@@ -72,6 +73,11 @@ def test_append_writes_exactly_the_appended_slots(
 def test_out_of_range_indices_are_skipped_not_written(emulate) -> None:
     emulate(torch.float16)
     check_out_of_range_indices_are_skipped(device="cpu")
+
+
+def test_ids_past_int32_are_skipped_not_wrapped(emulate) -> None:
+    emulate(torch.float16)
+    check_ids_past_int32_are_skipped(device="cpu")
 
 
 def test_page_table_entries_past_kv_indices_are_never_read(

@@ -203,7 +203,8 @@ SINGLE_BAD = [
         dict(q=_bf16(5, 8, 96), k=_bf16(10, 2, 96), v=_bf16(10, 2, 96)),
     ),
     (
-        "num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3\\)",
+        "num_qo_heads \\(8\\) must be a multiple of num_kv_heads \\(3, k.shape\\[1\\] with "
+        "kv_layout='NHD'\\)",
         ValueError,
         dict(k=_bf16(10, 3, 128), v=_bf16(10, 3, 128)),
     ),
@@ -423,16 +424,16 @@ COMMON_PLAN_BAD = [
     ("num_qo_heads must be >= 1", ValueError, dict(num_qo_heads=0)),
     ("num_kv_heads must be an int", TypeError, dict(num_kv_heads=2.0)),
     ("must be a multiple of num_kv_heads", ValueError, dict(num_kv_heads=3)),
-    ("head_dim must be one of 64, 128, 256, got 80", ValueError, dict(head_dim_qk=80)),
+    ("head_dim_qk must be one of 64, 128, 256, got 80", ValueError, dict(head_dim_qk=80)),
     ("head_dim_qk 128 with head_dim_vo 64 is not supported", ValueError, dict(head_dim_vo=64)),
-    ("head_dim must be one of 64, 128, 256, got 192", ValueError, dict(head_dim_qk=192)),
+    ("head_dim_qk must be one of 64, 128, 256, got 192", ValueError, dict(head_dim_qk=192)),
     (
         "head_dim_qk 192 with head_dim_vo 192 is not supported",
         ValueError,
         dict(head_dim_qk=192, head_dim_vo=192),
     ),
     (
-        "head_dim must be one of 64, 128, 192, 256, got 96",
+        "head_dim_qk must be one of 64, 128, 192, 256, got 96",
         ValueError,
         dict(head_dim_vo=96, head_dim_qk=96),
     ),
