@@ -86,11 +86,7 @@ def check_distinct(
     else:
         start, other_start = tensor.data_ptr(), other.data_ptr()
     if start == other_start:
-        if same_allowed and (tensor.shape, tensor.stride(), tensor.dtype) == (
-            other.shape,
-            other.stride(),
-            other.dtype,
-        ):
+        if same_allowed and _same_view(tensor, other):
             return
         raise ValueError(f"{name} and {other_name} must be different tensors")
     if _dense(tensor) and _dense(other):
@@ -108,6 +104,16 @@ def check_writable(name: str, tensor: torch.Tensor) -> None:
             f"{name} has stride 0 in a dim of size > 1 (an expanded view): a kernel writing "
             "it would write one element many times; pass a tensor of its own"
         )
+
+
+def _same_view(tensor: torch.Tensor, other: torch.Tensor) -> bool:
+    """Same dtype, shape and strides, but those of size-1 dims (which view() and reshape()
+    reset), from the same start: the same elements at the same addresses."""
+    if tensor.dtype != other.dtype or tensor.shape != other.shape:
+        return False
+    return all(
+        size <= 1 or a == b for size, a, b in zip(tensor.shape, tensor.stride(), other.stride())
+    )
 
 
 def _dense(tensor: torch.Tensor) -> bool:

@@ -199,8 +199,6 @@ def single_decode_with_kv_cache(
         checks.check_ndim(name, t, 3, f"{layout} ({kv_layout})")
         checks.check_last_dim_contiguous(name, t)
     check_kv_tensor_dtypes(k, v, q)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_vectors(name, t)
     check_rope_cache(k.dtype, pos_encoding)
     if v.shape != k.shape:
         raise ValueError(f"v has shape {tuple(v.shape)}, k has {tuple(k.shape)}")
@@ -214,6 +212,8 @@ def single_decode_with_kv_cache(
         head_dim,
         kv_heads_from=f"k.shape[{0 if hnd else 1}] with kv_layout={kv_layout!r}",
     )
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_vectors(name, t)
     scale, cap = score_params(head_dim, sm_scale, logits_soft_cap, q_scale, k_scale)
     check_alibi_cap(pos_encoding, cap)
     v_scale = check_optional_number("v_scale", v_scale)
@@ -1056,6 +1056,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
             lse = torch.empty(shape[:2], dtype=torch.float32, device=q.device)
         elif lse is not None:
             check_output("lse", lse, shape[:2], torch.float32, q)
+            checks.check_distinct("lse", lse, "out", out)
         _batch_decode_op(
             q,
             k_cache,

@@ -1116,12 +1116,14 @@ class _BatchPrefillWrapper(WorkspaceOwner):
             if out.dtype != q.dtype:
                 raise TypeError(f"out has dtype {out.dtype}, expected {q.dtype}")
             check_vectors("out", out)
+            checks.check_writable("out", out)
             checks.check_cuda("out", out, like=q)
             checks.check_distinct("out", out, "q", q)  # other CTAs still read q's rows
         if lse is None and return_lse:
             lse = torch.empty(shape[:2], dtype=torch.float32, device=q.device)
         elif lse is not None:
             check_output("lse", lse, shape[:2], torch.float32, q)
+            checks.check_distinct("lse", lse, "out", out)
         if plan.grid_work:  # zero only for a batch without query tokens
             mask, mask_indptr = (
                 (self._custom_mask_buf, self._mask_indptr_buf) if plan.has_mask else (None, None)

@@ -99,7 +99,8 @@ def _launch(
 ) -> None:
     """Every RoPE op's real implementation: the module's ``function`` (the in-place ops pass
     ``q``/``k`` as their own outputs, which must then be apart: one tensor for both would
-    be rotated twice)."""
+    be rotated twice; checked here too for a compiled call, whose trace skips the API's
+    check)."""
     if q_rope is q:
         checks.check_distinct("q", q, "k", k)
     if q.shape[0]:
@@ -246,15 +247,17 @@ def _run(
     pos_ids: torch.Tensor,
     inplace: bool,
     *params: Any,
+    names: tuple[str, str] = ("q", "k"),
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """After the device checks, the in-place op on ``q``/``k``, or the out-of-place op into
-    new contiguous tensors, which it returns."""
+    """After the device checks, the in-place op on ``q``/``k`` (the API calls them
+    ``names``), or the out-of-place op into new contiguous tensors, which it returns."""
     checks.check_cuda("q", q)
     checks.check_cuda("k", k, like=q)
     checks.check_cuda("pos_ids", pos_ids, like=q)
     if inplace:
-        checks.check_writable("q", q)
-        checks.check_writable("k", k)
+        checks.check_writable(names[0], q)
+        checks.check_writable(names[1], k)
+        checks.check_distinct(names[0], q, names[1], k)
         ops[1](q, k, pos_ids, *params)
         return None
     q_rope = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -547,7 +550,9 @@ def _cos_sin_cache(
     checks.check_cuda("key", key, like=query)
     checks.check_cuda("positions", positions, like=query)
     checks.check_cuda("cos_sin_cache", cos_sin_cache, like=query)
-    result = _run(_COS_SIN, q, k, positions, inplace, cos_sin_cache, not is_neox)
+    result = _run(
+        _COS_SIN, q, k, positions, inplace, cos_sin_cache, not is_neox, names=("query", "key")
+    )
     if result is None:
         return None
     return result[0].view(query.shape), result[1].view(key.shape)

@@ -41,6 +41,8 @@ def test_dense_views_that_overlap_are_refused() -> None:
     with pytest.raises(ValueError, match="a and b must be different tensors"):
         checks.check_distinct("a", base, "b", base)
     checks.check_distinct("a", base, "b", base, same_allowed=True)
+    row = base[:1, :32]  # stride (64, 1); view() resets the size-1 dim's stride to 32
+    checks.check_distinct("a", row, "b", row.view(1, 32), same_allowed=True)
     with pytest.raises(ValueError, match="must be different tensors"):  # same start, other view
         checks.check_distinct("a", base, "b", base[:2], same_allowed=True)
 
@@ -81,6 +83,9 @@ def test_norms_refuse_outputs_over_their_inputs(host) -> None:  # noqa: ANN001
         flashinfer.fused_add_rmsnorm(rows[:4], rows[7:8].expand(4, 64), weight)
     with pytest.raises(Reached):  # in place: each element is read before it is written
         flashinfer.rmsnorm(rows, weight, out=rows)
+    one = torch.randn(4, 128, dtype=torch.float16)[:1, :64]  # a batch-1 row, re-viewed
+    with pytest.raises(Reached):
+        flashinfer.rmsnorm(one, weight, out=one.view(1, 64))
 
 
 def test_activations_refuse_expanded_or_overlapping_outputs(host) -> None:  # noqa: ANN001
@@ -99,6 +104,10 @@ def test_rope_in_place_refuses_one_tensor_as_q_and_k(host) -> None:  # noqa: ANN
         flashinfer.apply_rope_pos_ids_inplace(q, q, pos)
     with pytest.raises(ValueError, match="k has stride 0"):
         flashinfer.apply_rope_pos_ids_inplace(q, q[:, :1].expand(6, 4, 64), pos)
+    query = torch.randn(6, 4 * 64, dtype=torch.float16)
+    cache = torch.randn(16, 64, dtype=torch.float32)
+    with pytest.raises(ValueError, match="query and key must be different tensors"):
+        flashinfer.apply_rope_with_cos_sin_cache_inplace(pos, query, query, 64, cache)
     qkv = torch.randn(6, 12, 64, dtype=torch.float16)  # q, k and v heads of one projection
     with pytest.raises(Reached):
         flashinfer.apply_rope_pos_ids_inplace(qkv[:, :4], qkv[:, 4:8], pos)

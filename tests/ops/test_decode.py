@@ -409,6 +409,9 @@ def test_plan_uploads_the_schedule_and_run_checks_against_it(cpu_plan) -> None:
         wrapper.run(q, (_bf16(5, 16, 2, 132)[..., :128], cache[1]))
     with pytest.raises(ValueError, match="out and q must be different tensors"):
         wrapper.run(q, cache, out=q)
+    out = _bf16(2, 8, 128)
+    with pytest.raises(ValueError, match="lse and out must be different tensors"):
+        wrapper.run(q, cache, out=out, lse=out.view(torch.float32).view(-1)[:16].view(2, 8))
     assert cpu_plan.launches == []
 
 
