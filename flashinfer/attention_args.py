@@ -248,8 +248,8 @@ def to_device(
     reads its values."""
     if is_symbolic(like) and not is_symbolic(t):
         return like.new_empty(t.shape, dtype=dtype)
-    if dtype == torch.int32:
-        t = ragged.int32_ids(t)
+    if dtype == torch.int32 and t.dtype == torch.int64:  # clamped where it lands
+        return ragged.int32_ids(t.to(device=like.device, non_blocking=non_blocking))
     return t.to(device=like.device, dtype=dtype, non_blocking=non_blocking)
 
 
@@ -257,8 +257,8 @@ def copy_prefix(buffer: torch.Tensor, t: torch.Tensor, non_blocking: bool) -> No
     """``buffer[:len(t)] = t``: plan() filling a CUDA-graph buffer. A fake buffer has no
     contents to fill."""
     if not is_symbolic(buffer):
-        if buffer.dtype == torch.int32:
-            t = ragged.int32_ids(t)
+        if buffer.dtype == torch.int32 and t.dtype == torch.int64:  # clamped where it lands
+            t = ragged.int32_ids(t.to(device=buffer.device, non_blocking=non_blocking))
         buffer.narrow(0, 0, t.shape[0]).copy_(t, non_blocking=non_blocking)
 
 

@@ -1051,7 +1051,7 @@ class BatchDecodeWithPagedKVCacheWrapper(WorkspaceOwner):
         else:
             check_output("out", out, shape, q.dtype, q)
             check_vectors("out", out)
-            checks.check_distinct("out", out, "q", q)  # other CTAs still read q's rows
+            checks.check_distinct("out", out, "q", q)  # not a layout the kernels are made for
         if lse is None and return_lse:
             lse = torch.empty(shape[:2], dtype=torch.float32, device=q.device)
         elif lse is not None:

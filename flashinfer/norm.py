@@ -88,9 +88,8 @@ def _check_input_and_weight(input: Any, weight: Any, eps: Any) -> float:
 
 
 def _check_residual(residual: Any, input: torch.Tensor) -> None:
-    """The fused adds write both."""
+    """The fused adds write ``residual`` (and fused_add_rmsnorm ``input`` too)."""
     _check_like("residual", residual, input)
-    checks.check_writable("input", input)
     checks.check_distinct("input", input, "residual", residual)
 
 
@@ -287,6 +286,7 @@ def _fused_add_rmsnorm(
 ) -> None:
     eps = _check_input_and_weight(input, weight, eps)
     _check_residual(residual, input)
+    checks.check_writable("input", input)  # the normalized sum is written over it
     _check_devices(enable_pdl, input, residual=residual, weight=weight)
     op(input, residual, weight, eps, enable_pdl)
 

@@ -26,6 +26,7 @@ def host(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(checks, "check_cuda", lambda *a, **k: None)
     for module, getter in (
         (norm, "get_norm_module"),
+        (norm, "get_norm_quant_module"),
         (activation, "get_act_and_mul_module"),
         (rope, "get_rope_module"),
         (page, "get_page_module"),
@@ -86,6 +87,15 @@ def test_norms_refuse_outputs_over_their_inputs(host) -> None:  # noqa: ANN001
     one = torch.randn(4, 128, dtype=torch.float16)[:1, :64]  # a batch-1 row, re-viewed
     with pytest.raises(Reached):
         flashinfer.rmsnorm(one, weight, out=one.view(1, 64))
+    # fused_add_rmsnorm_quant only reads input: an expanded one is fine there
+    with pytest.raises(Reached):
+        flashinfer.fused_add_rmsnorm_quant(
+            torch.empty(4, 64, dtype=torch.float8_e4m3fn),
+            rows[7:8].expand(4, 64),
+            rows[:4].clone(),
+            weight,
+            1.0,
+        )
 
 
 def test_activations_refuse_expanded_or_overlapping_outputs(host) -> None:  # noqa: ANN001
@@ -111,6 +121,14 @@ def test_rope_in_place_refuses_one_tensor_as_q_and_k(host) -> None:  # noqa: ANN
     qkv = torch.randn(6, 12, 64, dtype=torch.float16)  # q, k and v heads of one projection
     with pytest.raises(Reached):
         flashinfer.apply_rope_pos_ids_inplace(qkv[:, :4], qkv[:, 4:8], pos)
+    one = qkv[:1]  # one token: q and k are dense, adjacent blocks
+    with pytest.raises(Reached):
+        flashinfer.apply_rope_pos_ids_inplace(one[:, :4], one[:, 4:8], pos[:1])
+    flat = qkv[:1].reshape(1, 12 * 64)
+    with pytest.raises(Reached):
+        flashinfer.apply_rope_with_cos_sin_cache_inplace(
+            pos[:1], flat[:, : 4 * 64], flat[:, 4 * 64 : 8 * 64], 64, cache
+        )
 
 
 def test_append_refuses_one_tensor_as_both_caches(host) -> None:  # noqa: ANN001
@@ -129,6 +147,10 @@ def test_append_refuses_one_tensor_as_both_caches(host) -> None:  # noqa: ANN001
         flashinfer.append_paged_kv_cache(paged_kv_cache=(cache, cache), **args)
     with pytest.raises(Reached):
         flashinfer.append_paged_kv_cache(paged_kv_cache=(cache, cache.clone()), **args)
+    one_page = torch.zeros(1, 2, 8, 2, 16, dtype=torch.float16)  # k and v: adjacent blocks
+    one_page_args = dict(args, kv_indices=i32([0, 0]))
+    with pytest.raises(Reached):
+        flashinfer.append_paged_kv_cache(paged_kv_cache=one_page, **one_page_args)
 
 
 def test_ids_past_int32_clamp_to_ids_the_kernels_skip() -> None:
