@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+INT32_MAX = 2**31 - 1  # the kernels' index type's largest value
+
 
 def check_indptr(
     name: str, indptr: torch.Tensor, total_name: str = "", total: int | None = None
@@ -78,9 +80,6 @@ def token_requests(indptr: torch.Tensor, nnz: int) -> TokenRequests:
         torch.where(owned, end - start, zeros),
         owned,
     )
-
-
-INT32_MAX = 2**31 - 1
 
 
 def int32_ids(t: torch.Tensor) -> torch.Tensor:
