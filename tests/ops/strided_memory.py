@@ -1,6 +1,7 @@
 """Operands at drawn places in padded 1-D buffers, for the random-case modules: where a
-``[rows, width]`` or ``[tokens, heads, width]`` operand's elements sit (Memory), and the check
-that a call left every element outside what it writes with the bits it had (Watched)."""
+``[rows, width]`` or ``[tokens, heads, width]`` operand's elements sit (Memory), an attention
+operand's dims scattered in a poisoned buffer (scattered), and the check that a call left
+every element outside what it writes with the bits it had (Watched)."""
 
 from __future__ import annotations
 
@@ -93,6 +94,32 @@ def draw_faults(rng: random.Random, operands: tuple[str, ...]) -> dict[str, str 
     return faults
 
 
+def scattered(values: torch.Tensor, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, view): ``values`` in a view of a poisoned 1-D buffer, as engines hand
+    attention its operands (q sliced from a fused qkv, caches of several layers in one
+    buffer, heads before tokens): the last dim contiguous, the others in a drawn memory
+    order, each stride padded by 0 to 3 vectors of 16 bytes and the view 0 to 2 vectors
+    in, so every row still starts on a 16-byte boundary (the last dim is a multiple of
+    16 bytes). A kernel that takes a stride for another reads poison."""
+    vec = 16 // values.element_size()
+    if values.shape[-1] % vec:
+        raise ValueError(f"rows of {values.shape[-1]} elements are not whole 16-byte vectors")
+    shape = tuple(values.shape)
+    outer = list(range(len(shape) - 1))
+    rng.shuffle(outer)  # innermost first
+    strides = [1] * len(shape)
+    extent = shape[-1]
+    for dim in outer:
+        extent += vec * rng.choice((0, 0, 1, 3))
+        strides[dim] = extent
+        extent *= max(shape[dim], 1)
+    offset = vec * rng.randint(0, 2)
+    buffer = poison(values.dtype, offset + extent + vec)
+    view = buffer.as_strided(shape, strides, offset)
+    view.copy_(values)
+    return buffer, view
+
+
 def poison(dtype: torch.dtype, n: int) -> torch.Tensor:
     """``n`` NaNs (fp8 e4m3: 0x7f): an element a kernel should write and skips stays NaN."""
     if dtype == torch.float8_e4m3fn:
@@ -116,6 +143,13 @@ class Watched:
         """``keep``: a mask of the elements to check (None: all of them)."""
         mask = torch.ones(buffer.numel(), dtype=torch.bool) if keep is None else keep
         self.entries.append((name, buffer, buffer.clone(), mask))
+
+    def scattered(self, name: str, values: torch.Tensor, rng: random.Random) -> torch.Tensor:
+        """``values`` in a view from :func:`scattered`, whose whole buffer must keep its bits
+        (an operand the call only reads)."""
+        buffer, view = scattered(values, rng)
+        self.add(name, buffer)
+        return view
 
     def check(self) -> None:
         for name, buffer, before, keep in self.entries:

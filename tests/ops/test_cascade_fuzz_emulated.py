@@ -5,9 +5,10 @@ requests at every level but the last, one node per request at the last; nodes wi
 and partial last pages included), query lengths from 0, dtype, head_dim, tiling, copy landing
 and thread order, position encoding, fp8 cache, GQA group, page size, layout, the cache as one
 tensor or a (k, v) pair, causal, window, soft cap, scale, the device size that decides each
-level's KV split, a NaN input (tests/ops/nan_inputs.py) and CUDA-graph mode (each level's
+level's KV split, a NaN input (tests/ops/nan_inputs.py), CUDA-graph mode (each level's
 buffers poisoned, the wrapper planned first for more queries, which fixes each level's grid,
-then for the case).
+then for the case) and q and the cache (each of a pair alone) as views scattered in
+poisoned buffers.
 
 The expected output is the reference's semantics: each level a batch prefill of its own
 (``causal`` on the last level only; windows, RoPE and ALiBi positions counted within the
@@ -31,9 +32,10 @@ from flashinfer.jit.prefill import HEAD_DIMS, PrefillTiling, accepted_tilings
 from flashinfer.testing.reference import attention as reference_attention
 from flashinfer.testing.reference import merge_state
 from tests.ops.nan_inputs import draw_nan, plant_case_nan
+from tests.ops.strided_memory import Watched
 from tests.ops.test_cascade_emulated import _module as cascade_module
 from tests.ops.test_prefill_emulated import _reference_args, _workspace, emulate  # noqa: F401
-from tests.ops.test_prefill_fuzz_emulated import draw_score_options
+from tests.ops.test_prefill_fuzz_emulated import draw_score_options, placer
 from tests.ops.test_prefill_gpu import _indptr, _kv_data, _paged_kv, _tolerance
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -62,7 +64,8 @@ class CascadeCase:
     options: tuple[tuple[str, Any], ...]  # plan() keywords
     max_ctas: int
     nan: str  # tests/ops/nan_inputs.py's draw_nan (no values: the last level may mask)
-    graph: bool  # CUDA-graph mode, planned first for more queries (drawn last)
+    graph: bool  # CUDA-graph mode, planned first for more queries
+    views: str  # "none" or "scattered": q and the cache's tensors in poisoned buffers
 
 
 def _kv_len(rng: random.Random) -> int:
@@ -116,6 +119,7 @@ def draw_case(seed: int) -> CascadeCase:
         max_ctas=rng.choice((1, 2, 6, 24, 132)),
         nan=draw_nan(rng, every_key_seen=False),
         graph=rng.random() < 0.3,
+        views=rng.choice(("none", "scattered")),  # drawn last: the other knobs stay
     )
 
 
@@ -236,13 +240,20 @@ def test_random_cascade_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed
             kv_data_type=case.kv_dtype or case.dtype,
             **dict(case.options),
         )
-    out = wrapper.run(q, (cache[:, 0], cache[:, 1]) if case.kv_tuple else cache)
+    inputs = Watched()
+    place = placer(case.views, fuzz_seed, inputs)
+    if case.kv_tuple:
+        kv = tuple(place(f"paged_kv_cache[{i}]", cache[:, i]) for i in (0, 1))
+    else:
+        kv = place("paged_kv_cache", cache)
+    out = wrapper.run(place("q", q), kv)
     want = _expected(case, q, [k.float() for k in ks], [v.float() for v in vs])
     try:
         assert out.shape == q.shape and out.dtype == q.dtype
         torch.testing.assert_close(
             out.double(), want, equal_nan=case.nan != "none", **_tolerance(case.dtype)
         )
+        inputs.check()
     except AssertionError as err:
         raise AssertionError(f"{case!r} NaN: {where}\n{err}") from None
 
@@ -257,6 +268,12 @@ def test_draws_cover_every_knob() -> None:
     assert seen["pos_encoding"] == {"'NONE'", "'ROPE_LLAMA'", "'ALIBI'"}
     assert len(seen["kv_dtype"]) == 3 and len(seen["page_size"]) == len(PAGE_SIZES)
     assert len(seen["layout"]) == 2 and len(seen["kv_tuple"]) == 2
+    assert {(c.kv_tuple, c.graph) for c in cases if c.views == "scattered"} == {
+        (True, True),
+        (True, False),
+        (False, True),
+        (False, False),
+    }
     assert {len(c.levels) for c in cases} == {1, 2, 3}
     assert {c.nan for c in cases} == {"none", "key", "query"}
     assert {len(c.levels) for c in cases if c.graph} == {1, 2, 3}

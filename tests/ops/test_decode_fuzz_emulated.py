@@ -5,9 +5,10 @@ at one of its tilings with the GQA group packed into the tile's rows, one or sev
 tokens per request), batch or single decode, dtype, head_dim, copy landing and thread order,
 position encoding, fp8 cache, request lengths from 0, GQA group up to the 1024-thread block,
 page size, layout, the cache as one tensor or a (k, v) pair, scale, soft cap, window, the KV
-split (the planner's on a device of some size, a fixed split or none), and CUDA-graph mode
+split (the planner's on a device of some size, a fixed split or none), CUDA-graph mode
 re-planned after longer requests (by plan(), or as engines do it: the buffers written, then
-fast_decode_plan).
+fast_decode_plan), and q and the cache (each of a pair alone) as views scattered in
+poisoned buffers.
 ``--fuzz-seeds START:COUNT`` picks the seeds (default 0:6)."""
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ from flashinfer import prefill as prefill_api
 from flashinfer.decode import fast_decode_plan
 from flashinfer.jit.prefill import PrefillTiling, accepted_tilings
 from tests.ops.nan_inputs import draw_nan, plant_case_nan
+from tests.ops.strided_memory import Watched
 from tests.ops.test_decode import _reference_args, check_decoded
 from tests.ops.test_decode_emulated import emulate as emulate_decode  # noqa: F401
 from tests.ops.test_prefill_emulated import _reference_args as _prefill_reference_args
 from tests.ops.test_prefill_emulated import emulate as emulate_prefill  # noqa: F401
+from tests.ops.test_prefill_fuzz_emulated import Place, placer
 from tests.ops.test_prefill_gpu import (
     _cache_of,
     _check,
@@ -69,7 +72,8 @@ class DecodeCase:
     max_ctas: int
     graph: bool  # batch: CUDA-graph mode, planned first for longer requests
     fast_replan: bool  # graph: the case planned by fast_decode_plan over buffers written first
-    nan: str  # tests/ops/nan_inputs.py's draw_nan (drawn last)
+    nan: str  # tests/ops/nan_inputs.py's draw_nan
+    views: str  # "none" or "scattered": q, k/v or the cache's tensors in poisoned buffers
 
 
 def _group(rng: random.Random, head_dim: int) -> int:
@@ -138,6 +142,7 @@ def draw_case(seed: int) -> DecodeCase:
         graph=api == "batch" and rng.random() < 0.3,
         fast_replan=rng.random() < 0.5,
         nan=draw_nan(rng, q_len == 1 and "window_left" not in options),
+        views=rng.choice(("none", "scattered")),  # drawn last: the other knobs stay
     )
     if not case.graph:
         case = dataclasses.replace(case, fast_replan=False)
@@ -148,13 +153,15 @@ def draw_case(seed: int) -> DecodeCase:
     return case
 
 
-def _run(case: DecodeCase, q: torch.Tensor, ks, vs, scales) -> tuple[torch.Tensor, torch.Tensor]:
+def _run(
+    case: DecodeCase, place: Place, q: torch.Tensor, ks, vs, scales
+) -> tuple[torch.Tensor, torch.Tensor]:
     options = dict(case.options)
     tensor_cores = case.tiling is not None
     if case.api == "single":
-        k, v = (_to_layout(t[0], case.layout) for t in (ks, vs))
+        k, v = (place(name, _to_layout(t[0], case.layout)) for name, t in (("k", ks), ("v", vs)))
         out, lse = flashinfer.single_decode_with_kv_cache(
-            q[0],
+            place("q", q[0]),
             k,
             v,
             kv_layout=case.layout,
@@ -165,7 +172,10 @@ def _run(case: DecodeCase, q: torch.Tensor, ks, vs, scales) -> tuple[torch.Tenso
         )
         return out[None], lse[None]
     cache, indptr, indices, last = _paged_kv(ks, vs, case.page_size, case.layout, case.seed)
-    kv = (cache[:, 0], cache[:, 1]) if case.kv_tuple else cache
+    if case.kv_tuple:
+        kv = tuple(place(f"paged_kv_cache[{i}]", cache[:, i]) for i in (0, 1))
+    else:
+        kv = place("paged_kv_cache", cache)
     tables = [(indptr, indices, last)]
     buffers: dict[str, torch.Tensor] = {}
     if case.graph:  # planned first for longer requests, the tables copied into poisoned buffers
@@ -209,7 +219,7 @@ def _run(case: DecodeCase, q: torch.Tensor, ks, vs, scales) -> tuple[torch.Tenso
             **dict(case.split),
         )
     out, lse = torch.full_like(q, math.nan), torch.full(q.shape[:2], math.nan)
-    wrapper.run(q, kv, out=out, lse=lse, return_lse=True, **scales)
+    wrapper.run(place("q", q), kv, out=out, lse=lse, return_lse=True, **scales)
     return out, lse
 
 
@@ -245,7 +255,8 @@ def test_random_decode_case(
     rows = len(case.lens) * case.q_len
     q = torch.randn(rows, case.heads[0], case.head_dim, dtype=case.dtype)
     where = plant_case_nan(case.nan, fuzz_seed, q, (ks, k_ref), (vs, v_ref))
-    out, lse = _run(case, q, ks, vs, scales)
+    inputs = Watched()
+    out, lse = _run(case, placer(case.views, fuzz_seed, inputs), q, ks, vs, scales)
     nan = case.nan != "none"
     try:
         if case.q_len == 1:
@@ -266,6 +277,7 @@ def test_random_decode_case(
                 q, [case.q_len] * len(case.lens), k_ref, v_ref, **_prefill_reference_args(options)
             )
             _check(out, lse, want, equal_nan=nan)
+        inputs.check()
     except AssertionError as err:
         raise AssertionError(f"{case!r} NaN: {where}\n{err}") from None
 
@@ -280,6 +292,12 @@ def test_draws_cover_every_knob() -> None:
     assert len(seen["head_dim"]) == len(HEAD_DIMS) and len(seen["pos_encoding"]) == 3
     assert len(seen["kv_dtype"]) == 3 and len(seen["page_size"]) == len(PAGE_SIZES)
     assert len(seen["layout"]) == 2 and len(seen["kv_tuple"]) == 2
+    scattered = [c for c in cases if c.views == "scattered"]
+    assert {(c.api, c.tiling is None) for c in scattered} == {
+        (api, cuda_cores) for api in ("batch", "single") for cuda_cores in (True, False)
+    }
+    assert {c.kv_tuple for c in scattered if c.api == "batch"} == {True, False}
+    assert len(scattered) < len(cases)
     assert seen["q_len"] == {repr(n) for n in Q_LENS}
     assert {name for c in cases for name, _ in c.options + c.split} == {
         "sm_scale",

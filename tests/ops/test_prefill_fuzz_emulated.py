@@ -3,8 +3,8 @@ tests/ops/test_prefill_emulated.py puts each feature on a few chosen shapes, eac
 draws every knob at once from its seed (API, dtype, head dims, tiling, copy landing and
 thread order, position encoding, fp8 cache, lengths including empty requests and fewer keys
 than queries, GQA group, page size, layout, causal, window, soft cap, scale, custom mask in
-either form, split-KV device size, CUDA-graph mode re-planned after a larger batch), so the
-features' interactions get tried too.
+either form, split-KV device size, CUDA-graph mode re-planned after a larger batch, q and
+K/V as views scattered in poisoned buffers), so the features' interactions get tried too.
 
 ``--fuzz-seeds START:COUNT`` picks the seeds (default 0:6, what CI runs); a failure names its
 case, and ``--fuzz-seeds N:1`` runs seed N alone again."""
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -21,6 +21,7 @@ import torch
 from flashinfer import prefill as prefill_api
 from flashinfer.jit.prefill import HEAD_DIMS, PrefillTiling, accepted_tilings
 from tests.ops.nan_inputs import draw_nan, plant_case_nan
+from tests.ops.strided_memory import Watched
 from tests.ops.test_prefill_emulated import _reference_args, _workspace, emulate  # noqa: F401
 from tests.ops.test_prefill_gpu import (
     NAN,
@@ -61,7 +62,21 @@ class FuzzCase:
     options: tuple[tuple[str, Any], ...]  # plan() / single prefill keywords
     max_ctas: int
     graph: bool  # batch: CUDA-graph mode, planned first for more queries (fixing the grid)
-    nan: str  # tests/ops/nan_inputs.py's draw_nan (drawn last)
+    nan: str  # tests/ops/nan_inputs.py's draw_nan
+    views: str  # "none"; "scattered": q and K/V as views scattered in poisoned buffers;
+    # "pairs": so, and a paged cache as a (k, v) pair, each scattered alone (drawn last)
+
+
+Place = Callable[[str, torch.Tensor], torch.Tensor]  # (name, operand) -> what the call gets
+
+
+def placer(views: str, seed: int, inputs: Watched) -> Place:
+    """Where a case's read-only operands go: as they are (``views`` "none"), or each in its
+    own scattered view (strided_memory.scattered, drawn from the seed and the operand's
+    name) whose buffer ``inputs`` checks after the call."""
+    if views == "none":
+        return lambda name, t: t
+    return lambda name, t: inputs.scattered(name, t, random.Random(f"{seed} {name}"))
 
 
 def _lengths(rng: random.Random, api: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -142,6 +157,7 @@ def draw_case(seed: int) -> FuzzCase:
         max_ctas=rng.choice((1, 2, 6, 24, 132)),
         graph=api != "single" and rng.random() < 0.3,  # drawn after the rest: they stay
         nan=draw_nan(rng, mask == "none" and options.keys().isdisjoint(("causal", "window_left"))),
+        views=rng.choice(("none", "none", "scattered", "pairs")),
     )
 
 
@@ -175,15 +191,17 @@ def _batch_mask_args(masks: list[torch.Tensor] | None, form: str) -> dict[str, t
     return dict(packed_custom_mask=packed)
 
 
-def _run_single(case: FuzzCase, q, ks, vs, masks, scales) -> tuple[torch.Tensor, torch.Tensor]:
+def _run_single(
+    case: FuzzCase, place: Place, q, ks, vs, masks, scales
+) -> tuple[torch.Tensor, torch.Tensor]:
     options = dict(case.options)
     if masks is not None:
         given = masks[0] if case.mask == "bool" else pack_bits_little(masks[0])
         options["custom_mask" if case.mask == "bool" else "packed_custom_mask"] = given
     return prefill_api.single_prefill_with_kv_cache(
         q,
-        _to_layout(ks[0], case.layout),
-        _to_layout(vs[0], case.layout),
+        place("k", _to_layout(ks[0], case.layout)),
+        place("v", _to_layout(vs[0], case.layout)),
         kv_layout=case.layout,
         return_lse=True,
         **options,
@@ -232,7 +250,9 @@ def _first_plan(case: FuzzCase) -> tuple[list[int], list[torch.Tensor] | None]:
     ]
 
 
-def _run_batch(case: FuzzCase, q, ks, vs, masks, scales) -> tuple[torch.Tensor, torch.Tensor]:
+def _run_batch(
+    case: FuzzCase, place: Place, q, ks, vs, masks, scales
+) -> tuple[torch.Tensor, torch.Tensor]:
     common = dict(
         head_dim_vo=case.head_dim_vo,
         q_data_type=case.dtype,
@@ -259,7 +279,8 @@ def _run_batch(case: FuzzCase, q, ks, vs, masks, scales) -> tuple[torch.Tensor, 
             )
         token_dim = 1 if case.layout == "HND" else 0
         run_args: tuple = tuple(
-            torch.cat([_to_layout(t, case.layout) for t in ts], dim=token_dim) for ts in (ks, vs)
+            place(name, torch.cat([_to_layout(t, case.layout) for t in ts], dim=token_dim))
+            for name, ts in (("k", ks), ("v", vs))
         )
     else:
         cache, indptr, indices, last = _paged_kv(ks, vs, case.page_size, case.layout, case.seed)
@@ -279,7 +300,12 @@ def _run_batch(case: FuzzCase, q, ks, vs, masks, scales) -> tuple[torch.Tensor, 
                 **common,
                 **_batch_mask_args(plan_masks, case.mask),
             )
-        run_args = (cache,)
+        if isinstance(cache, torch.Tensor) and case.views == "pairs":
+            cache = (cache[:, 0], cache[:, 1])
+        if isinstance(cache, torch.Tensor):
+            run_args = (place("paged_kv_cache", cache),)
+        else:
+            run_args = (tuple(place(f"paged_kv_cache[{i}]", c) for i, c in enumerate(cache)),)
     out_shape = (*q.shape[:2], case.head_dim_vo or case.head_dim)
     out = torch.full(out_shape, NAN, dtype=q.dtype)
     lse = torch.full(q.shape[:2], NAN)
@@ -314,12 +340,15 @@ def test_random_prefill_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed
     ks, vs, k_ref, v_ref, scales = _cache_of(ks16, vs16, case.kv_dtype)
     masks = _masks(case, torch.Generator().manual_seed(fuzz_seed))
     where = plant_case_nan(case.nan, fuzz_seed, q, (ks, k_ref), (vs, v_ref))
+    inputs = Watched()
+    place = placer(case.views, fuzz_seed, inputs)
     run = _run_single if case.api == "single" else _run_batch
-    out, lse = run(case, q, ks, vs, masks, scales)
+    out, lse = run(case, place, place("q", q), ks, vs, masks, scales)
     reference = _reference_args(dict(case.options))
     want = _expected_batch(q, list(case.qo_lens), k_ref, v_ref, masks, **reference)
     try:
         _check(out, lse, want, equal_nan=case.nan != "none")
+        inputs.check()
     except AssertionError as err:
         raise AssertionError(f"{case!r} NaN: {where}\n{err}") from None
 
@@ -344,6 +373,10 @@ def test_draws_cover_every_knob() -> None:
         "rope_theta",
     }
     assert seen["nan"] == {"'none'", "'key'", "'query'", "'value'"}
+    scattered = [c for c in cases if c.views != "none"]
+    assert {c.api for c in scattered} == {"single", "ragged", "paged"}
+    assert len({c.kv_dtype for c in scattered}) == 3 and len(scattered) < len(cases)
+    assert any(c.views == "pairs" and c.api == "paged" and not c.head_dim_vo for c in cases)
     assert any(0 in c.qo_lens for c in cases) and any(0 in c.kv_lens for c in cases)
     assert any(q > k > 0 for c in cases for q, k in zip(c.qo_lens, c.kv_lens))
     graphs = [c for c in cases if c.graph]
