@@ -342,6 +342,7 @@ def attention(
     mask: torch.Tensor | None = None,
     rope: tuple[float, float] | None = None,
     alibi: bool = False,
+    rope_rounds_q: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One request's attention in float64: q ``[qo_len, Hq, D]``, k ``[kv_len, Hk, D]``, v
     ``[kv_len, Hk, Dv]`` (Dv may differ from D: MLA prefill); qo head h reads kv head
@@ -349,7 +350,9 @@ def attention(
 
     ``rope = (rope_scale, rope_theta)``: pos_encoding_mode "ROPE_LLAMA", query i rotated at
     position ``i + kv_len - qo_len`` and key j at ``j`` (halves paired, not interleaved), the
-    rotated values rounded to the inputs' dtype as the kernels keep them. ``alibi``:
+    rotated keys rounded to the inputs' dtype as the kernels keep them, and the rotated
+    queries too unless ``rope_rounds_q`` is False (the CUDA-core decode kernel keeps its
+    query in float32 registers; prefill rotates Q in shared memory). ``alibi``:
     pos_encoding_mode "ALIBI", head h's slope (:func:`alibi_slopes`) times ``j - i`` added to
     the scaled score of query i and key j, i the query's index in the request (not aligned
     bottom-right: the reference's convention, which shifts the LSE, not the output).
@@ -367,8 +370,8 @@ def attention(
     if rope is not None:
         freq = rope_frequencies(dim, *rope).to(q.device)
         positions = torch.arange(qo_len, device=q.device) + (kv_len - qo_len)
-        q = _rotated(q, positions, freq)
         k = _rotated(k, torch.arange(kv_len, device=q.device), freq)
+        q = _rotated(q, positions, freq, rounded=rope_rounds_q)
     scale = dim**-0.5 if sm_scale is None else sm_scale
     kd, vd = k.double(), v.double()
     out = torch.zeros(qo_len, heads, dim_vo, dtype=torch.float64, device=q.device)
@@ -411,11 +414,14 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.cat([first, rest])
 
 
-def _rotated(x: torch.Tensor, positions: torch.Tensor, freq: torch.Tensor) -> torch.Tensor:
+def _rotated(
+    x: torch.Tensor, positions: torch.Tensor, freq: torch.Tensor, rounded: bool = True
+) -> torch.Tensor:
     """x rotated (Llama RoPE) at ``positions``, angles in float32 as the kernels form them,
-    rounded back to x's dtype."""
+    rounded back to x's dtype (``rounded``) or kept in float64."""
     angles = positions.float()[:, None] * freq[None, :]
-    return rope(x, angles, interleave=False).to(x.dtype)
+    rotated = rope(x, angles, interleave=False)
+    return rotated.to(x.dtype) if rounded else rotated
 
 
 def decode_attention(
@@ -427,10 +433,12 @@ def decode_attention(
     window_left: int = -1,
     rope: tuple[float, float] | None = None,
     alibi: bool = False,
+    rope_rounds_q: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One decode step: :func:`attention` of q ``[Hq, D]`` (one query token, at position
     ``kv_len - 1`` under ``rope``, index 0 under ``alibi``) over k, v ``[kv_len, Hk, D]``;
-    returns (out ``[Hq, D]``, base-2 lse ``[Hq]``)."""
+    returns (out ``[Hq, D]``, base-2 lse ``[Hq]``). ``rope_rounds_q``: as :func:`attention`'s
+    (False for the CUDA-core decode kernel, True for tensor-core decode)."""
     out, lse = attention(
         q[None],
         k,
@@ -440,6 +448,7 @@ def decode_attention(
         soft_cap=soft_cap,
         rope=rope,
         alibi=alibi,
+        rope_rounds_q=rope_rounds_q,
     )
     return out[0], lse[0]
 

@@ -1041,13 +1041,17 @@ def check_decoded(
     equal_nan: bool = False,
 ) -> None:
     """Each request's output and LSE against the float64 reference (``rope``: (rope_scale,
-    rope_theta) of pos_encoding_mode "ROPE_LLAMA"; ``alibi``: "ALIBI"; ``equal_nan``: NaN
-    exactly where the reference has it); a request without keys gives zeros and -inf."""
+    rope_theta) of pos_encoding_mode "ROPE_LLAMA", the rotated query rounded to q's dtype as
+    tensor cores take it, not as the CUDA-core kernel keeps it; ``alibi``: "ALIBI";
+    ``equal_nan``: NaN exactly where the reference has it); a request without keys gives
+    zeros and -inf."""
     for b, (k, v) in enumerate(zip(ks, vs)):
         if k.shape[0] == 0:
             assert (out[b] == 0).all() and (lse[b] == -math.inf).all(), b
             continue
-        want, want_lse = reference_decode(q[b], k, v, scale, cap, window, rope, alibi)
+        want, want_lse = reference_decode(
+            q[b], k, v, scale, cap, window, rope, alibi, rope_rounds_q=tensor_cores
+        )
         assert_output_close(
             out[b],
             want,

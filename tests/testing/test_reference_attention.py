@@ -67,6 +67,36 @@ def test_decode_is_attention_of_one_query() -> None:
     assert torch.equal(out, full_out[0]) and torch.equal(lse, full_lse[0])
 
 
+@pytest.mark.parametrize("rounds_q", [True, False])
+def test_rope_rotates_then_rounds_the_keys_and_the_query_where_asked(rounds_q: bool) -> None:
+    """Query i at position i + kv_len - qo_len, key j at j, both rotated in float64 from
+    float32 angles; the keys come back in their dtype, the query too unless
+    ``rope_rounds_q`` is False (the CUDA-core decode kernel keeps it in float32)."""
+    torch.manual_seed(3)
+    q = torch.randn(2, 4, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(9, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    freq = reference.rope_frequencies(64, 2.0, 5e5)
+
+    def rotated(x: torch.Tensor, positions: range) -> torch.Tensor:
+        angles = torch.tensor(positions, dtype=torch.float32)[:, None] * freq[None, :]
+        return reference.rope(x, angles, interleave=False)
+
+    q_rot = rotated(q, range(7, 9))
+    want = reference.attention(
+        q_rot.to(q.dtype) if rounds_q else q_rot,
+        rotated(k, range(9)).to(k.dtype),
+        v,
+        causal=True,
+    )
+    got = reference.attention(q, k, v, causal=True, rope=(2.0, 5e5), rope_rounds_q=rounds_q)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    other = reference.attention(q, k, v, causal=True, rope=(2.0, 5e5), rope_rounds_q=not rounds_q)
+    assert not torch.equal(other[1], got[1])  # the query's rounding shows in the LSE
+    one = reference.decode_attention(q[1], k, v, 0.1, rope=(2.0, 5e5), rope_rounds_q=rounds_q)
+    full = reference.attention(q[1:], k, v, sm_scale=0.1, rope=(2.0, 5e5), rope_rounds_q=rounds_q)
+    assert torch.equal(one[0], full[0][0]) and torch.equal(one[1], full[1][0])
+
+
 def test_merging_states_over_no_keys() -> None:
     """A state over no keys (s = -inf) weighs nothing; merging only such states gives zeros
     and -inf (the merge kernels' convention), not NaN."""
