@@ -2,7 +2,8 @@
 every registered module, every bfloat16 prefill tiling (the per-tiling tests and
 ``bench_prefill.py --tilings all`` load them), every prefill build at the tiling of the
 GPU tests' "other-tiling" runs, and the builds only tests load (fp8 caches with ALiBi,
-fp8 page appends, the debug module); a GPU test builds what it lacks one module at a time.
+fp8 page appends, the debug module, the random attention cases' GPU runs); a GPU test
+builds what it lacks one module at a time.
 
 Only what the layer lacks is built: a module already there is kept when its library loads
 with every symbol bound (RTLD_NOW: a lazily bound one would kill a test process at its
@@ -17,6 +18,7 @@ Usage: python scripts/gpu_modules.py OUT_DIR
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 import shutil
 import sys
@@ -36,6 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.debug.debug_module import debug_spec  # noqa: E402
 from tests.ops.test_decode import FP8_CASES  # noqa: E402
 from tests.ops.test_prefill_gpu import OTHER_TILINGS  # noqa: E402
+
+RANDOM_CASES = ("prefill", "decode", "cascade")  # tests/ops/test_*_fuzz_emulated.py: GPU tests
 
 ARCHS = "9.0a"
 
@@ -68,6 +72,8 @@ def wanted() -> list[tuple[str, JitSpec]]:
     pairs = [(op, spec) for op in registered_ops() for spec in specs_for([op])]
     pairs += [("prefill", spec) for spec in tiling_specs()]
     pairs += other_tiling_specs() + test_only_specs()
+    for family in RANDOM_CASES:
+        pairs += importlib.import_module(f"tests.ops.test_{family}_fuzz_emulated").gpu_specs()
     first: dict[str, tuple[str, JitSpec]] = {}
     for op, spec in pairs:
         first.setdefault(spec.name, (op, spec))

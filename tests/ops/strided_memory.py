@@ -114,17 +114,17 @@ def scattered(values: torch.Tensor, rng: random.Random) -> tuple[torch.Tensor, t
         strides[dim] = extent
         extent *= max(shape[dim], 1)
     offset = vec * rng.randint(0, 2)
-    buffer = poison(values.dtype, offset + extent + vec)
+    buffer = poison(values.dtype, offset + extent + vec, values.device)
     view = buffer.as_strided(shape, strides, offset)
     view.copy_(values)
     return buffer, view
 
 
-def poison(dtype: torch.dtype, n: int) -> torch.Tensor:
+def poison(dtype: torch.dtype, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """``n`` NaNs (fp8 e4m3: 0x7f): an element a kernel should write and skips stays NaN."""
     if dtype == torch.float8_e4m3fn:
-        return torch.full((n,), 0x7F, dtype=torch.uint8).view(dtype)
-    return torch.full((n,), float("nan"), dtype=dtype)
+        return torch.full((n,), 0x7F, dtype=torch.uint8, device=device).view(dtype)
+    return torch.full((n,), float("nan"), dtype=dtype, device=device)
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -141,8 +141,9 @@ class Watched:
 
     def add(self, name: str, buffer: torch.Tensor, keep: torch.Tensor | None = None) -> None:
         """``keep``: a mask of the elements to check (None: all of them)."""
-        mask = torch.ones(buffer.numel(), dtype=torch.bool) if keep is None else keep
-        self.entries.append((name, buffer, buffer.clone(), mask))
+        if keep is None:
+            keep = torch.ones(buffer.numel(), dtype=torch.bool, device=buffer.device)
+        self.entries.append((name, buffer, buffer.clone(), keep))
 
     def scattered(self, name: str, values: torch.Tensor, rng: random.Random) -> torch.Tensor:
         """``values`` in a view from :func:`scattered`, whose whole buffer must keep its bits

@@ -13,7 +13,8 @@ poisoned buffers.
 The expected output is the reference's semantics: each level a batch prefill of its own
 (``causal`` on the last level only; windows, RoPE and ALiBi positions counted within the
 level's keys), the levels' states merged in base 2. ``--fuzz-seeds START:COUNT`` picks the
-seeds (default 0:6)."""
+seeds (default 0:6). On a GPU, the cases of GPU_SEEDS run through the built modules at the
+default tilings."""
 
 from __future__ import annotations
 
@@ -28,18 +29,26 @@ import torch
 from flashinfer import cascade as cascade_api
 from flashinfer import prefill as prefill_api
 from flashinfer.cascade import MultiLevelCascadeAttentionWrapper
-from flashinfer.jit.prefill import HEAD_DIMS, PrefillTiling, accepted_tilings
+from flashinfer.jit.core import JitSpec
+from flashinfer.jit.prefill import (
+    HEAD_DIMS,
+    PrefillTiling,
+    accepted_tilings,
+    gen_prefill_module,
+    prefill_tiling,
+)
 from flashinfer.testing.reference import attention as reference_attention
 from flashinfer.testing.reference import merge_state
 from tests.ops.nan_inputs import draw_nan, plant_case_nan
 from tests.ops.strided_memory import Watched
 from tests.ops.test_cascade_emulated import _module as cascade_module
-from tests.ops.test_prefill_emulated import _reference_args, _workspace, emulate  # noqa: F401
-from tests.ops.test_prefill_fuzz_emulated import draw_score_options, placer
+from tests.ops.test_prefill_emulated import _reference_args, emulate  # noqa: F401
+from tests.ops.test_prefill_fuzz_emulated import _workspace, draw_score_options, placer
 from tests.ops.test_prefill_gpu import _indptr, _kv_data, _paged_kv, _tolerance
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 PAGE_SIZES = (1, 2, 3, 5, 8, 16, 31, 64)
+GPU_SEEDS = range(16)  # a few seconds; the modules are in the GPU pass's prebuilt layer
 
 # a level: its nodes as (requests sharing the node, the node's KV length)
 Level = tuple[tuple[int, int], ...]
@@ -152,17 +161,19 @@ def _plan_tables(
     return tables
 
 
-def _graph_wrapper(case: CascadeCase, indices: torch.Tensor) -> MultiLevelCascadeAttentionWrapper:
+def _graph_wrapper(
+    case: CascadeCase, indices: torch.Tensor, device: torch.device
+) -> MultiLevelCascadeAttentionWrapper:
     """A CUDA-graph-mode wrapper, each level's buffers poisoned with -7 (plan() must write
     what the kernels read), its page-index buffer 3 entries longer than the level needs."""
 
     def poisoned(n: int) -> torch.Tensor:
-        return torch.full((n,), -7, dtype=torch.int32)
+        return torch.full((n,), -7, dtype=torch.int32, device=device)
 
     nodes = [len(level) for level in case.levels]
     return MultiLevelCascadeAttentionWrapper(
         len(case.levels),
-        _workspace(),
+        _workspace(device),
         case.layout,
         use_cuda_graph=True,
         qo_indptr_buf_arr=[poisoned(n + 1) for n in nodes],
@@ -187,8 +198,8 @@ def _expected(
     row no level's key reaches gives zeros)."""
     options = dict(case.options)
     causal = options.pop("causal", False)
-    out = torch.zeros(*q.shape[:2], case.head_dim, dtype=torch.float64)
-    lse = torch.full(q.shape[:2], -math.inf, dtype=torch.float64)
+    out = torch.zeros(*q.shape[:2], case.head_dim, dtype=torch.float64, device=q.device)
+    lse = torch.full(q.shape[:2], -math.inf, dtype=torch.float64, device=q.device)
     node = 0
     for index, level in enumerate(case.levels):
         is_last = index == len(case.levels) - 1
@@ -201,34 +212,33 @@ def _expected(
     return out
 
 
-def test_random_cascade_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed: int) -> None:  # noqa: F811
-    case = draw_case(fuzz_seed)
-    emulate(
-        case.dtype,
-        case.head_dim,
-        case.tiling,
-        case.land_at_issue,
-        case.reverse,
-        case.pos_encoding,
-        case.kv_dtype,
-    )
-    monkeypatch.setattr(cascade_api, "get_cascade_module", cascade_module)
+def _on_device(case: CascadeCase, monkeypatch: pytest.MonkeyPatch) -> None:
+    """plan() schedules for a device of the case's ``max_ctas`` CTAs."""
     monkeypatch.setattr(prefill_api, "_max_ctas", lambda *a: case.max_ctas)
     monkeypatch.setattr(prefill_api, "get_device_sm_count", lambda device: case.max_ctas)
-    torch.manual_seed(fuzz_seed)
+
+
+def run_case(case: CascadeCase, device: str) -> None:
+    """The case's call on ``device`` against the float64 reference; the modules behind the
+    wrapper are the caller's (emulated on the CPU, built on a GPU)."""
+    torch.manual_seed(case.seed)
     node_lens = [n for level in case.levels for _, n in level]
-    ks, vs = _kv_data(node_lens, case.heads[1], case.head_dim, case.dtype, "cpu")
+    ks, vs = _kv_data(node_lens, case.heads[1], case.head_dim, case.dtype, device)
     if case.kv_dtype is not None:  # run() takes no scales: the cache holds the values
         ks, vs = [k.to(case.kv_dtype) for k in ks], [v.to(case.kv_dtype) for v in vs]
-    q = torch.randn(sum(case.qo_lens), case.heads[0], case.head_dim, dtype=case.dtype)
-    where = plant_case_nan(case.nan, fuzz_seed, q, (ks, ks), (vs, vs))  # the reference's too
+    q = torch.randn(
+        sum(case.qo_lens), case.heads[0], case.head_dim, dtype=case.dtype, device=device
+    )
+    where = plant_case_nan(case.nan, case.seed, q, (ks, ks), (vs, vs))  # the reference's too
     cache, indptr, indices, last = _paged_kv(ks, vs, case.page_size, case.layout, case.seed)
 
     if case.graph:
-        wrapper = _graph_wrapper(case, indices)
+        wrapper = _graph_wrapper(case, indices, q.device)
         plans = [_first_plan(case), case]
     else:
-        wrapper = MultiLevelCascadeAttentionWrapper(len(case.levels), _workspace(), case.layout)
+        wrapper = MultiLevelCascadeAttentionWrapper(
+            len(case.levels), _workspace(q.device), case.layout
+        )
         plans = [case]
     for plan in plans:
         wrapper.plan(
@@ -241,7 +251,7 @@ def test_random_cascade_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed
             **dict(case.options),
         )
     inputs = Watched()
-    place = placer(case.views, fuzz_seed, inputs)
+    place = placer(case.views, case.seed, inputs)
     if case.kv_tuple:
         kv = tuple(place(f"paged_kv_cache[{i}]", cache[:, i]) for i in (0, 1))
     else:
@@ -256,6 +266,48 @@ def test_random_cascade_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed
         inputs.check()
     except AssertionError as err:
         raise AssertionError(f"{case!r} NaN: {where}\n{err}") from None
+
+
+def test_random_cascade_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed: int) -> None:  # noqa: F811
+    case = draw_case(fuzz_seed)
+    emulate(
+        case.dtype,
+        case.head_dim,
+        case.tiling,
+        case.land_at_issue,
+        case.reverse,
+        case.pos_encoding,
+        case.kv_dtype,
+    )
+    monkeypatch.setattr(cascade_api, "get_cascade_module", cascade_module)
+    _on_device(case, monkeypatch)
+    run_case(case, "cpu")
+
+
+def gpu_case(seed: int) -> CascadeCase:
+    """Seed's case as the GPU test runs it: at the prefill build's default tiling (the
+    emulator's schedule knobs mean nothing there)."""
+    case = draw_case(seed)
+    return dataclasses.replace(
+        case, tiling=prefill_tiling(case.head_dim, case.kv_dtype is not None)
+    )
+
+
+def gpu_specs() -> list[tuple[str, JitSpec]]:
+    """(op, spec) of the prefill builds GPU_SEEDS' cases load (scripts/gpu_modules.py builds
+    them; the merge's is registered)."""
+    return [
+        ("prefill", gen_prefill_module(c.dtype, c.head_dim, None, c.pos_encoding, c.kv_dtype))
+        for c in map(draw_case, GPU_SEEDS)
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", GPU_SEEDS)
+def test_random_cascade_case_on_gpu(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    case = gpu_case(seed)
+    _on_device(case, monkeypatch)
+    run_case(case, "cuda")
 
 
 def test_draws_cover_every_knob() -> None:

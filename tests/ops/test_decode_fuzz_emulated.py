@@ -9,7 +9,8 @@ split (the planner's on a device of some size, a fixed split or none), CUDA-grap
 re-planned after longer requests (by plan(), or as engines do it: the buffers written, then
 fast_decode_plan), and q and the cache (each of a pair alone) as views scattered in
 poisoned buffers.
-``--fuzz-seeds START:COUNT`` picks the seeds (default 0:6)."""
+``--fuzz-seeds START:COUNT`` picks the seeds (default 0:6). On a GPU, the cases of GPU_SEEDS
+run through the built modules (tensor cores: the prefill build at its default tiling)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,14 @@ import flashinfer
 from flashinfer import decode as decode_api
 from flashinfer import prefill as prefill_api
 from flashinfer.decode import fast_decode_plan
-from flashinfer.jit.prefill import PrefillTiling, accepted_tilings
+from flashinfer.jit.core import JitSpec
+from flashinfer.jit.decode import gen_decode_module
+from flashinfer.jit.prefill import (
+    PrefillTiling,
+    accepted_tilings,
+    gen_prefill_module,
+    prefill_tiling,
+)
 from tests.ops.nan_inputs import draw_nan, plant_case_nan
 from tests.ops.strided_memory import Watched
 from tests.ops.test_decode import _reference_args, check_decoded
@@ -48,6 +56,7 @@ FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 PAGE_SIZES = (1, 2, 3, 5, 8, 16, 31, 64)
 HEAD_DIMS = (64, 128, 256)
 Q_LENS = (1, 1, 2, 3, 5)  # tensor-core batch decode's q_len_per_req
+GPU_SEEDS = range(24)  # a few seconds; the modules are in the GPU pass's prebuilt layer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,6 +180,7 @@ def _run(
             **scales,
         )
         return out[None], lse[None]
+    device = q.device
     cache, indptr, indices, last = _paged_kv(ks, vs, case.page_size, case.layout, case.seed)
     if case.kv_tuple:
         kv = tuple(place(f"paged_kv_cache[{i}]", cache[:, i]) for i in (0, 1))
@@ -185,15 +195,18 @@ def _run(
         generator = torch.Generator().manual_seed(case.seed + 1)
         tables.insert(0, _page_table(first_lens, case.page_size, pages, generator))
         batch = len(case.lens)
-        buffers = dict(
-            paged_kv_indptr_buffer=torch.full((batch + 1,), -7, dtype=torch.int32),
-            paged_kv_indices_buffer=torch.full((pages + 3,), -7, dtype=torch.int32),
-            paged_kv_last_page_len_buffer=torch.full((batch,), -7, dtype=torch.int32),
-        )
+        buffers = {
+            name: torch.full((n,), -7, dtype=torch.int32, device=device)
+            for name, n in (
+                ("paged_kv_indptr_buffer", batch + 1),
+                ("paged_kv_indices_buffer", pages + 3),
+                ("paged_kv_last_page_len_buffer", batch),
+            )
+        }
     # CUDA-graph mode keeps partial states for as many KV chunks as the GPU holds: 128 MiB, as
     # engines give it
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-        torch.empty((128 if case.graph else 16) << 20, dtype=torch.uint8),
+        torch.empty((128 if case.graph else 16) << 20, dtype=torch.uint8, device=device),
         kv_layout=case.layout,
         use_cuda_graph=case.graph,
         use_tensor_cores=tensor_cores,
@@ -218,17 +231,23 @@ def _run(
             **options,
             **dict(case.split),
         )
-    out, lse = torch.full_like(q, math.nan), torch.full(q.shape[:2], math.nan)
+    out, lse = torch.full_like(q, math.nan), torch.full(q.shape[:2], math.nan, device=device)
     wrapper.run(place("q", q), kv, out=out, lse=lse, return_lse=True, **scales)
     return out, lse
+
+
+def _on_device(case: DecodeCase, monkeypatch: pytest.MonkeyPatch) -> None:
+    """plan() schedules for a device of the case's ``max_ctas`` CTAs."""
+    for api in (decode_api, prefill_api):
+        monkeypatch.setattr(api, "_max_ctas", lambda *a: case.max_ctas)
+        monkeypatch.setattr(api, "get_device_sm_count", lambda device: case.max_ctas)
 
 
 def _emulate(
     case: DecodeCase, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The case's module emulated behind the APIs: the CUDA-core decode build, or the prefill
-    build at the case's tiling (the decode build then never reached), on a device of
-    ``max_ctas`` CTAs."""
+    build at the case's tiling (the decode build then never reached)."""
     knobs = (case.land_at_issue, case.reverse, case.pos_encoding, case.kv_dtype)
     if case.tiling is None:
         request.getfixturevalue("emulate_decode")(case.dtype, case.head_dim, *knobs)
@@ -239,24 +258,19 @@ def _emulate(
             raise AssertionError("tensor-core decode reached the CUDA-core decode kernel")
 
         monkeypatch.setattr(decode_api, "get_decode_module", refuse)
-    for api in (decode_api, prefill_api):
-        monkeypatch.setattr(api, "_max_ctas", lambda *a: case.max_ctas)
-        monkeypatch.setattr(api, "get_device_sm_count", lambda device: case.max_ctas)
 
 
-def test_random_decode_case(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, fuzz_seed: int
-) -> None:
-    case = draw_case(fuzz_seed)
-    _emulate(case, request, monkeypatch)
-    torch.manual_seed(fuzz_seed)
-    ks16, vs16 = _kv_data(list(case.lens), case.heads[1], case.head_dim, case.dtype, "cpu")
+def run_case(case: DecodeCase, device: str) -> None:
+    """The case's call on ``device`` against the float64 reference; the module behind the
+    APIs is the caller's (emulated on the CPU, built on a GPU)."""
+    torch.manual_seed(case.seed)
+    ks16, vs16 = _kv_data(list(case.lens), case.heads[1], case.head_dim, case.dtype, device)
     ks, vs, k_ref, v_ref, scales = _cache_of(ks16, vs16, case.kv_dtype)
     rows = len(case.lens) * case.q_len
-    q = torch.randn(rows, case.heads[0], case.head_dim, dtype=case.dtype)
-    where = plant_case_nan(case.nan, fuzz_seed, q, (ks, k_ref), (vs, v_ref))
+    q = torch.randn(rows, case.heads[0], case.head_dim, dtype=case.dtype, device=device)
+    where = plant_case_nan(case.nan, case.seed, q, (ks, k_ref), (vs, v_ref))
     inputs = Watched()
-    out, lse = _run(case, placer(case.views, fuzz_seed, inputs), q, ks, vs, scales)
+    out, lse = _run(case, placer(case.views, case.seed, inputs), q, ks, vs, scales)
     nan = case.nan != "none"
     try:
         if case.q_len == 1:
@@ -280,6 +294,47 @@ def test_random_decode_case(
         inputs.check()
     except AssertionError as err:
         raise AssertionError(f"{case!r} NaN: {where}\n{err}") from None
+
+
+def test_random_decode_case(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, fuzz_seed: int
+) -> None:
+    case = draw_case(fuzz_seed)
+    _emulate(case, request, monkeypatch)
+    _on_device(case, monkeypatch)
+    run_case(case, "cpu")
+
+
+def gpu_case(seed: int) -> DecodeCase:
+    """Seed's case as the GPU test runs it: a tensor-core case at the prefill build's
+    default tiling (the emulator's schedule knobs mean nothing there)."""
+    case = draw_case(seed)
+    if case.tiling is None:
+        return case
+    return dataclasses.replace(
+        case, tiling=prefill_tiling(case.head_dim, case.kv_dtype is not None)
+    )
+
+
+def gpu_specs() -> list[tuple[str, JitSpec]]:
+    """(op, spec) of the builds GPU_SEEDS' cases load (scripts/gpu_modules.py builds them):
+    the CUDA-core decode build, or the prefill build tensor cores run."""
+    specs = []
+    for c in map(draw_case, GPU_SEEDS):
+        knobs = (c.dtype, c.head_dim, c.pos_encoding, c.kv_dtype)
+        if c.tiling is None:
+            specs.append(("decode", gen_decode_module(*knobs)))
+        else:
+            specs.append(("prefill", gen_prefill_module(*knobs[:2], None, *knobs[2:])))
+    return specs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", GPU_SEEDS)
+def test_random_decode_case_on_gpu(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    case = gpu_case(seed)
+    _on_device(case, monkeypatch)
+    run_case(case, "cuda")
 
 
 def test_draws_cover_every_knob() -> None:

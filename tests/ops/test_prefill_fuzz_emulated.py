@@ -7,7 +7,8 @@ either form, split-KV device size, CUDA-graph mode re-planned after a larger bat
 K/V as views scattered in poisoned buffers), so the features' interactions get tried too.
 
 ``--fuzz-seeds START:COUNT`` picks the seeds (default 0:6, what CI runs); a failure names its
-case, and ``--fuzz-seeds N:1`` runs seed N alone again."""
+case, and ``--fuzz-seeds N:1`` runs seed N alone again. On a GPU, the cases of GPU_SEEDS run
+through the built modules at their default tilings."""
 
 from __future__ import annotations
 
@@ -19,10 +20,17 @@ import pytest
 import torch
 
 from flashinfer import prefill as prefill_api
-from flashinfer.jit.prefill import HEAD_DIMS, PrefillTiling, accepted_tilings
+from flashinfer.jit.core import JitSpec
+from flashinfer.jit.prefill import (
+    HEAD_DIMS,
+    PrefillTiling,
+    accepted_tilings,
+    gen_prefill_module,
+    prefill_tiling,
+)
 from tests.ops.nan_inputs import draw_nan, plant_case_nan
 from tests.ops.strided_memory import Watched
-from tests.ops.test_prefill_emulated import _reference_args, _workspace, emulate  # noqa: F401
+from tests.ops.test_prefill_emulated import _reference_args, emulate  # noqa: F401
 from tests.ops.test_prefill_gpu import (
     NAN,
     _batch_data,
@@ -37,6 +45,7 @@ from tests.ops.test_prefill_gpu import (
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 PAGE_SIZES = (1, 2, 3, 5, 8, 16, 31, 64)
+GPU_SEEDS = range(24)  # a few seconds; the modules are in the GPU pass's prebuilt layer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +192,7 @@ def _batch_mask_args(masks: list[torch.Tensor] | None, form: str) -> dict[str, t
     if form == "bool":
         return dict(custom_mask=torch.cat([m.flatten() for m in masks]))
     offsets = _indptr([m.numel() for m in masks]).tolist()
-    packed = torch.zeros(max(offsets[-1], 1), dtype=torch.uint8)
+    packed = torch.zeros(max(offsets[-1], 1), dtype=torch.uint8, device=masks[0].device)
     for start, m in zip(offsets, masks):
         if m.numel():
             bits = pack_bits_little(m)
@@ -209,14 +218,20 @@ def _run_single(
     )
 
 
-def _graph_wrapper(case: FuzzCase, first_qo: list[int], pages: int | None) -> Any:
+def _workspace(device: torch.device) -> torch.Tensor:
+    return torch.empty(16 << 20, dtype=torch.uint8, device=device)
+
+
+def _graph_wrapper(
+    case: FuzzCase, first_qo: list[int], pages: int | None, device: torch.device
+) -> Any:
     """A CUDA-graph-mode wrapper, paged over a page table of ``pages`` entries (None:
     ragged), its buffers poisoned with -7 (plan() must write what the kernel reads), the
     mask buffer large enough for the first plan's masks."""
     batch = len(case.qo_lens)
 
     def poisoned(n: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
-        return torch.full((n,), -7 if dtype == torch.int32 else 0xF9, dtype=dtype)
+        return torch.full((n,), -7 if dtype == torch.int32 else 0xF9, dtype=dtype, device=device)
 
     mask_bytes = sum(q * k for q, k in zip(first_qo, case.kv_lens)) + 16
     buffers = dict(
@@ -234,7 +249,7 @@ def _graph_wrapper(case: FuzzCase, first_qo: list[int], pages: int | None) -> An
     else:
         wrapper_type = prefill_api.BatchPrefillWithRaggedKVCacheWrapper
         buffers.update(kv_indptr_buf=poisoned(batch + 1))
-    return wrapper_type(_workspace(), case.layout, use_cuda_graph=True, **buffers)
+    return wrapper_type(_workspace(device), case.layout, use_cuda_graph=True, **buffers)
 
 
 def _first_plan(case: FuzzCase) -> tuple[list[int], list[torch.Tensor] | None]:
@@ -259,15 +274,18 @@ def _run_batch(
         kv_data_type=case.kv_dtype or case.dtype,
         **dict(case.options),
     )
+    device = q.device
     plans = [(list(case.qo_lens), masks)]
     if case.graph:
         plans.insert(0, _first_plan(case))
     if case.api == "ragged":
         kv_indptr = _indptr(list(case.kv_lens))
         if case.graph:
-            wrapper = _graph_wrapper(case, plans[0][0], None)
+            wrapper = _graph_wrapper(case, plans[0][0], None, device)
         else:
-            wrapper = prefill_api.BatchPrefillWithRaggedKVCacheWrapper(_workspace(), case.layout)
+            wrapper = prefill_api.BatchPrefillWithRaggedKVCacheWrapper(
+                _workspace(device), case.layout
+            )
         for qo_lens, plan_masks in plans:
             wrapper.plan(
                 _indptr(qo_lens),
@@ -285,9 +303,11 @@ def _run_batch(
     else:
         cache, indptr, indices, last = _paged_kv(ks, vs, case.page_size, case.layout, case.seed)
         if case.graph:
-            wrapper = _graph_wrapper(case, plans[0][0], indices.numel())
+            wrapper = _graph_wrapper(case, plans[0][0], indices.numel(), device)
         else:
-            wrapper = prefill_api.BatchPrefillWithPagedKVCacheWrapper(_workspace(), case.layout)
+            wrapper = prefill_api.BatchPrefillWithPagedKVCacheWrapper(
+                _workspace(device), case.layout
+            )
         for qo_lens, plan_masks in plans:
             wrapper.plan(
                 _indptr(qo_lens),
@@ -307,10 +327,47 @@ def _run_batch(
         else:
             run_args = (tuple(place(f"paged_kv_cache[{i}]", c) for i, c in enumerate(cache)),)
     out_shape = (*q.shape[:2], case.head_dim_vo or case.head_dim)
-    out = torch.full(out_shape, NAN, dtype=q.dtype)
-    lse = torch.full(q.shape[:2], NAN)
+    out = torch.full(out_shape, NAN, dtype=q.dtype, device=device)
+    lse = torch.full(q.shape[:2], NAN, device=device)
     wrapper.run(q, *run_args, out=out, lse=lse, return_lse=True, **scales)
     return out, lse
+
+
+def run_case(case: FuzzCase, device: str) -> None:
+    """The case's call on ``device`` against the float64 reference; the module behind the
+    APIs is the caller's (emulated on the CPU, built on a GPU)."""
+    torch.manual_seed(case.seed)
+    q, ks16, vs16 = _batch_data(
+        list(case.qo_lens),
+        list(case.kv_lens),
+        *case.heads,
+        case.head_dim,
+        case.dtype,
+        device=device,
+        head_dim_vo=case.head_dim_vo,
+    )
+    ks, vs, k_ref, v_ref, scales = _cache_of(ks16, vs16, case.kv_dtype)
+    masks = _masks(case, torch.Generator().manual_seed(case.seed))
+    if masks is not None:
+        masks = [m.to(device) for m in masks]
+    where = plant_case_nan(case.nan, case.seed, q, (ks, k_ref), (vs, v_ref))
+    inputs = Watched()
+    place = placer(case.views, case.seed, inputs)
+    run = _run_single if case.api == "single" else _run_batch
+    out, lse = run(case, place, place("q", q), ks, vs, masks, scales)
+    reference = _reference_args(dict(case.options))
+    want = _expected_batch(q, list(case.qo_lens), k_ref, v_ref, masks, **reference)
+    try:
+        _check(out, lse, want, equal_nan=case.nan != "none")
+        inputs.check()
+    except AssertionError as err:
+        raise AssertionError(f"{case!r} NaN: {where}\n{err}") from None
+
+
+def _on_device(case: FuzzCase, monkeypatch: pytest.MonkeyPatch) -> None:
+    """plan() schedules for a device of the case's ``max_ctas`` CTAs."""
+    monkeypatch.setattr(prefill_api, "_max_ctas", lambda *a: case.max_ctas)
+    monkeypatch.setattr(prefill_api, "get_device_sm_count", lambda device: case.max_ctas)
 
 
 def test_random_prefill_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed: int) -> None:  # noqa: F811
@@ -325,32 +382,37 @@ def test_random_prefill_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed
         case.kv_dtype,
         case.head_dim_vo,
     )
-    monkeypatch.setattr(prefill_api, "_max_ctas", lambda *a: case.max_ctas)
-    monkeypatch.setattr(prefill_api, "get_device_sm_count", lambda device: case.max_ctas)
-    torch.manual_seed(fuzz_seed)
-    q, ks16, vs16 = _batch_data(
-        list(case.qo_lens),
-        list(case.kv_lens),
-        *case.heads,
-        case.head_dim,
-        case.dtype,
-        device="cpu",
-        head_dim_vo=case.head_dim_vo,
-    )
-    ks, vs, k_ref, v_ref, scales = _cache_of(ks16, vs16, case.kv_dtype)
-    masks = _masks(case, torch.Generator().manual_seed(fuzz_seed))
-    where = plant_case_nan(case.nan, fuzz_seed, q, (ks, k_ref), (vs, v_ref))
-    inputs = Watched()
-    place = placer(case.views, fuzz_seed, inputs)
-    run = _run_single if case.api == "single" else _run_batch
-    out, lse = run(case, place, place("q", q), ks, vs, masks, scales)
-    reference = _reference_args(dict(case.options))
-    want = _expected_batch(q, list(case.qo_lens), k_ref, v_ref, masks, **reference)
-    try:
-        _check(out, lse, want, equal_nan=case.nan != "none")
-        inputs.check()
-    except AssertionError as err:
-        raise AssertionError(f"{case!r} NaN: {where}\n{err}") from None
+    _on_device(case, monkeypatch)
+    run_case(case, "cpu")
+
+
+def gpu_case(seed: int) -> FuzzCase:
+    """Seed's case as the GPU test runs it: at the module's default tiling (the emulator's
+    schedule knobs mean nothing there)."""
+    case = draw_case(seed)
+    fp8 = case.kv_dtype is not None
+    return dataclasses.replace(case, tiling=prefill_tiling(case.head_dim, fp8, case.head_dim_vo))
+
+
+def gpu_specs() -> list[tuple[str, JitSpec]]:
+    """(op, spec) of the builds GPU_SEEDS' cases load (scripts/gpu_modules.py builds them)."""
+    return [
+        (
+            "prefill",
+            gen_prefill_module(
+                c.dtype, c.head_dim, None, c.pos_encoding, c.kv_dtype, c.head_dim_vo
+            ),
+        )
+        for c in map(draw_case, GPU_SEEDS)
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seed", GPU_SEEDS)
+def test_random_prefill_case_on_gpu(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    case = gpu_case(seed)
+    _on_device(case, monkeypatch)
+    run_case(case, "cuda")
 
 
 def test_draws_cover_every_knob() -> None:

@@ -74,12 +74,24 @@ def test_it_keeps_what_serves_removes_what_does_not_load_and_builds_the_rest(
 
 def test_the_pass_wants_every_module_its_tests_load_once() -> None:
     """Registered modules, the prefill tilings, the other-tiling builds and the builds only
-    tests load (fp8 caches with ALiBi, fp8 appends, the debug module), no name twice."""
+    tests load (fp8 caches with ALiBi, fp8 appends, the debug module, the random attention
+    cases' GPU runs), no name twice."""
     from flashinfer.jit.registry import specs_for
+    from tests.ops import (
+        test_cascade_fuzz_emulated,
+        test_decode_fuzz_emulated,
+        test_prefill_fuzz_emulated,
+    )
 
     names = [spec.name for _, spec in _script().wanted()]
     assert len(names) == len(set(names))
     assert {spec.name for spec in specs_for()} <= set(names)
+    for family in (
+        test_prefill_fuzz_emulated,
+        test_decode_fuzz_emulated,
+        test_cascade_fuzz_emulated,
+    ):
+        assert {spec.name for _, spec in family.gpu_specs()} <= set(names), family.__name__
     assert {
         "decode_f16_hd256_kve4m3_alibi",
         "prefill_bf16_hd64_kve5m2_alibi",
