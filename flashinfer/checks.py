@@ -98,8 +98,10 @@ def check_distinct(
 
 def check_writable(name: str, tensor: torch.Tensor) -> None:
     """A tensor a kernel writes must not map two of its elements to one address (an
-    expand()ed view: stride 0 in a dim of more than one element)."""
-    if any(size > 1 and stride == 0 for size, stride in zip(tensor.shape, tensor.stride())):
+    expand()ed view: stride 0 in a dim of more than one element). An empty one has none."""
+    if tensor.numel() and any(
+        size > 1 and stride == 0 for size, stride in zip(tensor.shape, tensor.stride())
+    ):
         raise ValueError(
             f"{name} has stride 0 in a dim of size > 1 (an expanded view): a kernel writing "
             "it would write one element many times; pass a tensor of its own"

@@ -72,6 +72,8 @@ def test_expanded_outputs_are_refused() -> None:
     checks.check_writable("out", torch.randn(1, 64).expand(1, 64))
     with pytest.raises(ValueError, match="out has stride 0 in a dim of size > 1"):
         checks.check_writable("out", torch.randn(1, 64).expand(4, 64))
+    # no tokens: nothing is written (a heads-major view of no rows has a heads stride of 0)
+    checks.check_writable("out", torch.empty(64).as_strided((0, 4, 16), (16, 0, 1)))
 
 
 def test_norms_refuse_outputs_over_their_inputs(host) -> None:  # noqa: ANN001
