@@ -94,16 +94,21 @@ def draw_faults(rng: random.Random, operands: tuple[str, ...]) -> dict[str, str 
     return faults
 
 
-def scattered(values: torch.Tensor, rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
+def scattered(
+    values: torch.Tensor, rng: random.Random, vec: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(buffer, view): ``values`` in a view of a poisoned 1-D buffer, as engines hand
     attention its operands (q sliced from a fused qkv, caches of several layers in one
     buffer, heads before tokens): the last dim contiguous, the others in a drawn memory
-    order, each stride padded by 0 to 3 vectors of 16 bytes and the view 0 to 2 vectors
-    in, so every row still starts on a 16-byte boundary (the last dim is a multiple of
-    16 bytes). A kernel that takes a stride for another reads poison."""
-    vec = 16 // values.element_size()
+    order, each stride padded by 0 to 3 vectors of ``vec`` elements (default 16 bytes'
+    worth) and the view 0 to 2 vectors in (with a smaller ``vec``, half the time 0 to 2
+    times 16 bytes: strides alone off the 16-byte grid), so with whole vectors in a row every
+    row still starts on a vector boundary. A kernel that takes a stride for another reads
+    poison."""
+    full = 16 // values.element_size()
+    vec = vec or full
     if values.shape[-1] % vec:
-        raise ValueError(f"rows of {values.shape[-1]} elements are not whole 16-byte vectors")
+        raise ValueError(f"rows of {values.shape[-1]} elements are not whole vectors of {vec}")
     shape = tuple(values.shape)
     outer = list(range(len(shape) - 1))
     rng.shuffle(outer)  # innermost first
@@ -113,7 +118,7 @@ def scattered(values: torch.Tensor, rng: random.Random) -> tuple[torch.Tensor, t
         extent += vec * rng.choice((0, 0, 1, 3))
         strides[dim] = extent
         extent *= max(shape[dim], 1)
-    offset = vec * rng.randint(0, 2)
+    offset = (vec if vec == full or rng.random() < 0.5 else full) * rng.randint(0, 2)
     buffer = poison(values.dtype, offset + extent + vec, values.device)
     view = buffer.as_strided(shape, strides, offset)
     view.copy_(values)
@@ -150,6 +155,17 @@ class Watched:
         (an operand the call only reads)."""
         buffer, view = scattered(values, rng)
         self.add(name, buffer)
+        return view
+
+    def scattered_around(
+        self, name: str, values: torch.Tensor, rng: random.Random, vec: int | None = None
+    ) -> torch.Tensor:
+        """``values`` in a view from :func:`scattered` whose buffer must keep its bits
+        outside the view (an operand the call writes: the caller checks the view)."""
+        buffer, view = scattered(values, rng, vec)
+        outside = torch.ones(buffer.numel(), dtype=torch.bool, device=buffer.device)
+        outside.as_strided(view.shape, view.stride(), view.storage_offset()).fill_(False)
+        self.add(name, buffer, outside)
         return view
 
     def check(self) -> None:

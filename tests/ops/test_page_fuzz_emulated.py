@@ -2,11 +2,15 @@
 API: each case draws from its seed the cache form (one tensor or a (k, v) pair, page_size 1's
 squeezed forms too), layout, dtype (16-bit, float32, fp8), page size, heads, head_dim (vector
 and element-wise rows), requests with existing and appended lengths from 0, a shuffled page
-table with spare pages, the index dtype, the copy landing, and the appended keys' memory:
-contiguous, or views into one fused qkv buffer, possibly one element off the 16-byte boundary.
+table with spare pages, the index dtype, the copy landing, the appended keys' memory:
+contiguous, or views into one fused qkv buffer, possibly one element off the 16-byte boundary,
+and the cache's: dense, or each of its tensors a view scattered in a NaN-filled buffer
+(tests/ops/strided_memory.py; as several layers' caches in one buffer), strides in 16-byte
+vectors, or in elements (always where a row is not whole vectors).
 
-Every appended token must land in its slot, bit for bit, and no other slot of any page may
-change (tests/ops/test_page.py's check). ``--fuzz-seeds START:COUNT`` picks the seeds (default
+Every appended token must land in its slot, bit for bit, and no other slot of any page, nor
+any byte of a scattered cache's buffer outside it, may change (tests/ops/test_page.py's
+check). ``--fuzz-seeds START:COUNT`` picks the seeds (default
 0:6)."""
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import random
 import torch
 
 import flashinfer
+from tests.ops.strided_memory import Watched
 from tests.ops.test_page import _assert_only, _expected_slots, _gpu_cache
 from tests.ops.test_page_emulated import emulate  # noqa: F401
 from tests.ops.test_prefill_gpu import _indptr, _page_table
@@ -38,6 +43,7 @@ class PageCase:
     index_dtype: torch.dtype
     land_at_issue: bool
     memory: str  # "contiguous", "fused" or "fused_unaligned"
+    cache: str  # "dense" or "scattered" (drawn last)
 
 
 def draw_case(seed: int) -> PageCase:
@@ -60,7 +66,32 @@ def draw_case(seed: int) -> PageCase:
         index_dtype=rng.choice((torch.int32, torch.int64)),
         land_at_issue=rng.random() < 0.5,
         memory=rng.choice(("contiguous", "fused", "fused_unaligned")),
+        cache=rng.choice(("dense", "scattered")),
     )
+
+
+def _scattered_cache(case: PageCase, k: torch.Tensor, v: torch.Tensor, watched: Watched):  # noqa: ANN202
+    """(the paged_kv_cache argument in the case's form, 4-D key view, 4-D value view) over
+    ``k`` and ``v``'s values, scattered: the 5-D tensor of the single forms, or each of a
+    pair's; ``watched`` checks the buffers outside the views."""
+    rng = random.Random(f"{case.seed} cache")
+    row = 16 // k.element_size()
+
+    def vec() -> int:
+        """Strides in elements where a row is not whole vectors, and in a third of the rest
+        (each tensor of a pair drawn alone): the kernel must then copy element-wise."""
+        return row if case.dim % row == 0 and rng.random() < 0.7 else 1
+
+    slot = 1 if case.layout == "NHD" else 2  # page_size dim of a 4-D cache
+    if case.form.startswith("single"):
+        kv = watched.scattered_around("paged_kv_cache", torch.stack([k, v], 1), rng, vec())
+        arg = kv.squeeze(slot + 1) if case.form == "single_squeezed" else kv
+        return arg, kv[:, 0], kv[:, 1]
+    k, v = (
+        watched.scattered_around(f"paged_kv_cache[{i}]", t, rng, vec())
+        for i, t in enumerate((k, v))
+    )
+    return ((k.squeeze(slot), v.squeeze(slot)) if case.form == "tuple_squeezed" else (k, v)), k, v
 
 
 def _appended(case: PageCase, nnz: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,6 +125,9 @@ def test_random_append(emulate, fuzz_seed: int) -> None:  # noqa: F811
     cache, k_view, v_view = _gpu_cache(
         case.form, case.layout, num_pages, case.page_size, case.heads, case.dim, case.dtype, "cpu"
     )
+    outside = Watched()
+    if case.cache == "scattered":
+        cache, k_view, v_view = _scattered_cache(case, k_view, v_view, outside)
     nnz = sum(case.add_lens)
     key, value = _appended(case, nnz)
     append_indptr = _indptr(list(case.add_lens)).to(case.index_dtype)
@@ -126,6 +160,7 @@ def test_random_append(emulate, fuzz_seed: int) -> None:  # noqa: F811
         expected = _expected_slots(state)
         assert len(expected) == nnz
         _assert_only(state, case.layout, expected)
+        outside.check()
     except AssertionError as err:
         raise AssertionError(f"{case!r}\n{err}") from None
 
@@ -136,6 +171,9 @@ def test_draws_cover_every_knob() -> None:
     assert {c.form for c in cases} == {"single", "tuple", "single_squeezed", "tuple_squeezed"}
     assert {c.dtype for c in cases} == set(DTYPES) and len({c.layout for c in cases}) == 2
     assert {c.memory for c in cases} == {"contiguous", "fused", "fused_unaligned"}
+    scattered = [c for c in cases if c.cache == "scattered"]
+    assert {c.form for c in scattered} == {"single", "tuple", "single_squeezed", "tuple_squeezed"}
+    assert {c.dtype for c in scattered} == set(DTYPES) and any(c.dim % 8 for c in scattered)
     assert len({c.index_dtype for c in cases}) == 2 and len({c.land_at_issue for c in cases}) == 2
     assert any(c.dim % 8 for c in cases) and any(c.page_size > 16 for c in cases)
     assert any(0 in c.add_lens for c in cases) and any(0 in c.old_lens for c in cases)
