@@ -27,7 +27,6 @@ import pytest
 import torch
 
 from flashinfer import cascade as cascade_api
-from flashinfer import prefill as prefill_api
 from flashinfer.cascade import MultiLevelCascadeAttentionWrapper
 from flashinfer.jit.core import JitSpec
 from flashinfer.jit.prefill import (
@@ -43,7 +42,12 @@ from tests.ops.nan_inputs import draw_nan, plant_case_nan
 from tests.ops.strided_memory import Watched
 from tests.ops.test_cascade_emulated import _module as cascade_module
 from tests.ops.test_prefill_emulated import _reference_args, emulate  # noqa: F401
-from tests.ops.test_prefill_fuzz_emulated import _workspace, draw_score_options, placer
+from tests.ops.test_prefill_fuzz_emulated import (
+    _workspace,
+    draw_score_options,
+    placer,
+    schedule_for,
+)
 from tests.ops.test_prefill_gpu import _indptr, _kv_data, _paged_kv, _tolerance
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -212,12 +216,6 @@ def _expected(
     return out
 
 
-def _on_device(case: CascadeCase, monkeypatch: pytest.MonkeyPatch) -> None:
-    """plan() schedules for a device of the case's ``max_ctas`` CTAs."""
-    monkeypatch.setattr(prefill_api, "_max_ctas", lambda *a: case.max_ctas)
-    monkeypatch.setattr(prefill_api, "get_device_sm_count", lambda device: case.max_ctas)
-
-
 def run_case(case: CascadeCase, device: str) -> None:
     """The case's call on ``device`` against the float64 reference; the modules behind the
     wrapper are the caller's (emulated on the CPU, built on a GPU)."""
@@ -280,7 +278,7 @@ def test_random_cascade_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed
         case.kv_dtype,
     )
     monkeypatch.setattr(cascade_api, "get_cascade_module", cascade_module)
-    _on_device(case, monkeypatch)
+    schedule_for(case.max_ctas, monkeypatch)
     run_case(case, "cpu")
 
 
@@ -306,7 +304,7 @@ def gpu_specs() -> list[tuple[str, JitSpec]]:
 @pytest.mark.parametrize("seed", GPU_SEEDS)
 def test_random_cascade_case_on_gpu(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
     case = gpu_case(seed)
-    _on_device(case, monkeypatch)
+    schedule_for(case.max_ctas, monkeypatch)
     run_case(case, "cuda")
 
 

@@ -364,10 +364,10 @@ def run_case(case: FuzzCase, device: str) -> None:
         raise AssertionError(f"{case!r} NaN: {where}\n{err}") from None
 
 
-def _on_device(case: FuzzCase, monkeypatch: pytest.MonkeyPatch) -> None:
-    """plan() schedules for a device of the case's ``max_ctas`` CTAs."""
-    monkeypatch.setattr(prefill_api, "_max_ctas", lambda *a: case.max_ctas)
-    monkeypatch.setattr(prefill_api, "get_device_sm_count", lambda device: case.max_ctas)
+def schedule_for(max_ctas: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefill's plan() (cascade's levels' too) schedules for a device of ``max_ctas`` CTAs."""
+    monkeypatch.setattr(prefill_api, "_max_ctas", lambda *a: max_ctas)
+    monkeypatch.setattr(prefill_api, "get_device_sm_count", lambda device: max_ctas)
 
 
 def test_random_prefill_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed: int) -> None:  # noqa: F811
@@ -382,7 +382,7 @@ def test_random_prefill_case(emulate, monkeypatch: pytest.MonkeyPatch, fuzz_seed
         case.kv_dtype,
         case.head_dim_vo,
     )
-    _on_device(case, monkeypatch)
+    schedule_for(case.max_ctas, monkeypatch)
     run_case(case, "cpu")
 
 
@@ -411,7 +411,7 @@ def gpu_specs() -> list[tuple[str, JitSpec]]:
 @pytest.mark.parametrize("seed", GPU_SEEDS)
 def test_random_prefill_case_on_gpu(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
     case = gpu_case(seed)
-    _on_device(case, monkeypatch)
+    schedule_for(case.max_ctas, monkeypatch)
     run_case(case, "cuda")
 
 
