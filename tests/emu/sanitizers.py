@@ -28,6 +28,7 @@ from .engine import REPO_ROOT
 EVERY_EMULATED_TEST = (
     "tests/emu/test_simt.py",
     "tests/emu/test_conversions.py",
+    "tests/emu/test_sfu.py",
     *sorted(
         str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "tests/ops").glob("test_*_emulated.py")
     ),
