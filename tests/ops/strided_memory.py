@@ -100,7 +100,7 @@ def scattered(
     """(buffer, view): ``values`` in a view of a poisoned 1-D buffer, as engines hand
     attention its operands (q sliced from a fused qkv, caches of several layers in one
     buffer, heads before tokens): the last dim contiguous, the others in a drawn memory
-    order, each stride padded by 0 to 3 vectors of ``vec`` elements (default 16 bytes'
+    order, each stride padded by 0, 1 or 3 vectors of ``vec`` elements (default 16 bytes'
     worth) and the view 0 to 2 vectors in (with a smaller ``vec``, half the time 0 to 2
     times 16 bytes: strides alone off the 16-byte grid), so with whole vectors in a row every
     row still starts on a vector boundary. A kernel that takes a stride for another reads
