@@ -257,8 +257,8 @@ def copy_prefix(buffer: torch.Tensor, t: torch.Tensor, non_blocking: bool) -> No
     """``buffer[:len(t)] = t``: plan() filling a CUDA-graph buffer. A fake buffer has no
     contents to fill."""
     if not is_symbolic(buffer):
-        if buffer.dtype == torch.int32 and t.dtype == torch.int64:  # clamped where it lands
-            t = ragged.int32_ids(t.to(device=buffer.device, non_blocking=non_blocking))
+        if buffer.dtype == torch.int32 and t.dtype == torch.int64:
+            t = to_device(t, buffer, non_blocking)  # narrowed as to_device narrows
         buffer.narrow(0, 0, t.shape[0]).copy_(t, non_blocking=non_blocking)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import pytest
 import torch
 
@@ -401,18 +403,25 @@ def _gpu_cache(
     dim: int,
     dtype: torch.dtype,
     device: str = "cuda",
+    place: Callable[[str, torch.Tensor], torch.Tensor] = lambda name, t: t,
 ):  # noqa: ANN202
     """(the paged_kv_cache argument in ``form``, 4-D key view, 4-D value view); keys poisoned
-    with SENTINEL and values with -SENTINEL. The views alias the argument's memory."""
+    with SENTINEL and values with -SENTINEL. The views alias the argument's memory, each
+    full tensor (the 5-D one, or each of a pair) where ``place`` (its name, it) puts it."""
     page = (page_size, heads, dim) if layout == "NHD" else (heads, page_size, dim)
     slot = 1 if layout == "NHD" else 2  # page_size dim of a 4-D cache
     if form in ("single", "single_squeezed"):
         kv = torch.empty(num_pages, 2, *page, dtype=dtype, device=device)
         kv[:, 0], kv[:, 1] = SENTINEL, -SENTINEL
+        kv = place("paged_kv_cache", kv)
         arg = kv.squeeze(slot + 1) if form == "single_squeezed" else kv
         return arg, kv[:, 0], kv[:, 1]
-    k = torch.full((num_pages, *page), SENTINEL, dtype=dtype, device=device)
-    v = torch.full((num_pages, *page), -SENTINEL, dtype=dtype, device=device)
+    k = place(
+        "paged_kv_cache[0]", torch.full((num_pages, *page), SENTINEL, dtype=dtype, device=device)
+    )
+    v = place(
+        "paged_kv_cache[1]", torch.full((num_pages, *page), -SENTINEL, dtype=dtype, device=device)
+    )
     return ((k.squeeze(slot), v.squeeze(slot)) if form == "tuple_squeezed" else (k, v)), k, v
 
 

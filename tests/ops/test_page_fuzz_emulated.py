@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from typing import Callable
 
 import torch
 
@@ -70,28 +71,21 @@ def draw_case(seed: int) -> PageCase:
     )
 
 
-def _scattered_cache(case: PageCase, k: torch.Tensor, v: torch.Tensor, watched: Watched):  # noqa: ANN202
-    """(the paged_kv_cache argument in the case's form, 4-D key view, 4-D value view) over
-    ``k`` and ``v``'s values, scattered: the 5-D tensor of the single forms, or each of a
-    pair's; ``watched`` checks the buffers outside the views."""
+def _cache_placer(case: PageCase, watched: Watched) -> Callable[[str, torch.Tensor], torch.Tensor]:
+    """Where _gpu_cache puts each full cache tensor: as made (a dense cache), or scattered
+    (the 5-D tensor of the single forms, or each of a pair alone), ``watched`` checking
+    the buffer outside the view."""
+    if case.cache == "dense":
+        return lambda name, t: t
     rng = random.Random(f"{case.seed} cache")
-    row = 16 // k.element_size()
 
-    def vec() -> int:
+    def vec(t: torch.Tensor) -> int:
         """Strides in elements where a row is not whole vectors, and in a third of the rest
         (each tensor of a pair drawn alone): the kernel must then copy element-wise."""
+        row = 16 // t.element_size()
         return row if case.dim % row == 0 and rng.random() < 0.7 else 1
 
-    slot = 1 if case.layout == "NHD" else 2  # page_size dim of a 4-D cache
-    if case.form.startswith("single"):
-        kv = watched.scattered_around("paged_kv_cache", torch.stack([k, v], 1), rng, vec())
-        arg = kv.squeeze(slot + 1) if case.form == "single_squeezed" else kv
-        return arg, kv[:, 0], kv[:, 1]
-    k, v = (
-        watched.scattered_around(f"paged_kv_cache[{i}]", t, rng, vec())
-        for i, t in enumerate((k, v))
-    )
-    return ((k.squeeze(slot), v.squeeze(slot)) if case.form == "tuple_squeezed" else (k, v)), k, v
+    return lambda name, t: watched.scattered_around(name, t, rng, vec(t))
 
 
 def _appended(case: PageCase, nnz: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,12 +116,18 @@ def test_random_append(emulate, fuzz_seed: int) -> None:  # noqa: F811
     kv_indptr, kv_indices, last = (
         t.to(case.index_dtype) for t in _page_table(new_lens, case.page_size, num_pages, generator)
     )
-    cache, k_view, v_view = _gpu_cache(
-        case.form, case.layout, num_pages, case.page_size, case.heads, case.dim, case.dtype, "cpu"
-    )
     outside = Watched()
-    if case.cache == "scattered":
-        cache, k_view, v_view = _scattered_cache(case, k_view, v_view, outside)
+    cache, k_view, v_view = _gpu_cache(
+        case.form,
+        case.layout,
+        num_pages,
+        case.page_size,
+        case.heads,
+        case.dim,
+        case.dtype,
+        "cpu",
+        _cache_placer(case, outside),
+    )
     nnz = sum(case.add_lens)
     key, value = _appended(case, nnz)
     append_indptr = _indptr(list(case.add_lens)).to(case.index_dtype)
